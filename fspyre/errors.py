@@ -1,0 +1,51 @@
+"""One exception hierarchy for every report fspyre gives.
+
+Each message names the culprit (op, dim, tensor, numbers) and what the user can change.
+The CLI prints ``str(err)`` without a traceback and exits 2.
+"""
+
+from __future__ import annotations
+
+
+class FspyreError(Exception):
+    """Root of every error fspyre raises on purpose."""
+
+
+class GraphError(FspyreError):
+    """A graph is malformed: unknown dtype, bad dim, shape or dim-name mismatch."""
+
+
+class HintError(FspyreError):
+    """A tiling or work-division hint cannot be honoured as written."""
+
+
+class TilingError(FspyreError):
+    """A tiling plan cannot be applied: counts not dividing ranges, non-contiguous groups."""
+
+
+class WorkDivisionError(FspyreError):
+    """No legal division of an op's work across cores exists under the given constraints."""
+
+
+class AllocationError(FspyreError):
+    """Memory planning failed: capacity, alignment or overlapping live buffers."""
+
+
+class MachineError(FspyreError):
+    """A machine configuration is invalid (cores outside 1..32, bad LX capacity)."""
+
+
+class ExecutionError(FspyreError):
+    """The machine-model interpreter met an illegal access: out of bounds, unallocated, unwritten."""
+
+
+class LoweringError(FspyreError):
+    """A program cannot be emitted as bundle.mlir / SDSC JSON."""
+
+
+class FrontendError(FspyreError):
+    """PyTorch code could not be captured: unsupported op, dtype or shape."""
+
+
+class SerializationError(FspyreError):
+    """A JSON document does not describe a valid fspyre artifact."""

@@ -1,0 +1,426 @@
+"""GraphBuilder: the programmatic way to write an fspyre graph.
+
+Values are ``Tensor`` handles: a buffer plus the index expression a consumer uses to read
+it. A view (``permute``, ``unsqueeze``, ``expand``, contiguous ``reshape``) is a new handle on
+the same buffer with a different index, so it costs nothing until an op reads it.
+Broadcasting is by dim name: operands line up on equal names; a size-1 dim stretches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from fspyre.errors import GraphError, HintError
+from fspyre.ir.dtypes import check_dtype, is_float, promote, promote_scalar
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import (
+    BINARY,
+    COMPARISONS,
+    Buffer,
+    Dim,
+    Graph,
+    HintScope,
+    Load,
+    Operand,
+    Output,
+    Pointwise,
+    Reduction,
+    Scalar,
+    Store,
+    TensorType,
+    UNARY,
+    verify_graph,
+)
+
+Number = float | int | bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tensor:
+    """A value in a graph under construction: ``buffer`` read at ``index`` over ``type.dims``."""
+
+    buffer: str
+    type: TensorType
+    index: sympy.Expr
+
+    @property
+    def dims(self) -> tuple[Dim, ...]:
+        return self.type.dims
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+
+def _load(t: Tensor, out_dims: Sequence[Dim]) -> Load:
+    """Read ``t`` inside an op iterating ``out_dims``: broadcast (size-1) dims drop out."""
+    sizes = {d.name: d.size for d in out_dims}
+    subs = {d.symbol: 0 for d in t.dims if d.size == 1 and sizes.get(d.name, 1) != 1}
+    return Load(buffer=t.buffer, index=sympy.expand(t.index.subs(subs)) if subs else t.index)
+
+
+def broadcast_dims(*types: TensorType, where: str) -> tuple[Dim, ...]:
+    """Line dims up by name. The operand with most dims gives the order; others' extra dims follow."""
+    lead = max(types, key=lambda t: len(t.dims))
+    order = list(lead.names)
+    for t in types:
+        order += [n for n in t.names if n not in order]
+    sizes: dict[str, int] = {}
+    for t in types:
+        for d in t.dims:
+            have = sizes.get(d.name)
+            if have is None or have == 1:
+                sizes[d.name] = d.size
+            elif d.size not in (1, have):
+                raise GraphError(
+                    f"{where}: dim {d.name} has size {have} in one operand and {d.size} in another; "
+                    f"make them equal, or size 1 to broadcast"
+                )
+    return tuple(Dim(n, sizes[n]) for n in order)
+
+
+class GraphBuilder:
+    def __init__(self, name: str) -> None:
+        if not name.isidentifier():
+            raise GraphError(f"graph name {name!r} must be an identifier")
+        self.name = name
+        self._dims: dict[str, Dim] = {}
+        self._buffers: dict[str, Buffer] = {}
+        self._inputs: list[str] = []
+        self._ops: list[Pointwise | Reduction] = []
+        self._outputs: list[Output] = []
+        self._hints: list[HintScope] = []
+        self._active: list[int] = []
+        self._counter = 0
+
+    # -- dims, inputs, hints ---------------------------------------------------------------
+    def dim(self, name: str, size: int) -> Dim:
+        d = Dim(name, size)
+        have = self._dims.get(name)
+        if have is not None and have != d:
+            raise GraphError(f"dim {name} declared twice, with sizes {have.size} and {size}")
+        self._dims[name] = d
+        return d
+
+    def input(self, name: str, dims: Sequence[Dim | str], dtype: str) -> Tensor:
+        check_dtype(dtype, f"input {name}")
+        if name in self._buffers:
+            raise GraphError(f"input {name}: the name is already used")
+        t = TensorType(dims=self._resolve_dims(dims, f"input {name}"), dtype=dtype)
+        self._buffers[name] = Buffer(name=name, type=t)
+        self._inputs.append(name)
+        return Tensor(buffer=name, type=t, index=t.contiguous_index())
+
+    def _resolve_dims(self, dims: Sequence[Dim | str], where: str) -> tuple[Dim, ...]:
+        out = []
+        for d in dims:
+            if isinstance(d, str):
+                if d not in self._dims:
+                    raise GraphError(f"{where}: dim {d!r} was never declared; call g.dim({d!r}, size) first")
+                d = self._dims[d]
+            if d.size != 1:  # a size-1 dim may share a name with a full one: it broadcasts
+                self.dim(d.name, d.size)
+            out.append(d)
+        return tuple(out)
+
+    @contextlib.contextmanager
+    def hint(
+        self, *, slices: Mapping[str, int] | None = None, work_div: Mapping[str, int] | None = None
+    ) -> Iterator[HintScope]:
+        """Ops built inside carry this scope: ``slices`` tiles dims into counted loops,
+        ``work_div`` fixes how many cores split a dim."""
+        for kind, m in (("slices", slices or {}), ("work_div", work_div or {})):
+            for dim_name, count in m.items():
+                if dim_name not in self._dims:
+                    raise HintError(
+                        f"hint {kind}={{{dim_name!r}: {count}}}: unknown dim {dim_name!r}; "
+                        f"declared dims are {sorted(self._dims)}"
+                    )
+                if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                    raise HintError(f"hint {kind}={{{dim_name!r}: {count!r}}}: the count must be an integer >= 1")
+        scope = HintScope(
+            id=len(self._hints), slices=FrozenMap(dict(slices or {})), work_div=FrozenMap(dict(work_div or {}))
+        )
+        self._hints.append(scope)
+        self._active.append(scope.id)
+        try:
+            yield scope
+        finally:
+            self._active.pop()
+
+    @contextlib.contextmanager
+    def reenter(self, scope: HintScope) -> Iterator[HintScope]:
+        """Open an existing scope again (front ends replaying captured hint stacks), so ops
+        built now join the ops built in it before."""
+        if scope.id >= len(self._hints) or self._hints[scope.id] != scope:
+            raise HintError(f"hint scope {scope.id} was not opened by this builder")
+        self._active.append(scope.id)
+        try:
+            yield scope
+        finally:
+            self._active.pop()
+
+    # -- op construction ---------------------------------------------------------------------
+    def _fresh(self, prefix: str = "buf") -> str:
+        while True:
+            name = f"{prefix}{self._counter}"
+            self._counter += 1
+            if name not in self._buffers:
+                return name
+
+    def _emit(self, make, dims: tuple[Dim, ...], dtype: str) -> Tensor:
+        name = self._fresh()
+        t = TensorType(dims=dims, dtype=dtype)
+        self._buffers[name] = Buffer(name=name, type=t)
+        store = Store(buffer=name, index=t.contiguous_index())
+        self._ops.append(make(name, store))
+        return Tensor(buffer=name, type=t, index=t.contiguous_index())
+
+    def _operand(self, x: Tensor | Number, dims: Sequence[Dim]) -> Operand:
+        return Scalar(value=x) if isinstance(x, (int, float, bool)) else _load(x, dims)
+
+    def pointwise(self, fn: str, *xs: Tensor | Number, dtype: str | None = None) -> Tensor:
+        tensors = [x for x in xs if isinstance(x, Tensor)]
+        if not tensors:
+            raise GraphError(f"{fn}: needs at least one tensor operand")
+        dims = broadcast_dims(*(t.type for t in tensors), where=fn)
+        if dtype is None:
+            dtype = tensors[0].dtype
+            for t in tensors[1:]:
+                dtype = promote(dtype, t.dtype)
+            for x in xs:
+                if not isinstance(x, Tensor):
+                    dtype = promote_scalar(dtype, x)
+        operands = tuple(self._operand(x, dims) for x in xs)
+        hints = tuple(self._active)
+        return self._emit(
+            lambda name, store: Pointwise(name=name, fn=fn, operands=operands, ranges=dims, store=store, hints=hints),
+            dims,
+            dtype,
+        )
+
+    def _float_result(self, fn: str, x: Tensor) -> Tensor:
+        return self.pointwise(fn, x, dtype=x.dtype if is_float(x.dtype) else "float32")
+
+    # unary
+    def neg(self, x: Tensor) -> Tensor: return self.pointwise("neg", x)
+    def abs(self, x: Tensor) -> Tensor: return self.pointwise("abs", x)
+    def relu(self, x: Tensor) -> Tensor: return self.pointwise("relu", x)
+    def exp(self, x: Tensor) -> Tensor: return self._float_result("exp", x)
+    def log(self, x: Tensor) -> Tensor: return self._float_result("log", x)
+    def sqrt(self, x: Tensor) -> Tensor: return self._float_result("sqrt", x)
+    def rsqrt(self, x: Tensor) -> Tensor: return self._float_result("rsqrt", x)
+    def reciprocal(self, x: Tensor) -> Tensor: return self._float_result("reciprocal", x)
+    def sigmoid(self, x: Tensor) -> Tensor: return self._float_result("sigmoid", x)
+    def tanh(self, x: Tensor) -> Tensor: return self._float_result("tanh", x)
+    def gelu(self, x: Tensor) -> Tensor: return self._float_result("gelu", x)
+    def silu(self, x: Tensor) -> Tensor: return self._float_result("silu", x)
+    def logical_not(self, x: Tensor) -> Tensor: return self.pointwise("logical_not", x, dtype="bool")
+    def copy(self, x: Tensor) -> Tensor: return self.pointwise("copy", x)
+
+    def cast(self, x: Tensor, dtype: str) -> Tensor:
+        check_dtype(dtype, "cast")
+        return self.pointwise("cast", x, dtype=dtype)
+
+    # binary
+    def add(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("add", a, b)
+    def sub(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("sub", a, b)
+    def mul(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("mul", a, b)
+    def maximum(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("maximum", a, b)
+    def minimum(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("minimum", a, b)
+
+    def div(self, a: Tensor | Number, b: Tensor | Number) -> Tensor:
+        out = self._binary_dtype(a, b)
+        return self.pointwise("div", a, b, dtype=out if is_float(out) else "float32")
+
+    def pow(self, a: Tensor | Number, b: Tensor | Number) -> Tensor:
+        out = self._binary_dtype(a, b)
+        return self.pointwise("pow", a, b, dtype=out if is_float(out) else "float32")
+
+    def _binary_dtype(self, a: Tensor | Number, b: Tensor | Number) -> str:
+        ts = [x for x in (a, b) if isinstance(x, Tensor)]
+        if not ts:
+            raise GraphError("binary op needs at least one tensor operand")
+        dtype = ts[0].dtype if len(ts) == 1 else promote(ts[0].dtype, ts[1].dtype)
+        for x in (a, b):
+            if not isinstance(x, Tensor):
+                dtype = promote_scalar(dtype, x)
+        return dtype
+
+    def compare(self, fn: str, a: Tensor | Number, b: Tensor | Number) -> Tensor:
+        if fn not in COMPARISONS:
+            raise GraphError(f"unknown comparison {fn!r}; use one of {COMPARISONS}")
+        return self.pointwise(fn, a, b, dtype="bool")
+
+    def eq(self, a, b): return self.compare("eq", a, b)  # noqa: E704
+    def ne(self, a, b): return self.compare("ne", a, b)  # noqa: E704
+    def lt(self, a, b): return self.compare("lt", a, b)  # noqa: E704
+    def le(self, a, b): return self.compare("le", a, b)  # noqa: E704
+    def gt(self, a, b): return self.compare("gt", a, b)  # noqa: E704
+    def ge(self, a, b): return self.compare("ge", a, b)  # noqa: E704
+
+    def where(self, cond: Tensor, a: Tensor | Number, b: Tensor | Number) -> Tensor:
+        dtype = self._binary_dtype(a, b)
+        return self.pointwise("where", cond, a, b, dtype=dtype)
+
+    def constant(self, value: Number, dtype: str, dims: Sequence[Dim | str] = ()) -> Tensor:
+        """A tensor filled with ``value`` (a 0-d scalar tensor when ``dims`` is empty)."""
+        check_dtype(dtype, "constant")
+        ds = self._resolve_dims(dims, "constant")
+        hints = tuple(self._active)
+        return self._emit(
+            lambda name, store: Pointwise(
+                name=name, fn="full", operands=(Scalar(value=value),), ranges=ds, store=store, hints=hints
+            ),
+            ds,
+            dtype,
+        )
+
+    # reductions
+    def reduce(
+        self, fn: str, x: Tensor, dims: Sequence[Dim | str], *, keepdim: bool = False, correction: int = 0
+    ) -> Tensor:
+        names = [d if isinstance(d, str) else d.name for d in dims]
+        if not names:
+            raise GraphError(f"{fn}: name at least one dim to reduce over (tensor dims are {list(x.type.names)})")
+        for n in names:
+            if n not in x.type.names:
+                raise GraphError(f"{fn}: dim {n!r} is not a dim of the operand {list(x.type.names)}")
+        reduced = tuple(d for d in x.dims if d.name in names)
+        kept = tuple(d for d in x.dims if d.name not in names)
+        out_dims = tuple(Dim(d.name, 1) if d.name in names else d for d in x.dims) if keepdim else kept
+        if fn in ("mean", "var"):
+            dtype = x.dtype if is_float(x.dtype) else "float32"
+        elif fn in ("amax", "amin"):
+            dtype = x.dtype
+        else:
+            dtype = "int32" if x.dtype == "bool" else x.dtype
+        operand = _load(x, x.dims)
+        hints = tuple(self._active)
+        return self._emit(
+            lambda name, store: Reduction(
+                name=name, fn=fn, operands=(operand,), ranges=kept, reduction_ranges=reduced,
+                store=Store(buffer=name, index=store.index), correction=correction, hints=hints,
+            ),
+            out_dims,
+            dtype,
+        )
+
+    def sum(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("sum", x, dims, keepdim=keepdim)
+    def amax(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("amax", x, dims, keepdim=keepdim)
+    def amin(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("amin", x, dims, keepdim=keepdim)
+    def mean(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("mean", x, dims, keepdim=keepdim)
+    def prod(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("prod", x, dims, keepdim=keepdim)
+
+    def var(self, x: Tensor, dims, keepdim: bool = False, correction: int = 1) -> Tensor:
+        return self.reduce("var", x, dims, keepdim=keepdim, correction=correction)
+
+    def matmul(self, a: Tensor, b: Tensor, contract: Dim | str | None = None) -> Tensor:
+        """Contract ``a`` and ``b`` over one shared dim (default: ``a``'s last dim).
+        Other shared dims are batch dims; output dims are batch, then a's, then b's."""
+        k = contract.name if isinstance(contract, Dim) else contract or a.type.names[-1]
+        if k not in a.type.names or k not in b.type.names:
+            raise GraphError(
+                f"matmul: contraction dim {k!r} must be a dim of both operands "
+                f"(a has {list(a.type.names)}, b has {list(b.type.names)})"
+            )
+        ka = next(d for d in a.dims if d.name == k)
+        kb = next(d for d in b.dims if d.name == k)
+        if ka.size != kb.size:
+            raise GraphError(f"matmul: contraction dim {k} has size {ka.size} in a and {kb.size} in b")
+        batch = [d for d in a.dims if d.name != k and d.name in b.type.names]
+        out = batch + [d for d in a.dims if d.name != k and d.name not in b.type.names]
+        out += [d for d in b.dims if d.name != k and d.name not in a.type.names]
+        for d in batch:
+            other = next(e for e in b.dims if e.name == d.name)
+            if other.size != d.size:
+                raise GraphError(f"matmul: batch dim {d.name} has size {d.size} in a and {other.size} in b")
+        if not out:
+            raise GraphError("matmul: the result has no dims; use sum(mul(a, b)) for a dot product")
+        dtype = promote(a.dtype, b.dtype)
+        iter_dims = tuple(out) + (ka,)
+        operands = (_load(a, iter_dims), _load(b, iter_dims))
+        hints = tuple(self._active)
+        return self._emit(
+            lambda name, store: Reduction(
+                name=name, fn="matmul", operands=operands, ranges=tuple(out), reduction_ranges=(ka,),
+                store=store, hints=hints,
+            ),
+            tuple(out),
+            dtype,
+        )
+
+    # views: a new handle, no op
+    def permute(self, x: Tensor, order: Sequence[Dim | str | int]) -> Tensor:
+        names = [x.type.names[o] if isinstance(o, int) else (o if isinstance(o, str) else o.name) for o in order]
+        if sorted(names) != sorted(x.type.names):
+            raise GraphError(f"permute: {names} is not a reordering of {list(x.type.names)}")
+        by = {d.name: d for d in x.dims}
+        return Tensor(buffer=x.buffer, type=TensorType(dims=tuple(by[n] for n in names), dtype=x.dtype), index=x.index)
+
+    def unsqueeze(self, x: Tensor, position: int, name: str) -> Tensor:
+        dims = list(x.dims)
+        dims.insert(position if position >= 0 else len(dims) + 1 + position, Dim(name, 1))
+        return Tensor(buffer=x.buffer, type=TensorType(dims=tuple(dims), dtype=x.dtype), index=x.index)
+
+    def expand(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
+        """Stretch size-1 dims (by name) and add new leading dims; a view, nothing is copied."""
+        target = self._resolve_dims(dims, "expand")
+        have = {d.name: d for d in x.dims}
+        out, subs = [], {}
+        for d in target:
+            old = have.get(d.name)
+            if old is not None and old.size not in (1, d.size):
+                raise GraphError(f"expand: dim {d.name} has size {old.size}, cannot expand to {d.size}")
+            if old is not None and old.size == 1:
+                subs[old.symbol] = 0
+            out.append(d)
+        missing = set(have) - {d.name for d in target}
+        if missing:
+            raise GraphError(f"expand: target dims {[d.name for d in target]} drop {sorted(missing)}")
+        return Tensor(buffer=x.buffer, type=TensorType(dims=tuple(out), dtype=x.dtype), index=x.index.subs(subs))
+
+    def broadcast(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
+        return self.expand(x, dims)
+
+    def reshape(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
+        """A view when ``x`` is read contiguously (its index is its own row-major index); else a copy first."""
+        target = self._resolve_dims(dims, "reshape")
+        new = TensorType(dims=target, dtype=x.dtype)
+        if new.numel != x.type.numel:
+            raise GraphError(f"reshape: {x.type.numel} elements cannot become {list(new.shape)} ({new.numel})")
+        if sympy.expand(x.index - x.type.contiguous_index()) != 0:
+            x = self.copy(x)
+        # Buffer flat index == the new row-major index, because x is contiguous in host order.
+        return Tensor(buffer=x.buffer, type=new, index=new.contiguous_index())
+
+    # outputs and the result
+    def output(self, name: str, x: Tensor) -> None:
+        if any(o.name == name for o in self._outputs):
+            raise GraphError(f"output {name}: the name is already used")
+        own = self._buffers[x.buffer].type
+        if x.buffer in self._inputs or x.type != own or sympy.expand(x.index - own.contiguous_index()) != 0:
+            x = self.copy(x)  # outputs are whole buffers of their own
+        self._outputs.append(Output(name=name, buffer=x.buffer))
+
+    def build(self) -> Graph:
+        if not self._outputs:
+            raise GraphError(f"graph {self.name} has no outputs; call g.output(name, tensor)")
+        return verify_graph(
+            Graph(
+                name=self.name,
+                buffers=tuple(self._buffers.values()),
+                inputs=tuple(self._inputs),
+                ops=tuple(self._ops),
+                outputs=tuple(self._outputs),
+                hints=tuple(self._hints),
+            )
+        )

@@ -1,0 +1,63 @@
+"""FrozenMap: a small immutable, ordered, hashable mapping for IR fields.
+
+IR nodes need mappings whose order is meaningful (an iteration space lists its symbols in
+the order cores are enumerated), so pyrsistent's unordered ``pmap`` does not fit there.
+Equality is order-sensitive for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenMap(Mapping[K, V], Generic[K, V]):
+    __slots__ = ("_items", "_index", "_hash")
+
+    def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
+        pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
+        index = dict(pairs)
+        if len(index) != len(pairs):
+            raise ValueError(f"duplicate keys in FrozenMap: {[k for k, _ in pairs]}")
+        # The slots are written once, here; there is no other way to set them.
+        self._items = pairs
+        self._index = index
+        self._hash: int | None = None
+
+    def __getitem__(self, key: K) -> V:
+        return self._index[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._items == other._items
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(self._items)
+        return self._hash
+
+    def __repr__(self) -> str:
+        return "FrozenMap({" + ", ".join(f"{k!r}: {v!r}" for k, v in self._items) + "})"
+
+    def set(self, key: K, value: V) -> FrozenMap[K, V]:
+        """A new map with ``key`` bound to ``value`` (kept in place if present, else appended)."""
+        if key in self._index:
+            return FrozenMap((k, value if k == key else v) for k, v in self._items)
+        return FrozenMap(self._items + ((key, value),))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMap, (self._items,))
+
+
+def fmap(items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> FrozenMap[K, V]:
+    return items if isinstance(items, FrozenMap) else FrozenMap(items)

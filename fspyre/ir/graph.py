@@ -1,0 +1,265 @@
+"""The graph IR: named dims, buffers, and ops that carry their loop bodies as data.
+
+Each op is Inductor's loop-body information written down as values: the iteration
+ranges (named dims; the iteration variable of dim ``D`` is ``sympy.Symbol("D")``), one
+``Load`` per tensor operand with the flat host index it reads, and the ``Store`` it writes.
+Views (permute, expand, unsqueeze, contiguous reshape) are only index expressions, never
+copies. Everything here is frozen and hashable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import reduce
+from operator import mul
+from typing import Union
+
+import sympy
+
+from fspyre.errors import GraphError
+from fspyre.ir.dtypes import check_dtype
+from fspyre.ir.frozen import FrozenMap
+
+# ---------------------------------------------------------------------------------------
+# The op vocabulary: name -> arity. Semantics live in fspyre/machine/numerics.py.
+UNARY = (
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "relu", "sigmoid",
+    "tanh", "gelu", "silu", "copy", "cast", "logical_not",
+)
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
+COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+TERNARY = ("where",)
+POINTWISE_FNS: FrozenMap[str, int] = FrozenMap(
+    [(f, 1) for f in UNARY] + [(f, 2) for f in BINARY + COMPARISONS] + [("where", 3), ("full", 1)]
+)
+REDUCTION_FNS = ("sum", "amax", "amin", "mean", "prod", "var", "matmul")
+
+
+def _prod(xs: tuple[int, ...]) -> int:
+    return reduce(mul, xs, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Dim:
+    """A named iteration/tensor dimension. Dims with equal names are the same axis."""
+
+    name: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise GraphError(f"dim name {self.name!r} must be a Python identifier")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size <= 0:
+            raise GraphError(f"dim {self.name!r}: size {self.size!r} must be a positive integer")
+
+    @property
+    def symbol(self) -> sympy.Symbol:
+        return sym(self.name)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.size}"
+
+
+def sym(name: str) -> sympy.Symbol:
+    """The iteration variable of a dim. Integer and nonnegative so floor/Mod simplify."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorType:
+    dims: tuple[Dim, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype, "tensor")
+        names = [d.name for d in self.dims]
+        if len(set(names)) != len(names):
+            raise GraphError(f"tensor dims {names} repeat a name; each dim of a tensor needs its own name")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(d.size for d in self.dims)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dims)
+
+    @property
+    def numel(self) -> int:
+        return _prod(self.shape)
+
+    def strides(self) -> tuple[int, ...]:
+        """Contiguous row-major host strides."""
+        out, acc = [], 1
+        for size in reversed(self.shape):
+            out.append(acc)
+            acc *= size
+        return tuple(reversed(out))
+
+    def contiguous_index(self) -> sympy.Expr:
+        """Flat host index of element (d0, d1, ...) in terms of the dims' variables."""
+        return sympy.Add(*(st * d.symbol for st, d in zip(self.strides(), self.dims) if d.size > 1))
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.dims))}]"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Buffer:
+    """A named storage: graph input, intermediate, or one written for a graph output."""
+
+    name: str
+    type: TensorType
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Load:
+    buffer: str
+    index: sympy.Expr
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scalar:
+    value: float | int | bool
+
+
+Operand = Union[Load, Scalar]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Store:
+    buffer: str
+    index: sympy.Expr
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pointwise:
+    """``store[index] = fn(*operands)`` for every point of ``ranges``."""
+
+    name: str
+    fn: str
+    operands: tuple[Operand, ...]
+    ranges: tuple[Dim, ...]
+    store: Store
+    hints: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.fn not in POINTWISE_FNS:
+            raise GraphError(f"op {self.name}: unknown pointwise fn {self.fn!r}")
+        if len(self.operands) != POINTWISE_FNS[self.fn]:
+            raise GraphError(
+                f"op {self.name}: {self.fn} takes {POINTWISE_FNS[self.fn]} operands, got {len(self.operands)}"
+            )
+
+    @property
+    def reduction_ranges(self) -> tuple[Dim, ...]:
+        return ()
+
+    @property
+    def loads(self) -> tuple[Load, ...]:
+        return tuple(o for o in self.operands if isinstance(o, Load))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reduction:
+    """``store[index] = reduce_fn over reduction_ranges of operand values``.
+
+    ``matmul`` reduces the product of its two operands with sum. ``var`` uses ``correction``
+    (1 = unbiased, like torch). ``mean`` and ``var`` divide by the full reduction extent.
+    """
+
+    name: str
+    fn: str
+    operands: tuple[Load, ...]
+    ranges: tuple[Dim, ...]
+    reduction_ranges: tuple[Dim, ...]
+    store: Store
+    correction: int = 0
+    hints: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.fn not in REDUCTION_FNS:
+            raise GraphError(f"op {self.name}: unknown reduction fn {self.fn!r}")
+        want = 2 if self.fn == "matmul" else 1
+        if len(self.operands) != want:
+            raise GraphError(f"op {self.name}: {self.fn} takes {want} operands, got {len(self.operands)}")
+        if not self.reduction_ranges:
+            raise GraphError(f"op {self.name}: a {self.fn} reduction needs at least one reduced dim")
+        names = [d.name for d in self.ranges + self.reduction_ranges]
+        if len(set(names)) != len(names):
+            raise GraphError(f"op {self.name}: dims {names} repeat a name")
+
+    @property
+    def loads(self) -> tuple[Load, ...]:
+        return self.operands
+
+
+Op = Union[Pointwise, Reduction]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HintScope:
+    """One ``with g.hint(...)`` scope. ``id`` grows with opening order, so outer scopes are smaller."""
+
+    id: int
+    slices: FrozenMap[str, int] = field(default_factory=FrozenMap)
+    work_div: FrozenMap[str, int] = field(default_factory=FrozenMap)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Output:
+    name: str
+    buffer: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Graph:
+    name: str
+    buffers: tuple[Buffer, ...]
+    inputs: tuple[str, ...]
+    ops: tuple[Op, ...]
+    outputs: tuple[Output, ...]
+    hints: tuple[HintScope, ...] = ()
+
+    def buffer_table(self) -> dict[str, Buffer]:
+        return {b.name: b for b in self.buffers}
+
+    def op_table(self) -> dict[str, Op]:
+        return {op.name: op for op in self.ops}
+
+    def hint_table(self) -> dict[int, HintScope]:
+        return {h.id: h for h in self.hints}
+
+
+def iteration_dims(op: Op) -> tuple[Dim, ...]:
+    return tuple(op.ranges) + tuple(op.reduction_ranges)
+
+
+def verify_graph(graph: Graph) -> Graph:
+    """Whole-graph invariants: SSA buffers, defined-before-use, index vars within ranges."""
+    buffers = graph.buffer_table()
+    if len(buffers) != len(graph.buffers):
+        raise GraphError(f"graph {graph.name}: duplicate buffer names")
+    defined = set(graph.inputs)
+    for name in graph.inputs:
+        if name not in buffers:
+            raise GraphError(f"graph {graph.name}: input {name} has no buffer")
+    written: set[str] = set()
+    for op in graph.ops:
+        varset = {d.symbol for d in iteration_dims(op)}
+        for load in op.loads:
+            if load.buffer not in defined:
+                raise GraphError(f"op {op.name} reads {load.buffer} before it is written")
+            extra = load.index.free_symbols - varset
+            if extra:
+                raise GraphError(f"op {op.name}: load of {load.buffer} uses {sorted(map(str, extra))}, not iteration dims of the op")
+        if op.store.buffer not in buffers:
+            raise GraphError(f"op {op.name} writes unknown buffer {op.store.buffer}")
+        if op.store.buffer in written or op.store.buffer in graph.inputs:
+            raise GraphError(f"op {op.name} writes {op.store.buffer}, which is already written")
+        written.add(op.store.buffer)
+        defined.add(op.store.buffer)
+    for out in graph.outputs:
+        if out.buffer not in defined:
+            raise GraphError(f"graph output {out.name} names unknown buffer {out.buffer}")
+    return graph

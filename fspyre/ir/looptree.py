@@ -1,0 +1,107 @@
+"""The tiled loop tree: counted loops as tree nodes, ops with per-tile ranges as leaves.
+
+This is the artifact of the ``tile`` stage. A ``Loop`` runs its body ``count`` times; an
+``OpNode`` holds a graph op whose ranges are already the per-tile ranges, plus, for each
+enclosing loop (outermost first), the dims that advance at that level and by how many
+elements per iteration. An op whose entry at a level is empty is loop-invariant there.
+
+Buffers know their ``scope``: a ``"full"`` buffer has the graph's shape and is addressed
+with the op's index plus the loop advance; a ``"tile"`` buffer holds one tile, lives at a
+fixed address and never advances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from fspyre.errors import TilingError
+from fspyre.ir.graph import Op, Output, TensorType
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TileStep:
+    """At one loop level, ``dim`` moves ``extent`` elements per iteration."""
+
+    dim: str
+    extent: int
+
+    def __post_init__(self) -> None:
+        if self.extent <= 0:
+            raise TilingError(f"tile step of dim {self.dim}: extent {self.extent} must be positive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpNode:
+    op: Op
+    tiling: tuple[tuple[TileStep, ...], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Loop:
+    count: int
+    body: tuple[Union["Loop", OpNode], ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or self.count < 1:
+            raise TilingError(f"loop count {self.count!r} must be a positive integer")
+        if not self.body:
+            raise TilingError("a loop needs a non-empty body")
+
+
+Node = Union[Loop, OpNode]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeBuffer:
+    name: str
+    type: TensorType
+    scope: str = "full"  # "full" | "tile"
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("full", "tile"):
+            raise TilingError(f"buffer {self.name}: scope {self.scope!r} must be 'full' or 'tile'")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopTree:
+    name: str
+    buffers: tuple[TreeBuffer, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[Output, ...]
+    body: tuple[Node, ...]
+
+    def buffer_table(self) -> dict[str, TreeBuffer]:
+        return {b.name: b for b in self.buffers}
+
+
+def walk(body: tuple[Node, ...], depth: int = 0):
+    """Yield ``(node, depth)`` in program order, loops before their bodies."""
+    for node in body:
+        yield node, depth
+        if isinstance(node, Loop):
+            yield from walk(node.body, depth + 1)
+
+
+def op_nodes(tree_or_body: LoopTree | tuple[Node, ...]) -> list[OpNode]:
+    body = tree_or_body.body if isinstance(tree_or_body, LoopTree) else tree_or_body
+    return [n for n, _ in walk(body) if isinstance(n, OpNode)]
+
+
+def loop_counts(tree: LoopTree) -> dict[str, tuple[int, ...]]:
+    """Op name -> counts of its enclosing loops, outermost first."""
+    out: dict[str, tuple[int, ...]] = {}
+
+    def visit(body: tuple[Node, ...], counts: tuple[int, ...]) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                visit(node.body, counts + (node.count,))
+            else:
+                out[node.name] = counts
+
+    visit(tree.body, ())
+    return out

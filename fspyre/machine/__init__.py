@@ -1,0 +1,5 @@
+"""The Spyre machine model: constants, device formats and layouts, the interpreter."""
+
+from fspyre.machine.spyre import Machine, spyre
+
+__all__ = ["Machine", "spyre"]

@@ -1,0 +1,74 @@
+"""Host <-> device values: checking user arrays, rounding them to the device format, and
+turning device values back into host arrays. Shared by the evaluator and the interpreter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from fspyre.errors import ExecutionError
+from fspyre.ir.dtypes import HOST_NUMPY, is_float
+from fspyre.ir.graph import TensorType
+from fspyre.machine import formats
+from fspyre.machine.spyre import Machine
+
+
+def check_inputs(types: Mapping[str, TensorType], inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """Validate names, shapes and dtypes; returns host arrays of the expected numpy dtype."""
+    missing = [n for n in types if n not in inputs]
+    extra = [n for n in inputs if n not in types]
+    if missing or extra:
+        raise ExecutionError(
+            f"inputs: missing {missing or 'none'}, unexpected {extra or 'none'}; the graph takes {list(types)}"
+        )
+    out = {}
+    for name, t in types.items():
+        arr = np.asarray(inputs[name])
+        if arr.shape != t.shape:
+            raise ExecutionError(f"input {name}: shape {list(arr.shape)} but the graph declares {list(t.shape)} ({t})")
+        want = HOST_NUMPY[t.dtype]
+        if arr.dtype != want:
+            ok = np.can_cast(arr.dtype, want, casting="same_kind") or (t.dtype == "bool" and arr.dtype.kind in "iub")
+            if not ok:
+                raise ExecutionError(f"input {name}: dtype {arr.dtype} cannot be used as {t.dtype}; pass a {want} array")
+            arr = arr.astype(want)
+        out[name] = arr
+    return out
+
+
+def device_values(host: np.ndarray, dtype: str, machine: Machine) -> np.ndarray:
+    """What the device holds after the host copies ``host`` in: values rounded to the device
+    format, as float32 (float formats, bool) or int32."""
+    fmt = formats.FORMATS[machine.device_format(dtype)]
+    return formats.round_to(compute_values(host, dtype), fmt)
+
+
+def compute_values(host: np.ndarray, dtype: str) -> np.ndarray:
+    if is_float(dtype) or dtype == "bool":
+        return np.asarray(host, dtype=np.float32)
+    return np.asarray(host, dtype=np.int32)
+
+
+def to_host(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Device values -> the host array the user gets back."""
+    if dtype == "bool":
+        return values != 0
+    return values.astype(HOST_NUMPY[dtype])
+
+
+def random_inputs(types: Mapping[str, TensorType], seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic test inputs: floats in [-2, 2), ints in [-8, 8), bools fair coins."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, t in types.items():
+        if is_float(t.dtype):
+            v = rng.uniform(-2.0, 2.0, size=t.shape).astype(np.float32)
+            if t.dtype == "bfloat16":
+                v = formats.round_to(v, formats.BF16)
+            out[name] = v.astype(HOST_NUMPY[t.dtype])
+        elif t.dtype == "int32":
+            out[name] = rng.integers(-8, 8, size=t.shape, dtype=np.int32)
+        else:
+            out[name] = rng.integers(0, 2, size=t.shape).astype(bool)
+    return out

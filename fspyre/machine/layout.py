@@ -1,0 +1,360 @@
+"""The Spyre device stick layout: where each host element of a tensor lives in device memory.
+
+Device storage is row-major over ``device_size``; the last device dim is the stick, a 128-byte
+row of ``elems_per_stick`` elements. ``stride_map[i]`` is the host-element stride that one step
+of device dim ``i`` stands for (-1 for a synthetic, padded or size-1 dim), so for every stored
+element ``host_offset == sum(coord[i] * stride_map[i] for stride_map[i] > 0)``.
+
+The default layout (torch-spyre ``SpyreTensorLayout(size, dtype, dim_order)``) sticks the last
+host dim of ``dim_order`` and tiles along its first entry::
+
+    [1024, 4096] fp16  ->  device_size (64, 1024, 64), stride_map (64, 4096, 1)
+
+``device_coordinates`` turns a flat host index expression into one coordinate expression per
+device dim (``(floor(c1/64), c0, Mod(c1, 64))`` above); ``fspyre.machine.indexing`` evaluates
+those expressions on arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from fspyre.errors import ExecutionError, GraphError, LoweringError
+from fspyre.machine.formats import STICK_BYTES
+
+# torch-spyre: host rank <= 6 (a sparse dim_order adds the trailing -1, so up to 7 entries).
+MAX_HOST_RANK = 6
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StickLayout:
+    """A tensor's device layout; the fields are those of torch-spyre's SpyreTensorLayout.
+
+    ``dim_order`` lists host dims; its last entry is the stick host dim, and a trailing -1
+    makes the layout *sparse* (one element per stick). A scalar has ``dim_order == ()``.
+    """
+
+    host_size: tuple[int, ...]
+    device_size: tuple[int, ...]
+    stride_map: tuple[int, ...]
+    dim_order: tuple[int, ...]
+    elems_per_stick: int
+
+    def __post_init__(self) -> None:
+        for name in ("host_size", "device_size", "stride_map", "dim_order"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(_is_int(v) for v in value):
+                raise GraphError(f"StickLayout.{name} must be a tuple of ints, got {value!r}")
+        eps = self.elems_per_stick
+        if not _is_int(eps) or eps <= 0 or STICK_BYTES % eps:
+            raise GraphError(
+                f"StickLayout.elems_per_stick {eps!r} must divide the {STICK_BYTES}-byte stick "
+                f"(sub-byte formats are not supported)"
+            )
+        if any(s <= 0 for s in self.host_size):
+            raise GraphError(f"StickLayout: host sizes must be > 0, got {self.host_size}")
+        _check_dim_order(self.host_size, self.dim_order)
+        device_rank = max(len(self.dim_order), 1) + 1
+        if len(self.device_size) != device_rank or len(self.stride_map) != device_rank:
+            raise GraphError(
+                f"StickLayout: dim_order {self.dim_order} needs {device_rank} device dims, got "
+                f"device_size {self.device_size} and stride_map {self.stride_map}"
+            )
+        if any(s <= 0 for s in self.device_size):
+            raise GraphError(f"StickLayout: device sizes must be > 0, got {self.device_size}")
+        if self.device_size[-1] != eps:
+            raise GraphError(
+                f"StickLayout: the last device dim is the stick and must hold elems_per_stick = {eps}, "
+                f"got device_size {self.device_size}"
+            )
+        if any(s == 0 or s < -1 for s in self.stride_map):
+            raise GraphError(f"StickLayout: stride_map entries must be > 0 or -1, got {self.stride_map}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor occupies on the device, padded sticks included."""
+        return math.prod(self.device_size[:-1]) * STICK_BYTES
+
+    @property
+    def elem_bytes(self) -> int:
+        return STICK_BYTES // self.elems_per_stick
+
+    @property
+    def dim_map(self) -> tuple[int, ...]:
+        """Host dim of each device dim (-1 = synthetic); the stick host dim appears twice."""
+        return _dim_map(self.dim_order)
+
+    @property
+    def device_strides(self) -> tuple[int, ...]:
+        """Row-major element strides of the device dims."""
+        strides = [1] * len(self.device_size)
+        for i in range(len(self.device_size) - 2, -1, -1):
+            strides[i] = strides[i + 1] * self.device_size[i + 1]
+        return tuple(strides)
+
+
+def host_strides(host_size: Sequence[int]) -> tuple[int, ...]:
+    """Contiguous row-major strides of a host tensor."""
+    strides = [1] * len(host_size)
+    for i in range(len(host_size) - 2, -1, -1):
+        strides[i] = strides[i + 1] * int(host_size[i + 1])
+    return tuple(strides)
+
+
+def stick_layout(
+    host_size: Sequence[int], elems_per_stick: int, dim_order: Sequence[int] | None = None
+) -> StickLayout:
+    """The default layout of a contiguous host tensor, sticked on ``dim_order[-1]``.
+
+    1. ``dim_map`` (device dim -> host dim): ``[o0, o0]`` for one entry, else
+       ``[o1, ..., o(k-1), o0, o(k-1)]``: the non-first dims in order, the first, the stick again.
+    2. ``device_size``: ``elems_per_stick`` for the stick; ``ceil(n / eps)`` at the stick host
+       dim's outer occurrence (1 when sparse); the host size elsewhere (1 for -1).
+    3. ``stride_map`` right to left: -1 for a synthetic or size-1 host dim; the host stride at a
+       host dim's inner occurrence; inner stride * inner device size at its outer occurrence.
+    A scalar is ``device_size (1, eps)``, ``stride_map (-1, -1)``.
+    """
+    host = tuple(int(s) for s in host_size)
+    order = tuple(range(len(host))) if dim_order is None else tuple(int(d) for d in dim_order)
+    eps = int(elems_per_stick)
+    _check_dim_order(host, order)
+    if any(s <= 0 for s in host):
+        raise GraphError(f"stick_layout: host sizes must be > 0, got {host}")
+    dmap = _dim_map(order)
+    stick = dmap[-1]
+    last = len(dmap) - 1
+
+    device = [1] * len(dmap)
+    device[last] = eps
+    for i in range(last):
+        h = dmap[i]
+        if h == stick:
+            device[i] = 1 if h == -1 else -(-host[h] // eps)
+        elif h != -1:
+            device[i] = host[h]
+
+    hstrides = host_strides(host)
+    strides = [-1] * len(dmap)
+    inner: dict[int, int] = {}  # host dim -> device dim of its innermost occurrence
+    for i in range(last, -1, -1):
+        h = dmap[i]
+        if h == -1 or host[h] == 1:
+            continue
+        if h in inner:
+            j = inner[h]
+            strides[i] = strides[j] * device[j]
+        else:
+            strides[i] = hstrides[h]
+            inner[h] = i
+
+    return StickLayout(
+        host_size=host,
+        device_size=tuple(device),
+        stride_map=tuple(strides),
+        dim_order=order,
+        elems_per_stick=eps,
+    )
+
+
+def device_coordinates(
+    layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.Symbol, int]
+) -> tuple[sympy.Expr, ...]:
+    """One coordinate expression per device dim for the flat host index ``index``.
+
+    ``index`` is ``sum(coef * var) + const`` with integer ``coef``; ``ranges[var]`` is the
+    number of values ``var`` takes (from 0). Per var, with ``step = coef`` and
+    ``limit = coef * range`` (torch-spyre ``compute_coordinates``), among device dims of size > 1
+    and stride > 0:
+
+    - the *primary* dim, the one with the largest stride <= step, and every dim whose stride
+      lies strictly between step and limit receive a term ``floor(var * step / stride)``;
+    - that term becomes ``floor(Mod(var * step, next) / stride)`` when ``next``, the next larger
+      stride, is < limit, i.e. the var overflows the dim.
+
+    A var of range 1 contributes nothing. The constant is peeled positionally, largest stride
+    first, so a padded stick dim never receives a modular remainder of it. The stick coordinate
+    must end up ``Mod(v, eps)``, ``v`` or ``0``, optionally plus a constant.
+    """
+    index = sympy.sympify(index)
+    coeffs, constant = _linear_terms(layout, index)
+    sizes, strides = layout.device_size, layout.stride_map
+    n = len(sizes)
+    live = [d for d in range(n) if sizes[d] > 1 and strides[d] > 0]
+    next_stride = {
+        d: min((strides[e] for e in live if strides[e] > strides[d]), default=None) for d in live
+    }
+    coords: list[sympy.Expr] = [sympy.S.Zero] * n
+
+    for var, coef in coeffs.items():
+        if var not in ranges:
+            raise LoweringError(
+                f"device_coordinates: index {index} uses {var}, which has no range in "
+                f"{dict(ranges)}; layout {_describe(layout)}"
+            )
+        extent = int(ranges[var])
+        if extent <= 1:
+            continue
+        step, limit = coef, coef * extent
+        if limit < step:
+            raise LoweringError(
+                f"device_coordinates: index {index} walks {var} backwards (coefficient {coef}, "
+                f"range {extent}) on layout {_describe(layout)}; a device coordinate can only "
+                f"ascend: reverse the tensor on the host or copy it reversed first"
+            )
+        primary = None
+        for d in live:
+            st = strides[d]
+            if st <= step:
+                if primary is None or st > strides[primary]:
+                    primary = d
+            elif st < limit:
+                coords[d] += _term(var, step, st, next_stride[d], limit)
+        if primary is None:
+            raise LoweringError(
+                f"device_coordinates: index {index} steps {var} by {step} host elements, finer "
+                f"than every device dim of layout {_describe(layout)}"
+            )
+        coords[primary] += _term(var, step, strides[primary], next_stride[primary], limit)
+
+    if constant:
+        remaining = constant
+        for d in sorted(live, key=lambda d: strides[d], reverse=True):
+            digit, remaining = divmod(remaining, strides[d])
+            coords[d] += digit
+        if remaining:
+            raise LoweringError(
+                f"device_coordinates: constant offset {constant} of index {index} is not a "
+                f"position of layout {_describe(layout)} (remainder {remaining})"
+            )
+
+    _check_stick_expr(layout, index, coords[-1])
+    return tuple(coords)
+
+
+def element_offset(layout: StickLayout, coords: Sequence[int]) -> int:
+    """Row-major element offset of a device coordinate (padded sticks counted)."""
+    if len(coords) != len(layout.device_size):
+        raise ExecutionError(
+            f"element_offset: {len(coords)} coordinates {tuple(coords)} for the "
+            f"{len(layout.device_size)} device dims of {_describe(layout)}"
+        )
+    offset = 0
+    for d, (c, size) in enumerate(zip(coords, layout.device_size)):
+        c = int(c)
+        if not 0 <= c < size:
+            raise ExecutionError(
+                f"element_offset: coordinate {c} of device dim {d} is outside [0, {size}) "
+                f"in {_describe(layout)}"
+            )
+        offset = offset * size + c
+    return offset
+
+
+def byte_offset(layout: StickLayout, coords: Sequence[int]) -> int:
+    """Byte offset of a device coordinate from the tensor's base address."""
+    return element_offset(layout, coords) * layout.elem_bytes
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_dim_order(host: tuple[int, ...], order: tuple[int, ...]) -> None:
+    rank = len(host)
+    if rank > MAX_HOST_RANK:
+        raise GraphError(f"stick layout: host rank {rank} of {host} exceeds {MAX_HOST_RANK}")
+    dense = order[:-1] if order and order[-1] == -1 else order
+    if sorted(dense) != list(range(rank)):
+        raise GraphError(
+            f"stick layout: dim_order {order} must be a permutation of the {rank} host dims of "
+            f"{host}, optionally followed by -1 (sparse)"
+        )
+
+
+def _dim_map(order: tuple[int, ...]) -> tuple[int, ...]:
+    if not order:
+        return (-1, -1)
+    if len(order) == 1:
+        return (order[0], order[0])
+    return order[1:] + (order[0], order[-1])
+
+
+def _describe(layout: StickLayout) -> str:
+    return (
+        f"StickLayout(host {list(layout.host_size)}, device {list(layout.device_size)}, "
+        f"stride_map {list(layout.stride_map)}, dim_order {list(layout.dim_order)}, "
+        f"eps {layout.elems_per_stick})"
+    )
+
+
+def _linear_terms(layout: StickLayout, index: sympy.Expr) -> tuple[dict[sympy.Symbol, int], int]:
+    coeffs: dict[sympy.Symbol, int] = {}
+    constant = 0
+    for term in sympy.Add.make_args(index):
+        coef, rest = term.as_coeff_Mul()
+        if not coef.is_Integer or not (rest is sympy.S.One or rest.is_Symbol):
+            raise LoweringError(
+                f"device_coordinates: index {index} is not a sum of integer * var terms plus a "
+                f"constant (term {term}); layout {_describe(layout)}"
+            )
+        if rest is sympy.S.One:
+            constant += int(coef)
+        else:
+            coeffs[rest] = coeffs.get(rest, 0) + int(coef)
+    if constant < 0:
+        raise LoweringError(
+            f"device_coordinates: index {index} has a negative constant offset {constant}; "
+            f"layout {_describe(layout)}"
+        )
+    return {v: c for v, c in coeffs.items() if c != 0}, constant
+
+
+def _term(var: sympy.Symbol, step: int, stride: int, nxt: int | None, limit: int) -> sympy.Expr:
+    """``floor(var*step / stride)``, or ``floor(Mod(var*step, nxt) / stride)`` if nxt < limit.
+
+    Built already reduced (common factors cancelled, no floor around an exact quotient), so the
+    result does not depend on the symbol's assumptions: ``floor(Mod(256*c, 16384)/256)`` comes
+    out as ``Mod(c, 64)``, which sympy itself reaches only for integer symbols.
+    """
+    if nxt is None or nxt >= limit:
+        return _floor_div(step, var, stride)
+    g = math.gcd(step, nxt)
+    modulus = nxt // g
+    if modulus == 1:
+        return sympy.S.Zero
+    inner = sympy.Mod((step // g) * var, modulus)
+    return _floor_div(g, inner, stride)
+
+
+def _floor_div(coef: int, x: sympy.Expr, divisor: int) -> sympy.Expr:
+    """``floor(coef * x / divisor)`` for integer-valued ``x``, reduced."""
+    g = math.gcd(coef, divisor)
+    coef, divisor = coef // g, divisor // g
+    if divisor == 1:
+        return coef * x
+    return sympy.floor(sympy.Rational(coef, divisor) * x)
+
+
+def _check_stick_expr(layout: StickLayout, index: sympy.Expr, expr: sympy.Expr) -> None:
+    const, rest = expr.as_coeff_Add()
+    eps = layout.elems_per_stick
+    ok = const.is_Integer and (
+        rest is sympy.S.Zero
+        or rest.is_Symbol
+        or (isinstance(rest, sympy.Mod) and rest.args[0].is_Symbol and rest.args[1] == eps)
+    )
+    if not ok:
+        names = sorted(str(s) for s in expr.free_symbols) or ["none"]
+        raise LoweringError(
+            f"device_coordinates: index {index} gives stick coordinate {expr} (var "
+            f"{', '.join(names)}) on layout {_describe(layout)}; a stick coordinate must be "
+            f"Mod(v, {eps}), v or 0, optionally plus a constant: access the stick dim with unit "
+            f"stride or restickify the tensor"
+        )

@@ -1,0 +1,148 @@
+"""The numeric rules, written once and shared by the reference evaluator and the
+machine-model interpreter (docs/semantics.md). Both call these functions on the same
+decoded values, which is why pointwise results are bit-exact between them.
+
+Compute precision: float32 when the result or any operand is a float type, else int32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fspyre.ir.dtypes import is_float
+
+Value = np.ndarray | float | int | bool
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # numpy has no erf; torch (a dependency already) computes it vectorized in float32.
+    import torch
+
+    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    # erf form (torch's default, approximate="none")
+    return (np.float32(0.5) * x * (np.float32(1) + _erf(x * np.float32(0.7071067811865476)))).astype(np.float32)
+
+
+POINTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "pow": np.power,
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
+    "reciprocal": lambda x: np.float32(1) / x,
+    "relu": lambda x: np.maximum(x, x.dtype.type(0)),
+    "sigmoid": _sigmoid,
+    "tanh": np.tanh,
+    "gelu": _gelu,
+    "silu": lambda x: x * _sigmoid(x),
+    "copy": lambda x: x,
+    "cast": lambda x: x,
+    "logical_not": lambda x: x == 0,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "where": lambda c, a, b: np.where(c != 0, a, b),
+}
+
+# identity element and pairwise combine of each reduction (used across cores and tiles)
+REDUCE_IDENTITY: dict[str, float] = {"sum": 0.0, "mean": 0.0, "matmul": 0.0, "prod": 1.0, "amax": -np.inf, "amin": np.inf}
+REDUCE_COMBINE: dict[str, str] = {"sum": "add", "mean": "add", "matmul": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
+
+
+def compute_dtype(out_dtype: str, operand_dtypes: Sequence[str]) -> np.dtype:
+    if is_float(out_dtype) or any(is_float(d) for d in operand_dtypes):
+        return np.dtype(np.float32)
+    return np.dtype(np.int32)
+
+
+def _as(value: Value, dtype: np.dtype) -> Value:
+    if isinstance(value, np.ndarray):
+        return value.astype(dtype, copy=False)
+    return dtype.type(value)
+
+
+def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Apply ``fn`` elementwise in compute dtype ``ctype``; the result has ``shape``."""
+    if fn == "full":
+        return np.full(shape, _as(operands[0], ctype), dtype=ctype)
+    args = [_as(v, ctype) for v in operands]
+    with np.errstate(all="ignore"):  # inf/nan follow IEEE, as on the device
+        out = POINTWISE[fn](*args)
+    out = np.asarray(out)
+    if out.dtype == np.bool_:
+        out = out.astype(ctype)
+    return np.broadcast_to(out.astype(ctype, copy=False), shape)
+
+
+def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype: np.dtype,
+           count: int, correction: int = 0) -> np.ndarray:
+    """Reduce over ``axes`` (the trailing axes of the iteration grid) in ``ctype``.
+
+    ``count`` is the number of elements the full reduction covers (mean, var divide by it)."""
+    x = [_as(v, ctype) for v in operands]
+    with np.errstate(all="ignore"):
+        if fn == "matmul":
+            return _contract(x[0], x[1], axes).astype(ctype, copy=False)
+        v = x[0]
+        if fn in ("sum", "mean"):
+            out = np.sum(v, axis=axes, dtype=ctype)
+            return (out * ctype.type(1.0 / count)).astype(ctype) if fn == "mean" else out
+        if fn == "prod":
+            return np.prod(v, axis=axes, dtype=ctype)
+        if fn == "amax":
+            return np.max(v, axis=axes)
+        if fn == "amin":
+            return np.min(v, axis=axes)
+        if fn == "var":
+            mean = np.sum(v, axis=axes, dtype=ctype, keepdims=True) * ctype.type(1.0 / count)
+            sq = np.sum((v - mean) ** 2, axis=axes, dtype=ctype)
+            return (sq / ctype.type(max(count - correction, 0))).astype(ctype)
+    raise KeyError(fn)
+
+
+def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """sum over ``axes`` of a*b, with a and b broadcast over the grid; einsum avoids
+    materialising the full product grid (BLAS underneath)."""
+    nd = max(a.ndim, b.ndim)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    grid = np.broadcast_shapes(a.shape, b.shape)
+
+    def subs(x: np.ndarray) -> tuple[np.ndarray, str]:
+        x = x.reshape((1,) * (nd - x.ndim) + x.shape)
+        keep = [i for i in range(nd) if x.shape[i] != 1 or grid[i] == 1]
+        return x.reshape([x.shape[i] for i in keep]), "".join(letters[i] for i in keep)
+
+    (xa, sa), (xb, sb) = subs(a), subs(b)
+    out_axes = [i for i in range(nd) if i not in axes]
+    so = "".join(letters[i] for i in out_axes)
+    res = np.einsum(f"{sa},{sb}->{''.join(c for c in so if c in sa + sb)}", xa, xb, optimize=True)
+    # axes that neither operand carries (size 1 in the grid) come back as size-1 axes
+    return np.broadcast_to(res.reshape([grid[i] if letters[i] in sa + sb else 1 for i in out_axes]),
+                           [grid[i] for i in out_axes])
+
+
+def combine(fn: str, acc: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """Fold a partial result of reduction ``fn`` into an accumulator (cross-core, cross-tile)."""
+    with np.errstate(all="ignore"):
+        return POINTWISE[REDUCE_COMBINE[fn]](acc, part)

@@ -1,0 +1,70 @@
+"""The Spyre machine model: the numbers every stage plans against.
+
+Sources (restated in ../shared/reference/anchor-workdiv-lx-machine.md §1 and §5):
+torch-spyre ``_inductor/config.py`` (SENCORES), ``scratchpad/allocator.py`` (LX window),
+``csrc/spyre_tensor_impl.cpp`` (BYTES_IN_STICK), ``work_division.py`` (MAX_SPAN_BYTES, #3162),
+``cost_model.py`` (fitted bandwidth and MAC rates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fspyre.errors import MachineError
+
+MAX_CORES = 32  # cores per card; SENCORES must be 1..32 (config.py, work_division.py)
+STICK_BYTES = 128  # BYTES_IN_STICK (spyre_tensor_impl.cpp)
+LX_PHYSICAL_BYTES = 2 << 20  # 2 MiB SRAM per core (allocator.py _LX_PHYSICAL_CAPACITY_BYTES)
+LX_RESERVED_BYTES = 64 << 10  # program/debug reservation (allocator.py)
+LX_BACKEND_FRACTION = 0.2  # DXP_LX_FRAC_AVAIL default: the backend's share of LX
+LX_ALIGN = 128  # LX allocation granularity (allocator.py)
+SPAN_LIMIT_BYTES = 65535 * 4096  # MAX_SPAN_BYTES since #3162: MVLOC 65535 entries of 4096 B
+HBM_ALIGN = 128  # pool and argument alignment (hbm_pool_planning.py)
+HBM_BYTES_PER_NS = 150.0  # fitted one-directional peak, cost_model.py CostParams
+HBM_TURNAROUND_NS_PER_BYTE = 0.00574  # read/write turnaround alpha, cost_model.py
+MACS_PER_NS_PER_CORE = 1140.0  # sustained 2-D matmul rate, cost_model.py (fitted)
+
+
+def lx_window(backend_fraction: float = LX_BACKEND_FRACTION) -> int:
+    """Bytes of LX the front end may plan: 1,625,344 at the default 0.2 (allocator.py)."""
+    tracker = LX_PHYSICAL_BYTES - LX_RESERVED_BYTES  # 2,031,616
+    raw = int(tracker * (1 - backend_fraction))
+    return -(-raw // LX_ALIGN) * LX_ALIGN
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Machine:
+    """One Spyre card as the compiler sees it. ``fp16_format`` picks how float16 is stored:
+    ``"SEN169_FP16"`` (IBM DLFloat16, the default, as on the hardware) or ``"IEEE_FP16"``."""
+
+    cores: int = MAX_CORES
+    lx_bytes: int = lx_window()
+    stick_bytes: int = STICK_BYTES
+    span_limit: int = SPAN_LIMIT_BYTES
+    fp16_format: str = "SEN169_FP16"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cores, int) or isinstance(self.cores, bool) or not 1 <= self.cores <= MAX_CORES:
+            raise MachineError(f"cores={self.cores!r}: a Spyre card has 1..{MAX_CORES} cores; pass cores in that range")
+        if not isinstance(self.lx_bytes, int) or self.lx_bytes < 0 or self.lx_bytes % LX_ALIGN:
+            raise MachineError(
+                f"lx_bytes={self.lx_bytes!r}: LX capacity must be a non-negative multiple of {LX_ALIGN} bytes"
+            )
+        if self.lx_bytes > LX_PHYSICAL_BYTES:
+            raise MachineError(f"lx_bytes={self.lx_bytes}: more than the {LX_PHYSICAL_BYTES} bytes of LX a core has")
+        if self.fp16_format not in ("SEN169_FP16", "IEEE_FP16"):
+            raise MachineError(f"fp16_format={self.fp16_format!r}: use 'SEN169_FP16' (DLFloat16) or 'IEEE_FP16'")
+
+    def device_format(self, dtype: str) -> str:
+        """Device data format name of a host dtype (docs/semantics.md)."""
+        return {
+            "float16": self.fp16_format,
+            "bfloat16": "BF16",
+            "float32": "IEEE_FP32",
+            "int32": "IEEE_INT32",
+            "bool": self.fp16_format,  # the anchor stores bool as SEN169_FP16 (types_mapping.h)
+        }[dtype]
+
+
+def spyre(cores: int = MAX_CORES, *, lx_bytes: int | None = None, fp16_format: str = "SEN169_FP16") -> Machine:
+    return Machine(cores=cores, lx_bytes=lx_window() if lx_bytes is None else lx_bytes, fp16_format=fp16_format)

@@ -1,0 +1,84 @@
+"""The one pipeline runner: composes the stages and calls a callback after each.
+
+Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that callback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import Graph
+from fspyre.ir.program import Program
+from fspyre.machine.spyre import Machine, spyre
+from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.loop_tree import tile
+from fspyre.stages.program import emit_program
+from fspyre.stages.split_plan import SplitOptions, divide_work
+from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
+
+StageCallback = Callable[[str, Any], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compilation:
+    graph: Graph
+    machine: Machine
+    stages: FrozenMap[str, Any]  # stage name -> frozen artifact, in pipeline order
+    program: Program
+
+    @property
+    def bundle_mlir(self) -> str:
+        from fspyre.lower.bundle import bundle_mlir
+
+        return bundle_mlir(self.program)
+
+    @property
+    def mlir_generic(self) -> str:
+        from fspyre.lower.generic import mlir_generic
+
+        return mlir_generic(self.program)
+
+    @property
+    def sdsc(self) -> dict[str, dict]:
+        from fspyre.lower.sdsc import sdsc_json
+
+        return sdsc_json(self.program)
+
+
+def compile(
+    graph: Graph,
+    machine: Machine | None = None,
+    tiling: str = "hints",
+    *,
+    split_options: SplitOptions = SplitOptions(),
+    allocation_options: AllocationOptions = AllocationOptions(),
+    callback: StageCallback | None = None,
+) -> Compilation:
+    machine = machine or spyre()
+    stages: list[tuple[str, Any]] = []
+
+    def done(name: str, artifact: Any) -> Any:
+        stages.append((name, artifact))
+        if callback is not None:
+            callback(name, artifact)
+        return artifact
+
+    done("graph", graph)
+    plan = done("tiling_plan", plan_tiling(graph, TilingOptions(mode=tiling)))
+    tree = done("loop_tree", tile(graph, plan))
+    split = done("split_plan", divide_work(tree, machine, split_options))
+    alloc = done("allocation", allocate(tree, split, machine, allocation_options))
+    program = done("program", emit_program(tree, split, alloc, machine))
+    return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program)
+
+
+def run(comp: Compilation | Program, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+    from fspyre.machine.interpreter import run_program
+
+    program = comp.program if isinstance(comp, Compilation) else comp
+    outs, _ = run_program(program, inputs)
+    return outs

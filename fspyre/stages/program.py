@@ -1,0 +1,185 @@
+"""Stage ``emit_program``: LoopTree + SplitPlan + Allocation -> Program (LoopSpec/OpSpec).
+
+Device coordinates come from each buffer's stick layout; a full-size buffer read or written
+inside loops gets, per enclosing loop, the byte step its address takes per iteration. The
+step is derived from the layout (not from host row-major strides) and checked to be the
+same for every iteration: a tile that does not start on a stick boundary is refused here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import sympy
+
+from fspyre.errors import TilingError
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import Load, Reduction, Scalar, iteration_dims
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer
+from fspyre.ir.plans import Allocation, SplitPlan
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.machine import formats, numerics
+from fspyre.machine.indexing import compile_index
+from fspyre.machine.layout import StickLayout, device_coordinates, stick_layout
+from fspyre.machine.spyre import Machine
+
+PROGRAM_OP_NAMES = {"matmul": "batchmatmul"}  # the anchor's name for every matmul
+
+
+def buffer_layout(buffer: TreeBuffer, machine: Machine) -> StickLayout:
+    fmt = formats.FORMATS[machine.device_format(buffer.type.dtype)]
+    return stick_layout(buffer.type.shape, fmt.elems_per_stick)
+
+
+def full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
+    """Each iteration dim's size before tiling: the per-tile size times the count of every
+    enclosing loop that tiles it (a dim tiled at two levels was divided twice)."""
+    sizes = {d.name: d.size for d in iteration_dims(node.op)}
+    for level, count in zip(node.tiling, counts):
+        for step in level:
+            if step.dim in sizes:
+                sizes[step.dim] *= count
+    return sizes
+
+
+def _row_major(sizes: Sequence[int]) -> np.ndarray:
+    out, acc = [], 1
+    for s in reversed(sizes):
+        out.append(acc)
+        acc *= s
+    return np.array(list(reversed(out)), dtype=np.int64)
+
+
+def tile_advance(
+    name: str, op: str, layout: StickLayout, coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol],
+    tiling: Sequence[Sequence[TileStep]], counts: Sequence[int], full: Mapping[str, int],
+) -> tuple[int, ...]:
+    """Byte step per iteration of each enclosing loop (outermost first), or a TilingError when
+    the address does not advance by one fixed step (the tile is not stick aligned)."""
+    strides = _row_major(layout.device_size)
+    fns = [compile_index(c, syms) for c in coords]
+    names = [str(s) for s in syms]
+    out = []
+    for steps, count in zip(tiling, counts):
+        moved = [s for s in steps if s.dim in names]
+        if not moved:
+            out.append(0)
+            continue
+        # Every point of the dim's full range, shifted by one tile: the offset difference must
+        # be the same constant everywhere, and equal to the first tile's step.
+        deltas = []
+        for s in moved:
+            pos = names.index(s.dim)
+            span = full[s.dim] - s.extent
+            v = np.arange(max(span, 0), dtype=np.int64)
+            args0 = [v if i == pos else 0 for i in range(len(syms))]
+            args1 = [v + s.extent if i == pos else 0 for i in range(len(syms))]
+            off0 = sum(np.asarray(f(*args0)) * st for f, st in zip(fns, strides))
+            off1 = sum(np.asarray(f(*args1)) * st for f, st in zip(fns, strides))
+            d = np.unique(np.asarray(off1 - off0).ravel())
+            if len(d) > 1:
+                raise TilingError(
+                    f"op {op}: tensor {name} cannot advance by a fixed address step when dim {s.dim} "
+                    f"moves {s.extent} elements per iteration (device layout {list(layout.device_size)}, "
+                    f"sticks of {layout.elems_per_stick}); choose a count that makes the tile of {s.dim} "
+                    f"a multiple of {layout.elems_per_stick} elements"
+                )
+            deltas.append(int(d[0]) if len(d) else 0)
+        out.append(sum(deltas) * layout.elem_bytes)
+    return tuple(out)
+
+
+def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, machine: Machine) -> Program:
+    table = tree.buffer_table()
+    layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
+
+    def emit(body: tuple[Node, ...], counts: tuple[int, ...]) -> tuple[Spec, ...]:
+        out: list[Spec] = []
+        for node in body:
+            if isinstance(node, Loop):
+                out.append(LoopSpec(count=node.count, body=emit(node.body, counts + (node.count,))))
+            else:
+                out.append(_op_spec(node, counts, table, layouts, splits, allocation, machine))
+        return tuple(out)
+
+    kernel_args = []
+    for name in tree.inputs:
+        kernel_args.append(_kernel_arg(name, name, True, table, layouts, allocation, machine))
+    for o in tree.outputs:
+        kernel_args.append(_kernel_arg(o.name, o.buffer, False, table, layouts, allocation, machine))
+    return Program(
+        name=tree.name,
+        body=emit(tree.body, ()),
+        kernel_args=tuple(kernel_args),
+        hbm_bytes=allocation.hbm_bytes,
+        cores=machine.cores,
+        lx_bytes=machine.lx_bytes,
+    )
+
+
+def _kernel_arg(name, buffer, is_input, table, layouts, allocation, machine) -> KernelArg:
+    b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
+    return KernelArg(
+        name=name, arg_index=place.arg_index, is_input=is_input, dtype=b.type.dtype, host_shape=b.type.shape,
+        device_dtype=machine.device_format(b.type.dtype), device_size=lay.device_size,
+        stride_map=lay.stride_map, address=place.address, buffer=buffer,
+    )
+
+
+def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation: Allocation, machine) -> OpSpec:
+    op = node.op
+    dims = [d for d in iteration_dims(op) if d.size > 1]
+    syms = [d.symbol for d in dims]
+    unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
+    full = full_sizes(node, counts)
+    split = splits.ops[op.name].splits
+
+    def arg(buffer: str, index: sympy.Expr, is_input: bool) -> TensorArg:
+        b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
+        index = index.subs(unit) if unit else index
+        ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
+        coords = device_coordinates(lay, index, ranges)
+        advance = (
+            tile_advance(buffer, op.name, lay, coords, syms, node.tiling, counts, full)
+            if b.scope == "full" and node.tiling else (0,) * len(counts)
+        )
+        return TensorArg(
+            name=buffer, is_input=is_input, arg_index=place.arg_index, device_dtype=machine.device_format(b.type.dtype),
+            device_size=lay.device_size, device_coordinates=coords,
+            allocation=FrozenMap({place.memory: place.address}), tile_advance=advance,
+        )
+
+    args, operands, dtypes = [], [], []
+    for o in op.operands:
+        if isinstance(o, Load):
+            operands.append(("arg", len(args)))
+            args.append(arg(o.buffer, o.index, True))
+            dtypes.append(table[o.buffer].type.dtype)
+        else:
+            assert isinstance(o, Scalar)
+            operands.append(("scalar", o.value))
+    out_dtype = table[op.store.buffer].type.dtype
+    args.append(arg(op.store.buffer, op.store.index, False))
+    info: dict[str, object] = {
+        "fn": op.fn,
+        "operands": tuple(operands),
+        "compute": str(numerics.compute_dtype(out_dtype, dtypes)),
+    }
+    if isinstance(op, Reduction):
+        info["reduced"] = tuple(d.symbol for d in op.reduction_ranges if d.size > 1)
+        info["count"] = int(np.prod([d.size for d in op.reduction_ranges]))
+        if op.fn == "var":
+            info["correction"] = op.correction
+    names = [str(s) for s in syms]
+    tiled = tuple(tuple(sympy.Symbol(s.dim, integer=True, nonnegative=True) for s in level if s.dim in names)
+                  for level in node.tiling)
+    return OpSpec(
+        op=PROGRAM_OP_NAMES.get(op.fn, op.fn),
+        is_reduction=isinstance(op, Reduction),
+        iteration_space=FrozenMap((d.symbol, (d.size, split.get(d.name, 1))) for d in dims),
+        args=tuple(args),
+        op_info=FrozenMap(info),
+        tiled_symbols=tiled,
+        name=op.name,
+    )
+
