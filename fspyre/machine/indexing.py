@@ -22,7 +22,7 @@ import sympy
 
 from fspyre.errors import LoweringError
 
-IndexFn = Callable[..., "np.ndarray | int"]
+IndexFn = Callable[..., np.ndarray | int]
 
 
 def compile_index(expr: sympy.Expr | int, symbols: Sequence[sympy.Symbol]) -> IndexFn:
@@ -50,9 +50,7 @@ def _emit(node: sympy.Expr, whole: sympy.Expr, names: dict[sympy.Symbol, str]) -
         return f"({int(node)})"
     if node.is_Symbol:
         if node not in names:
-            raise LoweringError(
-                f"compile_index: {node} in {whole} is not among the symbols {tuple(names)}"
-            )
+            raise LoweringError(f"compile_index: {node} in {whole} is not among the symbols {tuple(names)}")
         return names[node]
     if isinstance(node, sympy.Add):
         return "(" + " + ".join(_emit(a, whole, names) for a in node.args) + ")"
@@ -72,9 +70,7 @@ def _emit(node: sympy.Expr, whole: sympy.Expr, names: dict[sympy.Symbol, str]) -
     if isinstance(node, sympy.Mod):
         base, modulus = node.args
         if not modulus.is_Integer or modulus == 0:
-            raise LoweringError(
-                f"compile_index: {node} in {whole} needs a nonzero integer modulus, got {modulus}"
-            )
+            raise LoweringError(f"compile_index: {node} in {whole} needs a nonzero integer modulus, got {modulus}")
         return f"({_emit(base, whole, names)} % {int(modulus)})"
     raise LoweringError(
         f"compile_index: unsupported sub-expression {node} ({type(node).__name__}) in {whole}; "
@@ -88,9 +84,7 @@ def _emit_floor(node: sympy.floor, whole: sympy.Expr, names: dict[sympy.Symbol, 
     for term in sympy.Add.make_args(node.args[0]):
         coef, rest = term.as_coeff_Mul()
         if not coef.is_Rational:
-            raise LoweringError(
-                f"compile_index: {node} in {whole} has the non-rational coefficient {coef}"
-            )
+            raise LoweringError(f"compile_index: {node} in {whole} has the non-rational coefficient {coef}")
         terms.append((coef, rest))
     denom = math.lcm(*(int(c.q) for c, _ in terms))
     parts = []

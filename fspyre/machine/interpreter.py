@@ -10,6 +10,7 @@ ExecutionError naming the op, tensor, core and address.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,44 +26,58 @@ from fspyre.machine.layout import device_coordinates, host_strides, stick_layout
 from fspyre.machine.reference import open_grid
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+_SHIFT = {1: 0, 2: 1, 4: 2}
 
 
 class Memory:
-    """A byte space with a written-bit per byte. (The interpreter's own state: mutable by design.)"""
+    """A byte space with a written-bit per byte. (The interpreter's own state: mutable by
+    design.) Storage is allocated on first use: most cores' LX stays untouched."""
 
     def __init__(self, name: str, size: int) -> None:
         self.name = name
-        self.data = np.zeros(size, dtype=np.uint8)
-        self.written = np.zeros(size, dtype=np.uint8)
+        self.size = size
+        self._data: np.ndarray | None = None
+        self._written: np.ndarray | None = None
 
-    def _check(self, addrs: np.ndarray, nbytes: int, what: str) -> None:
+    @property
+    def data(self) -> np.ndarray:
+        if self._data is None:
+            self._data = np.zeros(self.size, dtype=np.uint8)
+            self._written = np.zeros(self.size, dtype=np.uint8)
+        return self._data
+
+    @property
+    def written(self) -> np.ndarray:
+        self.data
+        assert self._written is not None
+        return self._written
+
+    def _index(self, addrs: np.ndarray, nbytes: int, what: str) -> np.ndarray:
+        """Element indices into the ``nbytes``-wide view, after bounds and alignment checks."""
         if addrs.size == 0:
-            return
+            return addrs
         lo, hi = int(addrs.min()), int(addrs.max()) + nbytes
-        if lo < 0 or hi > self.data.size:
+        if lo < 0 or hi > self.size:
             bad = lo if lo < 0 else hi - nbytes
-            raise ExecutionError(
-                f"{what}: address {bad:#x} is outside {self.name} ({self.data.size} bytes)"
-            )
+            raise ExecutionError(f"{what}: address {bad:#x} is outside {self.name} ({self.size} bytes)")
         if lo % nbytes:
             raise ExecutionError(f"{what}: address {lo:#x} is not aligned to {nbytes} bytes in {self.name}")
+        return addrs >> _SHIFT[nbytes]
 
     def read(self, addrs: np.ndarray, fmt: formats.DataFormat, what: str, check_written: bool) -> np.ndarray:
-        self._check(addrs, fmt.nbytes, what)
+        idx = self._index(addrs, fmt.nbytes, what)
         view = _VIEW[fmt.nbytes]
-        idx = addrs // fmt.nbytes
-        if check_written:
+        if check_written and idx.size:
             seen = self.written.view(view)[idx]
             full = np.iinfo(view).max
-            if not np.all(seen == full):
-                first = int(np.asarray(addrs)[np.nonzero(seen != full)][0]) if np.ndim(addrs) else int(addrs)
+            if seen.min() != full:
+                first = int(np.asarray(addrs)[np.nonzero(seen != full)][0])
                 raise ExecutionError(f"{what}: reads {self.name} address {first:#x}, which was never written")
         return formats.decode(self.data.view(view)[idx], fmt)
 
     def write(self, addrs: np.ndarray, values: np.ndarray, fmt: formats.DataFormat, what: str) -> None:
-        self._check(addrs, fmt.nbytes, what)
+        idx = self._index(addrs, fmt.nbytes, what)
         view = _VIEW[fmt.nbytes]
-        idx = addrs // fmt.nbytes
         self.data.view(view)[idx] = formats.encode(values, fmt)
         self.written.view(view)[idx] = np.iinfo(view).max
 
@@ -80,6 +95,20 @@ class MachineState:
     lx: tuple[Memory, ...]
 
 
+def _linear(terms: Sequence[tuple[np.ndarray | int, int]], base: int) -> np.ndarray:
+    """``base + sum(coord * weight)`` over broadcast coordinate arrays. Terms of equal shape
+    are summed first so only one add runs at the full grid size."""
+    by_shape: dict[tuple[int, ...], np.ndarray | int] = {}
+    for coord, weight in terms:
+        c = np.asarray(coord)
+        by_shape[c.shape] = by_shape.get(c.shape, 0) + c * weight
+    parts = sorted(by_shape.values(), key=np.size)
+    out: np.ndarray | int = base
+    for p in parts:
+        out = out + p
+    return np.asarray(out)
+
+
 def _row_major(sizes: Sequence[int]) -> list[int]:
     out, acc = [], 1
     for s in reversed(sizes):
@@ -88,6 +117,7 @@ def _row_major(sizes: Sequence[int]) -> list[int]:
     return list(reversed(out))
 
 
+@functools.lru_cache(maxsize=64)
 def _kernel_addresses(arg: KernelArg) -> np.ndarray:
     """Byte address of every host element (host row-major order) of a kernel argument."""
     fmt = formats.FORMATS[arg.device_dtype]
@@ -102,9 +132,11 @@ def _kernel_addresses(arg: KernelArg) -> np.ndarray:
     coords = device_coordinates(layout, t.contiguous_index(), {d.symbol: d.size for d in t.dims})
     grid = open_grid([d.size for d in t.dims if d.size > 1])
     strides = _row_major(layout.device_size)
-    off = sum(np.asarray(compile_index(c, syms)(*grid)) * st for c, st in zip(coords, strides))
+    addrs = _linear([(compile_index(c, syms)(*grid), st * fmt.nbytes) for c, st in zip(coords, strides)], arg.address)
     shape = tuple(d.size for d in t.dims if d.size > 1)
-    return (arg.address + np.broadcast_to(off, shape) * fmt.nbytes).reshape(-1)
+    out = np.broadcast_to(addrs, shape).reshape(-1)
+    out.setflags(write=False)
+    return out
 
 
 def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
@@ -161,17 +193,16 @@ def _addresses(arg: TensorArg, syms, grid, iters: tuple[int, ...], core: int, sp
     what = f"op {spec.name or spec.op} tensor {arg.name} core {core}"
     if arg.memory == "hbm":
         strides = _row_major(arg.device_size)
-        off = sum(c * st for c, st in zip(coords, strides))
         base = arg.address + sum(i * a for i, a in zip(iters, arg.tile_advance))
-        return state.hbm, base + np.asarray(off) * fmt.nbytes, what
+        return state.hbm, _linear([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base), what
     # LX: each core holds its own slice, laid out row-major over the slice's extent per device
     # dim (whole sticks in the stick dim), at the same LX address on every core.
     lows = [int(c.min()) if c.size else 0 for c in coords]
     extents = [int(c.max()) - lo + 1 if c.size else 1 for c, lo in zip(coords, lows)]
     lows[-1], extents[-1] = 0, arg.device_size[-1]
     strides = _row_major(extents)
-    off = sum((c - lo) * st for c, lo, st in zip(coords, lows, strides))
-    return state.lx[core], arg.address + np.asarray(off) * fmt.nbytes, what
+    base = arg.address - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
+    return state.lx[core], _linear([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base), what
 
 
 def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: Program, options: RunOptions) -> None:

@@ -105,9 +105,7 @@ def host_strides(host_size: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def stick_layout(
-    host_size: Sequence[int], elems_per_stick: int, dim_order: Sequence[int] | None = None
-) -> StickLayout:
+def stick_layout(host_size: Sequence[int], elems_per_stick: int, dim_order: Sequence[int] | None = None) -> StickLayout:
     """The default layout of a contiguous host tensor, sticked on ``dim_order[-1]``.
 
     1. ``dim_map`` (device dim -> host dim): ``[o0, o0]`` for one entry, else
@@ -184,9 +182,7 @@ def device_coordinates(
     sizes, strides = layout.device_size, layout.stride_map
     n = len(sizes)
     live = [d for d in range(n) if sizes[d] > 1 and strides[d] > 0]
-    next_stride = {
-        d: min((strides[e] for e in live if strides[e] > strides[d]), default=None) for d in live
-    }
+    next_stride = {d: min((strides[e] for e in live if strides[e] > strides[d]), default=None) for d in live}
     coords: list[sympy.Expr] = [sympy.S.Zero] * n
 
     for var, coef in coeffs.items():
@@ -247,8 +243,7 @@ def element_offset(layout: StickLayout, coords: Sequence[int]) -> int:
         c = int(c)
         if not 0 <= c < size:
             raise ExecutionError(
-                f"element_offset: coordinate {c} of device dim {d} is outside [0, {size}) "
-                f"in {_describe(layout)}"
+                f"element_offset: coordinate {c} of device dim {d} is outside [0, {size}) in {_describe(layout)}"
             )
         offset = offset * size + c
     return offset
@@ -310,8 +305,7 @@ def _linear_terms(layout: StickLayout, index: sympy.Expr) -> tuple[dict[sympy.Sy
             coeffs[rest] = coeffs.get(rest, 0) + int(coef)
     if constant < 0:
         raise LoweringError(
-            f"device_coordinates: index {index} has a negative constant offset {constant}; "
-            f"layout {_describe(layout)}"
+            f"device_coordinates: index {index} has a negative constant offset {constant}; layout {_describe(layout)}"
         )
     return {v: c for v, c in coeffs.items() if c != 0}, constant
 
