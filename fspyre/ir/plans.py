@@ -7,22 +7,49 @@ from dataclasses import dataclass, field
 
 from fspyre.errors import AllocationError, TilingError
 from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import Op, iteration_dims
 
 
 # -- tiling plan ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Level:
-    """One counted loop: ``count`` iterations; every op of the group that iterates one of
-    ``dims`` divides it by ``count`` (an op iterating none is loop-invariant at this level)."""
+    """One counted loop of ``count`` iterations.
+
+    By name (hints, and the embedder's named form): every op of the group that iterates one
+    of ``dims`` with size > 1 divides it by ``count``; an op iterating none of them is
+    loop-invariant at this level. ``op_dims``, when not empty (the embedder's positional
+    form, where index 0 may name a different dim in each op), lists each op's tiled dims
+    instead, ops it omits being loop-invariant; ``dims`` is then their union, for printing.
+    ``source`` says where the level came from ("hint scope 1 slices={'B': 4}"), for reports.
+    """
 
     count: int
     dims: tuple[str, ...]
+    op_dims: FrozenMap[str, tuple[str, ...]] = field(default_factory=FrozenMap)
+    source: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.count, int) or self.count < 1:
-            raise TilingError(f"loop level over {list(self.dims)}: count {self.count!r} must be an integer >= 1")
+        where = f" ({self.source})" if self.source else ""
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
+            raise TilingError(
+                f"loop level over {list(self.dims)}{where}: count {self.count!r} must be an integer >= 1"
+            )
         if not self.dims:
-            raise TilingError(f"loop level with count {self.count} names no dim to tile")
+            raise TilingError(f"loop level with count {self.count}{where} names no dim to tile")
+        for op, names in self.op_dims.items():
+            missing = [n for n in names if n not in self.dims]
+            if missing:
+                raise TilingError(
+                    f"loop level over {list(self.dims)}{where}: op {op} tiles {missing}, "
+                    f"which the level's dims do not list"
+                )
+
+    def tiled_dims(self, op: Op) -> tuple[str, ...]:
+        """The dims of ``op`` this level divides (empty: the op is loop-invariant here)."""
+        if self.op_dims:
+            return self.op_dims.get(op.name, ())
+        iterated = {d.name for d in iteration_dims(op) if d.size > 1}
+        return tuple(d for d in self.dims if d in iterated)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,14 +71,26 @@ class TilingPlan:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpSplit:
     """How one op's (per-tile) iteration space is divided: ``splits[dim]`` slices per dim,
-    listed in iteration-space order; cores map to slices with the first dim fastest."""
+    listed in iteration-space order; cores map to slices with the first dim fastest.
+
+    ``stick_elems[dim]`` is the elements-per-stick a stick dim is split in (its splits count
+    whole sticks); ``span_splits`` are the minimum splits the per-core span limit forced;
+    ``output_coeffs`` / ``reduction_coeffs`` are the anchor's index-coefficient-keyed form
+    (coefficient of the dim in the write index / first read index -> slices, 1s dropped)."""
 
     splits: FrozenMap[str, int]
     cores: int  # cores the op runs on = product of splits
+    stick_elems: FrozenMap[str, int] = field(default_factory=FrozenMap)
+    span_splits: FrozenMap[str, int] = field(default_factory=FrozenMap)
+    output_coeffs: FrozenMap[int, int] = field(default_factory=FrozenMap)
+    reduction_coeffs: FrozenMap[int, int] = field(default_factory=FrozenMap)
+    hinted: bool = False  # a work_div hint decided the splits
 
     def __post_init__(self) -> None:
         prod = 1
-        for v in self.splits.values():
+        for dim, v in self.splits.items():
+            if not isinstance(v, int) or v < 1:
+                raise TilingError(f"split of dim {dim}: {v!r} must be an integer >= 1")
             prod *= v
         if prod != self.cores:
             raise TilingError(f"split {dict(self.splits)} uses {prod} cores, not {self.cores}")
@@ -68,12 +107,15 @@ class SplitPlan:
 class Placement:
     """Where a buffer lives. HBM: ``address`` is a byte address in device memory and
     ``arg_index`` >= 0 for kernel arguments. LX: ``address`` is the same on every core and
-    ``nbytes`` is the per-core footprint."""
+    ``nbytes`` is the per-core footprint (128-byte aligned)."""
 
     memory: str  # "hbm" | "lx"
     address: int
     nbytes: int
     arg_index: int = -1
+    live: tuple[int, int] = (0, 0)  # [first, last + 1) in program time (op index); loops included
+    reason: str = ""  # why an intermediate is not in LX
+    in_place_of: str = ""  # the LX buffer whose slot this one takes over at its last use
 
     def __post_init__(self) -> None:
         if self.memory not in ("hbm", "lx"):

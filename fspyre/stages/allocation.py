@@ -1,47 +1,386 @@
-"""Stage ``allocate``: LoopTree + SplitPlan + machine -> Allocation (HBM and LX addresses)."""
+"""Stage ``allocate``: LoopTree + SplitPlan + machine -> Allocation (HBM and LX addresses).
+
+**LX planning** (torch-spyre ``scratchpad/``, restated in
+../shared/reference/anchor-workdiv-lx-machine.md section 4). Program time is the index of an
+op in program order, loop bodies counted once; lifetimes follow
+``fspyre.machine.memcheck.live_intervals`` (a per-tile buffer lives within one iteration; a
+buffer used inside a loop and outside it lives across the whole loop). An intermediate may
+live in LX when
+
+- no loop advances its address (LX tensors never advance),
+- some op reads it,
+- its producer does not split a reduction across cores (the combined value exists on one
+  core only), and
+- every consumer slices it exactly as the producer did on every core: the same LX box per
+  core (``memcheck.lx_box``), on cores the producer wrote. That is the condition the
+  interpreter's per-core LX addressing needs, so nothing placed in LX can read another
+  core's data.
+
+Its per-core footprint is the producer's largest per-core box (device bytes / the
+producer's core count when the slices partition the tensor), rounded up to 128 bytes. A
+pointwise op that reads a buffer at that buffer's last use, element for element where it
+writes its result, may write the result in place. The solvers (``greedy`` default,
+``firstfit``, ``bestfit``) place buffers at 128-byte aligned addresses below
+``machine.lx_bytes``; what does not fit stays in HBM, with the reason recorded.
+
+**HBM**: kernel arguments (graph inputs, then outputs) first, then a 128-byte aligned pool of
+intermediates; with ``hbm_reuse`` buffers whose lifetimes do not overlap share pool space.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.looptree import LoopTree
-from fspyre.ir.plans import Allocation, Placement, SplitPlan
-from fspyre.machine.layout import stick_layout
+from fspyre.ir.graph import Pointwise, TensorType
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, loop_counts
+from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine import formats
-from fspyre.machine.spyre import HBM_ALIGN, Machine
+from fspyre.machine.layout import stick_layout
+from fspyre.machine.memcheck import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
+from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
+from fspyre.stages.split_plan import Access, buffer_layout, op_accesses, op_dims
+
+SOLVERS = ("greedy", "firstfit", "bestfit")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AllocationOptions:
-    lx_planning: bool = False
+    lx_planning: bool = True
+    lx_solver: str = "greedy"  # "greedy" | "firstfit" | "bestfit"
+    hbm_reuse: bool = True  # pool intermediates whose lifetimes do not overlap share addresses
+
+    def __post_init__(self) -> None:
+        if self.lx_solver not in SOLVERS:
+            raise AllocationError(f"lx_solver={self.lx_solver!r}: use one of {list(SOLVERS)}")
 
 
 def _align(n: int, a: int = HBM_ALIGN) -> int:
     return -(-n // a) * a
 
 
-def device_bytes(buffer_type, machine: Machine) -> int:
+def device_bytes(buffer_type: TensorType, machine: Machine) -> int:
+    """Device bytes of a whole tensor of ``buffer_type`` (its HBM size), padded sticks included."""
     fmt = formats.FORMATS[machine.device_format(buffer_type.dtype)]
     return stick_layout(buffer_type.shape, fmt.elems_per_stick).nbytes
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveBuffer:
+    """A solver's view of a buffer: aligned size, lifetime ``[start, end)``, number of uses,
+    and the buffers whose slot it may take over in place."""
+
+    name: str
+    size: int
+    start: int
+    end: int
+    uses: int = 1
+    first_use_is_write: bool = True
+    parents: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Use:
+    time: int
+    node: OpNode
+    split: OpSplit
+    access: Access
+    lows: np.ndarray
+    highs: np.ndarray
+    cores: np.ndarray  # bool per core: the core performs this access
+
+
 def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
              options: AllocationOptions = AllocationOptions()) -> Allocation:
-    """Everything in HBM: kernel arguments (inputs, then outputs) first, then a pool of
-    intermediates, each 128-byte aligned."""
     table = tree.buffer_table()
-    args = list(tree.inputs) + [o.buffer for o in tree.outputs if o.buffer not in tree.inputs]
-    args = list(dict.fromkeys(args))
+    layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
+    counts = loop_counts(tree)
+
+    timeline: list[tuple[int, OpNode, tuple[int, ...]]] = []
+    spans: dict[int, tuple[int, int]] = {}
+
+    def visit(body: tuple[Node, ...], chain: tuple[int, ...]) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                lid, start = len(spans), len(timeline)
+                spans[lid] = (start, start)
+                visit(node.body, chain + (lid,))
+                spans[lid] = (start, len(timeline))
+            else:
+                timeline.append((len(timeline), node, chain))
+
+    visit(tree.body, ())
+
+    uses: dict[str, list[_Use]] = {}
+    times: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+    for t, node, chain in timeline:
+        split = splits.ops[node.name]
+        dims = op_dims(node.op)
+        syms = [d.symbol for d in dims]
+        sizes = [d.size for d in dims]
+        cuts = [split.splits.get(d.name, 1) for d in dims]
+        red = {d.name for d in node.op.reduction_ranges}
+        writers = writing_cores(cuts, [d.name in red for d in dims])
+        for acc in op_accesses(node, counts[node.name], table, machine, layouts):
+            lows, highs = coord_bounds(acc.coords, syms, sizes, cuts)
+            cores = writers if acc.is_write else np.ones(len(writers), dtype=bool)
+            uses.setdefault(acc.buffer, []).append(
+                _Use(time=t, node=node, split=split, access=acc, lows=lows, highs=highs, cores=cores))
+            times.setdefault(acc.buffer, []).append((t, chain))
+    live = live_intervals(times, spans)
+    at_time: dict[int, list[_Use]] = {}
+    for us in uses.values():
+        for u in us:
+            at_time.setdefault(u.time, []).append(u)
+
+    outputs = [o.buffer for o in tree.outputs]
+    args = list(dict.fromkeys(list(tree.inputs) + outputs))
     placements: dict[str, Placement] = {}
     addr = 0
     for i, name in enumerate(args):
-        size = device_bytes(table[name].type, machine)
-        placements[name] = Placement(memory="hbm", address=addr, nbytes=size, arg_index=i)
+        size = layouts[name].nbytes
+        placements[name] = Placement(memory="hbm", address=addr, nbytes=size, arg_index=i,
+                                     live=live.get(name, (0, 0)))
         addr = _align(addr + size)
-    for b in tree.buffers:
-        if b.name not in placements:
-            size = device_bytes(b.type, machine)
-            placements[b.name] = Placement(memory="hbm", address=addr, nbytes=size)
-            addr = _align(addr + size)
-    return Allocation(buffers=FrozenMap(placements), hbm_bytes=addr)
+    pool_base = addr
+
+    intermediates = [b.name for b in tree.buffers if b.name not in placements]
+    reasons: dict[str, str] = {}
+    lx_items: list[LiveBuffer] = []
+    footprint: dict[str, int] = {}
+    for name in intermediates:
+        why, nbytes = _lx_verdict(name, uses.get(name, []), options, machine)
+        if why:
+            reasons[name] = why
+            continue
+        footprint[name] = nbytes
+    for name in intermediates:
+        if name in footprint:
+            us = uses[name]
+            lx_items.append(LiveBuffer(
+                name=name, size=footprint[name], start=live[name][0], end=live[name][1],
+                uses=len(us), first_use_is_write=us[0].access.is_write,
+                parents=_in_place_parents(name, us, at_time, live, footprint)))
+
+    placed = solve(lx_items, machine.lx_bytes, options.lx_solver)
+    lx_peak = 0
+    for item in lx_items:
+        if item.name in placed:
+            a, parent = placed[item.name]
+            placements[item.name] = Placement(memory="lx", address=a, nbytes=item.size,
+                                              live=(item.start, item.end), in_place_of=parent)
+            lx_peak = max(lx_peak, a + item.size)
+        else:
+            reasons[item.name] = (f"no room in LX during {list(live[item.name])} ({item.size} bytes per core, "
+                                  f"{options.lx_solver} solver, {machine.lx_bytes}-byte LX)")
+
+    pool = [LiveBuffer(name=n, size=_align(layouts[n].nbytes), start=live.get(n, (0, 0))[0],
+                       end=live.get(n, (0, 0))[1]) for n in intermediates if n not in placements]
+    if options.hbm_reuse:
+        offsets = {n: a for n, (a, _) in _greedy(pool, None, prefer_gaps=True).items()}
+    else:
+        offsets, top = {}, 0
+        for item in pool:
+            offsets[item.name], top = top, top + item.size
+    end = pool_base
+    for item in pool:
+        a = pool_base + offsets[item.name]
+        placements[item.name] = Placement(memory="hbm", address=a, nbytes=layouts[item.name].nbytes,
+                                          live=(item.start, item.end), reason=reasons.get(item.name, ""))
+        end = max(end, _align(a + item.size))
+    ordered = FrozenMap((b.name, placements[b.name]) for b in tree.buffers)
+    notes = tuple(f"{n}: in place of {p.in_place_of}" for n, p in ordered.items() if p.in_place_of)
+    return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes)
+
+
+def _lx_verdict(name: str, us: Sequence[_Use], options: AllocationOptions, machine: Machine) -> tuple[str, int]:
+    """(reason it stays in HBM, "") or ("", per-core LX footprint)."""
+    if not us:
+        return "no op uses it", 0
+    if not options.lx_planning:
+        return "LX planning is off", 0
+    mover = next((u for u in us if u.access.advances), None)
+    if mover is not None:
+        return f"op {mover.node.name} advances it with an enclosing loop; LX tensors never advance", 0
+    writes = [u for u in us if u.access.is_write]
+    reads = [u for u in us if not u.access.is_write]
+    if not reads:
+        return "no op reads it", 0
+    w = writes[0]
+    if not np.all(w.cores):
+        red = [d for d in w.split.splits if w.split.splits[d] > 1 and d in {x.name for x in w.node.op.reduction_ranges}]
+        return f"op {w.node.name} splits reduction dim {red[0]} across cores; the combined value exists on one core", 0
+    dsize = w.access.layout.device_size
+    wl, we = lx_box(w.lows, w.highs, dsize)
+    for r in reads:
+        if r.time < w.time:
+            return f"op {r.node.name} reads it before op {w.node.name} writes it", 0
+        rl, re_ = lx_box(r.lows, r.highs, dsize)
+        if len(rl) > len(wl):
+            return (f"op {r.node.name} reads it on {len(rl)} cores, but op {w.node.name} writes it on "
+                    f"{len(wl)}: core {len(wl)} would read LX nobody wrote"), 0
+        diff = np.nonzero(np.any(rl != wl[: len(rl)], axis=1) | np.any(re_ != we[: len(rl)], axis=1))[0]
+        if len(diff):
+            c = int(diff[0])
+            return (f"op {r.node.name} slices it differently from op {w.node.name} on core {c} (box "
+                    f"{rl[c].tolist()}+{re_[c].tolist()} vs {wl[c].tolist()}+{we[c].tolist()})"), 0
+    nbytes = _align(int(box_bytes(we, w.access.layout.elem_bytes).max()), LX_ALIGN)
+    if nbytes > machine.lx_bytes:
+        return f"needs {nbytes} bytes of LX per core, more than the {machine.lx_bytes} the machine has", 0
+    return "", nbytes
+
+
+def _in_place_parents(name: str, us: Sequence[_Use], at_time: Mapping[int, Sequence[_Use]],
+                      live: Mapping[str, tuple[int, int]], footprint: Mapping[str, int]) -> tuple[str, ...]:
+    """LX candidates whose slot ``name`` may take: read by ``name``'s pointwise producer at
+    their last use, element for element where it writes ``name``, at least as large."""
+    w = next(u for u in us if u.access.is_write)
+    if not isinstance(w.node.op, Pointwise) or live[name][0] != w.time:
+        return ()
+    here = [x for x in at_time[w.time] if not x.access.is_write]
+    out: list[str] = []
+    for u in here:
+        p = u.access.buffer
+        if p in out or p not in footprint or live[p][1] != w.time + 1 or footprint[p] < footprint[name]:
+            continue
+        loads = [x for x in here if x.access.buffer == p]
+        if all(x.access.coords == w.access.coords and x.access.layout.device_size == w.access.layout.device_size
+               for x in loads):
+            out.append(p)
+    return tuple(out)
+
+
+# -- solvers ------------------------------------------------------------------------------------
+
+
+def solve(items: Sequence[LiveBuffer], capacity: int, solver: str = "greedy") -> dict[str, tuple[int, str]]:
+    """Place ``items`` in ``[0, capacity)``: name -> (address, the parent whose slot it took or
+    ""). Items left out do not fit (they stay in HBM)."""
+    if solver == "greedy":
+        return _greedy(items, capacity)
+    if solver in ("firstfit", "bestfit"):
+        return _fit(items, capacity, best=solver == "bestfit")
+    raise AllocationError(f"lx_solver={solver!r}: use one of {list(SOLVERS)}")
+
+
+def _first_gap(spans: Sequence[tuple[int, int]], size: int, capacity: int | None) -> int | None:
+    """Lowest aligned address where ``size`` bytes fit between the (address, size) spans."""
+    cur = 0
+    for a, s in sorted(spans):
+        start = _align(cur, LX_ALIGN)
+        if start + size <= a:
+            return start
+        cur = max(cur, a + s)
+    start = _align(cur, LX_ALIGN)
+    return start if capacity is None or start + size <= capacity else None
+
+
+def _greedy(items: Sequence[LiveBuffer], capacity: int | None, prefer_gaps: bool = False) -> dict[str, tuple[int, str]]:
+    """torch-spyre ``greedy_solver``: sweep the start/end times; at each, free the buffers
+    ending there, then place those starting there in input order: (1) in place of a live,
+    not yet taken over parent at least as large; (2) address 0 when everything live lies
+    above it; (3) just above the highest live buffer; (4) the first gap that fits. With
+    ``prefer_gaps`` (the HBM pool) the gap search comes before (3)."""
+    starts: dict[int, list[LiveBuffer]] = {}
+    ends: dict[int, list[str]] = {}
+    for it in items:
+        starts.setdefault(it.start, []).append(it)
+        ends.setdefault(it.end, []).append(it.name)
+    live: dict[str, tuple[int, int]] = {}
+    taken: set[str] = set()
+    out: dict[str, tuple[int, str]] = {}
+    for t in sorted(set(starts) | set(ends)):
+        for n in ends.get(t, ()):
+            live.pop(n, None)
+        for it in starts.get(t, ()):
+            if capacity is not None and it.size > capacity:
+                continue
+            addr, parent = None, ""
+            for p in it.parents:
+                if p in live and p not in taken and it.size <= live[p][1]:
+                    addr, parent = live[p][0], p
+                    taken.add(p)
+                    break
+            if addr is None:
+                spans = list(live.values())
+                if not spans or min(a for a, _ in spans) >= it.size:
+                    addr = 0
+                elif prefer_gaps:
+                    addr = _first_gap(spans, it.size, capacity)
+                else:
+                    top = _align(max(a + s for a, s in spans), LX_ALIGN)
+                    fits = capacity is None or top + it.size <= capacity
+                    addr = top if fits else _first_gap(spans, it.size, capacity)
+            if addr is None:
+                continue
+            live[it.name] = (addr, it.size)
+            out[it.name] = (addr, parent)
+    return out
+
+
+def _fit(items: Sequence[LiveBuffer], capacity: int, best: bool) -> dict[str, tuple[int, str]]:
+    """torch-spyre ``firstfit_bestfit_solver``: the shortest-lived, most used buffers first;
+    each goes in place of an already placed partner when that slot is free of everything else
+    alive with it, else into the first (or the tightest) free gap."""
+    order = {it.name: i for i, it in enumerate(items)}
+    child_of = {p: it.name for it in items for p in it.parents}
+
+    def key(it: LiveBuffer):
+        span = it.end - it.start
+        bonus = 0.25 * bool(it.parents) + 0.25 * (it.name in child_of)
+        score = (span - bonus) / (it.uses + 0.5 * it.first_use_is_write)
+        return (score, span, order[it.name])
+
+    by_name = {it.name: it for it in items}
+    placed: dict[str, int] = {}
+    parent_of: dict[str, str] = {}
+    for it in sorted(items, key=key):
+        if it.size > capacity:
+            continue
+        alive = [n for n in placed if by_name[n].start < it.end and it.start < by_name[n].end]
+        taken = set(parent_of.values())  # parents whose slot a child already took over
+        partners = [(p, True) for p in it.parents if p in placed and p not in taken]
+        c = child_of.get(it.name)
+        if c is not None and c in placed and c not in parent_of:
+            partners.append((c, False))
+        addr = None
+        for p, is_parent in partners:
+            a = placed[p]
+            fits = it.size <= by_name[p].size if is_parent else by_name[p].size <= it.size
+            others = [(placed[n], by_name[n].size) for n in alive if n != p]
+            if fits and a + it.size <= capacity and all(a + it.size <= oa or oa + os_ <= a for oa, os_ in others):
+                addr = a
+                if is_parent:
+                    parent_of[it.name] = p
+                else:
+                    parent_of[p] = it.name
+                break
+        if addr is None:
+            addr = _gap(sorted((placed[n], by_name[n].size) for n in alive), it.size, capacity, best)
+        if addr is not None:
+            placed[it.name] = addr
+    return {n: (a, parent_of.get(n, "")) for n, a in placed.items()}
+
+
+def _gap(spans: Sequence[tuple[int, int]], size: int, capacity: int, best: bool) -> int | None:
+    gaps, cur = [], 0
+    for a, s in spans:
+        if a > cur:
+            gaps.append((cur, a))
+        cur = max(cur, a + s)
+    gaps.append((cur, capacity))
+    choice = None
+    for lo, hi in gaps:
+        start = _align(lo, LX_ALIGN)
+        if start + size > hi:
+            continue
+        if not best:
+            return start
+        left = hi - start - size
+        if choice is None or left < choice[0]:
+            choice = (left, start)
+    return None if choice is None else choice[1]

@@ -1,20 +1,461 @@
-"""Stage ``tile``: graph + TilingPlan -> LoopTree."""
+"""Stage ``tile``: graph + TilingPlan -> LoopTree.
+
+Each group of the plan becomes a nest of ``Loop`` nodes, outermost level first, with the
+group's ops in the innermost body. An op's ranges are divided once per level that tiles one
+of its dims (a dim tiled at two levels is divided twice); its ``OpNode.tiling[L]`` records,
+per enclosing loop, how many elements the tiled dim moves per iteration (an outer level's
+extent is the final extent times the inner counts on that dim). Loads and stores keep the
+graph's full-buffer index for ``"full"`` buffers (the program adds the loop advance); a
+``"tile"`` buffer is indexed with the tile's own contiguous index.
+
+Loop-boundary buffers (docs/tiling.md):
+
+- written and read only inside the group: a ``"tile"`` buffer of the per-tile shape, under the
+  same name, at a fixed address;
+- read after the group too, or a graph output: the full buffer, written tile by tile; when ops
+  of the group read it as well, the producer writes ``<buf>_tile`` and a ``<buf>_copy`` op right
+  after it copies the tile into the full buffer.
+
+Tiled reductions (a level tiles a reduction dim): the op computes a per-tile partial into
+``<buf>_part``, ``<op>_combine`` folds it into the accumulator ``<buf>_acc``, which
+``<op>_fill`` sets to the identity before the first reduction level and ``<op>_finish`` copies
+(mean: scales) into the output after it. Accumulators are float32 for float outputs and int32
+otherwise.
+"""
 
 from __future__ import annotations
 
-from fspyre.ir.graph import Graph
-from fspyre.ir.looptree import LoopTree, OpNode, TreeBuffer
-from fspyre.ir.plans import TilingPlan
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import sympy
+
+from fspyre.errors import TilingError
+from fspyre.ir.dtypes import is_float
+from fspyre.ir.graph import Dim, Graph, Load, Op, Pointwise, Reduction, Scalar, Store, TensorType, iteration_dims
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, walk
+from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.stages.tiling_plan import verify_plan
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# Reduction -> (fn of the per-tile partial, combine fn, identity for float / int accumulators).
+TILED_REDUCTIONS: Mapping[str, tuple[str, str, float, int]] = {
+    "sum": ("sum", "add", 0.0, 0),
+    "mean": ("sum", "add", 0.0, 0),
+    "matmul": ("matmul", "add", 0.0, 0),
+    "prod": ("prod", "mul", 1.0, 1),
+    "amax": ("amax", "maximum", -math.inf, INT32_MIN),
+    "amin": ("amin", "minimum", math.inf, INT32_MAX),
+}
 
 
 def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
+    verify_plan(graph, plan)
     ops = graph.op_table()
-    if plan.groups:
-        raise NotImplementedError("tiled groups land with the coarse-tiling stage")
-    return LoopTree(
-        name=graph.name,
-        buffers=tuple(TreeBuffer(name=b.name, type=b.type) for b in graph.buffers),
-        inputs=graph.inputs,
-        outputs=graph.outputs,
-        body=tuple(OpNode(op=ops[name]) for name in plan.order),
+    group_of = {name: gi for gi, g in enumerate(plan.groups) for name in g.ops}
+    first_of = {g.ops[0]: gi for gi, g in enumerate(plan.groups)}
+    readers: dict[str, list[str]] = {}
+    for op in graph.ops:
+        for ld in op.loads:
+            names = readers.setdefault(ld.buffer, [])
+            if not names or names[-1] != op.name:
+                names.append(op.name)
+    ctx = _Context(
+        graph=graph,
+        buffers=graph.buffer_table(),
+        ops=ops,
+        group_of=group_of,
+        readers=readers,
+        outputs=frozenset(o.buffer for o in graph.outputs),
+        taken=set(ops) | {b.name for b in graph.buffers},
+        replaced={},
+        extra={},
     )
+    body: list[Node] = []
+    for name in plan.order:
+        if name in first_of:
+            gi = first_of[name]
+            body.extend(_tile_group(ctx, gi, plan.groups[gi]))
+        elif name not in group_of:
+            body.append(OpNode(op=ops[name]))
+    buffers: list[TreeBuffer] = []
+    for b in graph.buffers:
+        buffers.append(ctx.replaced.get(b.name) or TreeBuffer(name=b.name, type=b.type))
+        buffers.extend(ctx.extra.get(b.name, ()))
+    return verify_loop_tree(LoopTree(
+        name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs, body=tuple(body),
+    ))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Context:
+    """Tables built once per ``tile`` call; ``taken``, ``replaced`` and ``extra`` collect the
+    names and buffers the groups add (local to the call, never escaping it)."""
+
+    graph: Graph
+    buffers: Mapping
+    ops: Mapping[str, Op]
+    group_of: Mapping[str, int]
+    readers: Mapping[str, list[str]]
+    outputs: frozenset[str]
+    taken: set[str]
+    replaced: dict[str, TreeBuffer]
+    extra: dict[str, list[TreeBuffer]]
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.taken:
+            name, n = f"{base}{n}", n + 1
+        self.taken.add(name)
+        return name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _OpTiling:
+    """How the levels of a group divide one op: ``per_level[L]`` is the dim level L tiles
+    (None: invariant there), ``final`` the per-tile size of every iteration dim."""
+
+    op: Op
+    per_level: tuple[str | None, ...]
+    final: Mapping[str, int]
+    steps: tuple[tuple[TileStep, ...], ...]
+
+    def extents(self, dim: str) -> tuple[int | None, ...]:
+        """Elements ``dim`` moves per iteration of each level (None where it does not move)."""
+        return tuple(next((s.extent for s in lv if s.dim == dim), None) for lv in self.steps)
+
+    def out_steps(self) -> tuple[tuple[TileStep, ...], ...]:
+        names = {d.name for d in self.op.ranges}
+        return tuple(tuple(s for s in lv if s.dim in names) for lv in self.steps)
+
+    def dims(self, dims: Sequence[Dim]) -> tuple[Dim, ...]:
+        return tuple(Dim(d.name, self.final[d.name]) for d in dims)
+
+
+def _where(k: int, level: Level) -> str:
+    return f"level {k} ({level.source})" if level.source else f"level {k}"
+
+
+def _divisors(n: int, limit: int = 12) -> list[int]:
+    return [c for c in range(2, n + 1) if n % c == 0][:limit]
+
+
+def _analyse(op: Op, levels: Sequence[Level]) -> _OpTiling:
+    size = {d.name: d.size for d in iteration_dims(op)}
+    reduced = {d.name for d in op.reduction_ranges}
+    per_level: list[str | None] = []
+    for k, lv in enumerate(levels):
+        dims = lv.tiled_dims(op)
+        for d in dims:
+            if d not in size:
+                raise TilingError(
+                    f"op {op.name}: {_where(k, lv)} tiles dim {d}, which the op does not iterate "
+                    f"(its dims are {[x.name for x in iteration_dims(op)]})"
+                )
+        if len(dims) > 1:
+            red = [d for d in dims if d in reduced]
+            out = [d for d in dims if d not in reduced]
+            if red and out:
+                raise TilingError(
+                    f"op {op.name} ({op.fn} over {[d.name for d in op.reduction_ranges]}): {_where(k, lv)} tiles "
+                    f"output dim {out[0]} and reduction dim {red[0]} at once; one loop level may tile an op's output "
+                    f"dims or its reduction dims, not both. Tile them at two levels (nested hint scopes)."
+                )
+            raise TilingError(
+                f"op {op.name}: {_where(k, lv)} tiles dims {list(dims)} at once; one counted loop advances all of "
+                f"them together and would only visit the diagonal tiles. Tile them at separate levels "
+                f"(nested scopes, or slices={{{dims[0]!r}: ..., {dims[1]!r}: ...}} for nested loops)."
+            )
+        per_level.append(dims[0] if dims else None)
+    remaining = dict(size)
+    for k, d in enumerate(per_level):
+        if d is None:
+            continue
+        count = levels[k].count
+        if remaining[d] % count:
+            after = "" if remaining[d] == size[d] else f" (of {size[d]}, after the outer levels)"
+            raise TilingError(
+                f"op {op.name}: dim {d} has range {remaining[d]}{after}, which count {count} of "
+                f"{_where(k, levels[k])} does not divide; counts that divide it: {_divisors(remaining[d])}"
+            )
+        remaining[d] //= count
+    steps = []
+    for k, d in enumerate(per_level):
+        if d is None:
+            steps.append(())
+            continue
+        inner = math.prod(levels[j].count for j in range(k + 1, len(levels)) if per_level[j] == d)
+        steps.append((TileStep(dim=d, extent=remaining[d] * inner),))
+    return _OpTiling(op=op, per_level=tuple(per_level), final=remaining, steps=tuple(steps))
+
+
+def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Level], members: set[str]) -> int | None:
+    """The outermost level tiling a reduction dim of ``t.op`` (None if none does), after
+    refusing what fspyre cannot tile correctly."""
+    op = t.op
+    if not isinstance(op, Reduction):
+        return None
+    reduced = {d.name for d in op.reduction_ranges}
+    red_levels = [k for k, d in enumerate(t.per_level) if d in reduced]
+    if not red_levels:
+        return None
+    r = red_levels[0]
+    where = _where(r, levels[r])
+    over = [d.name for d in op.reduction_ranges]
+    if op.fn not in TILED_REDUCTIONS:
+        raise TilingError(
+            f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {t.per_level[r]}, but {op.fn} has no "
+            f"tile-by-tile combine (var needs the mean of the whole range first). Tile another dim of "
+            f"{op.name}, or write var as mean((x - mean(x))**2) and tile that."
+        )
+    for k in range(r + 1, len(levels)):
+        d = t.per_level[k]
+        if d is None:
+            raise TilingError(
+                f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles no dim of {op.name} but runs inside "
+                f"{where}, which tiles its reduction dim {t.per_level[r]}; each partial {op.fn} would be folded "
+                f"into the accumulator {levels[k].count} times. Tile a dim of {op.name} at that level too, or "
+                f"put the reduction in a group of its own."
+            )
+        if d not in reduced:
+            raise TilingError(
+                f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles output dim {d} inside {where}, "
+                f"which tiles reduction dim {t.per_level[r]}; an accumulator tile cannot move inside its "
+                f"reduction loop. Put the output level outside (the outer hint scope)."
+            )
+    for reader in ctx.readers.get(op.store.buffer, ()):
+        if reader in members:
+            raise TilingError(
+                f"op {reader} reads {op.store.buffer}, the {op.fn} of op {op.name}, inside the same loop nest (group "
+                f"{gi}), but {where} tiles the reduction dim {t.per_level[r]}, so {op.store.buffer} is complete only "
+                f"after that loop ends (a recurrence like online softmax, which fspyre does not rewrite). Tile a dim "
+                f"that {op.name} keeps, or end the hint scope before {reader}."
+            )
+    return r
+
+
+# -- index helpers ---------------------------------------------------------------------------
+def _dim_vars(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> list[sympy.Symbol | None] | None:
+    """The iteration variable addressing each dim of a contiguous buffer through ``index``
+    (None for a dim not walked), or None when ``index`` is not one variable per dim."""
+    strides = btype.strides()
+    by_stride = {st: j for j, (st, d) in enumerate(zip(strides, btype.dims)) if d.size > 1}
+    out: list[sympy.Symbol | None] = [None] * len(btype.dims)
+    for term in sympy.Add.make_args(sympy.expand(index)):
+        if term == 0:
+            continue
+        coef, var = term.as_coeff_Mul()
+        if not coef.is_Integer or not var.is_Symbol:
+            return None
+        j = by_stride.get(int(coef))
+        if j is None or out[j] is not None or sizes.get(var.name, 0) > btype.dims[j].size:
+            return None
+        out[j] = var
+    return out
+
+
+def _index(btype: TensorType, vars_: Sequence[sympy.Symbol | None]) -> sympy.Expr:
+    return sympy.Add(*(st * v for st, v, d in zip(btype.strides(), vars_, btype.dims) if v is not None and d.size > 1))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _TileBuffer:
+    """A per-tile buffer inside a group: its name and type, the producer's tiling and the
+    producer variable of each of its dims."""
+
+    name: str
+    type: TensorType
+    producer: _OpTiling
+    vars: tuple[sympy.Symbol | None, ...]
+
+
+def _tile_type(ctx: _Context, t: _OpTiling) -> tuple[TensorType, list[sympy.Symbol | None]]:
+    op = t.op
+    full = ctx.buffers[op.store.buffer].type
+    sizes = {d.name: d.size for d in iteration_dims(op)}
+    vars_ = _dim_vars(op.store.index, full, sizes)
+    if vars_ is None:
+        if any(t.steps):
+            raise TilingError(
+                f"op {op.name} writes {op.store.buffer} through index {op.store.index}, which is not one iteration "
+                f"variable per dim of {full}; fspyre cannot give it a per-tile buffer. Keep {op.name} outside the "
+                f"hint scope."
+            )
+        return full, []
+    dims = tuple(Dim(d.name, t.final[v.name]) if v is not None else d for d, v in zip(full.dims, vars_))
+    return TensorType(dims=dims, dtype=full.dtype), vars_
+
+
+def _read_tile(ctx: _Context, reader: _OpTiling, load: Load, tb: _TileBuffer, levels: Sequence[Level]) -> Load:
+    """``load`` rewritten to read the tile buffer, after checking that ``reader`` walks the
+    producer's tiles in lockstep (same per-tile extent, same advance at every level)."""
+    full = ctx.buffers[load.buffer].type
+    if not tb.vars:  # the producer is not tiled: its tile is the whole buffer, same index
+        return Load(buffer=tb.name, index=load.index)
+    sizes = {d.name: d.size for d in iteration_dims(reader.op)}
+    vars_ = _dim_vars(load.index, full, sizes)
+    producer = tb.producer.op.name
+    if vars_ is None:
+        raise TilingError(
+            f"op {reader.op.name} reads {load.buffer} (written by {producer} in the same loop nest) through index "
+            f"{load.index}, which is not one iteration variable per dim of {full}, so it cannot read a per-tile "
+            f"buffer. Move {reader.op.name} out of the hint scope."
+        )
+    for dim, pv, rv in zip(full.dims, tb.vars, vars_):
+        if pv is None:
+            continue
+        want = (tb.producer.final[pv.name], tb.producer.extents(pv.name))
+        if rv is None:  # the reader stays at coordinate 0: fine while the producer does not tile the dim
+            have = (1, (None,) * len(levels))
+            if not any(want[1]):
+                continue
+        else:
+            have = (reader.final[rv.name], reader.extents(rv.name))
+        if want != have:
+            raise TilingError(
+                f"op {reader.op.name} reads {load.buffer} along dim {dim.name} in tiles of {have[0]} moving "
+                f"{_moves(have[1])}, but {producer}, in the same loop nest, writes it in tiles of {want[0]} moving "
+                f"{_moves(want[1])}; a per-tile buffer serves only readers that walk the producer's tiles. Tile "
+                f"both ops' dims alike, or move {reader.op.name} out of the hint scope."
+            )
+    return Load(buffer=tb.name, index=_index(tb.type, vars_))
+
+
+def _moves(extents: Sequence[int | None]) -> str:
+    return "[" + ", ".join(f"L{k}: {'-' if e is None else e}" for k, e in enumerate(extents)) + "]"
+
+
+# -- one group -------------------------------------------------------------------------------
+def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
+    levels = group.levels
+    members = set(group.ops)
+    tilings = [_analyse(ctx.ops[name], levels) for name in group.ops]
+    tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
+    inner: list[Node] = []
+    fills: list[list[Node]] = [[] for _ in levels]
+    finishes: list[list[Node]] = [[] for _ in levels]
+    for t in tilings:
+        op = t.op
+        r = _check_reduction(ctx, gi, t, levels, members)
+        loads = {}
+        for ld in op.loads:
+            if ld.buffer in tiles and ld not in loads:
+                loads[ld] = _read_tile(ctx, t, ld, tiles[ld.buffer], levels)
+        operands = tuple(loads.get(o, o) if isinstance(o, Load) else o for o in op.operands)
+        per_tile = replace(op, operands=operands, ranges=t.dims(op.ranges))
+        if isinstance(op, Reduction):
+            per_tile = replace(per_tile, reduction_ranges=t.dims(op.reduction_ranges))
+        out = op.store.buffer
+        inside = any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
+        outside = out in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(out, ()))
+        store = op.store
+        if not outside:
+            tile_type, vars_ = _tile_type(ctx, t)
+            ctx.replaced[out] = TreeBuffer(name=out, type=tile_type, scope="tile")
+            if vars_:
+                store = Store(buffer=out, index=_index(tile_type, vars_))
+            tiles[out] = _TileBuffer(name=out, type=tile_type, producer=t, vars=tuple(vars_))
+        if r is not None:
+            inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, fills, finishes))
+            continue
+        if outside and inside:
+            tile_type, vars_ = _tile_type(ctx, t)
+            name = ctx.fresh(f"{out}_tile")
+            ctx.extra.setdefault(out, []).append(TreeBuffer(name=name, type=tile_type, scope="tile"))
+            index = _index(tile_type, vars_) if vars_ else op.store.index
+            tiles[out] = _TileBuffer(name=name, type=tile_type, producer=t, vars=tuple(vars_))
+            inner.append(OpNode(op=replace(per_tile, store=Store(buffer=name, index=index)), tiling=t.steps))
+            copy = Pointwise(
+                name=ctx.fresh(f"{out}_copy"), fn="copy", operands=(Load(buffer=name, index=index),),
+                ranges=t.dims(op.ranges), store=op.store, hints=op.hints,
+            )
+            inner.append(OpNode(op=copy, tiling=t.out_steps()))
+        else:
+            inner.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
+    body: tuple[Node, ...] = tuple(inner)
+    for d in reversed(range(len(levels))):
+        body = tuple(fills[d]) + (Loop(count=levels[d].count, body=body),) + tuple(finishes[d])
+    return body
+
+
+def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int,
+                     fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
+    """partial + combine in the loop body; identity fill before and finish after level ``r``."""
+    op = t.op
+    out = op.store.buffer
+    out_type = ctx.buffers[out].type
+    partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[op.fn]
+    acc_float = is_float(out_type.dtype)
+    acc_type = TensorType(dims=t.dims(op.ranges), dtype="float32" if acc_float else "int32")
+    idx = acc_type.contiguous_index()
+    part = ctx.fresh(f"{out}_part")
+    acc = ctx.fresh(f"{out}_acc")
+    ctx.extra.setdefault(out, []).extend(
+        [TreeBuffer(name=part, type=acc_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope="tile")]
+    )
+    out_dims = acc_type.dims
+    outer = t.out_steps()
+    partial = replace(per_tile, fn=partial_fn, store=Store(buffer=part, index=idx))
+    combine = Pointwise(
+        name=ctx.fresh(f"{op.name}_combine"), fn=combine_fn,
+        operands=(Load(buffer=acc, index=idx), Load(buffer=part, index=idx)),
+        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+    )
+    fill = Pointwise(
+        name=ctx.fresh(f"{op.name}_fill"), fn="full",
+        operands=(Scalar(value=float_identity if acc_float else int_identity),),
+        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+    )
+    if op.fn == "mean":
+        count = math.prod(d.size for d in op.reduction_ranges)
+        finish_fn, finish_ops = "mul", (Load(buffer=acc, index=idx), Scalar(value=1.0 / count))
+    else:
+        finish_fn, finish_ops = "cast", (Load(buffer=acc, index=idx),)
+    finish = Pointwise(
+        name=ctx.fresh(f"{op.name}_finish"), fn=finish_fn, operands=finish_ops,
+        ranges=out_dims, store=store, hints=op.hints,
+    )
+    fills[r].append(OpNode(op=fill, tiling=outer[:r]))
+    finishes[r].append(OpNode(op=finish, tiling=outer[:r]))
+    return [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)]
+
+
+# -- verification ----------------------------------------------------------------------------
+def verify_loop_tree(tree: LoopTree) -> LoopTree:
+    """Tree invariants: one tiling entry per enclosing loop, steps on dims the op iterates,
+    every buffer known, every read preceded by a write (or an input)."""
+    table = tree.buffer_table()
+    if len(table) != len(tree.buffers):
+        raise TilingError(f"loop tree {tree.name}: duplicate buffer names")
+    written = set(tree.inputs)
+    seen_ops: set[str] = set()
+    for node, depth in walk(tree.body):
+        if isinstance(node, Loop):
+            continue
+        op = node.op
+        if op.name in seen_ops:
+            raise TilingError(f"loop tree {tree.name}: op {op.name} appears twice")
+        seen_ops.add(op.name)
+        if len(node.tiling) != depth:
+            raise TilingError(
+                f"loop tree {tree.name}: op {op.name} sits in {depth} loops but has {len(node.tiling)} tiling levels"
+            )
+        names = {d.name for d in iteration_dims(op)}
+        for k, level in enumerate(node.tiling):
+            for s in level:
+                if s.dim not in names:
+                    raise TilingError(f"loop tree {tree.name}: op {op.name} level {k} steps dim {s.dim} it does not iterate")
+        for ld in op.loads:
+            if ld.buffer not in table:
+                raise TilingError(f"loop tree {tree.name}: op {op.name} reads unknown buffer {ld.buffer}")
+            if ld.buffer not in written:
+                raise TilingError(f"loop tree {tree.name}: op {op.name} reads {ld.buffer} before anything writes it")
+        if op.store.buffer not in table:
+            raise TilingError(f"loop tree {tree.name}: op {op.name} writes unknown buffer {op.store.buffer}")
+        written.add(op.store.buffer)
+    for o in tree.outputs:
+        if o.buffer not in written or table[o.buffer].scope != "full":
+            raise TilingError(f"loop tree {tree.name}: output {o.name} ({o.buffer}) must be a full buffer that is written")
+    return tree

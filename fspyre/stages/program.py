@@ -55,12 +55,16 @@ def tile_advance(
     tiling: Sequence[Sequence[TileStep]], counts: Sequence[int], full: Mapping[str, int],
 ) -> tuple[int, ...]:
     """Byte step per iteration of each enclosing loop (outermost first), or a TilingError when
-    the address does not advance by one fixed step (the tile is not stick aligned)."""
+    the address does not advance by one fixed step (the tile is not stick aligned).
+
+    ``coords`` are the tensor's device coordinates over the op's full ranges, in ``syms``, which
+    include a tiled dim whose per-tile size is 1 (it is absent from the op's iteration space but
+    still moves the address)."""
     strides = _row_major(layout.device_size)
     fns = [compile_index(c, syms) for c in coords]
     names = [str(s) for s in syms]
     out = []
-    for steps, count in zip(tiling, counts):
+    for level, (steps, count) in enumerate(zip(tiling, counts)):
         moved = [s for s in steps if s.dim in names]
         if not moved:
             out.append(0)
@@ -78,11 +82,15 @@ def tile_advance(
             off1 = sum(np.asarray(f(*args1)) * st for f, st in zip(fns, strides))
             d = np.unique(np.asarray(off1 - off0).ravel())
             if len(d) > 1:
+                eps = layout.elems_per_stick
+                works = [c for c in range(2, full[s.dim] + 1) if full[s.dim] % c == 0 and (full[s.dim] // c) % eps == 0]
                 raise TilingError(
-                    f"op {op}: tensor {name} cannot advance by a fixed address step when dim {s.dim} "
-                    f"moves {s.extent} elements per iteration (device layout {list(layout.device_size)}, "
-                    f"sticks of {layout.elems_per_stick}); choose a count that makes the tile of {s.dim} "
-                    f"a multiple of {layout.elems_per_stick} elements"
+                    f"op {op}: tensor {name} cannot advance by one fixed address step per iteration of loop level "
+                    f"{level} (count {count}): dim {s.dim} (range {full[s.dim]}) moves {s.extent} elements per "
+                    f"iteration, which is not a whole number of {eps}-element sticks of {name} (device layout "
+                    f"{list(layout.device_size)}, {layout.elem_bytes}-byte elements). Make the tile of {s.dim} a "
+                    f"multiple of {eps} elements (counts that do for one level: {works[:8] or 'none'}), or tile "
+                    f"another dim."
                 )
             deltas.append(int(d[0]) if len(d) else 0)
         out.append(sum(deltas) * layout.elem_bytes)
@@ -134,15 +142,24 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
     full = full_sizes(node, counts)
     split = splits.ops[op.name].splits
 
+    # A dim tiled down to one element per tile leaves the iteration space but still moves the
+    # address: the advance is computed with its symbol kept (the anchor's squeezed advance).
+    tiled = {s.dim for level in node.tiling for s in level}
+    squeezed = [d for d in iteration_dims(op) if d.size == 1 and d.name in tiled]
+    fixed = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1 and d.name not in tiled}
+
     def arg(buffer: str, index: sympy.Expr, is_input: bool) -> TensorArg:
         b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
-        index = index.subs(unit) if unit else index
         ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
-        coords = device_coordinates(lay, index, ranges)
-        advance = (
-            tile_advance(buffer, op.name, lay, coords, syms, node.tiling, counts, full)
-            if b.scope == "full" and node.tiling else (0,) * len(counts)
-        )
+        coords = device_coordinates(lay, index.subs(unit) if unit else index, ranges)
+        advance = (0,) * len(counts)
+        if b.scope == "full" and any(node.tiling):
+            adv_syms = syms + [d.symbol for d in squeezed]
+            adv_coords = (
+                device_coordinates(lay, index.subs(fixed), {**ranges, **{d.symbol: full[d.name] for d in squeezed}})
+                if squeezed else coords
+            )
+            advance = tile_advance(buffer, op.name, lay, adv_coords, adv_syms, node.tiling, counts, full)
         return TensorArg(
             name=buffer, is_input=is_input, arg_index=place.arg_index, device_dtype=machine.device_format(b.type.dtype),
             device_size=lay.device_size, device_coordinates=coords,

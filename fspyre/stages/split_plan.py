@@ -1,47 +1,395 @@
-"""Stage ``divide_work``: LoopTree + machine -> SplitPlan (each op's work across cores)."""
+"""Stage ``divide_work``: LoopTree + machine -> SplitPlan (each op's work across cores).
+
+Per op, on its per-tile iteration space (torch-spyre ``work_division.py``, restated in
+../shared/reference/anchor-workdiv-lx-machine.md section 3):
+
+1. **Stick adjustment.** A dim whose variable is the stick coordinate of some tensor the op
+   touches is counted in sticks: ``ceil(size / eps)`` with ``eps`` the largest
+   elements-per-stick among those tensors, so every core gets whole sticks. A stick dim whose
+   size is not a whole number of sticks is not split at all (a slice would start mid-stick).
+2. **Span reduction** (pass 1, mandatory). A tensor whose per-core span (the outermost device
+   dim a core touches more than once, times the bytes below it) exceeds ``machine.span_limit``
+   forces splits: per device dim outer to inner, every combination of divisors of the dim's
+   variables (at least the splits already committed) within the core budget; the fewest slices
+   that fit win, else the smallest span. More than one split reduction dim is an error.
+3. **User hint.** ``g.hint(work_div={"M": 2})`` on the op's scopes is authoritative (validated
+   like the anchor: integers >= 1, dims of the op, dividing the stick-adjusted size; a hint
+   that would exceed the core budget is skipped with a note).
+4. **Work distribution** (pass 3). Output dims by decreasing adjusted size each take the
+   largest divisor of their size that the remaining cores allow (``rem //= split``: leftover
+   cores stay unused), then at most one reduction dim, the one taking the most cores.
+
+The reduction dims of ``var`` are never split (the interpreter cannot combine partial
+variances), and the final splits must keep every tensor within the span limit.
+
+Core -> slice: cores enumerate the slices of ``OpSplit.splits`` in iteration-space order,
+the first dim fastest (``fspyre.machine.memcheck.core_slices``; the anchor's
+``core_to_slice_mapping``): with splits ``{M: 2, N: 3}`` cores 0..5 take
+``(0,0) (1,0) (0,1) (1,1) (0,2) (1,2)``.
+"""
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import sympy
+
+from fspyre.errors import HintError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.looptree import LoopTree, op_nodes
+from fspyre.ir.graph import Dim, HintScope, Load, Op, Reduction, iteration_dims
+from fspyre.ir.looptree import LoopTree, OpNode, TreeBuffer, loop_counts, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
-from fspyre.machine.spyre import Machine
+from fspyre.machine import formats
+from fspyre.machine.layout import StickLayout, device_coordinates, stick_layout
+from fspyre.machine.memcheck import coord_terms, term_extremes
+from fspyre.machine.spyre import MAX_CORES, Machine
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SplitOptions:
-    pass
+    """``max_cores``: the core budget (the anchor's SENCORES), 1..machine.cores; None = all.
+    ``hints``: the graph's hint scopes, for ``work_div`` (the LoopTree does not carry them).
+    ``use_hints=False`` ignores work_div hints; ``distribute=False`` keeps only the splits the
+    span limit forces (pass 1 alone)."""
+
+    max_cores: int | None = None
+    hints: tuple[HintScope, ...] = ()
+    use_hints: bool = True
+    distribute: bool = True
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
-    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Access:
+    """One tensor operand of an op as the program will address it: the buffer's stick layout
+    and the device coordinates of its index (full-size buffers over the full ranges, tile
+    buffers over the tile), exactly as ``emit_program`` derives them."""
+
+    buffer: str
+    is_write: bool
+    index: sympy.Expr
+    layout: StickLayout
+    coords: tuple[sympy.Expr, ...]
+    advances: bool  # a full buffer whose address moves with an enclosing loop
+
+
+def buffer_layout(buffer: TreeBuffer, machine: Machine) -> StickLayout:
+    fmt = formats.FORMATS[machine.device_format(buffer.type.dtype)]
+    return stick_layout(buffer.type.shape, fmt.elems_per_stick)
+
+
+def op_dims(op: Op) -> tuple[Dim, ...]:
+    """The op's iteration space as the program lists it: dims of size > 1, in order."""
+    return tuple(d for d in iteration_dims(op) if d.size > 1)
+
+
+def _full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
+    sizes = {d.name: d.size for d in iteration_dims(node.op)}
+    for level, count in zip(node.tiling, counts):
+        for step in level:
+            if step.dim in sizes:
+                sizes[step.dim] *= count
+    return sizes
+
+
+def op_accesses(node: OpNode, counts: Sequence[int], table: Mapping[str, TreeBuffer], machine: Machine,
+                layouts: Mapping[str, StickLayout] | None = None) -> tuple[Access, ...]:
+    """Loads in operand order, then the store."""
+    op = node.op
+    dims = op_dims(op)
+    unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
+    full = _full_sizes(node, counts)
+    moving = {sympy.Symbol(s.dim, integer=True, nonnegative=True) for level in node.tiling for s in level}
+    out = []
+    refs = [(o.buffer, o.index, False) for o in op.operands if isinstance(o, Load)] + [
+        (op.store.buffer, op.store.index, True)]
+    for name, index, is_write in refs:
+        b = table[name]
+        lay = layouts[name] if layouts is not None else buffer_layout(b, machine)
+        index = index.subs(unit) if unit else index
+        ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
+        coords = device_coordinates(lay, index, ranges)
+        advances = b.scope == "full" and bool(index.free_symbols & moving)
+        out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, advances=advances))
+    return tuple(out)
+
+
+def divisors(n: int, at_most: int | None = None) -> list[int]:
+    top = n if at_most is None else min(n, at_most)
+    return [d for d in range(1, top + 1) if n % d == 0]
+
+
+def core_split(n: int, cores: int) -> int:
+    """The largest divisor of ``n`` that is at most ``cores``."""
+    return max(divisors(n, cores))
 
 
 def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitOptions()) -> SplitPlan:
-    """Even division: output dims in order, each split by the largest divisor of its size that
-    the remaining cores allow. Stick dims are split in whole sticks (64 elements of fp16)."""
-    plans = {}
+    budget = machine.cores if options.max_cores is None else options.max_cores
+    if not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= machine.cores:
+        raise WorkDivisionError(
+            f"max_cores={budget!r}: the core budget must be an integer in 1..{machine.cores} (the machine has "
+            f"{machine.cores} cores; a Spyre card at most {MAX_CORES}); pass max_cores in that range"
+        )
+    scopes = {h.id: h for h in (options.hints or getattr(tree, "hints", ()))}
+    counts = loop_counts(tree)
+    table = tree.buffer_table()
+    layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
+    plans: dict[str, OpSplit] = {}
+    notes: list[str] = []
     for node in op_nodes(tree):
-        op, rem = node.op, machine.cores
-        splits: dict[str, int] = {}
-        last = op.ranges[-1].name if op.ranges else None
-        for d in op.ranges:
-            if d.size == 1:
+        accesses = op_accesses(node, counts[node.name], table, machine, layouts)
+        hint = _merged_hint(node.op, scopes) if options.use_hints else {}
+        plans[node.name] = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute, notes)
+    return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes))
+
+
+def _merged_hint(op: Op, scopes: Mapping[int, HintScope]) -> dict[str, object]:
+    """work_div entries of the op's scopes, inner scopes (larger ids) overriding outer ones."""
+    out: dict[str, object] = {}
+    for sid in sorted(op.hints):
+        if sid in scopes:
+            out.update(scopes[sid].work_div)
+    return out
+
+
+class _Span:
+    """Per-core span of one tensor (torch-spyre ``get_per_core_span``): the first non-stick
+    device dim, outer to inner, whose per-core extent exceeds 1, times the bytes one step of
+    it covers. Extents come from slice 0, term by term (coordinates are sums of one-variable
+    terms)."""
+
+    def __init__(self, acc: Access, sizes: Mapping[str, int]) -> None:
+        self.acc = acc
+        self.sizes = sizes
+        self.coords = [coord_terms(c) for c in acc.coords[:-1]]
+        ds = acc.layout.device_size
+        self.below = [math.prod(ds[d + 1:]) * acc.layout.elem_bytes for d in range(len(ds) - 1)]
+
+    def extent(self, d: int, split: Mapping[str, int]) -> int:
+        _, groups = self.coords[d]
+        ext = 1
+        for var, term in groups:
+            n = self.sizes[str(var)] // split.get(str(var), 1)
+            lo, hi = term_extremes(term, var, n, 1)
+            ext += int(hi[0] - lo[0])
+        return ext
+
+    def bytes(self, split: Mapping[str, int]) -> int:
+        for d in range(len(self.coords)):
+            ext = self.extent(d, split)
+            if ext > 1:
+                return ext * self.below[d]
+        return self.acc.layout.elem_bytes
+
+    def vars(self, d: int) -> list[str]:
+        return [str(v) for v, _ in self.coords[d][1]]
+
+
+def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint: Mapping[str, object],
+               distribute: bool, notes: list[str]) -> OpSplit:
+    dims = op_dims(op)
+    names = [d.name for d in dims]
+    size = {d.name: d.size for d in dims}
+    reduction = {d.name for d in op.reduction_ranges if d.size > 1}
+
+    eps: dict[str, int] = {}
+    for acc in accesses:
+        free = acc.coords[-1].free_symbols
+        if len(free) == 1 and str(next(iter(free))) in size:
+            v = str(next(iter(free)))
+            eps[v] = max(eps.get(v, 0), acc.layout.elems_per_stick)
+    adjusted = {n: -(-size[n] // eps[n]) if n in eps else size[n] for n in names}
+    blocked: dict[str, str] = {}
+    for n, e in eps.items():
+        if size[n] % e:
+            blocked[n] = f"{size[n]} elements are not a whole number of {e}-element sticks"
+    if isinstance(op, Reduction) and op.fn == "var":
+        for n in reduction:
+            blocked[n] = "partial variances cannot be combined across cores"
+
+    spans = [_Span(acc, size) for acc in accesses]
+    committed = _span_reduction(op, spans, names, adjusted, blocked, reduction, budget, limit, notes)
+
+    if hint:
+        split = _apply_hint(op, hint, names, size, adjusted, blocked, reduction, committed, budget, notes)
+    elif distribute:
+        split = _distribute(names, adjusted, blocked, reduction, committed, budget)
+    else:
+        split = dict(committed)
+
+    for sp in spans:
+        got = sp.bytes(split)
+        if got > limit:
+            raise WorkDivisionError(
+                f"op {op.name}: tensor {sp.acc.buffer} spans {got} bytes per core with splits "
+                f"{ {n: split.get(n, 1) for n in names} }, over the {limit}-byte per-core span limit; "
+                f"tile the op with g.hint(slices=...), give it more cores, or hint work_div on its outer dims"
+            )
+
+    final = FrozenMap((n, split.get(n, 1)) for n in names)
+    out_coeffs, red_coeffs = _index_coeffs(op, final)
+    return OpSplit(
+        splits=final,
+        cores=math.prod(final.values()),
+        stick_elems=FrozenMap((n, eps[n]) for n in names if n in eps),
+        span_splits=FrozenMap((n, committed[n]) for n in names if n in committed),
+        output_coeffs=out_coeffs,
+        reduction_coeffs=red_coeffs,
+        hinted=bool(hint),
+    )
+
+
+def _span_reduction(op: Op, spans: Sequence[_Span], names: Sequence[str], adjusted: Mapping[str, int],
+                    blocked: Mapping[str, str], reduction: set[str], budget: int, limit: int,
+                    notes: list[str]) -> dict[str, int]:
+    """Pass 1: the minimum splits that bring every tensor's per-core span under ``limit``."""
+    acc: dict[str, int] = {}
+    for sp in spans:
+        if sp.bytes(acc) <= limit:
+            continue
+        for d in range(len(sp.coords)):
+            if sp.extent(d, acc) == 1:
                 continue
-            unit = 64 if d.name == last else 1
-            if d.size % unit:
-                splits[d.name] = 1
-                continue
-            s = _largest_divisor(d.size // unit, rem)
-            splits[d.name] = s
+            cand = [v for v in sp.vars(d) if v in adjusted and v not in blocked and adjusted[v] > 1]
+            factors = []
+            for v in cand:
+                fs = [f for f in divisors(adjusted[v], budget) if f >= acc.get(v, 1)]
+                if not fs:
+                    raise WorkDivisionError(
+                        f"op {op.name}: no valid split for dim {v} (size {adjusted[v]}"
+                        f"{' sticks' if adjusted[v] != sp.sizes[v] else ''}, already split {acc.get(v, 1)}) "
+                        f"within {budget} cores to reduce the span of tensor {sp.acc.buffer}"
+                    )
+                factors.append(fs)
+            best, best_key = None, None
+            for combo in itertools.product(*factors):
+                trial = {**acc, **dict(zip(cand, combo))}
+                if math.prod(trial.values()) > budget:
+                    continue
+                b = sp.bytes(trial)
+                # Two tiers: any fit beats every miss; among fits the largest span (fewest
+                # slices), among misses the smallest span. The first found wins ties.
+                key = (0, -b) if b <= limit else (1, b)
+                if best_key is None or key < best_key:
+                    best, best_key = trial, key
+            if best is None:
+                notes.append(f"op {op.name}: tensor {sp.acc.buffer} spans {sp.bytes(acc)} bytes per core and no "
+                             f"split of device dim {d} fits in {budget} cores")
+                break
+            acc = {v: s for v, s in best.items() if s > 1}
+            if sp.bytes(acc) <= limit:
+                break
+            if sp.extent(d, acc) > 1:
+                notes.append(f"op {op.name}: tensor {sp.acc.buffer} still spans {sp.bytes(acc)} bytes per core; "
+                             f"inner device dims cannot reduce the span")
+                break
+    split_red = [v for v in acc if v in reduction]
+    if len(split_red) > 1:
+        raise WorkDivisionError(
+            f"op {op.name}: the per-core span limit of {limit} bytes needs splits of reduction dims "
+            f"{split_red} ({ {v: acc[v] for v in split_red} }); at most 1 reduction dim may be split. "
+            f"Tile the reduction with g.hint(slices=...) or reshape the operands"
+        )
+    return acc
+
+
+def _apply_hint(op: Op, hint: Mapping[str, object], names: Sequence[str], size: Mapping[str, int],
+                adjusted: Mapping[str, int], blocked: Mapping[str, str], reduction: set[str],
+                committed: Mapping[str, int], budget: int, notes: list[str]) -> dict[str, int]:
+    all_dims = {d.name: d.size for d in iteration_dims(op)}
+    split = dict(committed)
+    for name, k in hint.items():
+        where = f"op {op.name}: work_div hint {{{name!r}: {k!r}}}"
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise HintError(f"{where}: the count must be an integer")
+        if k < 1:
+            raise HintError(f"{where}: the count must be positive")
+        if name not in all_dims:
+            raise HintError(f"{where}: the op iterates {list(all_dims)}, not {name}; build it outside the hint scope")
+        if k > 1 and name in blocked:
+            raise HintError(f"{where}: dim {name} may not be split ({blocked[name]})")
+        used = math.prod(split.values()) // split.get(name, 1)
+        if used * k > budget:
+            notes.append(f"{where}: skipped, {used} x {k} cores exceed the budget of {budget}")
+            continue
+        n = adjusted.get(name, all_dims[name])
+        if n % k:
+            unit = f"{n} sticks" if n != all_dims[name] else f"{n}"
+            raise HintError(f"{where}: {k} does not evenly divide the size of {name} ({unit}); pick a divisor of {n}")
+        if name in committed and committed[name] != k:
+            notes.append(f"{where}: overrides the span split {committed[name]}")
+        if k > 1:
+            split[name] = k
+        else:
+            split.pop(name, None)
+    split_red = [v for v in split if v in reduction and split[v] > 1]
+    if len(split_red) > 1:
+        raise HintError(
+            f"op {op.name}: work_div splits reduction dims {split_red}; at most one reduction dim may be split"
+        )
+    return split
+
+
+def _distribute(names: Sequence[str], adjusted: Mapping[str, int], blocked: Mapping[str, str], reduction: set[str],
+                committed: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Pass 3 (torch-spyre ``multi_dim_iteration_space_split``)."""
+    split = dict(committed)
+    rem = budget
+    for m in committed.values():
+        rem //= m
+    free = [n for n in names if n not in committed and n not in blocked and adjusted[n] > 1]
+    outs = sorted((n for n in free if n not in reduction), key=lambda n: -adjusted[n])
+    reds = [] if any(v in reduction for v in committed) else sorted(
+        (n for n in free if n in reduction), key=lambda n: -adjusted[n])
+    for n in outs:
+        if rem <= 1:
+            break
+        s = core_split(adjusted[n], rem)
+        if s > 1:
+            split[n] = s
             rem //= s
-        for d in op.reduction_ranges:
-            if d.size > 1:
-                splits[d.name] = 1
-        cores = 1
-        for v in splits.values():
-            cores *= v
-        plans[op.name] = OpSplit(splits=FrozenMap(splits), cores=cores)
-    return SplitPlan(ops=FrozenMap(plans))
+    if reds and rem > 1:
+        best = max(reds, key=lambda n: core_split(adjusted[n], rem))  # max keeps the first on ties
+        s = core_split(adjusted[best], rem)
+        if s > 1:
+            split[best] = s
+    return split
+
+
+def _coeff(index: sympy.Expr, var: sympy.Symbol) -> int:
+    return int(sympy.expand(index).coeff(var))
+
+
+def _index_coeffs(op: Op, splits: Mapping[str, int]) -> tuple[FrozenMap[int, int], FrozenMap[int, int]]:
+    """The anchor's coefficient-keyed splits: output dims by their coefficient in the write
+    index, reduction dims by theirs in the first read index that uses them; 1s dropped."""
+    out, red = {}, {}
+    for d in op_dims(op):
+        s = splits.get(d.name, 1)
+        if s == 1:
+            continue
+        if d in op.reduction_ranges:
+            for load in op.loads:
+                c = _coeff(load.index, d.symbol)
+                if c:
+                    red[c] = s
+                    break
+        else:
+            out[_coeff(op.store.index, d.symbol)] = s
+    return FrozenMap(out), FrozenMap(red)
+
+
+def splits_from_index_coeffs(op: Op, split: OpSplit) -> dict[str, int]:
+    """Recover dim -> slices from the coefficient-keyed form (the anchor's
+    ``apply_splits_from_index_coeff``); range-1 dims are skipped."""
+    out = {}
+    for d in op_dims(op):
+        if d in op.reduction_ranges:
+            c = next((_coeff(ld.index, d.symbol) for ld in op.loads if _coeff(ld.index, d.symbol)), 0)
+            out[d.name] = split.reduction_coeffs.get(c, 1)
+        else:
+            out[d.name] = split.output_coeffs.get(_coeff(op.store.index, d.symbol), 1)
+    return out

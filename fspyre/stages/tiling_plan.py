@@ -1,12 +1,31 @@
-"""Stage ``plan_tiling``: graph (with hint scopes) -> TilingPlan (op order and loop groups)."""
+"""Stage ``plan_tiling``: graph (with hint scopes) -> TilingPlan (op order and loop groups).
+
+``plan_groups`` builds the same plan from explicit groups, for embedders that tile without
+hints. ``verify_plan`` checks a plan against its graph; ``tile`` runs it on every plan it gets.
+
+Hints to groups (docs/tiling.md):
+
+- An op's *key* is the set of hint scopes with ``slices`` it was built under. Scopes with only
+  ``work_div`` make no loops and do not take part. Consecutive ops (in program order) with the
+  same non-empty key form one group; ops under nested scopes therefore form a group of their
+  own, apart from the ops of the outer scope alone.
+- A group's levels are its scopes' slices, outer scope first, and inside one scope in the
+  order they are written: ``slices={"A": 2, "B": 4}`` is a loop over A enclosing a loop over B.
+- A level with count 1, or whose dim no op of the group iterates, is dropped with a warning.
+- An unhinted op between two ops of one run (an *interloper*) moves before the run if it reads
+  nothing the run wrote before it, else after the run if nothing later in the run reads it,
+  else the plan is refused with a HintError naming the op, the run and both blocking ops.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from fspyre.errors import TilingError
-from fspyre.ir.graph import Graph
-from fspyre.ir.plans import TilingPlan
+from fspyre.errors import HintError, TilingError
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import Graph, HintScope, Op, iteration_dims
+from fspyre.ir.plans import Group, Level, TilingPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,7 +38,283 @@ class TilingOptions:
 
 
 def plan_tiling(graph: Graph, options: TilingOptions = TilingOptions()) -> TilingPlan:
-    order = tuple(op.name for op in graph.ops)
     if options.mode == "none":
-        return TilingPlan(order=order)
-    raise NotImplementedError("tiling='hints' lands with the coarse-tiling stage")
+        return TilingPlan(order=tuple(op.name for op in graph.ops))
+    return _plan_from_hints(graph)
+
+
+# -- hints -----------------------------------------------------------------------------------
+def _plan_from_hints(graph: Graph) -> TilingPlan:
+    scopes = graph.hint_table()
+    _check_scopes(graph, scopes)
+    slicing = {h.id for h in graph.hints if h.slices}
+    keys = {op.name: tuple(sorted(h for h in op.hints if h in slicing)) for op in graph.ops}
+    ops = _reorder_interlopers(graph.ops, keys, scopes)
+    groups: list[Group] = []
+    warnings: list[str] = []
+    i = 0
+    while i < len(ops):
+        key = keys[ops[i].name]
+        j = i + 1
+        while j < len(ops) and keys[ops[j].name] == key:
+            j += 1
+        if key:
+            members = ops[i:j]
+            levels = _levels(key, members, scopes, warnings)
+            if levels:
+                groups.append(Group(ops=tuple(op.name for op in members), levels=levels))
+            else:
+                warnings.append(
+                    f"ops {_listing(op.name for op in members)} under hint scopes {list(key)}: no loop level is "
+                    f"left, so they run untiled"
+                )
+        i = j
+    return TilingPlan(order=tuple(op.name for op in ops), groups=tuple(groups), warnings=tuple(warnings))
+
+
+def _check_scopes(graph: Graph, scopes: Mapping[int, HintScope]) -> None:
+    for op in graph.ops:
+        for h in op.hints:
+            if h not in scopes:
+                raise HintError(
+                    f"op {op.name} carries hint scope {h}, which graph {graph.name} does not declare "
+                    f"(declared scopes: {sorted(scopes)})"
+                )
+    for h in graph.hints:
+        for dim, count in h.slices.items():
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise HintError(f"hint scope {h.id} slices={{{dim!r}: {count!r}}}: the count must be an integer >= 1")
+
+
+def _source(scope: int, dim: str, count: int) -> str:
+    return f"hint scope {scope} slices={{{dim!r}: {count}}}"
+
+
+def _levels(key: tuple[int, ...], members: Sequence[Op], scopes: Mapping[int, HintScope],
+            warnings: list[str]) -> tuple[Level, ...]:
+    iterated = {d.name for op in members for d in iteration_dims(op) if d.size > 1}
+    levels = []
+    for sid in key:
+        for dim, count in scopes[sid].slices.items():
+            src = _source(sid, dim, count)
+            names = _listing(op.name for op in members)
+            if count == 1:
+                warnings.append(f"{src}: count 1 makes no loop; level dropped for ops {names}")
+            elif dim not in iterated:
+                warnings.append(f"{src}: no op of {names} iterates dim {dim}; hint ignored")
+            else:
+                levels.append(Level(count=count, dims=(dim,), source=src))
+    return tuple(levels)
+
+
+def _listing(names, limit: int = 6) -> str:
+    names = list(names)
+    if len(names) <= limit:
+        return "[" + ", ".join(names) + "]"
+    return "[" + ", ".join(names[:limit]) + f", ... {len(names) - limit} more]"
+
+
+def _reorder_interlopers(ops: Sequence[Op], keys: Mapping[str, tuple[int, ...]],
+                         scopes: Mapping[int, HintScope]) -> tuple[Op, ...]:
+    """Move each unhinted op that sits inside a run of same-key ops out of it (before wins)."""
+    writer = {op.store.buffer: i for i, op in enumerate(ops)}
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for ld in op.loads:
+            readers.setdefault(ld.buffer, []).append(i)
+    out: list[Op] = []
+    n, i = len(ops), 0
+    while i < n:
+        key = keys[ops[i].name]
+        if not key:
+            out.append(ops[i])
+            i += 1
+            continue
+        run, last, j = [i], i, i + 1
+        while j < n:
+            kj = keys[ops[j].name]
+            if kj == key:
+                run.append(j)
+                last = j
+            elif kj:
+                break
+            j += 1
+        interlopers = [p for p in range(i, last + 1) if not keys[ops[p].name]]
+        if not interlopers:
+            out.extend(ops[i:last + 1])
+            i = last + 1
+            continue
+        run_set, post_set = set(run), set()
+        pre, post = [], []
+        for u in interlopers:
+            op = ops[u]
+            before = next(((ld.buffer, writer[ld.buffer]) for ld in op.loads
+                           if ld.buffer in writer
+                           and ((writer[ld.buffer] in run_set and writer[ld.buffer] < u) or writer[ld.buffer] in post_set)),
+                          None)
+            if before is None:
+                pre.append(u)
+                continue
+            after = next((r for r in readers.get(op.store.buffer, ()) if r in run_set and r > u), None)
+            if after is None:
+                post.append(u)
+                post_set.add(u)
+                continue
+            buf, w = before
+            raise HintError(
+                f"cannot reorder unhinted op {op.name}: it sits inside the run {_listing(ops[p].name for p in run)} "
+                f"under hint scopes {list(key)}, but it reads {buf} (written by {ops[w].name}), so it cannot move "
+                f"before the run, and {ops[after].name} in the run reads its result {op.store.buffer}, so it cannot "
+                f"move after. Build {op.name} inside the same hint scopes, or outside the run."
+            )
+        out.extend(ops[p] for p in pre)
+        out.extend(ops[p] for p in run)
+        out.extend(ops[p] for p in post)
+        i = last + 1
+    return tuple(out)
+
+
+# -- explicit groups -------------------------------------------------------------------------
+GroupSpec = tuple  # (ops, K) | (ops, K, dims) | (ops, [(K1, dims1), (K2, dims2), ...])
+
+
+def plan_groups(graph: Graph, groups: Sequence[GroupSpec]) -> TilingPlan:
+    """A TilingPlan from explicit groups, in the anchor's forms (program order = graph order):
+
+    - ``(ops, K)``: one loop of K iterations tiling each op's first output dim;
+    - ``(ops, K, dims)``: one loop tiling ``dims``;
+    - ``(ops, [(K1, dims1), (K2, dims2), ...])``: nested loops, outermost first.
+
+    ``ops`` are op names. A dim is a dim name (every op iterating it is tiled; the others are
+    loop-invariant at that level) or an output-dim index into each op's ``ranges``.
+    """
+    table = graph.op_table()
+    out: list[Group] = []
+    for gi, spec in enumerate(groups):
+        ops, levels = _normalise(gi, spec)
+        for name in ops:
+            if not isinstance(name, str):
+                raise TilingError(f"group {gi}: ops must be op names (strings), got {name!r}")
+            if name not in table:
+                raise TilingError(
+                    f"group {gi}: op {name} is not in graph {graph.name} (its ops are {_listing(table)})"
+                )
+        members = [table[n] for n in ops]
+        out.append(Group(ops=tuple(ops), levels=tuple(
+            _level(gi, k, count, dims, members) for k, (count, dims) in enumerate(levels)
+        )))
+    plan = TilingPlan(order=tuple(op.name for op in graph.ops), groups=tuple(out))
+    verify_plan(graph, plan)
+    return plan
+
+
+def _normalise(gi: int, spec: GroupSpec) -> tuple[Sequence[str], list[tuple[int, Sequence]]]:
+    if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+        raise TilingError(
+            f"group {gi}: {spec!r} is not (ops, K), (ops, K, dims) or (ops, [(K1, dims1), (K2, dims2), ...])"
+        )
+    ops = spec[0]
+    if isinstance(ops, str) or not isinstance(ops, Sequence) or not ops:
+        raise TilingError(f"group {gi}: the first element must be a non-empty list of op names, got {ops!r}")
+    if len(spec) == 2 and isinstance(spec[1], (list, tuple)):
+        levels = list(spec[1])
+        if not levels:
+            raise TilingError(f"group {gi}: the nested form needs at least one (count, dims) level")
+        for k, lv in enumerate(levels):
+            if not isinstance(lv, (list, tuple)) or len(lv) != 2:
+                raise TilingError(f"group {gi} level {k}: {lv!r} is not a (count, dims) pair")
+        return ops, [(c, d) for c, d in levels]
+    dims = spec[2] if len(spec) == 3 else None
+    return ops, [(spec[1], [0] if dims is None else dims)]
+
+
+def _level(gi: int, k: int, count, dims, members: Sequence[Op]) -> Level:
+    src = f"group {gi} level {k}"
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise TilingError(f"{src}: count {count!r} must be an integer >= 1")
+    if isinstance(dims, (str, int)):
+        dims = [dims]
+    dims = list(dims)
+    if not dims:
+        raise TilingError(f"{src}: names no dim to tile")
+    for d in dims:
+        if not isinstance(d, (str, int)) or isinstance(d, bool):
+            raise TilingError(f"{src}: dim {d!r} must be a dim name or an output-dim index")
+    if all(isinstance(d, str) for d in dims):
+        return Level(count=count, dims=tuple(dict.fromkeys(dims)), source=src)
+    per_op: dict[str, tuple[str, ...]] = {}
+    for op in members:
+        names: list[str] = []
+        iterated = {d.name for d in iteration_dims(op) if d.size > 1}
+        for d in dims:
+            if isinstance(d, int):
+                if not -len(op.ranges) <= d < len(op.ranges):
+                    raise TilingError(
+                        f"{src}: op {op.name} has {len(op.ranges)} output dims "
+                        f"{[x.name for x in op.ranges]}; index {d} is out of range"
+                    )
+                names.append(op.ranges[d].name)
+            elif d in iterated:
+                names.append(d)
+        per_op[op.name] = tuple(dict.fromkeys(names))
+    union = tuple(dict.fromkeys(n for names in per_op.values() for n in names))
+    if not union:
+        raise TilingError(f"{src}: no op of the group iterates any of {dims}")
+    return Level(count=count, dims=union, op_dims=FrozenMap(per_op), source=src)
+
+
+# -- checks ---------------------------------------------------------------------------------
+def verify_plan(graph: Graph, plan: TilingPlan) -> TilingPlan:
+    """The plan's order runs every op of the graph once, after the ops it reads from, and each
+    group is a contiguous slice of that order."""
+    table = graph.op_table()
+    position: dict[str, int] = {}
+    for i, name in enumerate(plan.order):
+        if name not in table:
+            raise TilingError(f"tiling plan: op {name} in the program order is not in graph {graph.name}")
+        if name in position:
+            raise TilingError(f"tiling plan: op {name} appears twice in the program order")
+        position[name] = i
+    missing = [op.name for op in graph.ops if op.name not in position]
+    if missing:
+        raise TilingError(f"tiling plan: the program order leaves out ops {_listing(missing)} of graph {graph.name}")
+    writer = {op.store.buffer: op.name for op in graph.ops}
+    for name in plan.order:
+        for ld in table[name].loads:
+            w = writer.get(ld.buffer)
+            if w is not None and position[w] > position[name]:
+                raise TilingError(
+                    f"tiling plan: op {name} runs before op {w}, which writes {ld.buffer} that {name} reads"
+                )
+    owner: dict[str, int] = {}
+    for gi, group in enumerate(plan.groups):
+        if not group.ops:
+            raise TilingError(f"tiling plan: group {gi} has no ops")
+        if not group.levels:
+            raise TilingError(f"tiling plan: group {gi} {_listing(group.ops)} has no loop levels")
+        for name in group.ops:
+            if name not in position:
+                raise TilingError(
+                    f"tiling plan: op {name} (group {gi}) is not in graph {graph.name}"
+                )
+            if name in owner:
+                raise TilingError(f"tiling plan: op {name} is in group {owner[name]} and in group {gi}")
+            owner[name] = gi
+        pos = [position[n] for n in group.ops]
+        if pos != sorted(pos):
+            raise TilingError(
+                f"tiling plan: group {gi} lists its ops {_listing(group.ops)} out of program order "
+                f"{_listing(plan.order[p] for p in sorted(pos))}"
+            )
+        lo, hi = pos[0], pos[-1]
+        if hi - lo + 1 != len(pos):
+            members = set(group.ops)
+            cross = next(plan.order[p] for p in range(lo, hi + 1) if plan.order[p] not in members)
+            before = max(p for p in pos if p < position[cross])
+            after = min(p for p in pos if p > position[cross])
+            raise TilingError(
+                f"tiling plan: group {gi} {_listing(group.ops)} is not contiguous: op {cross} runs between its ops "
+                f"{plan.order[before]} and {plan.order[after]} but is not in the group (a data-flow dependency "
+                f"crosses the group boundary). Add {cross} to the group, or split the group around it."
+            )
+    return plan

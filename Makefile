@@ -1,0 +1,43 @@
+# Two commands: `make demo` and `make test`. Each creates .venv on first use and again
+# whenever pyproject.toml changes (the stamp depends on it).
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# The exact torch pin from pyproject.toml: installed on its own first so pip takes the CPU
+# wheel that pin names instead of resolving torch together with everything else.
+TORCH  := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
+
+.PHONY: demo test bench lint graphviz
+
+demo: $(STAMP) graphviz
+	$(PY) -m fspyre demo
+
+test: $(STAMP) graphviz
+	$(PY) -m pytest tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/compile_time.py
+	$(PY) benchmarks/interpreter_time.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check fspyre tests benchmarks
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+# Graphviz's `dot` draws the loop-tree pictures. Installed when missing and we are root;
+# otherwise (or if apt cannot reach its mirror) the pictures are skipped, never failed.
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -qq graphviz >/dev/null 2>&1 \
+	      || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq graphviz >/dev/null 2>&1; } \
+	      || echo "note: could not install graphviz; pictures will be skipped"; \
+	  else \
+	    echo "note: graphviz's dot is missing (apt-get install graphviz as root); pictures will be skipped"; \
+	  fi; }

@@ -1,0 +1,531 @@
+"""The ``fspyre`` command (also ``python -m fspyre``): demo, compile, check, coverage.
+
+Anything a user can fix -- every FspyreError, a missing FILE.py, one that does not parse or
+defines neither ``build()`` nor a torch ``model`` -- prints one line on stderr and exits 2.
+Anything else is a bug in fspyre: a short "internal error" line, and the traceback only
+under ``--debug``. ``check`` exits 0 when the compiled program agrees with the reference
+and 1 when it does not, so scripts and CI can branch on the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import importlib.util
+import itertools
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import fspyre
+from fspyre.errors import FspyreError
+from fspyre.ir.graph import Graph
+from fspyre.machine.hostio import random_inputs
+from fspyre.pipeline import Compilation, StageCallback
+from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
+
+EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap")
+DEMO_OUT = "fspyre-out"
+
+
+class UsageError(FspyreError):
+    """A command-line input fspyre cannot use: a missing or broken FILE.py, a bad option."""
+
+
+# -- the canonical example ---------------------------------------------------------------------
+
+
+def canonical_example(rows: int = 1024, cols: int = 4096, dtype: str = "float16") -> Graph:
+    """The seed's example: y = a + b; z = y * c, tiled A:2 outside, B:4 inside."""
+    g = fspyre.GraphBuilder("add_mul")
+    A, B = g.dim("A", rows), g.dim("B", cols)
+    a, b, c = (g.input(n, (A, B), dtype) for n in "abc")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"B": 4}):
+            y = g.add(a, b)
+            z = g.mul(y, c)
+    g.output("z", z)
+    return g.build()
+
+
+# -- loading FILE.py ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What a FILE.py gives: a graph, and for a torch file its example inputs and eager oracle."""
+
+    path: Path
+    graph: Graph
+    inputs: Mapping[str, np.ndarray] | None = None
+    torch: Any = None  # the front end's loaded torch file, when FILE.py defines a torch model
+
+
+def _top_level_names(module: ast.Module) -> set[str]:
+    """Names a file binds at module level, including inside top-level if/try/with blocks,
+    so the right loader is chosen without running the file twice."""
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(module.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(s for s in getattr(node, field, ()) if isinstance(s, ast.AST))
+    return names
+
+
+def _parse(path: Path) -> ast.Module:
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file; pass a Python file defining build() -> Graph, "
+                         f"or a torch `model` and `example_inputs()`")
+    try:
+        return ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as err:
+        raise UsageError(f"{path}:{err.lineno}: syntax error: {err.msg}") from err
+    except (UnicodeDecodeError, ValueError) as err:
+        raise UsageError(f"{path}: not a readable Python source file ({err})") from err
+
+
+def _run_file(path: Path) -> Any:
+    """Execute FILE.py as a module; its own directory is importable while it runs."""
+    spec = importlib.util.spec_from_file_location(f"fspyre_user_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except FspyreError:
+        raise
+    except Exception as err:
+        raise UsageError(f"{path}: running the file raised {type(err).__name__}: {err}") from err
+    finally:
+        sys.path.remove(str(path.parent.resolve()))
+    return module
+
+
+def load_workload(file: str) -> Workload:
+    path = Path(file)
+    names = _top_level_names(_parse(path))
+    if "build" in names:
+        build = getattr(_run_file(path), "build", None)
+        if not callable(build):
+            raise UsageError(f"{path}: `build` must be a function returning an fspyre Graph")
+        try:
+            graph = build()
+        except FspyreError:
+            raise
+        except Exception as err:
+            raise UsageError(f"{path}: build() raised {type(err).__name__}: {err}") from err
+        if not isinstance(graph, Graph):
+            raise UsageError(
+                f"{path}: build() returned {type(graph).__name__}, not a Graph; end it with `return g.build()`"
+            )
+        return Workload(path=path, graph=graph)
+    if "model" in names:
+        from fspyre.frontend.files import load_torch_file
+
+        loaded = load_torch_file(path)
+        return Workload(path=path, graph=loaded.graph, inputs=loaded.inputs, torch=loaded)
+    raise UsageError(
+        f"{path}: defines neither build() -> Graph nor a torch `model` with `example_inputs()`; add one of them"
+    )
+
+
+# -- compiling ---------------------------------------------------------------------------------
+
+
+def _machine(cores: int):
+    return fspyre.machine.spyre(cores=cores)
+
+
+def _allocation_options(args: argparse.Namespace):
+    """Only the flags the user gave: everything else keeps the allocation stage's defaults."""
+    from fspyre.stages.allocation import AllocationOptions
+
+    given: dict[str, Any] = {}
+    if getattr(args, "lx_solver", None) is not None:
+        given["lx_solver"] = args.lx_solver
+    if getattr(args, "no_lx", False):
+        given["lx_planning"] = False
+    try:
+        return AllocationOptions(**given)
+    except TypeError as err:
+        raise UsageError(f"the allocation stage of this build does not take {sorted(given)}: {err}") from err
+
+
+def _compile(graph: Graph, args: argparse.Namespace, callback: StageCallback | None = None) -> Compilation:
+    return fspyre.compile(
+        graph, _machine(args.cores), tiling=args.tiling,
+        allocation_options=_allocation_options(args), callback=callback,
+    )
+
+
+def _pretty(artifact: Any, detailed: bool = False) -> str:
+    from fspyre.pretty import pretty
+
+    return pretty(artifact, detailed=detailed).rstrip("\n")
+
+
+def stage_files(printer: Callable[[Any], str], suffix: str) -> tuple[StageCallback, dict[str, str]]:
+    """A pipeline callback collecting ``NN_<stage><suffix>`` texts in stage order."""
+    files: dict[str, str] = {}
+    counter = itertools.count()
+
+    def collect(name: str, artifact: Any) -> None:
+        files[f"{next(counter):02d}_{name}{suffix}"] = printer(artifact)
+
+    return collect, files
+
+
+def _dot_available() -> bool:
+    return shutil.which("dot") is not None
+
+
+def _require_dot(what: str) -> None:
+    if not _dot_available():
+        raise UsageError(f"{what} needs graphviz's `dot`, which is not on PATH; install Debian's graphviz package")
+
+
+def _loop_tree(comp: Compilation):
+    return comp.stages["loop_tree"]
+
+
+def _dot_text(comp: Compilation) -> str:
+    from fspyre.pretty.dot import to_dot
+
+    return to_dot(_loop_tree(comp))
+
+
+def _draw_svg(comp: Compilation, path: Path) -> None:
+    from fspyre.pretty.dot import render
+
+    _require_dot("the loop-tree picture")
+    render(_dot_text(comp), str(path), "svg")
+
+
+def _memmap_svg(comp: Compilation) -> str:
+    from fspyre.pretty.memmap import lx_memmap_svg
+
+    return lx_memmap_svg(comp)
+
+
+def _report_text(comp: Compilation) -> str:
+    from fspyre.machine.report import traffic_report
+
+    return str(traffic_report(comp.program)).rstrip("\n")
+
+
+def _unrolled(comp: Compilation):
+    from fspyre.lower.unroll import unroll
+
+    return unroll(comp.program)
+
+
+def _json_text(artifact: Any) -> str:
+    from fspyre.ir.serialize import dumps
+
+    return dumps(artifact)
+
+
+def _sdsc_files(comp: Compilation) -> dict[str, str]:
+    import json
+
+    files = {}
+    for name, doc in comp.sdsc.items():
+        base = Path(name).name
+        base = base if base.endswith(".json") else f"{base}.json"
+        files[base if base.startswith("sdsc") else f"sdsc_{base}"] = json.dumps(doc, indent=1)
+    return files
+
+
+Writer = Callable[[Path], None]  # draws a picture into the given file
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Emitted:
+    files: Mapping[str, str | Writer]  # file name -> text or picture, written under --out
+    stdout: str | None = None  # what is printed without --out; None: files are always written
+
+
+def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: Callable[[Any], str]) -> Emitted:
+    if kind == "stages":
+        return Emitted(files=stage_texts, stdout="\n\n".join(f"== {n[:-4]} ==\n{t}" for n, t in stage_texts.items()))
+    if kind == "json":
+        docs = {name: _json_text(a) for name, a in comp.stages.items()}
+        files = {f"{i:02d}_{name}.json": doc for i, (name, doc) in enumerate(docs.items())}
+        combined = "{\n" + ",\n".join(f'"{name}": {doc}' for name, doc in docs.items()) + "\n}"
+        return Emitted(files=files, stdout=combined)
+    if kind == "svg":
+        return Emitted(files={"loop_tree.svg": lambda path: _draw_svg(comp, path)})
+    if kind == "memmap":
+        return Emitted(files={"lx_memmap.svg": _memmap_svg(comp)})
+    one: dict[str, tuple[str, Callable[[Compilation], str]]] = {
+        "tree": ("loop_tree.txt", lambda c: printer(_loop_tree(c))),
+        "dot": ("loop_tree.dot", _dot_text),
+        "program": ("program.txt", lambda c: printer(c.program)),
+        "mlir": ("bundle.mlir", lambda c: c.bundle_mlir),
+        "mlir-generic": ("bundle.generic.mlir", lambda c: c.mlir_generic),
+        "unrolled": ("unrolled.txt", lambda c: printer(_unrolled(c))),
+        "report": ("report.txt", _report_text),
+    }
+    file, make = one[kind]
+    text = make(comp)
+    return Emitted(files={file: text}, stdout=text)
+
+
+def _write(out: Path, files: Mapping[str, str | Writer]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, content in files.items():
+        p = out / name
+        if callable(content):
+            content(p)
+        else:
+            p.write_text(content if content.endswith("\n") else content + "\n")
+        written.append(p)
+    return written
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def _not_landed(err: ModuleNotFoundError) -> bool:
+    """A module of fspyre that another stage's work has not delivered yet (not a broken install)."""
+    return (err.name or "").startswith("fspyre.")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    graph = canonical_example()
+    print(f"fspyre demo: {graph.name}, y = a + b; z = y * c over [1024, 4096] float16, "
+          f"hints A:2 (outer) and B:4 (inner), {args.cores} cores; artifacts in {out}/")
+    written: list[Path] = []
+    counter = itertools.count()
+
+    def show(name: str, artifact: Any) -> None:
+        text = _pretty(artifact)
+        file = f"{next(counter):02d}_{name}.txt"
+        written.extend(_write(out, {file: text}))
+        print(f"\n== {file[:-4]} ==\n{text}")
+
+    machine = _machine(args.cores)
+    tiling = "hints"
+    try:
+        plan_tiling(graph, TilingOptions(mode=tiling))
+    except NotImplementedError as err:
+        print(f"\nnote: tiling='hints' is not in this build yet ({err}); compiling untiled (tiling='none')")
+        tiling = "none"
+    start = time.perf_counter()
+    comp = fspyre.compile(graph, machine, tiling=tiling, callback=show)
+    compile_s = time.perf_counter() - start
+
+    files: dict[str, str | Writer] = {
+        "bundle.mlir": comp.bundle_mlir, "bundle.generic.mlir": comp.mlir_generic, **_sdsc_files(comp),
+        "loop_tree.dot": _dot_text(comp),
+    }
+    if _dot_available():
+        files["loop_tree.svg"] = lambda path: _draw_svg(comp, path)
+    else:
+        print("\nnote: graphviz `dot` not found: loop_tree.svg not drawn (install Debian's graphviz package)")
+    report = None
+    for file, make in (("lx_memmap.svg", _memmap_svg), ("report.txt", _report_text)):
+        try:
+            files[file] = make(comp)
+        except ModuleNotFoundError as err:
+            if not _not_landed(err):
+                raise
+            print(f"\nnote: {file} skipped: {err.name} is not in this build yet")
+    report = files.get("report.txt")
+    written.extend(_write(out, files))
+    if report is not None:
+        print(f"\n== traffic report ==\n{report}")
+
+    inputs = random_inputs({n: graph.buffer_table()[n].type for n in graph.inputs}, seed=0)
+    start = time.perf_counter()
+    check = fspyre.check(graph, inputs, machine=machine, comp=comp)
+    check_s = time.perf_counter() - start
+    print(f"\ncompiled in {compile_s:.2f} s; interpreter + reference in {check_s:.2f} s")
+    print(f"wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
+    print(f"\n{check}")
+    return 0 if check.equal else 1
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    work = load_workload(args.file)
+    printer = functools.partial(_pretty, detailed=args.detailed)
+    stage_cb, stage_texts = stage_files(printer, ".txt") if "stages" in args.emit else (None, {})
+    comp = _compile(work.graph, args, stage_cb)
+    out = Path(args.out) if args.out else None
+    shown, written = [], []
+    for kind in args.emit:
+        result = emit(kind, comp, stage_texts, printer)
+        if out is None and result.stdout is not None:
+            shown.append(result.stdout)
+        else:
+            written += _write(out or Path(DEMO_OUT), result.files)
+    print("\n\n".join(shown + ["\n".join(f"wrote {p}" for p in written)] if written else shown))
+    return 0
+
+
+def _eager_lines(work: Workload, got: Mapping[str, np.ndarray]) -> tuple[bool, list[str]]:
+    """Machine-model outputs against PyTorch eager, with the tolerance the front end states."""
+    t = work.torch
+    ok, lines = True, [f"eager {work.path.name}: atol={t.atol:g} rtol={t.rtol:g}"]
+    for name, expected in t.expected.items():
+        a = np.asarray(got[name], dtype=np.float64)
+        b = np.asarray(expected, dtype=np.float64)
+        close = np.isclose(a, b, atol=t.atol, rtol=t.rtol, equal_nan=True)
+        diff = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
+        ok &= bool(close.all())
+        lines.append(f"  {name}: max|diff|={diff:.3g} {'ok' if close.all() else f'MISMATCH at {int((~close).sum())}'}")
+    lines[0] = f"{lines[0]}: {'EQUAL' if ok else 'NOT EQUAL'}"
+    return ok, lines
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    work = load_workload(args.file)
+    machine = _machine(args.cores)
+    comp = _compile(work.graph, args)
+    report = fspyre.check(work.graph, work.inputs, seed=args.seed, machine=machine, comp=comp)
+    print(report)
+    equal = report.equal
+    if work.torch is not None:
+        eager_ok, lines = _eager_lines(work, fspyre.run(comp, work.inputs or {}))
+        print("\n".join(lines))
+        equal = equal and eager_ok
+    return 0 if equal else 1
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    from fspyre.frontend import coverage
+
+    return int(coverage.main(list(args.rest)) or 0)
+
+
+# -- argument parsing --------------------------------------------------------------------------
+
+
+def _emit_list(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in EMITS]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown --emit {','.join(bad) or repr(text)}; choose from {', '.join(EMITS)}")
+    return kinds
+
+
+def _cores(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cores {text!r}: give a whole number of cores, 1..32") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of any error")
+    machine = argparse.ArgumentParser(add_help=False)
+    machine.add_argument("--cores", type=_cores, default=32, help="cores of the Spyre card, 1..32 (default 32)")
+    pipeline = argparse.ArgumentParser(add_help=False, parents=[machine])
+    pipeline.add_argument("--tiling", choices=("none", "hints"), default="hints",
+                          help="hints: tile as the graph's hint scopes say (default); none: no loops")
+    pipeline.add_argument("--lx-solver", choices=("greedy", "firstfit", "bestfit"), default=None,
+                          help="LX scratchpad packing (default: the allocation stage's, greedy)")
+    pipeline.add_argument("--no-lx", action="store_true", help="keep every tensor in HBM (no LX planning)")
+
+    parser = argparse.ArgumentParser(
+        prog="fspyre", parents=[debug],
+        description="fspyre: a pure-functional staged compiler for IBM Spyre-style accelerators, "
+                    "checked by a machine-model interpreter.",
+        epilog="FILE.py defines build() -> fspyre Graph, or a torch `model` and `example_inputs()`. "
+               "Errors print one line and exit 2; `check` exits 1 when the results differ.",
+    )
+    parser.set_defaults(debug=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser("demo", parents=[debug, machine], help="compile, print, run and check the canonical example",
+                          description="The seed's canonical example (y = a + b; z = y * c over [1024, 4096] float16, "
+                                      "A:2 outer, B:4 inner): prints every stage, writes the artifacts "
+                                      "(NN_<stage>.txt, bundle.mlir, SDSC JSON, loop-tree and LX pictures, traffic "
+                                      "report), runs the interpreter and prints the equivalence verdict.")
+    demo.add_argument("--out", default=DEMO_OUT, metavar="DIR", help=f"artifact directory (default ./{DEMO_OUT})")
+    demo.set_defaults(run=cmd_demo)
+
+    comp = sub.add_parser("compile", parents=[debug, pipeline], help="compile FILE.py and emit artifacts",
+                          description="Compile the graph FILE.py defines. Text artifacts print to stdout, or are "
+                                      "written under --out; svg and memmap are always files (default "
+                                      f"./{DEMO_OUT}).")
+    comp.add_argument("file", metavar="FILE.py")
+    comp.add_argument("--emit", type=_emit_list, action="extend", default=None, metavar="KIND[,KIND]",
+                      help=f"what to produce, repeatable (default stages): {', '.join(EMITS)}")
+    comp.add_argument("--out", metavar="DIR", help="write the artifacts into DIR instead of printing them")
+    comp.add_argument("--detailed", action="store_true",
+                      help="print stages, tree, program and unrolled in the detailed view (default compact)")
+    comp.set_defaults(run=cmd_compile)
+
+    chk = sub.add_parser("check", parents=[debug, pipeline],
+                         help="compile FILE.py, run it on the machine model, compare with the reference",
+                         description="Exit 0 when the interpreter's results equal the untiled reference (and, for "
+                                     "a torch file, PyTorch eager within the file's tolerance), 1 when not, 2 on "
+                                     "an error.")
+    chk.add_argument("file", metavar="FILE.py")
+    chk.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    chk.set_defaults(run=cmd_check)
+
+    cov = sub.add_parser("coverage", add_help=False, help="the front end's OpInfo coverage table",
+                         description="Forwards its arguments to fspyre.frontend.coverage (try --help).")
+    cov.add_argument("rest", nargs=argparse.REMAINDER)
+    cov.set_defaults(run=cmd_coverage)
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help and usage errors: argparse already printed
+        return stop.code if isinstance(stop.code, int) else 2
+    if getattr(args, "emit", "stages") is None:
+        args.emit = ["stages"]
+    try:
+        return args.run(args)
+    except FspyreError as err:
+        if args.debug:
+            traceback.print_exc()
+        print(f"fspyre: error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except NotImplementedError as err:
+        if args.debug:
+            traceback.print_exc()
+        print(f"fspyre: not supported yet: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader (``| head``) went away: not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as err:
+        if args.debug:
+            traceback.print_exc()
+        print(f"fspyre: internal error: {type(err).__name__}: {_one_line(str(err))[:200]} "
+              f"(rerun with --debug for the traceback, and please report it)", file=sys.stderr)
+        return 2

@@ -1,0 +1,201 @@
+"""``from_torch``: a torch function or module, traced by ``torch.export`` and decomposed to core
+ATen, becomes an fspyre Graph.
+
+Parameters, buffers and lifted constants become named graph inputs (``ln.weight`` ->
+``ln_weight``); their values travel in the ``TorchCapture`` record next to the graph, so
+``capture(...).inputs(*args)`` is everything ``fspyre.evaluate`` needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from fspyre.errors import FrontendError
+from fspyre.frontend.annotations import preserve_hints, tensor_dim_names
+from fspyre.frontend.dimnames import Placeholder
+from fspyre.frontend.lowering import FxProgram, fspyre_dtype, lower
+from fspyre.ir.graph import Graph
+
+aten = torch.ops.aten
+
+
+def decompositions() -> dict[Any, Callable]:
+    """Core ATen, plus softmax / log_softmax / layer_norm as primitives; minus the ops fspyre
+    has a primitive for (silu), which core ATen would otherwise break up."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([aten._softmax, aten._log_softmax, aten.native_layer_norm]))
+    for keep in (aten.silu.default,):
+        table.pop(keep, None)
+    return table
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class TorchCapture:
+    """A captured program: the graph, which graph input each example argument feeds, and the
+    values of the inputs that came from the module (parameters, buffers, constants)."""
+
+    graph: Graph
+    arg_names: tuple[str, ...]
+    params: Mapping[str, np.ndarray]
+    output_names: tuple[str, ...]
+    out_spec: Any  # torch pytree spec of the module's outputs
+
+    def inputs(self, *args: Any) -> dict[str, np.ndarray]:
+        """The ``{input name: host array}`` dict for ``fspyre.evaluate`` / ``fspyre.run``."""
+        if len(args) != len(self.arg_names):
+            raise FrontendError(f"{self.graph.name}: {len(args)} arguments given, the program takes {len(self.arg_names)}")
+        out = dict(self.params)
+        out.update({n: to_numpy(a) for n, a in zip(self.arg_names, args)})
+        return out
+
+    def unflatten(self, outputs: Mapping[str, Any]) -> Any:
+        """Put flat outputs back into the structure the torch program returns."""
+        return torch.utils._pytree.tree_unflatten([outputs[n] for n in self.output_names], self.out_spec)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A host array for fspyre: bfloat16 as float32 holding bfloat16 values (numpy has no bf16)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype == torch.bfloat16 else x).contiguous().numpy()
+    return np.asarray(x)
+
+
+def from_torch(fn_or_module: Callable | torch.nn.Module, example_inputs: Sequence[Any]) -> Graph:
+    """Capture ``fn_or_module(*example_inputs)`` as an fspyre Graph."""
+    return capture(fn_or_module, example_inputs).graph
+
+
+def capture(fn_or_module: Callable | torch.nn.Module, example_inputs: Sequence[Any], *,
+            name: str | None = None) -> TorchCapture:
+    module, arg_names = _as_module(fn_or_module, example_inputs)
+    gname = _identifier(name or getattr(fn_or_module, "__name__", None) or type(fn_or_module).__name__)
+    args = tuple(example_inputs)
+    ep = export(module, args, gname)
+    sig = ep.graph_signature
+    used: set[str] = set()
+    placeholders, params, user = [], {}, []
+    state = {**ep.state_dict, **ep.constants}
+    for spec in sig.input_specs:
+        node = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            i = len(user)
+            nm = _unique(arg_names[i] if i < len(arg_names) else f"arg{i}", used)
+            arg = args[i] if i < len(args) else None
+            dims = tensor_dim_names(arg) if isinstance(arg, torch.Tensor) else None
+            user.append(nm)
+            placeholders.append(Placeholder(node=node, name=nm, dims=dims))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            value = state[spec.target]
+            nm = _unique(_identifier(spec.target), used)
+            placeholders.append(Placeholder(node=node, name=nm, dims=tensor_dim_names(_original(module, spec.target, value))))
+            params[nm] = to_numpy(value)
+        else:
+            raise FrontendError(f"{gname}: input {spec.arg.name} is a {spec.kind.name}; fspyre takes tensors only")
+    names = {p.node: p.name for p in placeholders}
+    for spec in sig.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise FrontendError(
+                f"{gname}: the program writes {names.get(spec.target, spec.target)} in place ({spec.kind.name}); "
+                f"fspyre graphs are pure: return the new value instead"
+            )
+    n_out = len(sig.output_specs)
+    output_names = ("out",) if n_out == 1 else tuple(f"out{i}" for i in range(n_out))
+    program = FxProgram(name=gname, graph=ep.graph, placeholders=tuple(placeholders), output_names=output_names)
+    return TorchCapture(graph=lower(program), arg_names=tuple(user), params=params, output_names=output_names,
+                        out_spec=ep.call_spec.out_spec)
+
+
+def export(module: torch.nn.Module, args: tuple, name: str) -> torch.export.ExportedProgram:
+    """``torch.export`` then core-ATen decompositions, keeping ``spyre_hint`` metadata."""
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            raise FrontendError(f"{name}: example input {i} is a {type(a).__name__}; pass torch tensors")
+        fspyre_dtype(a.dtype, f"{name}: example input {i}")
+    try:
+        with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecation noise
+            ep = torch.export.export(module, args)
+            return ep.run_decompositions(decompositions())
+    except FrontendError:
+        raise
+    except Exception as e:  # torch's tracing errors are the user's program, not fspyre
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FrontendError(
+            f"{name}: torch.export could not trace the program ({type(e).__name__}: {first}). fspyre needs a "
+            f"program torch.export can trace with static shapes: no data-dependent control flow"
+        ) from e
+
+
+class _Function(torch.nn.Module):
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _as_module(fn: Any, example_inputs: Sequence[Any]) -> tuple[torch.nn.Module, list[str]]:
+    if isinstance(fn, torch.nn.Module):
+        target = fn.forward
+        module = fn
+    elif callable(fn):
+        target = fn
+        module = _Function(fn)
+        # torch.export keeps only `forward` frames in node stack traces, unless a function is
+        # registered as an anchor (what torch.fx.traceback.annotate_fn does); errors then
+        # point at the user's line, not at the wrapper.
+        anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+        if anchor is not None:
+            anchor(fn)
+    else:
+        raise FrontendError(f"from_torch: expected a function or torch.nn.Module, got {type(fn).__name__}")
+    try:
+        params = [p for p in inspect.signature(target).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [_identifier(p.name) for p in params][: len(example_inputs)]
+    return module, names + [f"arg{i}" for i in range(len(names), len(example_inputs))]
+
+
+def _original(module: torch.nn.Module, fqn: str, value: torch.Tensor) -> torch.Tensor:
+    """The module's own parameter/buffer object (name_tensor_dims keys on tensor identity)."""
+    try:
+        return module.get_parameter(fqn)
+    except (AttributeError, TypeError):
+        pass
+    try:
+        return module.get_buffer(fqn)
+    except (AttributeError, TypeError):
+        return value
+
+
+def _identifier(s: str) -> str:
+    out = re.sub(r"\W", "_", str(s)).strip("_") or "x"
+    if out[0].isdigit():  # nn.Sequential's "0.weight"
+        out = f"p{out}"
+    return f"{out}_" if keyword.iskeyword(out) else out
+
+
+def _unique(name: str, used: set[str]) -> str:
+    out, k = name, 2
+    while out in used:
+        out = f"{name}_{k}"
+        k += 1
+    used.add(out)
+    return out
+

@@ -1,0 +1,549 @@
+"""One rule per core-ATen op: how its operands' axes line up with its iteration axes
+(``align``, used to name dims) and how it is built with ``GraphBuilder`` (``lower``).
+
+Axes are identified by keys: ``("out", node, output index, axis)`` for an axis of a node's
+result and ``("red", node, k)`` for the k-th axis an op reduces or contracts. ``align``
+returns, for every tensor operand, the iteration axis each operand axis lines up with;
+``fspyre.frontend.dimnames`` turns those into names and ``fspyre.frontend.lowering`` renames
+each operand to them before calling ``lower``, so every rule below receives operands whose
+dim names already line up and only has to pick the builder call.
+
+Rules are registered with ``@rule(targets..., align=...)``; ``RULES`` is the supported set.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+
+from fspyre.errors import FrontendError
+from fspyre.frontend import annotations  # noqa: F401  (registers fspyre::name_dims)
+from fspyre.ir.builder import Tensor
+from fspyre.ir.dtypes import is_float
+
+if TYPE_CHECKING:
+    from fspyre.frontend.lowering import Lowering
+
+aten = torch.ops.aten
+Key = tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """A tensor operand: output ``index`` of ``arg``, and the iteration axis each of its axes
+    lines up with (``None``: the rule does not relate that axis, e.g. axes a reshape merges)."""
+
+    arg: fx.Node
+    dst: tuple[Key | None, ...]
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Alignment:
+    uses: tuple[Use, ...]
+    outputs: tuple[tuple[Key, ...], ...]  # the axis keys of each result (several results may share keys)
+    reduced: tuple[tuple[Key, int], ...] = ()  # reduction/contraction axes and their sizes
+    user_names: Mapping[Key, str] = field(default_factory=dict)  # from fspyre::name_dims
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    align: Callable[[fx.Node], Alignment]
+    lower: Callable[[Lowering, fx.Node, list[Tensor]], Any]
+
+
+RULES: dict[Any, Rule] = {}
+
+
+def rule(*targets: Any, align: Callable[[fx.Node], Alignment]):
+    def register(fn):
+        for t in targets:
+            RULES[t] = Rule(align=align, lower=fn)
+        return fn
+
+    return register
+
+
+def supported_ops() -> list[str]:
+    return sorted({_op_name(t) for t in RULES})
+
+
+def _op_name(target: Any) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    return str(target)
+
+
+def _type_str(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+    if isinstance(v, (tuple, list)):
+        return "(" + ", ".join(_type_str(x) for x in v) + ")"
+    return repr(v)
+
+
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def source_line(node: fx.Node) -> str:
+    """The user's line that produced ``node`` (the innermost frame outside torch and fspyre), or ''."""
+    stack = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', stack)
+    user = [f for f in frames if not f[0].startswith(_LIBRARY_DIRS)]
+    if not user:
+        return ""
+    file, line, code = user[-1]
+    return f" at {file}:{line}: `{code.strip()}`"
+
+
+def describe_node(node: fx.Node) -> str:
+    """``name = op(operand types) -> result type at file:line``, for error messages."""
+    args = ", ".join(_type_str(a.meta.get("val")) if isinstance(a, fx.Node) else repr(a) for a in node.args)
+    return f"{node.name} = {_op_name(node.target)}({args}) -> {_type_str(node.meta.get('val'))}{source_line(node)}"
+
+
+# -- reading nodes ----------------------------------------------------------------------------
+def val(node: fx.Node, index: int | None = None) -> Any:
+    v = node.meta.get("val")
+    return v[index] if index is not None and isinstance(v, (tuple, list)) else v
+
+
+def shape(node: fx.Node, index: int = 0) -> tuple[int, ...]:
+    v = val(node)
+    if isinstance(v, (tuple, list)):
+        v = v[index]
+    return tuple(int(s) for s in v.shape)
+
+
+def bind(node: fx.Node) -> dict[str, Any]:
+    """The op's arguments by schema name, defaults filled in."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args) and not a.kwarg_only:
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def is_tensor_node(x: Any) -> bool:
+    return isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor)
+
+
+def out_keys(node: fx.Node, index: int = 0) -> tuple[Key, ...]:
+    return tuple(("out", node.name, index, j) for j in range(len(shape(node, index))))
+
+
+def _norm(d: int, rank: int) -> int:
+    return d % rank if rank else 0
+
+
+# -- alignments -------------------------------------------------------------------------------
+def align_pointwise(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    uses = []
+    for a in list(node.args) + list(node.kwargs.values()):
+        if is_tensor_node(a):
+            r = len(shape(a))
+            uses.append(Use(a, out[len(out) - r:]))
+    return Alignment(uses=tuple(uses), outputs=(out,))
+
+
+def align_identity(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    return Alignment(uses=(Use(node.args[0], out),), outputs=(out,))
+
+
+def align_none(node: fx.Node) -> Alignment:
+    return Alignment(uses=(), outputs=(out_keys(node),))
+
+
+def align_getitem(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    return Alignment(uses=(Use(node.args[0], out, index=node.args[1]),), outputs=(out,))
+
+
+def align_permute(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    perm = [_norm(p, len(out)) for p in node.args[1]]
+    dst = [None] * len(out)
+    for i, p in enumerate(perm):
+        dst[p] = out[i]
+    return Alignment(uses=(Use(node.args[0], tuple(dst)),), outputs=(out,))
+
+
+def align_unsqueeze(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    d = _norm(node.args[1], len(out))
+    return Alignment(uses=(Use(node.args[0], out[:d] + out[d + 1:]),), outputs=(out,))
+
+
+def squeezed_axes(node: fx.Node) -> tuple[int, ...]:
+    """The input axes a squeeze removes (only size-1 ones, as torch does)."""
+    x = shape(node.args[0])
+    if node.target is aten.squeeze.default:
+        dims = range(len(x))
+    elif node.target is aten.squeeze.dim:
+        dims = [node.args[1]]
+    else:
+        dims = node.args[1]
+    return tuple(sorted({_norm(d, len(x)) for d in dims if x and x[_norm(d, len(x))] == 1}))
+
+
+def align_squeeze(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    gone = squeezed_axes(node)
+    it = iter(out)
+    dst = tuple(None if j in gone else next(it) for j in range(len(shape(node.args[0]))))
+    return Alignment(uses=(Use(node.args[0], dst),), outputs=(out,))
+
+
+def align_view(node: fx.Node) -> Alignment:
+    """A reshape keeps the axes of its common leading and trailing sizes; the rest are new."""
+    out = out_keys(node)
+    src, dst_shape = shape(node.args[0]), shape(node)
+    dst: list[Key | None] = [None] * len(src)
+    p = 0
+    while p < min(len(src), len(dst_shape)) and src[p] == dst_shape[p]:
+        dst[p] = out[p]
+        p += 1
+    s = 1
+    while s <= min(len(src), len(dst_shape)) - p and src[-s] == dst_shape[-s]:
+        dst[len(src) - s] = out[len(dst_shape) - s]
+        s += 1
+    return Alignment(uses=(Use(node.args[0], tuple(dst)),), outputs=(out,))
+
+
+def align_expand(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    r = len(shape(node.args[0]))
+    return Alignment(uses=(Use(node.args[0], out[len(out) - r:]),), outputs=(out,))
+
+
+def reduction_axes(node: fx.Node) -> tuple[tuple[int, ...], bool]:
+    """(reduced input axes, keepdim) of a reduction node; an empty or absent dim list means all."""
+    b = bind(node)
+    rank = len(shape(node.args[0]))
+    dims = b.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = range(rank)
+    elif isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({_norm(d, rank) for d in dims})) if rank else (), bool(b.get("keepdim") or False)
+
+
+def align_reduction(node: fx.Node) -> Alignment:
+    axes, keepdim = reduction_axes(node)
+    x = node.args[0]
+    xs = shape(x)
+    nout = len(val(node)) if isinstance(val(node), (tuple, list)) else 1
+    out = out_keys(node)
+    red = tuple(((("red", node.name, k), xs[j]) for k, j in enumerate(axes)))
+    dst, it = [], iter(out)
+    for j in range(len(xs)):
+        if j in axes:
+            dst.append(red[axes.index(j)][0])
+            if keepdim:
+                next(it)
+        else:
+            dst.append(next(it))
+    # var_mean, max.dim: every result has the same axes as the first
+    return Alignment(uses=(Use(x, tuple(dst)),), outputs=(out,) * nout, reduced=red)
+
+
+def align_mm(node: fx.Node) -> Alignment:
+    a, b = node.args[:2]
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    return Alignment(uses=(Use(a, (out[0], k)), Use(b, (k, out[1]))), outputs=(out,), reduced=((k, shape(a)[-1]),))
+
+
+def align_addmm(node: fx.Node) -> Alignment:
+    p = bind(node)
+    bias, a, b = p["self"], p["mat1"], p["mat2"]
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    uses = [Use(a, (out[0], k)), Use(b, (k, out[1]))]
+    if is_tensor_node(bias):
+        uses.insert(0, Use(bias, out[len(out) - len(shape(bias)):]))
+    return Alignment(uses=tuple(uses), outputs=(out,), reduced=((k, shape(a)[-1]),))
+
+
+def align_bmm(node: fx.Node) -> Alignment:
+    a, b = node.args
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    return Alignment(
+        uses=(Use(a, (out[0], out[1], k)), Use(b, (out[0], k, out[2]))), outputs=(out,), reduced=((k, shape(a)[-1]),)
+    )
+
+
+def align_mv(node: fx.Node) -> Alignment:
+    a, b = node.args
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    return Alignment(uses=(Use(a, (out[0], k)), Use(b, (k,))), outputs=(out,), reduced=((k, shape(a)[-1]),))
+
+
+def align_name_dims(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    return Alignment(uses=(Use(node.args[0], out),), outputs=(out,), user_names=dict(zip(out, node.args[1].split(","))))
+
+
+# -- lowering helpers -------------------------------------------------------------------------
+def _wide(dtype: str) -> str:
+    """Where one torch op becomes several fspyre ops, the ones in between keep float32, so the
+    op still rounds once, at its result, as torch's does."""
+    return "float32" if is_float(dtype) else dtype
+
+
+def _operands(node: fx.Node, xs: list[Tensor]) -> list[Any]:
+    """The op's positional args with tensor nodes replaced by their (renamed) handles."""
+    it = iter(xs)
+    return [next(it) if is_tensor_node(a) else a for a in node.args]
+
+
+def _scalar(x: Any, node: fx.Node) -> Any:
+    if isinstance(x, (bool, int, float)):
+        return x
+    raise FrontendError(f"node {node.name} ({node.target}): argument {x!r} is not a tensor or a Python number")
+
+
+# -- pointwise --------------------------------------------------------------------------------
+_UNARY = {
+    aten.neg.default: "neg", aten.abs.default: "abs", aten.exp.default: "exp", aten.log.default: "log",
+    aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal",
+    aten.relu.default: "relu", aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh",
+    aten.silu.default: "silu", aten.logical_not.default: "logical_not",
+}
+_BINARY = {
+    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
+    aten.maximum.default: "maximum", aten.minimum.default: "minimum",
+    aten.pow.Tensor_Tensor: "pow", aten.pow.Tensor_Scalar: "pow", aten.pow.Scalar: "pow",
+    aten.eq.Tensor: "eq", aten.eq.Scalar: "eq", aten.ne.Tensor: "ne", aten.ne.Scalar: "ne",
+    aten.lt.Tensor: "lt", aten.lt.Scalar: "lt", aten.le.Tensor: "le", aten.le.Scalar: "le",
+    aten.gt.Tensor: "gt", aten.gt.Scalar: "gt", aten.ge.Tensor: "ge", aten.ge.Scalar: "ge",
+    aten.where.self: "where",
+}
+
+
+@rule(*_UNARY, *_BINARY, align=align_pointwise)
+def lower_pointwise(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    fn = _UNARY.get(node.target) or _BINARY[node.target]
+    args = [a if isinstance(a, Tensor) else _scalar(a, node) for a in _operands(node, xs)]
+    return ctx.g.pointwise(fn, *args, dtype=ctx.dtype(node))
+
+
+@rule(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, align=align_pointwise)
+def lower_add_sub(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    a, b = (x if isinstance(x, Tensor) else _scalar(x, node) for x in _operands(node, xs)[:2])
+    alpha = bind(node).get("alpha", 1)
+    out = ctx.dtype(node)
+    if alpha != 1:
+        if isinstance(b, Tensor):
+            b = ctx.g.pointwise("mul", b, _scalar(alpha, node), dtype=_wide(out))
+        else:
+            b = b * alpha
+    fn = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    return ctx.g.pointwise(fn, a, b, dtype=out)
+
+
+@rule(aten.gelu.default, align=align_pointwise)
+def lower_gelu(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    (x,) = xs
+    out = ctx.dtype(node)
+    if bind(node).get("approximate", "none") == "none":
+        return ctx.g.pointwise("gelu", x, dtype=out)
+    # tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), kept in float32 until the end
+    g, w = ctx.g, _wide(out)
+    x3 = g.pointwise("mul", g.pointwise("mul", x, x, dtype=w), x, dtype=w)
+    inner = g.pointwise("add", x, g.pointwise("mul", x3, 0.044715, dtype=w), dtype=w)
+    t = g.pointwise("tanh", g.pointwise("mul", inner, math.sqrt(2.0 / math.pi), dtype=w), dtype=w)
+    half_x = g.pointwise("mul", x, 0.5, dtype=w)
+    return g.pointwise("mul", half_x, g.pointwise("add", t, 1.0, dtype=w), dtype=out)
+
+
+def _clamp(ctx: Lowering, node: fx.Node, x: Tensor, lo: Any, hi: Any) -> Tensor:
+    out = ctx.dtype(node)
+    if lo is None and hi is None:
+        return ctx.g.pointwise("copy", x, dtype=out)
+    if lo is not None:
+        x = ctx.g.pointwise("maximum", x, lo, dtype=out if hi is None else _wide(out))
+    if hi is not None:
+        x = ctx.g.pointwise("minimum", x, hi, dtype=out)
+    return x
+
+
+@rule(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+      aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default, align=align_pointwise)
+def lower_clamp(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    args = _operands(node, xs)
+    x = args[0]
+    if node.target in (aten.clamp_min.default, aten.clamp_min.Tensor):
+        return _clamp(ctx, node, x, args[1], None)
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        return _clamp(ctx, node, x, None, args[1])
+    b = bind(node)
+    if node.target is aten.hardtanh.default:
+        return _clamp(ctx, node, x, b["min_val"], b["max_val"])
+    lo = args[1] if len(args) > 1 else b.get("min")
+    hi = args[2] if len(args) > 2 else b.get("max")
+    return _clamp(ctx, node, x, lo, hi)
+
+
+@rule(aten.leaky_relu.default, align=align_pointwise)
+def lower_leaky_relu(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    (x,) = xs
+    slope = _scalar(bind(node)["negative_slope"], node)
+    out = ctx.dtype(node)
+    g = ctx.g
+    return g.pointwise("where", g.gt(x, 0), x, g.pointwise("mul", x, slope, dtype=_wide(out)), dtype=out)
+
+
+@rule(aten._to_copy.default, aten.clone.default, aten.alias.default, aten.detach.default,
+      aten.lift_fresh_copy.default, align=align_identity)
+def lower_copy(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """Values are immutable, so a copy is the same handle; a dtype change is a cast."""
+    (x,) = xs
+    out = ctx.dtype(node)
+    return x if x.dtype == out else ctx.g.cast(x, out)
+
+
+# -- constants --------------------------------------------------------------------------------
+@rule(aten.full.default, aten.scalar_tensor.default, aten.full_like.default, align=align_none)
+def lower_full(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    b = bind(node)
+    value = b["s"] if node.target is aten.scalar_tensor.default else b["fill_value"]
+    return ctx.g.constant(_scalar(value, node), ctx.dtype(node), ctx.dims(node))
+
+
+# -- reductions -------------------------------------------------------------------------------
+_REDUCE = {
+    aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.mean.default: "mean",
+    aten.amax.default: "amax", aten.amin.default: "amin", aten.prod.dim_int: "prod", aten.prod.default: "prod",
+    aten.max.default: "amax", aten.min.default: "amin", aten.var.correction: "var",
+}
+
+
+def _reduce(ctx: Lowering, node: fx.Node, fn: str, x: Tensor, **kw: Any) -> Tensor:
+    axes, keepdim = reduction_axes(node)
+    out = ctx.dtype(node, 0)
+    if x.dtype != out:
+        x = ctx.g.cast(x, out)  # a dtype= argument
+    if not axes:  # a 0-d operand: nothing to reduce
+        return ctx.g.pointwise("copy", x, dtype=out)
+    return ctx.g.reduce(fn, x, [x.dims[j].name for j in axes], keepdim=keepdim, **kw)
+
+
+def _correction(node: fx.Node) -> int:
+    c = bind(node).get("correction")
+    c = 1 if c is None else c
+    if c != int(c):
+        raise FrontendError(f"node {node.name} ({node.target}): correction={c} must be a whole number")
+    return int(c)
+
+
+@rule(*_REDUCE, align=align_reduction)
+def lower_reduce(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    fn = _REDUCE[node.target]
+    kw = {"correction": _correction(node)} if fn == "var" else {}
+    return _reduce(ctx, node, fn, xs[0], **kw)
+
+
+@rule(aten.var_mean.correction, align=align_reduction)
+def lower_var_mean(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, Tensor]:
+    return (_reduce(ctx, node, "var", xs[0], correction=_correction(node)), _reduce(ctx, node, "mean", xs[0]))
+
+
+@rule(aten.max.dim, aten.min.dim, align=align_reduction)
+def lower_max_dim(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, None]:
+    """The values; the indices (argmax) have no fspyre op and fail if something reads them."""
+    return (_reduce(ctx, node, "amax" if node.target is aten.max.dim else "amin", xs[0]), None)
+
+
+# -- matmul -----------------------------------------------------------------------------------
+@rule(aten.mm.default, align=align_mm)
+def lower_mm(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    a, b = xs
+    return ctx.g.matmul(a, b, contract=ctx.red_names(node)[0])
+
+
+rule(aten.bmm.default, align=align_bmm)(lower_mm)
+rule(aten.mv.default, align=align_mv)(lower_mm)
+
+
+@rule(aten.addmm.default, align=align_addmm)
+def lower_addmm(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    p = bind(node)
+    *bias, a, b = xs
+    g = ctx.g
+    out = ctx.dtype(node)
+    prod = g.matmul(a, b, contract=ctx.red_names(node)[0])
+    if p["alpha"] != 1:
+        prod = g.pointwise("mul", prod, _scalar(p["alpha"], node), dtype=_wide(out))
+    c = bias[0] if bias else _scalar(p["self"], node)
+    if p["beta"] == 0:
+        return g.pointwise("copy", prod, dtype=out) if prod.dtype != out else prod
+    if p["beta"] != 1:
+        c = g.pointwise("mul", c, _scalar(p["beta"], node), dtype=_wide(out)) if bias else c * p["beta"]
+    return g.pointwise("add", prod, c, dtype=out)
+
+
+# -- views ------------------------------------------------------------------------------------
+@rule(aten.permute.default, align=align_permute)
+def lower_permute(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    return ctx.g.permute(xs[0], list(ctx.out_names(node)))
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default, align=align_view)
+def lower_view(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """A view when the operand is read contiguously (the builder copies it first otherwise).
+    Reshapes that keep the shape, or only insert size-1 dims, are views of any layout."""
+    (x,) = xs
+    dims = ctx.dims(node)
+    if x.dims == dims:
+        return x
+    kept = [d for d in dims if d.size != 1]
+    if all(d.size != 1 for d in x.dims) and tuple(kept) == x.dims:
+        for p, d in enumerate(dims):
+            if d.size == 1:
+                x = ctx.g.unsqueeze(x, p, d.name)
+        return x
+    return ctx.g.reshape(x, dims)
+
+
+rule(aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default, align=align_squeeze)(lower_view)
+
+
+@rule(aten.unsqueeze.default, align=align_unsqueeze)
+def lower_unsqueeze(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    d = _norm(node.args[1], len(shape(node)))
+    return ctx.g.unsqueeze(xs[0], d, ctx.out_names(node)[d])
+
+
+@rule(aten.expand.default, align=align_expand)
+def lower_expand(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    return ctx.g.expand(xs[0], ctx.dims(node))
+
+
+@rule(operator.getitem, align=align_getitem)
+def lower_getitem(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    return xs[0]
+
+
+@rule(torch.ops.fspyre.name_dims.default, align=align_name_dims)
+def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    return xs[0]  # the operand was already renamed to the user's names

@@ -1,0 +1,381 @@
+"""bundle.mlir: the anchor-compatible SuperDSC bundle of a Program.
+
+The bundle is planned once (``plan_bundle``: a small frozen statement list) and printed twice:
+in the anchor's custom syntax here (``bundle_mlir``) and in MLIR generic syntax by
+``fspyre.lower.generic``; ``fspyre.lower.sdsc`` reads the same plan for its symbol ids, so
+the three outputs cannot disagree on names, numbering or addresses.
+
+Address mapping. fspyre allocates one absolute HBM byte space (what the interpreter runs on);
+the runtime instead hands the bundle one base address per kernel argument and the bundle
+allocates a pool for everything else. An absolute HBM address therefore becomes:
+
+- for a tensor with ``arg_index >= 0``: kernel argument ``ai``'s base plus
+  ``address - KernelArg.address`` (``%arg_{ai}`` when that offset is 0, otherwise
+  ``%arg_{ai}_slice_{off}``); the offset must lie inside the argument's device bytes;
+- for an intermediate (``arg_index == -1``): ``%pool_addr_{off}`` with
+  ``off = address - pool_base``, where ``pool_base`` is the lowest intermediate HBM address
+  and the pool spans up to the end of the highest intermediate (rounded up to 128 bytes).
+  An intermediate overlapping a kernel argument's bytes cannot be expressed this way and is a
+  LoweringError;
+- an LX tensor keeps its fixed scratchpad address as ``%lx_addr_{addr}`` (a constant).
+
+Every such base value is a *symbol*; symbols are numbered in first use (depth-first over the
+OpSpecs, args in order) and symbol id ``-(n+1)`` names the n-th, as in the anchor. Each
+``sdsc_execute`` takes one operand per TensorArg in args order (the advanced address for a
+tensor that moves in a loop, else its base value) and its ``symbol_ids`` list, parallel to
+the operands, says which symbol each operand binds. OpSpec ``idx`` (depth-first) executes
+``sdsc_{idx}.json``; the k-th LoopSpec in preorder owns ``%loop_bound_k`` and ``%i_k``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from fspyre.errors import LoweringError
+from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.machine import formats
+
+POOL_ALIGN = 128  # the pool is handed out in whole sticks, like every HBM allocation
+INPUT_ARG_TYPE = "!sdscbundle.input_arg<index>"
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constant:
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddIndex:
+    name: str
+    lhs: str
+    rhs: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExtractArg:
+    name: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocatePool:
+    name: str
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApplyMap:
+    """``name = base + sum(strides[m][j] * ivs[j])``."""
+
+    name: str
+    map_index: int
+    ivs: tuple[str, ...]
+    base: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execute:
+    index: int
+    filename: str
+    operands: tuple[str, ...]
+    symbol_ids: tuple[int, ...]
+    loops: tuple[int, ...]  # preorder numbers of the enclosing loops, outermost first
+    comment: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForLoop:
+    index: int
+    count: int
+    iv: str
+    bound: str
+    body: tuple["Stmt", ...]
+
+
+Stmt = Union[Constant, AddIndex, ExtractArg, AllocatePool, ApplyMap, Execute, ForLoop]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Base:
+    """Where a tensor's address comes from: a kernel argument, the pool, or a fixed LX address."""
+
+    kind: str  # "arg" | "pool" | "lx"
+    arg_index: int
+    offset: int
+
+    @property
+    def name(self) -> str:
+        if self.kind == "arg":
+            return f"arg_{self.arg_index}" if self.offset == 0 else f"arg_{self.arg_index}_slice_{self.offset}"
+        if self.kind == "pool":
+            return f"pool_addr_{self.offset}"
+        return f"lx_addr_{self.offset}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BundlePlan:
+    maps: tuple[tuple[int, ...], ...]  # map N: byte stride of each map dim
+    params: tuple[str, ...]  # function parameters, without the leading %
+    prelude: tuple[Stmt, ...]
+    body: tuple[Stmt, ...]
+    symbols: tuple[Base, ...]  # symbol id -(n+1) is symbols[n]
+    pool_base: int  # absolute HBM address of pool offset 0 (0 when there is no pool)
+    pool_bytes: int
+
+    def executes(self) -> list[Execute]:
+        """The executes in depth-first order (= OpSpec index order)."""
+        out: list[Execute] = []
+
+        def walk(stmts: tuple[Stmt, ...]) -> None:
+            for s in stmts:
+                if isinstance(s, Execute):
+                    out.append(s)
+                elif isinstance(s, ForLoop):
+                    walk(s.body)
+
+        walk(self.body)
+        return out
+
+    def symbol_id(self, base: Base) -> int:
+        return -(self.symbols.index(base) + 1)
+
+
+# --- address mapping ------------------------------------------------------------------------
+
+
+def device_nbytes(arg_dtype: str, device_size: tuple[int, ...]) -> int:
+    return math.prod(device_size) * formats.FORMATS[arg_dtype].nbytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HbmRegions:
+    args: tuple[tuple[int, int, int], ...]  # (arg_index, address, nbytes), sorted by arg_index
+    pool_base: int
+    pool_bytes: int
+
+    def arg(self, arg_index: int) -> tuple[int, int] | None:
+        for ai, addr, nbytes in self.args:
+            if ai == arg_index:
+                return addr, nbytes
+        return None
+
+
+def op_label(spec: OpSpec) -> str:
+    """How errors name an op: its program op and its graph name (``add buf0``)."""
+    return f"{spec.op} {spec.name}" if spec.name else spec.op
+
+
+def hbm_regions(program: Program) -> HbmRegions:
+    """Kernel-argument byte ranges and the pool that holds every HBM intermediate."""
+    args: dict[int, tuple[int, int]] = {}
+    for k in program.kernel_args:
+        region = (k.address, device_nbytes(k.device_dtype, k.device_size))
+        if args.setdefault(k.arg_index, region) != region:
+            raise LoweringError(
+                f"kernel arg {k.name}: arg_index {k.arg_index} is bound to both {args[k.arg_index]} and {region} "
+                f"(address, bytes); give each distinct buffer its own arg_index"
+            )
+    lo, hi = None, None
+    for spec in _ops(program.body):
+        for t in spec.args:
+            if t.memory != "hbm" or t.arg_index >= 0:
+                continue
+            end = t.address + device_nbytes(t.device_dtype, t.device_size)
+            for ai, (addr, nbytes) in args.items():
+                if t.address < addr + nbytes and addr < end:
+                    raise LoweringError(
+                        f"op {op_label(spec)}: intermediate {t.name} at HBM [{t.address:#x}, {end:#x}) overlaps kernel "
+                        f"arg {ai} at [{addr:#x}, {addr + nbytes:#x}); the bundle can only place intermediates in "
+                        f"the pool, so allocate them outside the kernel arguments"
+                    )
+            lo = t.address if lo is None else min(lo, t.address)
+            hi = end if hi is None else max(hi, end)
+    pool_bytes = 0 if lo is None else -(-(hi - lo) // POOL_ALIGN) * POOL_ALIGN
+    return HbmRegions(
+        args=tuple((ai, a, n) for ai, (a, n) in sorted(args.items())), pool_base=lo or 0, pool_bytes=pool_bytes
+    )
+
+
+def tensor_base(spec: OpSpec, t: TensorArg, regions: HbmRegions) -> Base:
+    if t.memory == "lx":
+        return Base(kind="lx", arg_index=-1, offset=t.address)
+    if t.arg_index < 0:
+        return Base(kind="pool", arg_index=-1, offset=t.address - regions.pool_base)
+    region = regions.arg(t.arg_index)
+    if region is None:
+        raise LoweringError(
+            f"op {op_label(spec)}: tensor {t.name} has arg_index {t.arg_index}, but the program's kernel args are "
+            f"{[ai for ai, _, _ in regions.args]}; use -1 for an intermediate or add the kernel arg"
+        )
+    addr, nbytes = region
+    off = t.address - addr
+    if not 0 <= off < nbytes:
+        raise LoweringError(
+            f"op {op_label(spec)}: tensor {t.name} at HBM {t.address:#x} lies outside kernel arg {t.arg_index} "
+            f"[{addr:#x}, {addr + nbytes:#x}); its arg_index or its allocation is wrong"
+        )
+    return Base(kind="arg", arg_index=t.arg_index, offset=off)
+
+
+def level_advance(spec: OpSpec, t: TensorArg, depth: int) -> tuple[int, ...]:
+    """The tensor's byte step per enclosing loop, outermost first; ``()`` means none moves."""
+    if not t.tile_advance:
+        return (0,) * depth
+    if len(t.tile_advance) != depth:
+        raise LoweringError(
+            f"op {op_label(spec)}: tensor {t.name} has tile_advance {list(t.tile_advance)} "
+            f"({len(t.tile_advance)} levels) inside {depth} loops; give one byte step per enclosing loop"
+        )
+    return t.tile_advance
+
+
+def _ops(body: tuple[Spec, ...]):
+    for spec in body:
+        if isinstance(spec, LoopSpec):
+            yield from _ops(spec.body)
+        else:
+            yield spec
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+def plan_bundle(program: Program) -> BundlePlan:
+    regions = hbm_regions(program)
+    maps: dict[tuple[int, ...], int] = {}
+    symbols: dict[Base, int] = {}
+    bounds: list[Constant] = []
+    n_ops, n_addr = 0, 0
+
+    def op(spec: OpSpec, loops: tuple[int, ...]) -> list[Stmt]:
+        nonlocal n_ops, n_addr
+        stmts: list[Stmt] = []
+        applied: dict[tuple[int, tuple[str, ...], str], str] = {}
+        operands, ids = [], []
+        for t in spec.args:
+            base = tensor_base(spec, t, regions)
+            ids.append(-(symbols.setdefault(base, len(symbols)) + 1))
+            adv = level_advance(spec, t, len(loops))
+            levels = [lvl for lvl, step in enumerate(adv) if step]
+            if not levels:
+                operands.append(base.name)
+                continue
+            m = maps.setdefault(tuple(adv[lvl] for lvl in levels), len(maps))
+            ivs = tuple(f"i_{loops[lvl]}" for lvl in levels)
+            key = (m, ivs, base.name)
+            if key not in applied:
+                applied[key] = f"addr_{n_addr}"
+                n_addr += 1
+                stmts.append(ApplyMap(name=applied[key], map_index=m, ivs=ivs, base=base.name))
+            operands.append(applied[key])
+        stmts.append(Execute(
+            index=n_ops, filename=f"sdsc_{n_ops}.json", operands=tuple(operands), symbol_ids=tuple(ids),
+            loops=loops, comment=_comment(spec),
+        ))
+        n_ops += 1
+        return stmts
+
+    def body(specs: tuple[Spec, ...], loops: tuple[int, ...]) -> tuple[Stmt, ...]:
+        out: list[Stmt] = []
+        for spec in specs:
+            if isinstance(spec, LoopSpec):
+                k = len(bounds)
+                bounds.append(Constant(name=f"loop_bound_{k}", value=spec.count))
+                out.append(ForLoop(index=k, count=spec.count, iv=f"i_{k}", bound=f"loop_bound_{k}",
+                                   body=body(spec.body, loops + (k,))))
+            else:
+                out.extend(op(spec, loops))
+        return tuple(out)
+
+    main = body(program.body, ())
+    arg_indices = [ai for ai, _, _ in regions.args]
+    prelude: list[Stmt] = []
+    if regions.pool_bytes:
+        prelude.append(AllocatePool(name="pool", nbytes=regions.pool_bytes))
+    prelude.extend(ExtractArg(name=f"arg_{ai}", source=f"arg_{ai}_base_addr") for ai in arg_indices)
+    if bounds:
+        prelude += [Constant(name="c0", value=0), Constant(name="c1", value=1), *bounds]
+    for base in symbols:
+        if base.kind == "arg" and base.offset:
+            off = f"arg_{base.arg_index}_slice_offset_{base.offset}"
+            prelude += [Constant(name=off, value=base.offset),
+                        AddIndex(name=base.name, lhs=f"arg_{base.arg_index}", rhs=off)]
+        elif base.kind == "pool":
+            off = f"pool_offset_{base.offset}"
+            prelude += [Constant(name=off, value=base.offset), AddIndex(name=base.name, lhs="pool", rhs=off)]
+        elif base.kind == "lx":
+            prelude.append(Constant(name=base.name, value=base.offset))
+    return BundlePlan(
+        maps=tuple(maps), params=tuple(f"arg_{ai}_base_addr" for ai in arg_indices), prelude=tuple(prelude),
+        body=main, symbols=tuple(symbols), pool_base=regions.pool_base, pool_bytes=regions.pool_bytes,
+    )
+
+
+def _comment(spec: OpSpec) -> str:
+    def show(t: TensorArg) -> str:
+        return f"{t.name}(lx)" if t.memory == "lx" else t.name
+
+    operands = spec.op_info.get("operands")
+    if isinstance(operands, tuple):
+        ins = ", ".join(show(spec.args[v]) if kind == "arg" else repr(v) for kind, v in operands)
+    else:
+        ins = ", ".join(show(t) for t in spec.args if t.is_input)
+    outs = ", ".join(show(t) for t in spec.args if not t.is_input)
+    return f"{spec.op}: {ins} -> {outs}"
+
+
+def map_expr(strides: tuple[int, ...]) -> str:
+    """``(d0, d1)[s0] -> (s0 + S0*d0 + S1*d1)``; a negative stride prints as a subtraction."""
+    dims = ", ".join(f"d{j}" for j in range(len(strides)))
+    terms = "".join(f" + {s}*d{j}" if s >= 0 else f" - {-s}*d{j}" for j, s in enumerate(strides))
+    return f"({dims})[s0] -> (s0{terms})"
+
+
+# --- the anchor's custom syntax -------------------------------------------------------------
+
+
+def bundle_mlir(program: Program) -> str:
+    """The anchor-compatible bundle.mlir text (TAB indentation, as torch-spyre's bundle.py)."""
+    return print_bundle(plan_bundle(program))
+
+
+def print_bundle(plan: BundlePlan) -> str:
+    lines = [f"#map_{n} = affine_map<{map_expr(s)}>" for n, s in enumerate(plan.maps)]
+    lines.append("module {")
+    params = ", ".join(f"%{p}: {INPUT_ARG_TYPE}" for p in plan.params)
+    lines.append(f"\tfunc.func @sdsc_bundle({params}) {{")
+    _stmts(plan.prelude + plan.body, 2, lines)
+    lines += ["\t\treturn", "\t}", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _stmts(stmts: tuple[Stmt, ...], depth: int, lines: list[str]) -> None:
+    tab = "\t" * depth
+    for s in stmts:
+        if isinstance(s, Constant):
+            lines.append(f"{tab}%{s.name} = arith.constant {s.value} : index")
+        elif isinstance(s, AddIndex):
+            lines.append(f"{tab}%{s.name} = arith.addi %{s.lhs}, %{s.rhs} : index")
+        elif isinstance(s, ExtractArg):
+            lines.append(f"{tab}%{s.name} = sdscbundle.input_arg_extract value from %{s.source} : "
+                         f"{INPUT_ARG_TYPE} -> index")
+        elif isinstance(s, AllocatePool):
+            lines.append(f"{tab}%{s.name} = sdscbundle.device_mem_allocate {s.nbytes} bytes : index")
+        elif isinstance(s, ApplyMap):
+            ivs = ", ".join(f"%{v}" for v in s.ivs)
+            lines.append(f"{tab}%{s.name} = affine.apply #map_{s.map_index}({ivs})[%{s.base}]")
+        elif isinstance(s, Execute):
+            operands = ", ".join(f"%{o}" for o in s.operands)
+            ids = ", ".join(str(i) for i in s.symbol_ids)
+            lines.append(f'{tab}sdscbundle.sdsc_execute ({operands}) {{sdsc_filename="{s.filename}", '
+                         f'"symbol_ids"=[{ids}]}} // {s.comment}')
+        else:
+            lines.append(f"{tab}scf.for %{s.iv} = %c0 to %{s.bound} step %c1 {{")
+            _stmts(s.body, depth + 1, lines)
+            lines.append(f"{tab}}}")

@@ -1,0 +1,149 @@
+"""Per-op SDSC JSON: one JSON-ready dict per OpSpec, keyed ``sdsc_{idx}.json``.
+
+``idx`` is the OpSpec's depth-first index, the same number the bundle's ``sdsc_execute``
+names; each tensor's ``address.symbol_id`` is the id the bundle binds to that tensor's
+operand. Everything else is the OpSpec written out: iteration space, the core -> slice
+mapping (the anchor's rule: first symbol of the iteration space fastest), per-core byte
+offsets from the tensor's base and per-loop byte advances. The schema is documented in
+docs/sdsc-schema.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import sympy
+
+from fspyre.errors import LoweringError
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_specs, walk_specs
+from fspyre.lower.bundle import (
+    BundlePlan,
+    Execute,
+    HbmRegions,
+    hbm_regions,
+    level_advance,
+    op_label,
+    plan_bundle,
+    tensor_base,
+)
+from fspyre.machine import formats
+from fspyre.machine.indexing import compile_index
+
+SCHEMA = "fspyre.sdsc/1"
+
+
+def sdsc_json(program: Program) -> dict[str, dict]:
+    plan = plan_bundle(program)
+    regions = hbm_regions(program)
+    loops = [s.count for s, _ in walk_specs(program.body) if isinstance(s, LoopSpec)]
+    specs = op_specs(program)
+    return {
+        ex.filename: op_json(spec, ex, plan, regions, loops)
+        for spec, ex in zip(specs, plan.executes(), strict=True)
+    }
+
+
+def core_slices(spec: OpSpec) -> np.ndarray:
+    """``[core, symbol]`` -> slice index, symbols in iteration-space order, the first fastest."""
+    splits = [split for _, split in spec.iteration_space.values()]
+    cores = np.arange(spec.cores, dtype=np.int64)
+    out = np.zeros((spec.cores, len(splits)), dtype=np.int64)
+    stride = 1
+    for j, s in enumerate(splits):
+        out[:, j] = (cores // stride) % s
+        stride *= s
+    return out
+
+
+def core_offsets(spec: OpSpec, t: TensorArg, slices: np.ndarray) -> list[int]:
+    """Bytes from the tensor's base to the first element of each core's slice.
+
+    LX tensors get 0 on every core: each core's scratchpad holds its own slice at the tensor's
+    LX address (the interpreter's model)."""
+    if t.memory == "lx":
+        return [0] * spec.cores
+    syms = list(spec.iteration_space)
+    per_core = np.array([size // split for size, split in spec.iteration_space.values()], dtype=np.int64)
+    starts = slices * per_core  # [core, symbol]
+    strides, acc = [], 1
+    for n in reversed(t.device_size):
+        strides.append(acc)
+        acc *= n
+    strides.reverse()
+    offset = np.zeros(spec.cores, dtype=np.int64)
+    for coord, stride in zip(t.device_coordinates, strides):
+        offset = offset + np.asarray(compile_index(coord, syms)(*starts.T), dtype=np.int64) * stride
+    return [int(v) for v in offset * formats.FORMATS[t.device_dtype].nbytes]
+
+
+def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, regions: HbmRegions, loop_counts: list[int]) -> dict:
+    slices = core_slices(spec)
+    depth = len(ex.loops)
+    tensors = []
+    for i, t in enumerate(spec.args):
+        base = tensor_base(spec, t, regions)
+        tensors.append({
+            "name": t.name,
+            "role": "input" if t.is_input else "output",
+            "operand": i,
+            "arg_index": t.arg_index,
+            "device_dtype": t.device_dtype,
+            "device_size": list(t.device_size),
+            "device_coordinates": [str(c) for c in t.device_coordinates],
+            "allocation": {t.memory: t.address},
+            "address": {
+                "symbol_id": ex.symbol_ids[i],
+                "value": f"%{base.name}",
+                "base": base.kind,
+                "offset": base.offset,
+            },
+            "core_offsets": core_offsets(spec, t, slices),
+            "tile_advance": list(level_advance(spec, t, depth)),
+            "bytes": math.prod(t.device_size) * formats.FORMATS[t.device_dtype].nbytes,
+        })
+    tiled = list(spec.tiled_symbols) or [()] * depth
+    if len(tiled) != depth:
+        raise LoweringError(
+            f"op {op_label(spec)}: tiled_symbols has {len(tiled)} levels inside {depth} loops; "
+            f"give one tuple of symbols per enclosing loop, outermost first"
+        )
+    return {
+        "schema": SCHEMA,
+        "file": ex.filename,
+        "index": ex.index,
+        "op": spec.op,
+        "name": spec.name,
+        "is_reduction": spec.is_reduction,
+        "loops": [
+            {"loop": k, "induction_var": f"%i_{k}", "count": loop_counts[k], "tiled_symbols": [str(s) for s in syms]}
+            for k, syms in zip(ex.loops, tiled, strict=True)
+        ],
+        "iteration_space": {
+            str(s): {"size": size, "split": split, "per_core": size // split}
+            for s, (size, split) in spec.iteration_space.items()
+        },
+        "cores": spec.cores,
+        "core_to_slice": [[int(v) for v in row] for row in slices],
+        "tensors": tensors,
+        "op_info": {str(k): jsonable(v) for k, v in spec.op_info.items()},
+    }
+
+
+def jsonable(value: object) -> object:
+    """op_info values as strict JSON: symbols and expressions as strings, tuples as lists,
+    non-finite floats as the strings "inf", "-inf", "nan" (JSON has no literal for them)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return jsonable(value.item())
+    if isinstance(value, sympy.Basic):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [jsonable(v) for v in value]
+    return str(value)

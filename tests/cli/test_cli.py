@@ -1,0 +1,279 @@
+"""The ``fspyre`` command as a user meets it: its exit code, stdout, stderr and the files it
+writes. The cases that prove the real process boundary (``python -m fspyre``, the console
+script, no traceback on the real stderr, the demo's files) run a subprocess; the rest call
+``main`` in-process, which is the same code without a second of interpreter start-up each."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import fspyre
+from fspyre import cli
+from fspyre.ir.serialize import loads
+from fspyre.pretty import pretty
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ADD_MUL = str(FIXTURES / "add_mul.py")
+ROW_SUM = str(FIXTURES / "row_sum.py")
+
+
+def fspyre_cmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fspyre", *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+    )
+
+
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def fspyre_main(capsys: pytest.CaptureFixture[str]) -> Callable[..., Done]:
+    def call(*args: str) -> Done:
+        rc = cli.main(list(args))
+        out, err = capsys.readouterr()
+        return Done(rc, out, err)
+
+    return call
+
+
+def one_line_error(done: subprocess.CompletedProcess[str] | Done) -> str:
+    """The error contract: exit 2, exactly one line on stderr, no traceback."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("fspyre: ")
+    return lines[0]
+
+
+# -- help ----------------------------------------------------------------------------------
+
+
+def test_python_m_fspyre_help() -> None:
+    done = fspyre_cmd("--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: fspyre")
+    for command in ("demo", "compile", "check", "coverage"):
+        assert f"    {command}" in done.stdout
+
+
+@pytest.mark.parametrize("args", [("demo",), ("compile",), ("check",)])
+def test_help_everywhere(fspyre_main, args: tuple[str, ...]) -> None:
+    done = fspyre_main(*args, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: fspyre {' '.join(args)}")
+    assert done.stderr == ""
+
+
+def test_compile_help_lists_every_emit_kind(fspyre_main) -> None:
+    out = " ".join(fspyre_main("compile", "--help").stdout.split())
+    for kind in cli.EMITS:
+        assert kind in out
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "fspyre"
+    if not script.exists():
+        pytest.skip("fspyre is not pip-installed into this interpreter's environment")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: fspyre")
+
+
+def test_coverage_forwards_its_arguments(fspyre_main) -> None:
+    pytest.importorskip("fspyre.frontend.coverage")
+    done = fspyre_main("coverage", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "usage" in done.stdout.lower()
+
+
+# -- compile -------------------------------------------------------------------------------
+
+
+def test_compile_prints_every_stage() -> None:
+    done = fspyre_cmd("compile", ADD_MUL, "--tiling", "none", "--cores", "4")
+    assert done.returncode == 0, done.stderr
+    headers = [ln for ln in done.stdout.splitlines() if ln.startswith("== ")]
+    comp = fspyre.compile(cli.load_workload(ADD_MUL).graph, fspyre.machine.spyre(cores=4), tiling="none")
+    assert headers == [f"== {i:02d}_{name} ==" for i, name in enumerate(comp.stages)]
+    assert pretty(comp.program) in done.stdout
+
+
+def test_compile_emits_mlir_to_stdout(fspyre_main) -> None:
+    done = fspyre_main("compile", ADD_MUL, "--tiling", "none", "--emit", "mlir")
+    assert done.returncode == 0, done.stderr
+    graph = cli.load_workload(ADD_MUL).graph
+    assert done.stdout.rstrip("\n") == fspyre.compile(graph, tiling="none").bundle_mlir.rstrip("\n")
+
+
+def test_compile_json_round_trips_every_stage(fspyre_main, tmp_path: Path) -> None:
+    done = fspyre_main("compile", ADD_MUL, "--tiling", "none", "--emit", "json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    comp = fspyre.compile(cli.load_workload(ADD_MUL).graph, tiling="none")
+    assert list(printed) == list(comp.stages)
+    for name, artifact in comp.stages.items():
+        assert loads(json.dumps(printed[name])) == artifact
+
+    done = fspyre_main("compile", ADD_MUL, "--tiling", "none", "--emit", "json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [f"{i:02d}_{name}.json" for i, name in enumerate(comp.stages)]
+    assert loads((tmp_path / files[-1]).read_text()) == comp.program
+
+
+def test_compile_writes_several_kinds_under_out(fspyre_main, tmp_path: Path) -> None:
+    done = fspyre_main("compile", ADD_MUL, "--tiling", "none", "--emit", "stages,program",
+                      "--emit", "mlir-generic,dot", "--out", str(tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    names = {p.name for p in (tmp_path / "o").iterdir()}
+    assert {"00_graph.txt", "program.txt", "bundle.generic.mlir", "loop_tree.dot"} <= names
+    assert all(ln.startswith("wrote ") for ln in done.stdout.strip().splitlines())
+    assert (tmp_path / "o" / "loop_tree.dot").read_text().lstrip().startswith("digraph")
+
+
+@pytest.mark.needs_dot
+def test_compile_svg_is_a_file(fspyre_main, tmp_path: Path) -> None:
+    done = fspyre_main("compile", ADD_MUL, "--tiling", "none", "--emit", "svg", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "<svg" in (tmp_path / "loop_tree.svg").read_text()
+
+
+def test_unknown_emit_kind_is_a_usage_error(fspyre_main) -> None:
+    done = fspyre_main("compile", ADD_MUL, "--emit", "stages,pictures")
+    assert done.returncode == 2
+    assert "unknown --emit pictures" in done.stderr
+
+
+# -- check and exit codes ------------------------------------------------------------------
+
+
+def test_check_equal_exits_0() -> None:
+    done = fspyre_cmd("check", ADD_MUL, "--tiling", "none", "--cores", "8")
+    assert done.returncode == 0, done.stderr
+    assert "check add_mul_small: EQUAL (bit-exact)" in done.stdout
+
+
+def test_check_reduction_within_tolerance_exits_0(fspyre_main) -> None:
+    done = fspyre_main("check", ROW_SUM, "--tiling", "none", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    assert "EQUAL (within tolerance)" in done.stdout
+
+
+def test_check_not_equal_exits_1(fspyre_main, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter that answers wrongly (here: one element off) must turn into exit 1."""
+    check_module = sys.modules["fspyre.check"]
+    honest = check_module.run
+
+    def off_by_one(comp, inputs):
+        outs = honest(comp, inputs)
+        z = outs["z"].copy()
+        z.flat[7] += 1
+        return {**outs, "z": z}
+
+    monkeypatch.setattr(check_module, "run", off_by_one)
+    done = fspyre_main("check", ADD_MUL, "--tiling", "none")
+    assert done.returncode == 1
+    assert "check add_mul_small: NOT EQUAL" in done.stdout
+
+
+# -- errors: one line, no traceback, exit 2 ------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    line = one_line_error(fspyre_cmd("check", str(tmp_path / "nope.py")))
+    assert "nope.py: no such file" in line
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def build(:\n    pass\n", "syntax error"),
+        ("x = 1\n", "defines neither build()"),
+        ("def build():\n    return 42\n", "returned int, not a Graph"),
+        ("raise ValueError('boom at import')\n\ndef build():\n    pass\n", "ValueError: boom at import"),
+        ("def build():\n    return {}['missing']\n", "build() raised KeyError"),
+        ("import fspyre\n\ndef build():\n    fspyre.GraphBuilder('g').dim('A', 0)\n", "dim 'A'"),
+    ],
+    ids=["syntax", "no-build", "not-a-graph", "raises-at-import", "build-raises", "fspyre-error"],
+)
+def test_bad_files(fspyre_main, tmp_path: Path, source: str, expected: str) -> None:
+    path = tmp_path / "user_graph.py"
+    path.write_text(source)
+    for command in ("compile", "check"):
+        line = one_line_error(fspyre_main(command, str(path)))
+        assert expected in line
+
+
+def test_bad_file_in_a_real_process(tmp_path: Path) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text("def build(:\n")
+    assert one_line_error(fspyre_cmd("compile", str(path))) == f"fspyre: error: {path}:1: syntax error: invalid syntax"
+
+
+def test_fixture_raising_fspyre_error(fspyre_main) -> None:
+    line = one_line_error(fspyre_main("check", str(FIXTURES / "bad_dim.py")))
+    assert line.startswith("fspyre: error: ")
+
+
+def test_bad_cores(fspyre_main) -> None:
+    line = one_line_error(fspyre_main("compile", ADD_MUL, "--tiling", "none", "--cores", "33"))
+    assert "cores=33" in line
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    done = fspyre_cmd("check", str(FIXTURES / "bad_dim.py"), "--debug")
+    assert done.returncode == 2
+    assert "Traceback" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("fspyre: error: ")
+
+
+def test_internal_error(fspyre_main, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in fspyre (not the user's input) is one 'internal error' line; --debug adds the traceback."""
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("stage exploded")
+
+    monkeypatch.setattr(fspyre, "compile", crash)
+    done = fspyre_main("compile", ADD_MUL)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "fspyre: internal error: RuntimeError: stage exploded (rerun with --debug for the traceback, "
+        "and please report it)"
+    ]
+    done = fspyre_main("compile", ADD_MUL, "--debug")
+    assert done.returncode == 2
+    assert "Traceback" in done.stderr
+
+
+# -- demo ----------------------------------------------------------------------------------
+
+
+def test_demo_writes_its_artifacts(tmp_path: Path) -> None:
+    done = fspyre_cmd("demo", "--out", "artifacts", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "artifacts"
+    assert not (tmp_path / cli.DEMO_OUT).exists()
+    names = {p.name for p in out.iterdir()}
+
+    graph = cli.canonical_example()
+    stages = [f"{i:02d}_{name}.txt" for i, name in enumerate(fspyre.compile(graph, tiling="none").stages)]
+    assert set(stages) <= names
+    for file in stages:
+        assert f"== {file[:-4]} ==" in done.stdout
+    assert {"bundle.mlir", "bundle.generic.mlir", "loop_tree.dot"} <= names
+    assert any(n.startswith("sdsc_") and n.endswith(".json") for n in names)
+    if shutil.which("dot"):
+        assert "<svg" in (out / "loop_tree.svg").read_text()
+    assert "check add_mul: EQUAL" in done.stdout

@@ -1,0 +1,124 @@
+"""Shared test machinery: golden journals and the ``needs_dot`` marker.
+
+Golden journals: one file per test module, ``tests/golden/<module>.txt``, holding entries
+
+    === <key> ===
+    <text>
+
+sorted by key. ``golden.check(key, text)`` compares against the entry and fails with a
+unified diff; entries are written only under ``pytest --update-golden``, and the journal is
+then reviewed in the diff like code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fcntl
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]  # tests/pretty/test_golden_journal.py runs scratch sessions
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+_HEADER = re.compile(r"^=== (.+) ===$")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden", action="store_true", default=False,
+        help="write changed or missing golden journal entries (tests/golden/<module>.txt) instead of failing",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_dot: needs graphviz's `dot` binary; skipped when it is not installed")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_dot") is not None and shutil.which("dot") is None:
+        pytest.skip("graphviz `dot` is not installed (Debian package graphviz)")
+
+
+def parse_journal(text: str) -> dict[str, str]:
+    entries: dict[str, str] = {}
+    key: str | None = None
+    body: list[str] = []
+    for line in text.splitlines():
+        m = _HEADER.match(line)
+        if m:
+            if key is not None:
+                entries[key] = "\n".join(body).rstrip("\n")
+            key, body = m.group(1), []
+        elif key is not None:
+            body.append(line)
+    if key is not None:
+        entries[key] = "\n".join(body).rstrip("\n")
+    return entries
+
+
+def format_journal(entries: dict[str, str]) -> str:
+    return "\n".join(f"=== {k} ===\n{entries[k]}\n" for k in sorted(entries))
+
+
+class Golden:
+    def __init__(self, path: Path, update: bool, root: Path) -> None:
+        self.path = path
+        self.update = update
+        self.root = root
+
+    def check(self, key: str, text: str) -> None:
+        if not key or "\n" in key or key != key.strip():
+            raise ValueError(f"golden key {key!r} must be one line without surrounding spaces")
+        actual = text.rstrip("\n")
+        if any(_HEADER.match(line) for line in actual.splitlines()):
+            raise ValueError(f"golden entry {key!r} holds a line shaped like a journal header (=== ... ===)")
+        expected = self._read().get(key)
+        if expected == actual:
+            return
+        if self.update:
+            self._write(key, actual)
+            return
+        rel = os.path.relpath(self.path, self.root)
+        if expected is None:
+            pytest.fail(
+                f"no golden entry {key!r} in {rel}; run pytest with --update-golden to record it, "
+                f"then read the diff of {rel} before committing. Actual text:\n{actual}",
+                pytrace=False,
+            )
+        diff = "\n".join(difflib.unified_diff(
+            expected.splitlines(), actual.splitlines(), f"{rel} [{key}]", "actual", lineterm="",
+        ))
+        pytest.fail(
+            f"golden entry {key!r} in {rel} differs; run with --update-golden to accept, then review the diff:\n"
+            f"{diff}",
+            pytrace=False,
+        )
+
+    def _read(self) -> dict[str, str]:
+        return parse_journal(self.path.read_text()) if self.path.exists() else {}
+
+    def _write(self, key: str, text: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Read-modify-write under a lock on the directory, so parallel workers updating one
+        # journal keep each other's entries (and no lock file is left behind).
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            entries = self._read()
+            entries[key] = text
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(format_journal(entries))
+            os.replace(tmp, self.path)
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Golden:
+    """``golden.check(key, text)`` against ``tests/golden/<this test module>.txt``."""
+    module = Path(str(request.node.fspath)).stem
+    return Golden(GOLDEN_DIR / f"{module}.txt", request.config.getoption("--update-golden"), request.config.rootpath)
