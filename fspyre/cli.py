@@ -31,7 +31,6 @@ from fspyre.errors import FspyreError
 from fspyre.ir.graph import Graph
 from fspyre.machine.hostio import random_inputs
 from fspyre.pipeline import Compilation, StageCallback
-from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 
 EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap")
 DEMO_OUT = "fspyre-out"
@@ -222,13 +221,13 @@ def _draw_svg(comp: Compilation, path: Path) -> None:
 def _memmap_svg(comp: Compilation) -> str:
     from fspyre.pretty.memmap import lx_memmap_svg
 
-    return lx_memmap_svg(comp)
+    return lx_memmap_svg(comp.program)
 
 
 def _report_text(comp: Compilation) -> str:
     from fspyre.machine.report import traffic_report
 
-    return str(traffic_report(comp.program)).rstrip("\n")
+    return str(traffic_report(comp.program, comp.machine)).rstrip("\n")
 
 
 def _unrolled(comp: Compilation):
@@ -305,11 +304,6 @@ def _write(out: Path, files: Mapping[str, str | Writer]) -> list[Path]:
 # -- commands ----------------------------------------------------------------------------------
 
 
-def _not_landed(err: ModuleNotFoundError) -> bool:
-    """A module of fspyre that another stage's work has not delivered yet (not a broken install)."""
-    return (err.name or "").startswith("fspyre.")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     graph = canonical_example()
@@ -325,14 +319,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\n== {file[:-4]} ==\n{text}")
 
     machine = _machine(args.cores)
-    tiling = "hints"
-    try:
-        plan_tiling(graph, TilingOptions(mode=tiling))
-    except NotImplementedError as err:
-        print(f"\nnote: tiling='hints' is not in this build yet ({err}); compiling untiled (tiling='none')")
-        tiling = "none"
     start = time.perf_counter()
-    comp = fspyre.compile(graph, machine, tiling=tiling, callback=show)
+    comp = fspyre.compile(graph, machine, tiling="hints", callback=show)
     compile_s = time.perf_counter() - start
 
     files: dict[str, str | Writer] = {
@@ -343,18 +331,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         files["loop_tree.svg"] = lambda path: _draw_svg(comp, path)
     else:
         print("\nnote: graphviz `dot` not found: loop_tree.svg not drawn (install Debian's graphviz package)")
-    report = None
-    for file, make in (("lx_memmap.svg", _memmap_svg), ("report.txt", _report_text)):
-        try:
-            files[file] = make(comp)
-        except ModuleNotFoundError as err:
-            if not _not_landed(err):
-                raise
-            print(f"\nnote: {file} skipped: {err.name} is not in this build yet")
-    report = files.get("report.txt")
+    files["lx_memmap.svg"] = _memmap_svg(comp)
+    files["report.txt"] = report = _report_text(comp)
     written.extend(_write(out, files))
-    if report is not None:
-        print(f"\n== traffic report ==\n{report}")
+    print(f"\n== traffic report ==\n{report}")
 
     inputs = random_inputs({n: graph.buffer_table()[n].type for n in graph.inputs}, seed=0)
     start = time.perf_counter()
@@ -384,18 +364,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _eager_lines(work: Workload, got: Mapping[str, np.ndarray]) -> tuple[bool, list[str]]:
-    """Machine-model outputs against PyTorch eager, with the tolerance the front end states."""
+    """Machine-model outputs against PyTorch eager, within the tolerance the front end states
+    for the file: ``|fspyre - eager| <= atol + rtol * |eager|``."""
     t = work.torch
-    ok, lines = True, [f"eager {work.path.name}: atol={t.atol:g} rtol={t.rtol:g}"]
+    ok, lines = True, []
     for name, expected in t.expected.items():
         a = np.asarray(got[name], dtype=np.float64)
         b = np.asarray(expected, dtype=np.float64)
         close = np.isclose(a, b, atol=t.atol, rtol=t.rtol, equal_nan=True)
         diff = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
         ok &= bool(close.all())
-        lines.append(f"  {name}: max|diff|={diff:.3g} {'ok' if close.all() else f'MISMATCH at {int((~close).sum())}'}")
-    lines[0] = f"{lines[0]}: {'EQUAL' if ok else 'NOT EQUAL'}"
-    return ok, lines
+        verdict = "ok" if close.all() else f"MISMATCH at {int((~close).sum())} of {close.size}"
+        lines.append(f"  {name}: max|diff|={diff:.3g} {verdict}")
+    head = f"eager {work.path.name}: {'EQUAL' if ok else 'NOT EQUAL'} (atol={t.atol:.3g}, rtol={t.rtol:.3g})"
+    return ok, [head, *lines]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -415,7 +397,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_coverage(args: argparse.Namespace) -> int:
     from fspyre.frontend import coverage
 
-    return int(coverage.main(list(args.rest)) or 0)
+    try:
+        return int(coverage.main(list(args.rest)) or 0)
+    except SystemExit as stop:  # its own argparse: --help, or a usage error already printed
+        return stop.code if isinstance(stop.code, int) else 2
 
 
 # -- argument parsing --------------------------------------------------------------------------
@@ -425,7 +410,8 @@ def _emit_list(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     bad = [k for k in kinds if k not in EMITS]
     if bad or not kinds:
-        raise argparse.ArgumentTypeError(f"unknown --emit {','.join(bad) or repr(text)}; choose from {', '.join(EMITS)}")
+        what = ",".join(bad) or repr(text)
+        raise argparse.ArgumentTypeError(f"unknown --emit {what}; choose from {', '.join(EMITS)}")
     return kinds
 
 
@@ -488,10 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     chk.set_defaults(run=cmd_check)
 
-    cov = sub.add_parser("coverage", add_help=False, help="the front end's OpInfo coverage table",
+    # Every argument after `coverage` (--help included) belongs to the coverage tool itself.
+    cov = sub.add_parser("coverage", add_help=False, parents=[debug], help="the front end's OpInfo coverage table",
                          description="Forwards its arguments to fspyre.frontend.coverage (try --help).")
-    cov.add_argument("rest", nargs=argparse.REMAINDER)
-    cov.set_defaults(run=cmd_coverage)
+    cov.set_defaults(run=cmd_coverage, rest=())
     return parser
 
 
@@ -502,9 +488,12 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, rest = parser.parse_known_args(argv)
+        if rest and args.run is not cmd_coverage:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
     except SystemExit as stop:  # --help and usage errors: argparse already printed
         return stop.code if isinstance(stop.code, int) else 2
+    args.rest = tuple(rest)
     if getattr(args, "emit", "stages") is None:
         args.emit = ["stages"]
     try:

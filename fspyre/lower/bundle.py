@@ -29,11 +29,13 @@ the operands, says which symbol each operand binds. OpSpec ``idx`` (depth-first)
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Union
 
 from fspyre.errors import LoweringError
+from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
 
@@ -125,8 +127,7 @@ class BundlePlan:
     prelude: tuple[Stmt, ...]
     body: tuple[Stmt, ...]
     symbols: tuple[Base, ...]  # symbol id -(n+1) is symbols[n]
-    pool_base: int  # absolute HBM address of pool offset 0 (0 when there is no pool)
-    pool_bytes: int
+    regions: HbmRegions
 
     def executes(self) -> list[Execute]:
         """The executes in depth-first order (= OpSpec index order)."""
@@ -142,9 +143,6 @@ class BundlePlan:
         walk(self.body)
         return out
 
-    def symbol_id(self, base: Base) -> int:
-        return -(self.symbols.index(base) + 1)
-
 
 # --- address mapping ------------------------------------------------------------------------
 
@@ -155,15 +153,11 @@ def device_nbytes(arg_dtype: str, device_size: tuple[int, ...]) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HbmRegions:
-    args: tuple[tuple[int, int, int], ...]  # (arg_index, address, nbytes), sorted by arg_index
-    pool_base: int
-    pool_bytes: int
+    """The kernel arguments' HBM byte ranges and the pool: what the bundle's bases stand for."""
 
-    def arg(self, arg_index: int) -> tuple[int, int] | None:
-        for ai, addr, nbytes in self.args:
-            if ai == arg_index:
-                return addr, nbytes
-        return None
+    args: FrozenMap[int, tuple[int, int]]  # arg_index -> (address, nbytes), sorted by arg_index
+    pool_base: int  # absolute HBM address of pool offset 0 (0 when there is no pool)
+    pool_bytes: int
 
 
 def op_label(spec: OpSpec) -> str:
@@ -181,14 +175,20 @@ def hbm_regions(program: Program) -> HbmRegions:
                 f"kernel arg {k.name}: arg_index {k.arg_index} is bound to both {args[k.arg_index]} and {region} "
                 f"(address, bytes); give each distinct buffer its own arg_index"
             )
+    # Kernel args occupy disjoint ranges, so only the last one starting below an
+    # intermediate's end can overlap it if any does.
+    by_start = sorted((addr, nbytes, ai) for ai, (addr, nbytes) in args.items())
+    starts = [addr for addr, _, _ in by_start]
     lo, hi = None, None
     for spec in _ops(program.body):
         for t in spec.args:
             if t.memory != "hbm" or t.arg_index >= 0:
                 continue
             end = t.address + device_nbytes(t.device_dtype, t.device_size)
-            for ai, (addr, nbytes) in args.items():
-                if t.address < addr + nbytes and addr < end:
+            j = bisect.bisect_left(starts, end) - 1
+            if j >= 0:
+                addr, nbytes, ai = by_start[j]
+                if t.address < addr + nbytes:
                     raise LoweringError(
                         f"op {op_label(spec)}: intermediate {t.name} at HBM [{t.address:#x}, {end:#x}) overlaps kernel "
                         f"arg {ai} at [{addr:#x}, {addr + nbytes:#x}); the bundle can only place intermediates in "
@@ -197,9 +197,7 @@ def hbm_regions(program: Program) -> HbmRegions:
             lo = t.address if lo is None else min(lo, t.address)
             hi = end if hi is None else max(hi, end)
     pool_bytes = 0 if lo is None else -(-(hi - lo) // POOL_ALIGN) * POOL_ALIGN
-    return HbmRegions(
-        args=tuple((ai, a, n) for ai, (a, n) in sorted(args.items())), pool_base=lo or 0, pool_bytes=pool_bytes
-    )
+    return HbmRegions(args=FrozenMap(sorted(args.items())), pool_base=lo or 0, pool_bytes=pool_bytes)
 
 
 def tensor_base(spec: OpSpec, t: TensorArg, regions: HbmRegions) -> Base:
@@ -207,11 +205,11 @@ def tensor_base(spec: OpSpec, t: TensorArg, regions: HbmRegions) -> Base:
         return Base(kind="lx", arg_index=-1, offset=t.address)
     if t.arg_index < 0:
         return Base(kind="pool", arg_index=-1, offset=t.address - regions.pool_base)
-    region = regions.arg(t.arg_index)
+    region = regions.args.get(t.arg_index)
     if region is None:
         raise LoweringError(
             f"op {op_label(spec)}: tensor {t.name} has arg_index {t.arg_index}, but the program's kernel args are "
-            f"{[ai for ai, _, _ in regions.args]}; use -1 for an intermediate or add the kernel arg"
+            f"{list(regions.args)}; use -1 for an intermediate or add the kernel arg"
         )
     addr, nbytes = region
     off = t.address - addr
@@ -294,7 +292,7 @@ def plan_bundle(program: Program) -> BundlePlan:
         return tuple(out)
 
     main = body(program.body, ())
-    arg_indices = [ai for ai, _, _ in regions.args]
+    arg_indices = list(regions.args)
     prelude: list[Stmt] = []
     if regions.pool_bytes:
         prelude.append(AllocatePool(name="pool", nbytes=regions.pool_bytes))
@@ -313,7 +311,7 @@ def plan_bundle(program: Program) -> BundlePlan:
             prelude.append(Constant(name=base.name, value=base.offset))
     return BundlePlan(
         maps=tuple(maps), params=tuple(f"arg_{ai}_base_addr" for ai in arg_indices), prelude=tuple(prelude),
-        body=main, symbols=tuple(symbols), pool_base=regions.pool_base, pool_bytes=regions.pool_bytes,
+        body=main, symbols=tuple(symbols), regions=regions,
     )
 
 

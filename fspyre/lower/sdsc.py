@@ -21,8 +21,6 @@ from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_specs, wa
 from fspyre.lower.bundle import (
     BundlePlan,
     Execute,
-    HbmRegions,
-    hbm_regions,
     level_advance,
     op_label,
     plan_bundle,
@@ -36,11 +34,10 @@ SCHEMA = "fspyre.sdsc/1"
 
 def sdsc_json(program: Program) -> dict[str, dict]:
     plan = plan_bundle(program)
-    regions = hbm_regions(program)
     loops = [s.count for s, _ in walk_specs(program.body) if isinstance(s, LoopSpec)]
     specs = op_specs(program)
     return {
-        ex.filename: op_json(spec, ex, plan, regions, loops)
+        ex.filename: op_json(spec, ex, plan, loops)
         for spec, ex in zip(specs, plan.executes(), strict=True)
     }
 
@@ -78,12 +75,12 @@ def core_offsets(spec: OpSpec, t: TensorArg, slices: np.ndarray) -> list[int]:
     return [int(v) for v in offset * formats.FORMATS[t.device_dtype].nbytes]
 
 
-def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, regions: HbmRegions, loop_counts: list[int]) -> dict:
+def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int]) -> dict:
     slices = core_slices(spec)
     depth = len(ex.loops)
     tensors = []
     for i, t in enumerate(spec.args):
-        base = tensor_base(spec, t, regions)
+        base = tensor_base(spec, t, plan.regions)
         tensors.append({
             "name": t.name,
             "role": "input" if t.is_input else "output",

@@ -85,9 +85,10 @@ def _edges(
             if key not in seen:
                 seen.add(key)
                 out.append(f"  {key[0]} -> {node_id} [label={_q(label(o.buffer))}{style(o.buffer)}];")
-    for i, o in enumerate(outputs):
-        if o.buffer in producers:
-            out.append(f"  {producers[o.buffer]} -> out_{i} [label={_q(label(o.buffer))}{style(o.buffer)}];")
+    for i, result in enumerate(outputs):
+        b = result.buffer
+        if b in producers:
+            out.append(f"  {producers[b]} -> out_{i} [label={_q(label(b))}{style(b)}];")
     return out
 
 

@@ -50,12 +50,8 @@ def _names(names: Iterable[str]) -> str:
     return "[" + ", ".join(names) + "]"
 
 
-def _counts(m: Mapping[str, int]) -> str:
+def _counts(m: Mapping[str, int] | Mapping[int, int]) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in m.items()) + "}"
-
-
-def _hex(n: int) -> str:
-    return hex(n)
 
 
 def _call(name: str, fields: Iterable[tuple[str, Doc | str]], *, force: bool = False) -> Doc:
@@ -330,9 +326,9 @@ def _op_split(s: OpSplit, detailed: bool) -> Doc:
 
 # -- allocation -----------------------------------------------------------------------------
 def _placement_row(name: str, pl: Placement, detailed: bool) -> list[str]:
-    row = [name, pl.memory, _hex(pl.address), str(pl.nbytes), str(pl.arg_index) if pl.arg_index >= 0 else "-"]
+    row = [name, pl.memory, hex(pl.address), str(pl.nbytes), str(pl.arg_index) if pl.arg_index >= 0 else "-"]
     if detailed:
-        row += [_hex(pl.address + pl.nbytes), f"[{pl.live[0]}, {pl.live[1]})"]
+        row += [hex(pl.address + pl.nbytes), f"[{pl.live[0]}, {pl.live[1]})"]
         notes = ([f"in place of {pl.in_place_of}"] if pl.in_place_of else []) + ([pl.reason] if pl.reason else [])
         row.append("; ".join(notes))
     return row
@@ -357,7 +353,7 @@ def _tensor_arg(a: TensorArg, detailed: bool) -> Doc:
         ("device_dtype", a.device_dtype),
         ("device_size", bracket("[", (text(str(s)) for s in a.device_size), "]")),
         ("device_coordinates", bracket("[", (text(_expr(c)) for c in a.device_coordinates), "]")),
-        ("allocation", "{" + ", ".join(f"{k!r}: {_hex(v)}" for k, v in a.allocation.items()) + "}"),
+        ("allocation", "{" + ", ".join(f"{k!r}: {hex(v)}" for k, v in a.allocation.items()) + "}"),
     ]
     if detailed or a.tile_advance:
         fields.append(("tile_advance", bracket("[", (text(str(s)) for s in a.tile_advance), "]")))
@@ -394,7 +390,7 @@ def _kernel_arg(k: KernelArg, detailed: bool) -> Doc:
         ("name", repr(k.name)), ("arg_index", str(k.arg_index)), ("is_input", str(k.is_input)),
         ("dtype", repr(k.dtype)), ("host_shape", _names(map(str, k.host_shape))), ("device_dtype", k.device_dtype),
         ("device_size", _names(map(str, k.device_size))), ("stride_map", _names(map(str, k.stride_map))),
-        ("address", _hex(k.address)), ("buffer", repr(k.buffer)),
+        ("address", hex(k.address)), ("buffer", repr(k.buffer)),
     ])
 
 

@@ -70,8 +70,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from hypothesis import reject
 from hypothesis import strategies as st
 
+from fspyre.errors import GraphError
 from fspyre.ir.builder import GraphBuilder, Tensor
 from fspyre.ir.dtypes import DTYPES, is_float, promote, promote_scalar
 from fspyre.ir.frozen import FrozenMap
@@ -785,16 +787,20 @@ def programs(
         used *= sizes[name] ** m
 
     real = _Realizer("random", plan.factors, sizes, plan.facts)
-    for name in base:
-        if mult[name]:
-            real.dim(name, False)
-    for step in plan.steps:
-        t = real.apply(step)
-        if t is not None:
-            want = plan.t(len(real.values))
-            assert t.dtype == want.dtype and t.type.names == want.type.names, (step, t, want)
-            real.values.append(t)
-    graph = real.g.build()
+    try:
+        for name in base:
+            if mult[name]:
+                real.dim(name, False)
+        for step in plan.steps:
+            t = real.apply(step)
+            if t is not None:
+                want = plan.t(len(real.values))
+                assert t.dtype == want.dtype and t.type.names == want.type.names, (step, t, want)
+                real.values.append(t)
+        graph = real.g.build()
+    except GraphError:
+        # The builder refuses this structure at these sizes (a size-dependent rule): not a graph.
+        reject()
     return GraphProgram(graph=graph, source=real.source(), sizes=FrozenMap(sizes))
 
 

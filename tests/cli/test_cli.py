@@ -23,6 +23,7 @@ from fspyre.pretty import pretty
 FIXTURES = Path(__file__).parent / "fixtures"
 ADD_MUL = str(FIXTURES / "add_mul.py")
 ROW_SUM = str(FIXTURES / "row_sum.py")
+TORCH_FILE = str(FIXTURES / "torch_scale_shift.py")
 
 
 def fspyre_cmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -143,6 +144,36 @@ def test_compile_writes_several_kinds_under_out(fspyre_main, tmp_path: Path) -> 
     assert (tmp_path / "o" / "loop_tree.dot").read_text().lstrip().startswith("digraph")
 
 
+def test_compile_every_kind_at_once(fspyre_main, tmp_path: Path) -> None:
+    kinds = [k for k in cli.EMITS if k != "svg" or shutil.which("dot")]
+    done = fspyre_main("compile", ADD_MUL, "--emit", ",".join(kinds), "--out", str(tmp_path), "--cores", "4")
+    assert done.returncode == 0, done.stderr
+    expected = {"tree": "loop_tree.txt", "dot": "loop_tree.dot", "svg": "loop_tree.svg", "program": "program.txt",
+                "mlir": "bundle.mlir", "mlir-generic": "bundle.generic.mlir", "unrolled": "unrolled.txt",
+                "report": "report.txt", "memmap": "lx_memmap.svg"}
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {expected[k] for k in kinds if k in expected} <= names
+    assert {"00_graph.txt", "00_graph.json", "05_program.txt", "05_program.json"} <= names
+    assert (tmp_path / "loop_tree.txt").read_text().startswith("for A in 0..2:")
+    assert "for " not in (tmp_path / "unrolled.txt").read_text()
+
+
+def test_compile_detailed_view(fspyre_main) -> None:
+    compact = fspyre_main("compile", ADD_MUL, "--emit", "tree").stdout
+    detailed = fspyre_main("compile", ADD_MUL, "--emit", "tree", "--detailed").stdout
+    comp = fspyre.compile(cli.load_workload(ADD_MUL).graph)
+    assert compact.rstrip("\n") == pretty(comp.stages["loop_tree"]).rstrip("\n")
+    assert detailed.rstrip("\n") == pretty(comp.stages["loop_tree"], detailed=True).rstrip("\n")
+    assert compact != detailed
+
+
+def test_no_lx_and_solver_reach_the_allocation(fspyre_main) -> None:
+    with_lx = fspyre_main("compile", ADD_MUL, "--emit", "report", "--lx-solver", "bestfit").stdout
+    without = fspyre_main("compile", ADD_MUL, "--emit", "report", "--no-lx").stdout
+    assert "traffic ratio 1.000" in with_lx
+    assert "traffic ratio 1.000" not in without
+
+
 @pytest.mark.needs_dot
 def test_compile_svg_is_a_file(fspyre_main, tmp_path: Path) -> None:
     done = fspyre_main("compile", ADD_MUL, "--tiling", "none", "--emit", "svg", "--out", str(tmp_path))
@@ -160,9 +191,16 @@ def test_unknown_emit_kind_is_a_usage_error(fspyre_main) -> None:
 
 
 def test_check_equal_exits_0() -> None:
-    done = fspyre_cmd("check", ADD_MUL, "--tiling", "none", "--cores", "8")
+    done = fspyre_cmd("check", ADD_MUL, "--cores", "8")
     assert done.returncode == 0, done.stderr
-    assert "check add_mul_small: EQUAL (bit-exact)" in done.stdout
+    assert done.stdout.startswith("check add_mul_small: EQUAL (bit-exact)")
+
+
+@pytest.mark.parametrize("tiling", ["none", "hints"])
+def test_check_tiled_and_untiled(fspyre_main, tiling: str) -> None:
+    done = fspyre_main("check", ADD_MUL, "--tiling", tiling, "--cores", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("check add_mul_small: EQUAL (bit-exact)")
 
 
 def test_check_reduction_within_tolerance_exits_0(fspyre_main) -> None:
@@ -186,6 +224,34 @@ def test_check_not_equal_exits_1(fspyre_main, monkeypatch: pytest.MonkeyPatch) -
     done = fspyre_main("check", ADD_MUL, "--tiling", "none")
     assert done.returncode == 1
     assert "check add_mul_small: NOT EQUAL" in done.stdout
+
+
+# -- torch files ---------------------------------------------------------------------------
+
+
+def test_torch_file_compiles_and_checks_against_eager(fspyre_main) -> None:
+    pytest.importorskip("fspyre.frontend.files")
+    done = fspyre_main("compile", TORCH_FILE, "--tiling", "none", "--emit", "tree")
+    assert done.returncode == 0, done.stderr
+    assert "relu(" in done.stdout
+    done = fspyre_main("check", TORCH_FILE, "--tiling", "none", "--cores", "4")
+    assert done.returncode == 0, done.stderr
+    assert "check torch_scale_shift: EQUAL" in done.stdout
+    assert "eager torch_scale_shift.py: EQUAL (atol=" in done.stdout
+
+
+def test_eager_comparison_reports_mismatches() -> None:
+    """The eager comparison has teeth: results off by one everywhere are reported, element count and all."""
+    files = pytest.importorskip("fspyre.frontend.files")
+    loaded = files.load_torch_file(TORCH_FILE)
+    work = cli.Workload(path=Path(TORCH_FILE), graph=loaded.graph, inputs=loaded.inputs, torch=loaded)
+    got = fspyre.run(fspyre.compile(loaded.graph, tiling="none"), loaded.inputs)
+    ok, lines = cli._eager_lines(work, got)
+    assert ok and lines[0].startswith("eager torch_scale_shift.py: EQUAL")
+    wrong = {k: v + 1.0 for k, v in got.items()}
+    ok, lines = cli._eager_lines(work, wrong)
+    assert not ok and lines[0].startswith("eager torch_scale_shift.py: NOT EQUAL")
+    assert "MISMATCH at 4096 of 4096" in lines[1]
 
 
 # -- errors: one line, no traceback, exit 2 ------------------------------------------------
@@ -267,12 +333,16 @@ def test_demo_writes_its_artifacts(tmp_path: Path) -> None:
     assert not (tmp_path / cli.DEMO_OUT).exists()
     names = {p.name for p in out.iterdir()}
 
-    graph = cli.canonical_example()
-    stages = [f"{i:02d}_{name}.txt" for i, name in enumerate(fspyre.compile(graph, tiling="none").stages)]
+    comp = fspyre.compile(cli.canonical_example())
+    stages = [f"{i:02d}_{name}.txt" for i, name in enumerate(comp.stages)]
     assert set(stages) <= names
-    for file in stages:
-        assert f"== {file[:-4]} ==" in done.stdout
-    assert {"bundle.mlir", "bundle.generic.mlir", "loop_tree.dot"} <= names
+    for (name, artifact), file in zip(comp.stages.items(), stages):
+        assert f"== {file[:-4]} ==\n{pretty(artifact)}" in done.stdout
+        assert (out / file).read_text() == pretty(artifact).rstrip("\n") + "\n"
+    assert (out / "bundle.mlir").read_text() == comp.bundle_mlir.rstrip("\n") + "\n"
+    assert {"bundle.mlir", "bundle.generic.mlir", "loop_tree.dot", "report.txt"} <= names
+    assert "<svg" in (out / "lx_memmap.svg").read_text()
+    assert "traffic ratio 1.000" in done.stdout  # y stays in LX: inputs read once, z written once
     assert any(n.startswith("sdsc_") and n.endswith(".json") for n in names)
     if shutil.which("dot"):
         assert "<svg" in (out / "loop_tree.svg").read_text()

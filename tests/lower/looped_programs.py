@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+from hypothesis import strategies as st
 
 import fspyre
 from fspyre.ir.frozen import FrozenMap
@@ -130,6 +131,7 @@ def hand_tile(program: Program, levels: Sequence[tuple[str, int]], lx: Sequence[
     return replace(program, body=body)
 
 
+@functools.lru_cache(maxsize=1)
 def looped_cases() -> dict[str, Program]:
     """Hand-tiled programs covering one and two levels, LX intermediates, a reduction whose
     output advances, an op that does not advance at a level, and a matmul tiled over M."""
@@ -198,6 +200,7 @@ def hinted_cases() -> dict[str, tuple[Program, object]]:
     return {name: (fspyre.compile(g, machine=machine, tiling="hints").program, g) for name, g in graphs.items()}
 
 
+@functools.lru_cache(maxsize=1)
 def all_programs() -> dict[str, Program]:
     """Every program the lowering tests print: untiled (HBM only, so with a pool), hand-tiled
     and pipeline-tiled."""
@@ -209,3 +212,21 @@ def all_programs() -> dict[str, Program]:
         **looped_cases(),
         **{name: p for name, (p, _) in hinted_cases().items()},
     }
+
+
+@st.composite
+def hand_tiled_programs(draw) -> tuple[Program, object]:
+    """A hand-tiled add_mul or matmul: random sizes, cores, one or two levels in either order,
+    the intermediate in HBM or LX."""
+    cores = draw(st.sampled_from([1, 2, 4]))
+    if draw(st.booleans()):
+        rows, sticks = draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from([1, 2, 4]))
+        graph = add_mul_graph(rows, 64 * sticks)
+        options = [("A", c) for c in (2,) if rows % c == 0] + [("B", c) for c in (2, 4) if sticks % c == 0]
+    else:
+        m, n_sticks = draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from([1, 2]))
+        graph = matmul_graph(m, 128, 64 * n_sticks)
+        options = [("M", 2)] + ([("N", 2)] if n_sticks == 2 else [])
+    chosen = draw(st.lists(st.sampled_from(options), min_size=1, max_size=2, unique_by=lambda lvl: lvl[0]))
+    lx = ["buf0"] if draw(st.booleans()) else []
+    return hand_tile(untiled(graph, cores), chosen, lx=lx), graph

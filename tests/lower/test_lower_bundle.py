@@ -13,7 +13,8 @@ import re
 from dataclasses import replace
 
 import pytest
-from looped_programs import add_graph, add_mul_graph, all_programs, matmul_graph, untiled
+from hypothesis import HealthCheck, given, settings
+from looped_programs import add_graph, add_mul_graph, all_programs, hand_tiled_programs, matmul_graph, untiled
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap
@@ -92,6 +93,13 @@ def evaluate_bundle(text: str, kernel_bases: dict[int, int], pool_base: int) -> 
     return trace
 
 
+def run_bundle(program) -> list[tuple[str, list[int]]]:
+    """The bundle's executes with the runtime bases fspyre's absolute addresses stand for."""
+    regions = hbm_regions(program)
+    bases = {ai: addr for ai, (addr, _) in regions.args.items()}
+    return evaluate_bundle(bundle_mlir(program), bases, regions.pool_base)
+
+
 def expected_trace(program) -> list[tuple[str, list[int]]]:
     """Each OpSpec execution in program order with the addresses the interpreter uses: the
     allocation plus iteration times tile_advance per enclosing loop."""
@@ -114,11 +122,18 @@ def expected_trace(program) -> list[tuple[str, list[int]]]:
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_bundle_addresses_match_the_interpreter_and_unroll(name):
     program = PROGRAMS[name]
-    regions = hbm_regions(program)
-    trace = evaluate_bundle(bundle_mlir(program), {ai: addr for ai, addr, _ in regions.args}, regions.pool_base)
+    trace = run_bundle(program)
     expected = expected_trace(program)
     assert trace == expected
     assert [[t.address for t in op.args] for op in unroll(program).body] == [v for _, v in expected]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=hand_tiled_programs())
+def test_property_bundle_addresses(case):
+    program, _ = case
+    trace = run_bundle(program)
+    assert trace == expected_trace(program)
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -264,7 +279,7 @@ def test_kernel_arg_slices_and_pool_offsets():
     assert "\t\t%arg_0_slice_128 = arith.addi %arg_0, %arg_0_slice_offset_128 : index" in lines
     assert any(ln.strip().startswith("sdscbundle.sdsc_execute (%arg_0_slice_128,") for ln in lines)
     plan = plan_bundle(untiled(matmul_graph()))
-    assert plan.pool_bytes > 0
+    assert plan.regions.pool_bytes > 0
     assert [b.name for b in plan.symbols if b.kind == "pool"] == ["pool_addr_0"]
 
 

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from looped_programs import all_programs
+from hypothesis import HealthCheck, given, settings
+from looped_programs import all_programs, hand_tiled_programs
 
 from fspyre.ir.program import LoopSpec, op_specs, walk_specs
 from fspyre.lower.bundle import plan_bundle
@@ -68,7 +69,16 @@ def test_xdsl_parses_and_the_structure_matches(name):
     func = next(op for op in ops if op.name == "func.func")
     assert len(func.body.blocks[0].args) == n_args
     assert names.count("sdscbundle.input_arg_extract") == n_args
-    assert names.count("sdscbundle.device_mem_allocate") == (1 if plan.pool_bytes else 0)
+    assert names.count("sdscbundle.device_mem_allocate") == (1 if plan.regions.pool_bytes else 0)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=hand_tiled_programs())
+def test_property_xdsl_parses(case):
+    program, _ = case
+    module = parse(mlir_generic(program))
+    execs = [op for op in module.walk() if op_name(op) == "sdscbundle.sdsc_execute"]
+    assert len(execs) == len(op_specs(program))
 
 
 def _applies(stmts):

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from looped_programs import (
     CASE_GRAPHS,
     add_graph,
-    add_mul_graph,
-    hand_tile,
+    hand_tiled_programs,
     hinted_cases,
     inputs_for,
     looped_cases,
@@ -122,25 +121,8 @@ def test_mismatched_levels_are_refused():
         unroll(replace(program, body=(LoopSpec(count=2, body=(bad,)),)))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    rows=st.sampled_from([2, 4, 8]),
-    sticks=st.sampled_from([1, 2, 4]),
-    row_count=st.sampled_from([1, 2]),
-    col_count=st.sampled_from([1, 2, 4]),
-    cores=st.sampled_from([1, 2, 4]),
-    outer_rows=st.booleans(),
-    lx=st.booleans(),
-    seed=st.integers(0, 3),
-)
-def test_property_hand_tiled_add_mul(rows, sticks, row_count, col_count, cores, outer_rows, lx, seed):
-    cols = 64 * sticks
-    if cols // 64 % col_count or rows % row_count:
-        col_count = 1
-    levels = [("A", row_count), ("B", col_count)]
-    if not outer_rows:
-        levels.reverse()
-    levels = [lvl for lvl in levels if lvl[1] > 1] or [("A", 1)]
-    graph = add_mul_graph(rows, cols)
-    program = hand_tile(untiled(graph, cores), levels, lx=["buf0"] if lx else ())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=hand_tiled_programs(), seed=st.integers(0, 3))
+def test_property_hand_tiled(case, seed):
+    program, graph = case
     check_unrolled(program, graph, seed)

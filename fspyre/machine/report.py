@@ -1,0 +1,207 @@
+"""Traffic and time report of a Program: HBM and LX bytes per op and per program, compulsory
+bytes, traffic ratio, LX peak per core, cores used, and the anchor's analytic time estimate
+(torch-spyre ``cost_model.py::predict_ops``, restated in
+../shared/reference/anchor-workdiv-lx-machine.md section 5.2).
+
+Bytes are counted from the program alone, with the interpreter's rules: an op touches, per
+loop iteration, the box its device coordinates span over all its cores (whole sticks, so
+stick-padded device bytes), and repeats that every iteration of its enclosing loops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fspyre.ir.program import Program
+from fspyre.machine.memcheck import box_bytes, coord_bounds, lx_box, program_timeline, tensor_bytes, writing_cores
+from fspyre.machine.spyre import (
+    HBM_BYTES_PER_NS,
+    HBM_TURNAROUND_NS_PER_BYTE,
+    MACS_PER_NS_PER_CORE,
+    STICK_BYTES,
+    Machine,
+)
+
+ASSUMPTIONS = (
+    "HBM bytes: the stick-padded device box each op touches per loop iteration (union over its cores), "
+    "times the iterations of its enclosing loops; graph inputs and outputs at their device size",
+    "an HBM region that several ops of one loop body read in the same iteration is counted once (the anchor "
+    "counts each distinct input once per kernel, cloning re-read inputs into LX)",
+    "a kernel is a top-level op or a top-level loop nest; LX traffic is free and not timed",
+    f"kernel memory time = (R + W) / {HBM_BYTES_PER_NS:g} B/ns + {HBM_TURNAROUND_NS_PER_BYTE} ns/B x min(R, W) "
+    "(fitted one-directional peak and read/write turnaround)",
+    f"compute time only for matmul: MACs / cores / {MACS_PER_NS_PER_CORE:g} MAC/ns/core (PT efficiency 1); "
+    "other ops are memory bound",
+    "kernel time = max(memory, compute); program time = sum over kernels; no split penalty, fill or launch cost",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpTraffic:
+    name: str
+    op: str
+    kernel: int
+    iterations: int
+    cores: int
+    hbm_read: int
+    hbm_write: int
+    lx_read: int  # summed over cores
+    lx_write: int
+    macs: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelEstimate:
+    index: int
+    ops: tuple[str, ...]
+    hbm_read: int
+    hbm_write: int
+    macs: int
+    memory_ns: float
+    compute_ns: float
+
+    @property
+    def time_ns(self) -> float:
+        return max(self.memory_ns, self.compute_ns)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_ns > self.memory_ns else "memory"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrafficReport:
+    program: str
+    ops: tuple[OpTraffic, ...]
+    kernels: tuple[KernelEstimate, ...]
+    compulsory_read: int  # graph inputs read once
+    compulsory_write: int  # graph outputs written once
+    lx_peak_per_core: tuple[int, ...]
+    cores_used: int
+    cores: int
+    assumptions: tuple[str, ...] = ASSUMPTIONS
+
+    @property
+    def hbm_read(self) -> int:
+        return sum(o.hbm_read for o in self.ops)
+
+    @property
+    def hbm_write(self) -> int:
+        return sum(o.hbm_write for o in self.ops)
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.hbm_read + self.hbm_write
+
+    @property
+    def lx_bytes(self) -> int:
+        return sum(o.lx_read + o.lx_write for o in self.ops)
+
+    @property
+    def compulsory_bytes(self) -> int:
+        return self.compulsory_read + self.compulsory_write
+
+    @property
+    def traffic_ratio(self) -> float:
+        return self.hbm_bytes / self.compulsory_bytes if self.compulsory_bytes else math.inf
+
+    @property
+    def lx_peak(self) -> int:
+        return max(self.lx_peak_per_core, default=0)
+
+    @property
+    def time_ns(self) -> float:
+        return sum(k.time_ns for k in self.kernels)
+
+    def __str__(self) -> str:
+        rows = [("op", "fn", "kernel", "iters", "cores", "HBM read", "HBM write", "LX read", "LX write")]
+        rows += [(o.name, o.op, str(o.kernel), str(o.iterations), str(o.cores), str(o.hbm_read), str(o.hbm_write),
+                  str(o.lx_read), str(o.lx_write)) for o in self.ops]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        table = ["  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                 for r in rows]
+        lines = [f"traffic report {self.program}: {self.cores_used} of {self.cores} cores used", *table]
+        lines.append(f"  HBM {self.hbm_bytes} B (read {self.hbm_read}, write {self.hbm_write}); compulsory "
+                     f"{self.compulsory_bytes} B (read {self.compulsory_read}, write {self.compulsory_write}); "
+                     f"traffic ratio {self.traffic_ratio:.3f}")
+        lines.append(f"  LX {self.lx_bytes} B moved over all cores; LX peak {self.lx_peak} B per core")
+        lines.append(f"  time estimate {self.time_ns / 1000:.2f} us")
+        for k in self.kernels:
+            lines.append(f"    kernel {k.index} ({', '.join(k.ops)}): R {k.hbm_read} B, W {k.hbm_write} B, memory "
+                         f"{k.memory_ns / 1000:.2f} us, compute {k.compute_ns / 1000:.2f} us -> {k.bound} bound")
+        lines.append("  assumptions:")
+        lines += [f"    - {a}" for a in self.assumptions]
+        return "\n".join(lines)
+
+
+def _stick_box_bytes(lows: np.ndarray, highs: np.ndarray) -> int:
+    ext = highs - lows + 1
+    return int(np.prod(ext[:-1])) * STICK_BYTES
+
+
+def traffic_report(program: Program, machine: Machine | None = None) -> TrafficReport:
+    """``machine`` is accepted for symmetry with the stages; the program carries its sizes."""
+    ops, _ = program_timeline(program)
+    out: list[OpTraffic] = []
+    kernels: dict[int, list[OpTraffic]] = {}
+    seen: set[tuple] = set()
+    lx_peak = np.zeros(program.cores, dtype=np.int64)
+    kernel_of: dict[tuple, int] = {}  # a top-level loop (its id) or a top-level op (its time)
+    for t, spec, chain, counts in ops:
+        iters = math.prod(counts)
+        syms = list(spec.iteration_space)
+        sizes = [s for s, _ in spec.iteration_space.values()]
+        splits = [p for _, p in spec.iteration_space.values()]
+        reduced = set(spec.op_info.get("reduced", ())) if spec.is_reduction else set()
+        writers = writing_cores(splits, [s in reduced for s in syms])
+        hr = hw = lr = lw = 0
+        for k, arg in enumerate(spec.args):
+            is_write = k == len(spec.args) - 1
+            lows, highs = coord_bounds(arg.device_coordinates, syms, sizes, splits)
+            cores = writers if is_write else np.ones(len(writers), dtype=bool)
+            if arg.memory == "hbm":
+                lo, hi = lows[cores].min(axis=0), highs[cores].max(axis=0)
+                key = (chain[-1] if chain else ("top", t), arg.name, tuple(lo), tuple(hi), arg.tile_advance)
+                if not is_write and chain and key in seen:
+                    continue  # read again in the same loop body and iteration
+                seen.add(key)
+                nbytes = _stick_box_bytes(lo, hi) * iters
+                if is_write:
+                    hw += nbytes
+                else:
+                    hr += nbytes
+            else:
+                low, ext = lx_box(lows, highs, arg.device_size)
+                per_core = box_bytes(ext, STICK_BYTES // arg.device_size[-1]) * cores
+                n = min(len(per_core), program.cores)
+                lx_peak[:n] = np.maximum(lx_peak[:n], (arg.address + per_core[:n]) * (per_core[:n] > 0))
+                moved = int(per_core.sum()) * iters
+                if is_write:
+                    lw += moved
+                else:
+                    lr += moved
+        macs = math.prod(sizes) * iters if spec.op_info.get("fn") == "matmul" else 0
+        row = OpTraffic(name=spec.name or spec.op, op=str(spec.op_info.get("fn", spec.op)), kernel=kernel_of.setdefault(
+                            ("loop", chain[0]) if chain else ("op", t), len(kernel_of)),
+                        iterations=iters, cores=spec.cores, hbm_read=hr, hbm_write=hw, lx_read=lr, lx_write=lw,
+                        macs=macs)
+        out.append(row)
+        kernels.setdefault(row.kernel, []).append(row)
+    estimates = []
+    for index, rows in kernels.items():
+        r, w = sum(o.hbm_read for o in rows), sum(o.hbm_write for o in rows)
+        mem = (r + w) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, w)
+        compute = sum(o.macs / o.cores / MACS_PER_NS_PER_CORE for o in rows if o.macs)
+        estimates.append(KernelEstimate(index=index, ops=tuple(o.name for o in rows), hbm_read=r, hbm_write=w,
+                                        macs=sum(o.macs for o in rows), memory_ns=mem, compute_ns=compute))
+    comp_r = sum(tensor_bytes(a.device_size) for a in program.kernel_args if a.is_input)
+    comp_w = sum(tensor_bytes(a.device_size) for a in {a.buffer: a for a in program.kernel_args
+                                                       if not a.is_input}.values())
+    return TrafficReport(
+        program=program.name, ops=tuple(out), kernels=tuple(estimates), compulsory_read=comp_r,
+        compulsory_write=comp_w, lx_peak_per_core=tuple(int(x) for x in lx_peak),
+        cores_used=max((o.cores for o in out), default=0), cores=program.cores,
+    )

@@ -1,0 +1,318 @@
+"""Stage tile: loop nests, per-tile ranges and steps, loop-boundary buffers, tiled reductions,
+and every refusal naming op, dim, range and count."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+
+import fspyre
+from fspyre.errors import TilingError
+from fspyre.ir.graph import Dim, Pointwise, Reduction
+from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep
+from fspyre.ir.serialize import dumps, loads
+from fspyre.stages.loop_tree import tile, verify_loop_tree
+from fspyre.stages.tiling_plan import TilingOptions, plan_groups, plan_tiling
+
+
+def tree_of(graph) -> LoopTree:
+    tree = tile(graph, plan_tiling(graph))
+    assert loads(dumps(tree)) == tree
+    return tree
+
+
+def shape(body):
+    """The tree as nested lists: loops as (count, [...]), ops as 'name:fn'."""
+    return [(n.count, shape(n.body)) if isinstance(n, Loop) else f"{n.op.name}:{n.op.fn}" for n in body]
+
+
+def canonical():
+    g = fspyre.GraphBuilder("add_mul")
+    A, B = g.dim("A", 1024), g.dim("B", 4096)
+    a, b, c = (g.input(n, (A, B), "float16") for n in "abc")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"B": 4}):
+            y = g.add(a, b)
+            z = g.mul(y, c)
+    g.output("z", z)
+    return g.build()
+
+
+def test_canonical_tree():
+    tree = tree_of(canonical())
+    assert shape(tree.body) == [(2, [(4, ["buf0:add", "buf1:mul"])])]
+    add, mul = tree.body[0].body[0].body
+    for node in (add, mul):
+        assert node.op.ranges == (Dim("A", 512), Dim("B", 1024))
+        assert node.tiling == ((TileStep(dim="A", extent=512),), (TileStep(dim="B", extent=1024),))
+    buffers = tree.buffer_table()
+    assert (buffers["buf0"].scope, buffers["buf0"].type.shape) == ("tile", (512, 1024))
+    assert (buffers["buf1"].scope, buffers["buf1"].type.shape) == ("full", (1024, 4096))
+    # y is indexed in its tile; a, b, c and z keep their full-buffer index
+    assert str(add.op.store.index) == "1024*A + B" and str(mul.op.operands[0].index) == "1024*A + B"
+    assert str(mul.op.operands[1].index) == "4096*A + B" and str(mul.op.store.index) == "4096*A + B"
+
+
+def test_no_groups_is_the_flat_tree():
+    graph = canonical()
+    tree = tile(graph, plan_tiling(graph, TilingOptions(mode="none")))
+    assert shape(tree.body) == ["buf0:add", "buf1:mul"]
+    assert all(n.op is op for n, op in zip(tree.body, graph.ops))
+    assert all(b.scope == "full" for b in tree.buffers)
+
+
+def test_dim_tiled_at_two_levels_is_divided_twice():
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 256)
+    g.dim("B", 64)
+    x = g.input("x", ["A", "B"], "float16")
+    with g.hint(slices={"A": 4}):
+        with g.hint(slices={"A": 2}):
+            y = g.neg(x)
+    g.output("y", y)
+    (node,) = tree_of(g.build()).body[0].body[0].body
+    assert node.op.ranges[0] == Dim("A", 32)
+    # the outer level moves the final extent times the inner count
+    assert node.tiling == ((TileStep(dim="A", extent=64),), (TileStep(dim="A", extent=32),))
+
+
+def test_loop_invariant_op_keeps_its_range():
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 64)
+    g.dim("B", 128)
+    col = g.input("col", ["A"], "float16")
+    x = g.input("x", ["A", "B"], "float16")
+    with g.hint(slices={"B": 2}):
+        c = g.exp(col)  # does not iterate B: recomputed each iteration, whole
+        y = g.add(x, c)
+    g.output("y", y)
+    loop = tree_of(g.build()).body[0]
+    exp, add = loop.body
+    assert exp.op.ranges == (Dim("A", 64),) and exp.tiling == ((),)
+    assert add.op.ranges == (Dim("A", 64), Dim("B", 64))
+
+
+def boundary_graph():
+    """y read inside and after the loop (copy-out), z read only after it (direct write),
+    t read only inside (tile)."""
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 128)
+    g.dim("B", 128)
+    a = g.input("a", ["A", "B"], "float16")
+    with g.hint(slices={"A": 2}):
+        y = g.exp(a)
+        t = g.neg(y)
+        z = g.mul(t, y)
+    g.output("w", g.sub(z, y))
+    return g.build()
+
+
+def test_loop_boundary_buffers():
+    tree = tree_of(boundary_graph())
+    assert shape(tree.body) == [(2, ["buf0:exp", "buf0_copy:copy", "buf1:neg", "buf2:mul"]), "buf3:sub"]
+    b = tree.buffer_table()
+    assert [(n, b[n].scope, b[n].type.shape) for n in ("buf0", "buf0_tile", "buf1", "buf2")] == [
+        ("buf0", "full", (128, 128)), ("buf0_tile", "tile", (64, 128)),
+        ("buf1", "tile", (64, 128)), ("buf2", "full", (128, 128)),
+    ]
+    exp, copy, neg, mul = tree.body[0].body
+    assert exp.op.store.buffer == "buf0_tile"
+    assert copy.op.operands[0].buffer == "buf0_tile" and copy.op.store.buffer == "buf0"
+    assert copy.tiling == exp.tiling
+    assert [o.buffer for o in mul.op.operands] == ["buf1", "buf0_tile"]
+    assert mul.op.store.buffer == "buf2"  # written straight into the full buffer
+    sub = tree.body[1]
+    assert [o.buffer for o in sub.op.operands] == ["buf2", "buf0"]  # outside reads full buffers
+
+
+def test_new_names_do_not_clash():
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 128)
+    g.dim("B", 128)
+    a = g.input("buf0_tile", ["A", "B"], "float16")
+    with g.hint(slices={"A": 2}):
+        y = g.exp(a)
+        t = g.neg(y)
+    g.output("y", y)
+    g.output("t", t)
+    tree = tree_of(g.build())
+    assert "buf0_tile1" in tree.buffer_table()
+
+
+def reduction_graph(fn="sum", slices=({"A": 2}, {"K": 4}), dtype="float16"):
+    g = fspyre.GraphBuilder("red")
+    g.dim("A", 64)
+    g.dim("K", 256)
+    x = g.input("x", ["A", "K"], dtype)
+    with contextlib.ExitStack() as stack:
+        for s in slices:
+            stack.enter_context(g.hint(slices=s))
+        r = g.reduce(fn, x, ["K"], correction=1 if fn == "var" else 0)
+    g.output("r", r)
+    return g.build()
+
+
+def test_nested_tiled_reduction_layout():
+    tree = tree_of(reduction_graph())
+    assert shape(tree.body) == [(2, ["buf0_fill:full", (4, ["buf0:sum", "buf0_combine:add"]), "buf0_finish:cast"])]
+    outer = tree.body[0]
+    fill, inner, finish = outer.body
+    partial, combine = inner.body
+    b = tree.buffer_table()
+    for name in ("buf0_acc", "buf0_part"):
+        assert (b[name].scope, b[name].type.dtype, b[name].type.shape) == ("tile", "float32", (32,))
+    assert fill.op.operands[0].value == 0.0 and fill.op.store.buffer == "buf0_acc"
+    assert fill.tiling == ((TileStep(dim="A", extent=32),),)
+    assert partial.op.fn == "sum" and partial.op.store.buffer == "buf0_part"
+    assert partial.op.reduction_ranges == (Dim("K", 64),)
+    assert partial.tiling == ((TileStep(dim="A", extent=32),), (TileStep(dim="K", extent=64),))
+    assert [o.buffer for o in combine.op.operands] == ["buf0_acc", "buf0_part"]
+    assert combine.tiling == ((TileStep(dim="A", extent=32),), ())
+    assert finish.op.operands[0].buffer == "buf0_acc" and finish.op.store.buffer == "buf0"
+    assert b["buf0"].scope == "full"
+
+
+@pytest.mark.parametrize("fn, combine, identity, finish", [
+    ("sum", "add", 0.0, "cast"), ("mean", "add", 0.0, "mul"), ("prod", "mul", 1.0, "cast"),
+    ("amax", "maximum", -math.inf, "cast"), ("amin", "minimum", math.inf, "cast"),
+])
+def test_reduction_identities(fn, combine, identity, finish):
+    tree = tree_of(reduction_graph(fn, slices=({"K": 2},)))
+    fill, loop, fin = tree.body
+    assert fill.op.operands[0].value == identity
+    assert loop.body[0].op.fn == ("sum" if fn == "mean" else fn)
+    assert loop.body[1].op.fn == combine
+    assert fin.op.fn == finish
+    if fn == "mean":
+        assert fin.op.operands[1].value == 1 / 256
+
+
+def test_int_accumulators():
+    tree = tree_of(reduction_graph("amax", slices=({"K": 2},), dtype="int32"))
+    assert tree.buffer_table()["buf0_acc"].type.dtype == "int32"
+    assert tree.body[0].op.operands[0].value == -(2**31)
+
+
+def test_matmul_k_tiling():
+    g = fspyre.GraphBuilder("mm")
+    g.dim("M", 64)
+    g.dim("K", 256)
+    g.dim("N", 64)
+    a = g.input("a", ["M", "K"], "float16")
+    b = g.input("b", ["K", "N"], "float16")
+    with g.hint(slices={"K": 4}):
+        c = g.matmul(a, b)
+    g.output("c", c)
+    tree = tree_of(g.build())
+    assert shape(tree.body) == ["buf0_fill:full", (4, ["buf0:matmul", "buf0_combine:add"]), "buf0_finish:cast"]
+    assert isinstance(tree.body[1].body[0].op, Reduction)
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def refuse(graph, *parts):
+    with pytest.raises(TilingError) as err:
+        tree_of(graph)
+    for p in parts:
+        assert p in str(err.value), str(err.value)
+    return str(err.value)
+
+
+def test_count_must_divide_the_range():
+    refuse(reduction_graph(slices=({"A": 3},)), "op buf0: dim A has range 64", "count 3 of level 0",
+           "hint scope 0 slices={'A': 3}", "[2, 4, 8, 16, 32, 64]")
+    refuse(reduction_graph(slices=({"A": 4}, {"A": 32})), "dim A has range 16 (of 64, after the outer levels)",
+           "count 32 of level 1")
+
+
+def test_reduction_level_inside_output_level_only():
+    refuse(reduction_graph(slices=({"K": 2}, {"A": 2})), "op buf0 (sum over ['K'])", "tiles output dim A inside level 0",
+           "Put the output level outside")
+
+
+def test_invariant_level_inside_reduction_level():
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 64)
+    g.dim("K", 256)
+    g.dim("C", 64)
+    x = g.input("x", ["A", "K"], "float16")
+    w = g.input("w", ["C"], "float16")
+    with g.hint(slices={"K": 2}):
+        with g.hint(slices={"C": 2}):
+            r = g.sum(x, ["K"])
+            v = g.neg(w)
+    g.output("r", r)
+    g.output("v", v)
+    refuse(g.build(), "level 1 (hint scope 1 slices={'C': 2}) tiles no dim of buf0", "folded into the accumulator 2 times")
+
+
+def test_var_and_in_loop_readers_of_partial_results():
+    refuse(reduction_graph("var", slices=({"K": 2},), dtype="float32"), "op buf0 (var over ['K'])", "no tile-by-tile combine")
+    g = fspyre.GraphBuilder("softmax")
+    g.dim("A", 64)
+    g.dim("B", 256)
+    x = g.input("x", ["A", "B"], "float16")
+    with g.hint(slices={"B": 2}):
+        m = g.amax(x, ["B"], keepdim=True)
+        y = g.sub(x, m)
+    g.output("y", y)
+    refuse(g.build(), "op buf1 reads buf0, the amax of op buf0", "tiles the reduction dim B", "online softmax")
+
+
+def test_several_dims_at_one_level():
+    graph = boundary_graph()
+    with pytest.raises(TilingError, match="tiles dims \\['A', 'B'\\] at once"):
+        tile(graph, plan_groups(graph, [(["buf0", "buf1", "buf2"], 2, ["A", "B"])]))
+    graph = reduction_graph(slices=())
+    with pytest.raises(TilingError, match="tiles output dim A and reduction dim K at once"):
+        tile(graph, plan_groups(graph, [(["buf0"], 2, ["A", "K"])]))
+
+
+def test_reader_through_a_reshape_cannot_read_a_tile():
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 64)
+    g.dim("B", 64)
+    g.dim("F", 64 * 64)
+    x = g.input("x", ["A", "B"], "float16")
+    with g.hint(slices={"A": 2}):
+        y = g.exp(x)
+        z = g.neg(g.reshape(y, ["F"]))
+    g.output("z", z)
+    refuse(g.build(), "op buf1 reads buf0 (written by buf0 in the same loop nest) through index F")
+
+
+def test_readers_must_walk_the_producers_tiles():
+    graph = boundary_graph()
+    plan = plan_groups(graph, [(["buf0", "buf1", "buf2"], 2, [0])])
+    tile(graph, plan)  # lockstep: every op tiles A
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 128)
+    g.dim("B", 128)
+    a = g.input("a", ["A", "B"], "float16")
+    y = g.exp(a)
+    z = g.neg(g.permute(y, ["B", "A"]))  # z iterates (B, A): its first dim is B
+    g.output("z", z)
+    graph = g.build()
+    with pytest.raises(TilingError, match="op buf1 reads buf0 along dim A in tiles of 128"):
+        tile(graph, plan_groups(graph, [(["buf0", "buf1"], 2, [0])]))
+
+
+def test_verify_loop_tree_catches_inconsistent_trees():
+    tree = tree_of(canonical())
+    node = tree.body[0].body[0].body[0]
+    bad = LoopTree(name="t", buffers=tree.buffers, inputs=tree.inputs, outputs=tree.outputs,
+                   body=(Loop(count=2, body=(OpNode(op=node.op, tiling=()),)),))
+    with pytest.raises(TilingError, match="sits in 1 loops but has 0 tiling levels"):
+        verify_loop_tree(bad)
+    late = LoopTree(name="t", buffers=tree.buffers, inputs=tree.inputs, outputs=tree.outputs,
+                    body=(OpNode(op=tree.body[0].body[0].body[1].op),))
+    with pytest.raises(TilingError, match="reads buf0 before anything writes it"):
+        verify_loop_tree(late)
+
+
+def test_untouched_ops_are_shared():
+    graph = boundary_graph()
+    tree = tree_of(graph)
+    assert tree.body[1].op is graph.ops[-1]
+    assert isinstance(tree.body[0].body[0].op, Pointwise)

@@ -1,0 +1,116 @@
+"""Properties: tiled programs compute what untiled ones do, and bad hints are reports.
+
+For random graphs under random hint nests, on random machines of 1..32 cores, the program
+compiled with ``tiling="hints"`` runs on the machine-model interpreter to the same outputs as
+the one compiled with ``tiling="none"`` (docs/tiling.md, "Numerics"):
+
+- bit-exact when nothing can reassociate a float reduction: the graph has no float
+  sum/mean/prod/var/matmul (with several cores, work division sees the per-tile iteration
+  space and may split a reduction dim differently than untiled), or the machine has one core,
+  no loop tiles a reduction dim and there is no matmul (the interpreter's BLAS contraction
+  rounds differently for different matrix shapes; see test_tiling_examples.py);
+- otherwise within ``fspyre.check.REDUCTION_RTOL`` of the output's largest magnitude.
+
+Random hints that fspyre refuses raise an FspyreError, never another exception.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from tiling_strategies import tiling_graphs
+
+import fspyre
+from fspyre.check import REDUCTION_RTOL
+from fspyre.ir.dtypes import is_float
+from fspyre.ir.graph import Graph, Reduction
+from fspyre.ir.serialize import dumps, loads
+from fspyre.stages.loop_tree import verify_loop_tree
+from fspyre.testing import graphs, inputs_for
+from fspyre.testing.hints import HintNest, any_hint_nests, legal_hint_nests, tiles_a_reduction
+
+SETTINGS = settings(
+    max_examples=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+GRAPHS = st.one_of(tiling_graphs(), graphs(max_ops=6, max_elements=8192))
+INEXACT = ("sum", "mean", "prod", "var", "matmul")
+
+
+def reassociates(graph: Graph) -> bool:
+    return any(isinstance(op, Reduction) and op.fn in INEXACT and is_float(graph.buffer_table()[op.store.buffer].type.dtype)
+               for op in graph.ops)
+
+
+def untiled_run(graph: Graph, machine, inputs):
+    """The reference side. A graph the untiled pipeline cannot run says nothing about tiling
+    (those failures belong to the untiled pipeline's own properties), so it is rejected."""
+    try:
+        return fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
+    except Exception:  # noqa: BLE001 - any failure here is outside this property
+        assume(False)
+
+
+def agree(graph: Graph, got, want, exact: bool, nest: HintNest) -> None:
+    table = graph.buffer_table()
+    for o in graph.outputs:
+        a = np.asarray(got[o.name]).astype(np.float64)
+        b = np.asarray(want[o.name]).astype(np.float64)
+        if exact:
+            assert np.array_equal(a, b, equal_nan=True), f"output {o.name} differs under {nest}"
+            continue
+        dtype = table[o.buffer].type.dtype
+        finite = np.where(np.isfinite(b), b, 0.0)
+        tol = REDUCTION_RTOL[dtype] * max(1.0, float(np.abs(finite).max(initial=0.0)))
+        assert np.array_equal(np.isnan(a), np.isnan(b)), f"output {o.name}: NaNs differ under {nest}"
+        diff = np.where(np.isnan(a) | np.isnan(b), 0.0, np.abs(a - b))
+        diff = np.nan_to_num(diff, nan=0.0, posinf=np.inf)
+        assert diff.max(initial=0.0) <= tol, f"output {o.name}: max |diff| {diff.max()} > {tol} under {nest}"
+
+
+def check_tiled(graph: Graph, nest: HintNest, cores: int, *, must_compile: bool) -> None:
+    hinted = nest.apply(graph)
+    machine = fspyre.machine.spyre(cores=cores)
+    inputs = inputs_for(graph, 0)
+    want = untiled_run(hinted, machine, inputs)
+    if must_compile:
+        comp = fspyre.compile(hinted, machine, tiling="hints")
+    else:
+        try:
+            comp = fspyre.compile(hinted, machine, tiling="hints")
+        except fspyre.FspyreError:
+            return
+    tree = verify_loop_tree(comp.stages["loop_tree"])
+    assert loads(dumps(comp.stages["tiling_plan"])) == comp.stages["tiling_plan"]
+    assert loads(dumps(tree)) == tree
+    got = fspyre.run(comp, inputs)
+    if cores == 1:
+        exact = not tiles_a_reduction(tree) and not any(op.fn == "matmul" for op in graph.ops)
+    else:
+        exact = not reassociates(graph)
+    agree(graph, got, want, exact, nest)
+
+
+@SETTINGS
+@given(st.data(), st.integers(1, 32))
+def test_legal_hints_compile_and_agree(data, cores):
+    graph = data.draw(GRAPHS, label="graph")
+    nest = data.draw(legal_hint_nests(graph), label="hints")
+    check_tiled(graph, nest, cores, must_compile=True)
+
+
+@SETTINGS
+@given(st.data())
+def test_legal_hints_on_one_core_are_exact_unless_a_reduction_dim_is_tiled(data):
+    graph = data.draw(GRAPHS, label="graph")
+    nest = data.draw(legal_hint_nests(graph), label="hints")
+    check_tiled(graph, nest, 1, must_compile=True)
+
+
+@SETTINGS
+@given(st.data(), st.integers(1, 32))
+def test_any_hints_compile_and_agree_or_raise_fspyre_errors(data, cores):
+    graph = data.draw(GRAPHS, label="graph")
+    nest = data.draw(any_hint_nests(graph), label="hints")
+    check_tiled(graph, nest, cores, must_compile=False)
