@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +30,12 @@ import fspyre
 from fspyre.errors import FspyreError
 from fspyre.ir.graph import Graph
 from fspyre.machine.hostio import random_inputs
+from fspyre.machine.spyre import Machine
 from fspyre.pipeline import Compilation, StageCallback
+from fspyre.stages.allocation import AllocationOptions
+
+if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
+    from fspyre.frontend.files import TorchProgram
 
 EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap")
 DEMO_OUT = "fspyre-out"
@@ -66,14 +71,14 @@ class Workload:
     path: Path
     graph: Graph
     inputs: Mapping[str, np.ndarray] | None = None
-    torch: Any = None  # the front end's loaded torch file, when FILE.py defines a torch model
+    torch: TorchProgram | None = None  # set when FILE.py defines a torch model: eager outputs, tolerance
 
 
 def _top_level_names(module: ast.Module) -> set[str]:
     """Names a file binds at module level, including inside top-level if/try/with blocks,
     so the right loader is chosen without running the file twice."""
     names: set[str] = set()
-    todo: list[ast.stmt] = list(module.body)
+    todo: list[ast.AST] = list(module.body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -149,23 +154,18 @@ def load_workload(file: str) -> Workload:
 # -- compiling ---------------------------------------------------------------------------------
 
 
-def _machine(cores: int):
+def _machine(cores: int) -> Machine:
     return fspyre.machine.spyre(cores=cores)
 
 
-def _allocation_options(args: argparse.Namespace):
+def _allocation_options(args: argparse.Namespace) -> AllocationOptions:
     """Only the flags the user gave: everything else keeps the allocation stage's defaults."""
-    from fspyre.stages.allocation import AllocationOptions
-
     given: dict[str, Any] = {}
-    if getattr(args, "lx_solver", None) is not None:
+    if args.lx_solver is not None:
         given["lx_solver"] = args.lx_solver
-    if getattr(args, "no_lx", False):
+    if args.no_lx:
         given["lx_planning"] = False
-    try:
-        return AllocationOptions(**given)
-    except TypeError as err:
-        raise UsageError(f"the allocation stage of this build does not take {sorted(given)}: {err}") from err
+    return AllocationOptions(**given)
 
 
 def _compile(graph: Graph, args: argparse.Namespace, callback: StageCallback | None = None) -> Compilation:
@@ -363,10 +363,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eager_lines(work: Workload, got: Mapping[str, np.ndarray]) -> tuple[bool, list[str]]:
+def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, list[str]]:
     """Machine-model outputs against PyTorch eager, within the tolerance the front end states
     for the file: ``|fspyre - eager| <= atol + rtol * |eager|``."""
-    t = work.torch
     ok, lines = True, []
     for name, expected in t.expected.items():
         a = np.asarray(got[name], dtype=np.float64)
@@ -376,7 +375,7 @@ def _eager_lines(work: Workload, got: Mapping[str, np.ndarray]) -> tuple[bool, l
         ok &= bool(close.all())
         verdict = "ok" if close.all() else f"MISMATCH at {int((~close).sum())} of {close.size}"
         lines.append(f"  {name}: max|diff|={diff:.3g} {verdict}")
-    head = f"eager {work.path.name}: {'EQUAL' if ok else 'NOT EQUAL'} (atol={t.atol:.3g}, rtol={t.rtol:.3g})"
+    head = f"eager {t.path.name}: {'EQUAL' if ok else 'NOT EQUAL'} (atol={t.atol:.3g}, rtol={t.rtol:.3g})"
     return ok, [head, *lines]
 
 
@@ -388,7 +387,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(report)
     equal = report.equal
     if work.torch is not None:
-        eager_ok, lines = _eager_lines(work, fspyre.run(comp, work.inputs or {}))
+        eager_ok, lines = _eager_lines(work.torch, fspyre.run(comp, work.torch.inputs))
         print("\n".join(lines))
         equal = equal and eager_ok
     return 0 if equal else 1

@@ -8,6 +8,8 @@ Parameters, buffers and lifted constants become named graph inputs (``ln.weight`
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import keyword
 import re
@@ -24,6 +26,7 @@ from fspyre.errors import FrontendError
 from fspyre.frontend.annotations import preserve_hints, tensor_dim_names
 from fspyre.frontend.dimnames import Placeholder
 from fspyre.frontend.lowering import FxProgram, fspyre_dtype, lower
+from fspyre.frontend.ops import source_line
 from fspyre.ir.graph import Graph
 
 aten = torch.ops.aten
@@ -32,9 +35,14 @@ aten = torch.ops.aten
 def decompositions() -> dict[Any, Callable]:
     """Core ATen, plus softmax / log_softmax / layer_norm as primitives; minus the ops fspyre
     has a primitive for (silu), which core ATen would otherwise break up."""
+    return dict(_decompositions())
+
+
+@functools.cache
+def _decompositions() -> dict[Any, Callable]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
-    table = dict(core_aten_decompositions())
+    table = dict(core_aten_decompositions())  # materializing it costs ~0.5 s: done once
     table.update(get_decompositions([aten._softmax, aten._log_softmax, aten.native_layer_norm]))
     for keep in (aten.silu.default,):
         table.pop(keep, None)
@@ -83,13 +91,15 @@ def capture(fn_or_module: Callable | torch.nn.Module, example_inputs: Sequence[A
     module, arg_names = _as_module(fn_or_module, example_inputs)
     gname = _identifier(name or getattr(fn_or_module, "__name__", None) or type(fn_or_module).__name__)
     args = tuple(example_inputs)
-    ep = export(module, args, gname)
+    ep, graph = export(module, args, gname)
     sig = ep.graph_signature
+    renamed = dict(zip((n.name for n in ep.graph.nodes if n.op == "placeholder"),
+                       (n.name for n in graph.nodes if n.op == "placeholder")))
     used: set[str] = set()
     placeholders, params, user = [], {}, []
     state = {**ep.state_dict, **ep.constants}
     for spec in sig.input_specs:
-        node = spec.arg.name
+        node = renamed[spec.arg.name]
         if spec.kind == InputKind.USER_INPUT:
             i = len(user)
             nm = _unique(arg_names[i] if i < len(arg_names) else f"arg{i}", used)
@@ -105,21 +115,25 @@ def capture(fn_or_module: Callable | torch.nn.Module, example_inputs: Sequence[A
         else:
             raise FrontendError(f"{gname}: input {spec.arg.name} is a {spec.kind.name}; fspyre takes tensors only")
     names = {p.node: p.name for p in placeholders}
-    for spec in sig.output_specs:
-        if spec.kind != OutputKind.USER_OUTPUT:
+    for node in graph.nodes:  # functionalization writes a mutated input back with copy_
+        if node.target is aten.copy_.default and node.args[0].op == "placeholder":
             raise FrontendError(
-                f"{gname}: the program writes {names.get(spec.target, spec.target)} in place ({spec.kind.name}); "
+                f"{gname}: the program writes {names.get(node.args[0].name)} in place{source_line(node)}; "
                 f"fspyre graphs are pure: return the new value instead"
             )
+    if any(spec.kind != OutputKind.USER_OUTPUT for spec in sig.output_specs):
+        raise FrontendError(f"{gname}: the program has outputs other than its results: {sig.output_specs}")
     n_out = len(sig.output_specs)
     output_names = ("out",) if n_out == 1 else tuple(f"out{i}" for i in range(n_out))
-    program = FxProgram(name=gname, graph=ep.graph, placeholders=tuple(placeholders), output_names=output_names)
+    program = FxProgram(name=gname, graph=graph, placeholders=tuple(placeholders), output_names=output_names)
     return TorchCapture(graph=lower(program), arg_names=tuple(user), params=params, output_names=output_names,
                         out_spec=ep.call_spec.out_spec)
 
 
-def export(module: torch.nn.Module, args: tuple, name: str) -> torch.export.ExportedProgram:
-    """``torch.export`` then core-ATen decompositions, keeping ``spyre_hint`` metadata."""
+def export(module: torch.nn.Module, args: tuple, name: str) -> tuple[torch.export.ExportedProgram, torch.fx.Graph]:
+    """``torch.export``, then core-ATen decompositions, keeping ``spyre_hint`` metadata.
+    Returns the exported program (signature, parameters, output structure) and the decomposed
+    graph, whose placeholders are the program's, in the same order."""
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor):
             raise FrontendError(f"{name}: example input {i} is a {type(a).__name__}; pass torch tensors")
@@ -128,7 +142,7 @@ def export(module: torch.nn.Module, args: tuple, name: str) -> torch.export.Expo
         with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecation noise
             ep = torch.export.export(module, args)
-            return ep.run_decompositions(decompositions())
+            return ep, _decompose(ep.graph_module)
     except FrontendError:
         raise
     except Exception as e:  # torch's tracing errors are the user's program, not fspyre
@@ -137,6 +151,29 @@ def export(module: torch.nn.Module, args: tuple, name: str) -> torch.export.Expo
             f"{name}: torch.export could not trace the program ({type(e).__name__}: {first}). fspyre needs a "
             f"program torch.export can trace with static shapes: no data-dependent control flow"
         ) from e
+
+
+def _decompose(gm: torch.fx.GraphModule) -> torch.fx.Graph:
+    """What ``ExportedProgram.run_decompositions(decompositions())`` computes for fspyre's
+    programs (an input written in place is refused), by re-tracing the exported
+    graph through ``make_fx`` with the decomposition table. run_decompositions re-enumerates
+    every CompositeImplicit op of every namespace on each call, about 1 s against 0.1 s for
+    the trace itself; that cost would dominate capture. ``fx.Interpreter`` under
+    ``preserve_node_meta`` copies each node's metadata (hints, stack trace) onto the nodes
+    its decomposition makes, as run_decompositions does."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        # Decompose, then functionalize: the exported graph may write in place, and so may
+        # some decompositions (rms_norm's adds its epsilon in place).
+        decomposed = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=decompositions(),
+                             tracing_mode="real", record_stack_traces=True)(*vals)
+        functional = torch.func.functionalize(torch.fx.Interpreter(decomposed).run, remove="mutations")
+        graph = make_fx(functional, tracing_mode="real", record_stack_traces=True)(*vals).graph
+    graph.eliminate_dead_code()
+    return graph
 
 
 class _Function(torch.nn.Module):

@@ -418,7 +418,9 @@ class _Realizer:
 # the planner: draws steps against a builder at placeholder sizes
 
 
-_PLACEHOLDER_SIZES = (2, 3, 5, 7, 11, 13)
+# Distinct, and whole sticks for every dtype, so a size-dependent builder rule (say, on stick
+# alignment) does not refuse the structure before the real sizes are drawn.
+_PLACEHOLDER_SIZES = (64, 128, 192, 256, 320, 384)
 
 
 class _Planner:
@@ -510,7 +512,11 @@ class _Planner:
 
     # -- step kinds -----------------------------------------------------------------------------
     def step(self, kind: str) -> None:
-        if not getattr(self, f"_{kind}")():
+        try:
+            done = getattr(self, f"_{kind}")()
+        except GraphError:
+            done = False  # the builder refused the step (push records only steps that built)
+        if not done:
             self.new_input()
 
     def _unary(self) -> bool:

@@ -244,12 +244,11 @@ def test_eager_comparison_reports_mismatches() -> None:
     """The eager comparison has teeth: results off by one everywhere are reported, element count and all."""
     files = pytest.importorskip("fspyre.frontend.files")
     loaded = files.load_torch_file(TORCH_FILE)
-    work = cli.Workload(path=Path(TORCH_FILE), graph=loaded.graph, inputs=loaded.inputs, torch=loaded)
     got = fspyre.run(fspyre.compile(loaded.graph, tiling="none"), loaded.inputs)
-    ok, lines = cli._eager_lines(work, got)
+    ok, lines = cli._eager_lines(loaded, got)
     assert ok and lines[0].startswith("eager torch_scale_shift.py: EQUAL")
     wrong = {k: v + 1.0 for k, v in got.items()}
-    ok, lines = cli._eager_lines(work, wrong)
+    ok, lines = cli._eager_lines(loaded, wrong)
     assert not ok and lines[0].startswith("eager torch_scale_shift.py: NOT EQUAL")
     assert "MISMATCH at 4096 of 4096" in lines[1]
 

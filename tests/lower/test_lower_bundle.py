@@ -3,8 +3,8 @@ interpreter.
 
 The strongest check here executes the bundle text itself (a tiny evaluator of its constants,
 extracts, affine maps and loops) and compares every sdsc_execute's operand values with the
-addresses of the matching OpSpec in the unrolled program, which the interpreter proves
-equal to the looped one in test_lower_unroll.py.
+addresses the interpreter uses for that OpSpec at that iteration, and with the addresses of
+the matching op of the unrolled program (which test_lower_unroll.py runs on the interpreter).
 """
 
 from __future__ import annotations

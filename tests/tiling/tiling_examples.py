@@ -1,0 +1,93 @@
+"""The tiling examples of issue 3, shared by the example and golden tests."""
+
+from __future__ import annotations
+
+import fspyre
+from fspyre.ir.graph import Graph
+
+
+def canonical(rows: int = 1024, cols: int = 4096) -> Graph:
+    """The seed's canonical example: y = a + b; z = y * c, A: 2 outer, B: 4 inner."""
+    g = fspyre.GraphBuilder("add_mul")
+    A, B = g.dim("A", rows), g.dim("B", cols)
+    a, b, c = (g.input(n, (A, B), "float16") for n in "abc")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"B": 4}):
+            y = g.add(a, b)
+            z = g.mul(y, c)
+    g.output("z", z)
+    return g.build()
+
+
+def softmax_rows() -> Graph:
+    """amax, sub, exp, sum, div over the columns, tiled over the rows."""
+    g = fspyre.GraphBuilder("softmax_rows")
+    g.dim("R", 256)
+    g.dim("C", 512)
+    x = g.input("x", ["R", "C"], "float16")
+    with g.hint(slices={"R": 4}):
+        m = g.amax(x, ["C"], keepdim=True)
+        e = g.exp(g.sub(x, m))
+        y = g.div(e, g.sum(e, ["C"], keepdim=True))
+    g.output("y", y)
+    return g.build()
+
+
+def two_groups() -> Graph:
+    """Rows in 2 tiles, then columns in 4; y is read inside its loop and after it."""
+    g = fspyre.GraphBuilder("two_groups")
+    g.dim("A", 256)
+    g.dim("B", 256)
+    a = g.input("a", ["A", "B"], "float16")
+    b = g.input("b", ["A", "B"], "float16")
+    with g.hint(slices={"A": 2}):
+        y = g.add(a, b)
+        z = g.mul(y, y)
+    with g.hint(slices={"B": 4}):
+        w = g.sub(z, y)
+    g.output("w", w)
+    return g.build()
+
+
+def nested_reduction() -> Graph:
+    """Row sums: rows outer (an output level), the reduced dim K inner (a reduction level)."""
+    g = fspyre.GraphBuilder("nested_reduction")
+    g.dim("A", 128)
+    g.dim("K", 1024)
+    x = g.input("x", ["A", "K"], "float16")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"K": 4}):
+            r = g.sum(g.mul(x, 0.5), ["K"])
+    g.output("r", r)
+    return g.build()
+
+
+def matmul(slices: dict[str, int], name: str) -> Graph:
+    g = fspyre.GraphBuilder(name)
+    g.dim("M", 128)
+    g.dim("K", 256)
+    g.dim("N", 128)
+    a = g.input("a", ["M", "K"], "float16")
+    b = g.input("b", ["K", "N"], "float16")
+    with g.hint(slices=slices):
+        c = g.matmul(a, b)
+    g.output("c", c)
+    return g.build()
+
+
+def matmul_m() -> Graph:
+    return matmul({"M": 4}, "matmul_m")
+
+
+def matmul_k() -> Graph:
+    return matmul({"K": 4}, "matmul_k")
+
+
+EXAMPLES = {
+    "canonical": canonical,
+    "softmax_rows": softmax_rows,
+    "two_groups": two_groups,
+    "nested_reduction": nested_reduction,
+    "matmul_m": matmul_m,
+    "matmul_k": matmul_k,
+}
