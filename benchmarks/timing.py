@@ -8,17 +8,24 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 
-def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(best, median) seconds over ``repeats`` calls; the best is the figure least disturbed
-    by other work on the machine, the median shows how noisy it was."""
-    times = []
+@dataclass(frozen=True, slots=True)
+class Timing:
+    best: float  # seconds, the fastest wall-clock run: the one least disturbed by other work
+    median: float  # seconds, wall clock: how noisy the runs were
+    cpu: float  # seconds of this process's CPU time in the fastest-CPU run: steadier on a busy machine
+
+
+def timed(fn: Callable[[], object], repeats: int) -> Timing:
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times), statistics.median(times)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return Timing(best=min(walls), median=statistics.median(walls), cpu=min(cpus))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -36,7 +43,9 @@ def machine_line() -> str:
         pass
     import numpy
 
-    return (f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+    # Wall-clock figures scale with whatever else runs: the load average says how busy it was.
+    load = os.getloadavg()[0]
+    return (f"{cpu}, {os.cpu_count()} CPUs, load average {load:.1f}, Python {platform.python_version()}, "
             f"numpy {numpy.__version__}, {platform.system()} {platform.release()}")
 
 

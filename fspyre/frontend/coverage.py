@@ -147,7 +147,10 @@ def _leaves(sample: Any) -> list[Any]:
 
 
 def _eligible(sample: Any, dtype: torch.dtype, max_numel: int) -> bool:
-    tensors = [x for x in _leaves(sample) if isinstance(x, torch.Tensor)]
+    leaves = _leaves(sample)
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if any(isinstance(x, complex) for x in leaves):
+        return False
     return bool(tensors) and all(
         t.dtype in (dtype, torch.bool) and 0 < t.numel() <= max_numel and t.layout == torch.strided for t in tensors
     )
@@ -170,7 +173,7 @@ def _cover(info: Any, name: str, samples: int, run: int, max_numel: int,
             continue
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            pool = [s for s in info.sample_inputs("cpu", dtype, requires_grad=False) if _eligible(s, dtype, max_numel)]
+            pool = [s for s in info.reference_inputs("cpu", dtype, requires_grad=False) if _eligible(s, dtype, max_numel)]
         for s in _pick(pool, samples):
             sample = _Sample(info.op, s, tuple(x for x in _leaves(s) if isinstance(x, torch.Tensor)))
             verdict, detail, did_run = _check_sample(sample, dtype, machine=ran < run)

@@ -10,8 +10,9 @@ unified into one class, and a class is one name. Two constraints can refuse a un
 - both carry different user names (``a[A, B] + b[C, B]``: the first name wins, as in the anchor).
 
 A refused union is not an error: the lowering renames that operand's axis (a view) to the
-name of the iteration axis it lines up with. Size-1 axes never unify; they are renamed where
-they broadcast. A class takes its user name, else a generated one from its first axis in
+name of the iteration axis it lines up with. Size-1 axes unify only with the axis an
+``expand`` stretches them to (the builder's expand keeps a dim's name); elsewhere they are
+renamed where they broadcast. A class takes its user name, else a generated one from its first axis in
 graph order: ``<input>_<axis>`` for an input's axis, ``<node>_<axis>`` for a result's axis,
 ``<node>_r<k>`` for a reduced axis. Same program, same names.
 """
@@ -55,7 +56,8 @@ class _Classes:
     def __init__(self) -> None:
         self.parent: dict[Key, Key] = {}
         self.order: dict[Key, int] = {}
-        self.size: dict[Key, int] = {}
+        self.size: dict[Key, int] = {}  # key -> the size of that axis
+        self.csize: dict[Key, int] = {}  # root -> the class's size (1 only if every axis has size 1)
         self.groups: dict[Key, set[str]] = {}
         self.user: dict[Key, tuple[str, str]] = {}  # root -> (name, where it was given)
 
@@ -64,7 +66,7 @@ class _Classes:
             return
         self.parent[key] = key
         self.order[key] = len(self.order)
-        self.size[key] = size
+        self.size[key] = self.csize[key] = size
         self.groups[key] = {group}
 
     def find(self, key: Key) -> Key:
@@ -77,7 +79,7 @@ class _Classes:
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
             return True
-        if self.groups[ra] & self.groups[rb]:
+        if self.groups[ra] & self.groups[rb] or 1 != self.csize[ra] != self.csize[rb] != 1:
             return False
         ua, ub = self.user.get(ra), self.user.get(rb)
         if ua and ub and ua[0] != ub[0]:
@@ -85,6 +87,7 @@ class _Classes:
         if self.order[rb] < self.order[ra]:
             ra, rb = rb, ra
         self.parent[rb] = ra
+        self.csize[ra] = max(self.csize[ra], self.csize.pop(rb))
         self.groups[ra] |= self.groups.pop(rb)
         self.user.pop(rb, None)
         if ua or ub:
@@ -121,9 +124,9 @@ def name_dims(graph: fx.Graph, placeholders: Mapping[str, Placeholder]) -> DimNa
             )
         if name in owner:
             other = uf.find(owner[name])
-            if uf.size[other] != size:
+            if uf.csize[other] != size:
                 raise FrontendError(
-                    f"dim name {name!r}: {uf.user[other][1]} has size {uf.size[other]} but {where} has size {size}; "
+                    f"dim name {name!r}: {uf.user[other][1]} has size {uf.csize[other]} but {where} has size {size}; "
                     f"two dims with one name must have one size"
                 )
             if not uf.union(key, other):
@@ -159,7 +162,10 @@ def name_dims(graph: fx.Graph, placeholders: Mapping[str, Placeholder]) -> DimNa
                 give(key, n, f"dim {key[3]} of {node.name} (name_tensor_dims)")
             for use in al.uses:
                 for src, dst in zip(outputs[use.arg.name][use.index], use.dst):
-                    if dst is not None and uf.size[src] == uf.size[dst] != 1:
+                    if dst is None:
+                        continue
+                    stretched = use.stretch and uf.size[src] == 1 and src not in unit_names
+                    if uf.size[src] == uf.size[dst] != 1 or stretched:
                         uf.union(src, dst)
 
     input_names = {p.node: p.name for p in placeholders.values()}

@@ -3,8 +3,9 @@ into core ATen (the same decompositions as ``from_torch``), fspyre lowers and co
 the compiled program runs on the machine-model interpreter, returning torch tensors.
 
 Options: ``torch.compile(f, backend="fspyre", options={"tiling": "none", "cores": 8})``;
-``tiling`` defaults to ``"hints"`` and ``cores`` to 32. Inference only: a graph that needs a
-backward pass is refused (call it under ``torch.no_grad()``).
+``tiling`` defaults to ``"hints"`` and ``cores`` to 32; ``on_graph`` is called with each
+captured fspyre Graph before it is compiled (printing, tests). Inference only: a graph that
+needs a backward pass is refused (call it under ``torch.no_grad()``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fspyre.frontend.dimnames import Placeholder
 from fspyre.frontend.lowering import FxProgram, lower
 
 BACKEND_NAME = "fspyre"
-_OPTIONS = ("tiling", "cores")
+_OPTIONS = ("tiling", "cores", "on_graph")
 
 
 def register_backend() -> None:
@@ -31,12 +32,13 @@ def register_backend() -> None:
     from torch._dynamo.backends.registry import _COMPILER_FNS
     from torch._dynamo.backends.registry import register_backend as register
 
-    if _COMPILER_FNS.get(BACKEND_NAME) is not fspyre_backend and BACKEND_NAME not in _COMPILER_FNS:
+    if BACKEND_NAME not in _COMPILER_FNS:
         register(compiler_fn=fspyre_backend, name=BACKEND_NAME)
 
 
 def fspyre_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                    options: Mapping[str, Any] | None = None, mode: str | None = None) -> Callable:
+    """The Dynamo backend (``mode`` is accepted and ignored: fspyre has one)."""
     from torch._dynamo.backends.common import aot_autograd
 
     options = dict(options or {})
@@ -74,6 +76,8 @@ def _compile_forward(fx_gm: torch.fx.GraphModule, dims: Sequence[tuple[str, ...]
     outs = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
     output_names = tuple(f"out{i}" for i in range(len(outs)))
     graph = lower(FxProgram(name=name, graph=fx_gm.graph, placeholders=placeholders, output_names=output_names))
+    if options.get("on_graph") is not None:
+        options["on_graph"](graph)
     comp = fspyre.compile(graph, machine=spyre(cores=int(options.get("cores", 32))),
                           tiling=str(options.get("tiling", "hints")))
     kinds = [out.meta["val"] for out in outs]
@@ -83,7 +87,6 @@ def _compile_forward(fx_gm: torch.fx.GraphModule, dims: Sequence[tuple[str, ...]
         got = fspyre.run(comp, host)
         return [_to_torch(got[n], v) for n, v in zip(output_names, kinds)]
 
-    run.fspyre_graph = graph  # type: ignore[attr-defined]  # what was compiled, for tests and debugging
     return run
 
 

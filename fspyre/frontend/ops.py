@@ -44,6 +44,7 @@ class Use:
     arg: fx.Node
     dst: tuple[Key | None, ...]
     index: int = 0
+    stretch: bool = False  # an expand: a size-1 axis becomes the longer axis it lines up with
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +231,7 @@ def align_view(node: fx.Node) -> Alignment:
 def align_expand(node: fx.Node) -> Alignment:
     out = out_keys(node)
     r = len(shape(node.args[0]))
-    return Alignment(uses=(Use(node.args[0], out[len(out) - r:]),), outputs=(out,))
+    return Alignment(uses=(Use(node.args[0], out[len(out) - r:], stretch=True),), outputs=(out,))
 
 
 def reduction_axes(node: fx.Node) -> tuple[tuple[int, ...], bool]:
@@ -438,9 +439,9 @@ _REDUCE = {
 }
 
 
-def _reduce(ctx: Lowering, node: fx.Node, fn: str, x: Tensor, **kw: Any) -> Tensor:
+def _reduce(ctx: Lowering, node: fx.Node, fn: str, x: Tensor, dtype: str | None = None, **kw: Any) -> Tensor:
     axes, keepdim = reduction_axes(node)
-    out = ctx.dtype(node, 0)
+    out = dtype or ctx.dtype(node, 0)
     if x.dtype != out:
         x = ctx.g.cast(x, out)  # a dtype= argument
     if not axes:  # a 0-d operand: nothing to reduce
@@ -448,24 +449,30 @@ def _reduce(ctx: Lowering, node: fx.Node, fn: str, x: Tensor, **kw: Any) -> Tens
     return ctx.g.reduce(fn, x, [x.dims[j].name for j in axes], keepdim=keepdim, **kw)
 
 
-def _correction(node: fx.Node) -> int:
+def _var(ctx: Lowering, node: fx.Node, x: Tensor) -> Tensor:
+    """var with torch's ``correction``: the builder's for a whole number; otherwise the
+    population variance, kept in float32, scaled by n / max(n - correction, 0) (torch's rule)."""
     c = bind(node).get("correction")
     c = 1 if c is None else c
-    if c != int(c):
-        raise FrontendError(f"node {node.name} ({node.target}): correction={c} must be a whole number")
-    return int(c)
+    if c == int(c):
+        return _reduce(ctx, node, "var", x, correction=int(c))
+    axes, _ = reduction_axes(node)
+    n = math.prod(shape(node.args[0])[j] for j in axes) if axes else 1
+    out = ctx.dtype(node, 0)
+    wide = _reduce(ctx, node, "var", ctx.g.cast(x, _wide(out)) if x.dtype != _wide(out) else x, correction=0,
+                   dtype=_wide(out))
+    return ctx.g.pointwise("mul", wide, n / (n - c) if n > c else math.inf, dtype=out)
 
 
 @rule(*_REDUCE, align=align_reduction)
 def lower_reduce(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     fn = _REDUCE[node.target]
-    kw = {"correction": _correction(node)} if fn == "var" else {}
-    return _reduce(ctx, node, fn, xs[0], **kw)
+    return _var(ctx, node, xs[0]) if fn == "var" else _reduce(ctx, node, fn, xs[0])
 
 
 @rule(aten.var_mean.correction, align=align_reduction)
 def lower_var_mean(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, Tensor]:
-    return (_reduce(ctx, node, "var", xs[0], correction=_correction(node)), _reduce(ctx, node, "mean", xs[0]))
+    return (_var(ctx, node, xs[0]), _reduce(ctx, node, "mean", xs[0]))
 
 
 @rule(aten.max.dim, aten.min.dim, align=align_reduction)

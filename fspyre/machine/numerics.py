@@ -20,7 +20,9 @@ def _erf(x: np.ndarray) -> np.ndarray:
     # numpy has no erf; torch (a dependency already) computes it vectorized in float32.
     import torch
 
-    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
+    x = np.asarray(x, dtype=np.float32)
+    # ascontiguousarray would turn a 0-d array into 1-d; keep the shape.
+    return torch.special.erf(torch.from_numpy(np.array(x, dtype=np.float32, order="C"))).numpy().reshape(x.shape)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -144,7 +144,7 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
     for i, name in enumerate(args):
         size = layouts[name].nbytes
         placements[name] = Placement(memory="hbm", address=addr, nbytes=size, arg_index=i,
-                                     live=(0, len(timeline)))  # arguments exist for the whole kernel
+                                     live=live.get(name, (0, 0)))
         addr = _align(addr + size)
     pool_base = addr
 

@@ -170,24 +170,24 @@ def _analyse(op: Op, levels: Sequence[Level]) -> _OpTiling:
             )
         per_level.append(dims[0] if dims else None)
     remaining = dict(size)
-    for k, d in enumerate(per_level):
-        if d is None:
+    for k, tiled in enumerate(per_level):
+        if tiled is None:
             continue
         count = levels[k].count
-        if remaining[d] % count:
-            after = "" if remaining[d] == size[d] else f" (of {size[d]}, after the outer levels)"
+        if remaining[tiled] % count:
+            after = "" if remaining[tiled] == size[tiled] else f" (of {size[tiled]}, after the outer levels)"
             raise TilingError(
-                f"op {op.name}: dim {d} has range {remaining[d]}{after}, which count {count} of "
-                f"{_where(k, levels[k])} does not divide; counts that divide it: {_divisors(remaining[d])}"
+                f"op {op.name}: dim {tiled} has range {remaining[tiled]}{after}, which count {count} of "
+                f"{_where(k, levels[k])} does not divide; counts that divide it: {_divisors(remaining[tiled])}"
             )
-        remaining[d] //= count
-    steps = []
-    for k, d in enumerate(per_level):
-        if d is None:
+        remaining[tiled] //= count
+    steps: list[tuple[TileStep, ...]] = []
+    for k, tiled in enumerate(per_level):
+        if tiled is None:
             steps.append(())
             continue
-        inner = math.prod(levels[j].count for j in range(k + 1, len(levels)) if per_level[j] == d)
-        steps.append((TileStep(dim=d, extent=remaining[d] * inner),))
+        inner = math.prod(levels[j].count for j in range(k + 1, len(levels)) if per_level[j] == tiled)
+        steps.append((TileStep(dim=tiled, extent=remaining[tiled] * inner),))
     return _OpTiling(op=op, per_level=tuple(per_level), final=remaining, steps=tuple(steps))
 
 
@@ -307,6 +307,7 @@ def _read_tile(ctx: _Context, reader: _OpTiling, load: Load, tb: _TileBuffer, le
         if pv is None:
             continue
         want = (tb.producer.final[pv.name], tb.producer.extents(pv.name))
+        have: tuple[int, tuple[int | None, ...]]
         if rv is None:  # the reader stays at coordinate 0: fine while the producer does not tile the dim
             have = (1, (None,) * len(levels))
             if not any(want[1]):
@@ -344,9 +345,12 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             if ld.buffer in tiles and ld not in loads:
                 loads[ld] = _read_tile(ctx, t, ld, tiles[ld.buffer], levels)
         operands = tuple(loads.get(o, o) if isinstance(o, Load) else o for o in op.operands)
-        per_tile = replace(op, operands=operands, ranges=t.dims(op.ranges))
+        per_tile: Op
         if isinstance(op, Reduction):
-            per_tile = replace(per_tile, reduction_ranges=t.dims(op.reduction_ranges))
+            per_tile = replace(op, operands=operands, ranges=t.dims(op.ranges),  # type: ignore[arg-type]
+                               reduction_ranges=t.dims(op.reduction_ranges))
+        else:
+            per_tile = replace(op, operands=operands, ranges=t.dims(op.ranges))
         out = op.store.buffer
         inside = any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
         outside = out in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(out, ()))
@@ -358,6 +362,7 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
                 store = Store(buffer=out, index=_index(tile_type, vars_))
             tiles[out] = _TileBuffer(name=out, type=tile_type, producer=t, vars=tuple(vars_))
         if r is not None:
+            assert isinstance(per_tile, Reduction)
             inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, fills, finishes))
             continue
         if outside and inside:
@@ -408,11 +413,11 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
         operands=(Scalar(value=float_identity if acc_float else int_identity),),
         ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
     )
+    finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=idx),)
+    finish_fn = "cast"
     if op.fn == "mean":
         count = math.prod(d.size for d in op.reduction_ranges)
-        finish_fn, finish_ops = "mul", (Load(buffer=acc, index=idx), Scalar(value=1.0 / count))
-    else:
-        finish_fn, finish_ops = "cast", (Load(buffer=acc, index=idx),)
+        finish_fn, finish_ops = "mul", finish_ops + (Scalar(value=1.0 / count),)
     finish = Pointwise(
         name=ctx.fresh(f"{op.name}_finish"), fn=finish_fn, operands=finish_ops,
         ranges=out_dims, store=store, hints=op.hints,
@@ -446,7 +451,9 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
         for k, level in enumerate(node.tiling):
             for s in level:
                 if s.dim not in names:
-                    raise TilingError(f"loop tree {tree.name}: op {op.name} level {k} steps dim {s.dim} it does not iterate")
+                    raise TilingError(
+                        f"loop tree {tree.name}: op {op.name} level {k} steps dim {s.dim}, which it does not iterate"
+                    )
         for ld in op.loads:
             if ld.buffer not in table:
                 raise TilingError(f"loop tree {tree.name}: op {op.name} reads unknown buffer {ld.buffer}")
@@ -457,5 +464,7 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
         written.add(op.store.buffer)
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
-            raise TilingError(f"loop tree {tree.name}: output {o.name} ({o.buffer}) must be a full buffer that is written")
+            raise TilingError(
+                f"loop tree {tree.name}: output {o.name} ({o.buffer}) must be a full buffer that is written"
+            )
     return tree

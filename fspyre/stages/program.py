@@ -144,9 +144,9 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
 
     # A dim tiled down to one element per tile leaves the iteration space but still moves the
     # address: the advance is computed with its symbol kept (the anchor's squeezed advance).
-    tiled = {s.dim for level in node.tiling for s in level}
-    squeezed = [d for d in iteration_dims(op) if d.size == 1 and d.name in tiled]
-    fixed = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1 and d.name not in tiled}
+    moving = {s.dim for level in node.tiling for s in level}
+    squeezed = [d for d in iteration_dims(op) if d.size == 1 and d.name in moving]
+    fixed = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1 and d.name not in moving}
 
     def arg(buffer: str, index: sympy.Expr, is_input: bool) -> TensorArg:
         b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
@@ -166,7 +166,9 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
             allocation=FrozenMap({place.memory: place.address}), tile_advance=advance,
         )
 
-    args, operands, dtypes = [], [], []
+    args: list[TensorArg] = []
+    operands: list[tuple[str, object]] = []
+    dtypes: list[str] = []
     for o in op.operands:
         if isinstance(o, Load):
             operands.append(("arg", len(args)))

@@ -108,10 +108,12 @@ def op_accesses(node: OpNode, counts: Sequence[int], table: Mapping[str, TreeBuf
     for name, index, is_write in refs:
         b = table[name]
         lay = layouts[name] if layouts is not None else buffer_layout(b, machine)
+        # A dim tiled down to one element per tile leaves the iteration space but still moves
+        # the address, so the advance is judged on the index before size-1 dims are dropped.
+        advances = b.scope == "full" and bool(index.free_symbols & moving)
         index = index.subs(unit) if unit else index
         ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
         coords = device_coordinates(lay, index, ranges)
-        advances = b.scope == "full" and bool(index.free_symbols & moving)
         out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, advances=advances))
     return tuple(out)
 

@@ -80,10 +80,12 @@ def _check_scopes(graph: Graph, scopes: Mapping[int, HintScope]) -> None:
                     f"op {op.name} carries hint scope {h}, which graph {graph.name} does not declare "
                     f"(declared scopes: {sorted(scopes)})"
                 )
-    for h in graph.hints:
-        for dim, count in h.slices.items():
+    for scope in graph.hints:
+        for dim, count in scope.slices.items():
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                raise HintError(f"hint scope {h.id} slices={{{dim!r}: {count!r}}}: the count must be an integer >= 1")
+                raise HintError(
+                    f"hint scope {scope.id} slices={{{dim!r}: {count!r}}}: the count must be an integer >= 1"
+                )
 
 
 def _source(scope: int, dim: str, count: int) -> str:
@@ -148,10 +150,8 @@ def _reorder_interlopers(ops: Sequence[Op], keys: Mapping[str, tuple[int, ...]],
         pre, post = [], []
         for u in interlopers:
             op = ops[u]
-            before = next(((ld.buffer, writer[ld.buffer]) for ld in op.loads
-                           if ld.buffer in writer
-                           and ((writer[ld.buffer] in run_set and writer[ld.buffer] < u) or writer[ld.buffer] in post_set)),
-                          None)
+            before = next(((ld.buffer, w) for ld in op.loads if (w := writer.get(ld.buffer, -1)) >= 0
+                           and ((w in run_set and w < u) or w in post_set)), None)
             if before is None:
                 pre.append(u)
                 continue

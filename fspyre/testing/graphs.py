@@ -26,7 +26,9 @@ input or a view, possibly the same value twice). ``kinds`` chooses among the op 
 Sizes
 -----
 The structure is drawn first, sizes last, so shrinking simplifies the program and the sizes
-independently (sizes shrink towards 1). Each base dim's size is at most ``max_size`` (200)
+independently (sizes shrink towards 1). A base dim is one or (sometimes) two *atoms*, each with
+a drawn size, so a reshape can also split an input dim or cut a merged dim inside one of the
+dims it merged. Each base dim's size is at most ``max_size`` (200)
 and comes half the time from stick-relevant sizes (63, 64, 65, 128, 129, 192, ...: whole,
 partial and multiple sticks of 64 half-precision or 32 single-precision elements). The
 sizes are drawn so that every tensor and every op's iteration space holds at most
@@ -420,7 +422,7 @@ class _Realizer:
 
 # Distinct, and whole sticks for every dtype, so a size-dependent builder rule (say, on stick
 # alignment) does not refuse the structure before the real sizes are drawn.
-_PLACEHOLDER_SIZES = (64, 128, 192, 256, 320, 384)
+_PLACEHOLDER_SIZES = (64, 128, 192, 256, 320, 384, 448, 512)
 
 
 class _Planner:
@@ -429,12 +431,17 @@ class _Planner:
         self.base = tuple(base)
         self.dtypes = tuple(dtypes)
         self.kinds = tuple(kinds)
-        self.factors: dict[str, tuple[str, ...]] = {n: (n,) for n in self.base}
+        # A dim's size is the product of its atoms' sizes. A base dim of two atoms can be split
+        # between them, and a merged dim anywhere along its atoms: inside an original dim too.
+        self.factors: dict[str, tuple[str, ...]] = {
+            n: tuple(f"{n}#{i}" for i in range(2 if self.rare() else 1)) for n in self.base
+        }
+        self.atoms = tuple(a for n in self.base for a in self.factors[n])
         self.steps: list[_Step] = []
         self.value_steps: list[_Step] = []  # the step that made each value
         self.facts: list[_Fact] = []
         self.fresh = 0
-        sizes = dict(zip(self.base, _PLACEHOLDER_SIZES))
+        sizes = dict(zip(self.atoms, _PLACEHOLDER_SIZES))
         self.r = _Realizer("plan", self.factors, sizes, self.facts)
 
     # -- helpers --------------------------------------------------------------------------------
@@ -731,10 +738,10 @@ class _Planner:
             self.push(_Step("output", "output", (i,)))
 
     def multiplicity(self) -> dict[str, int]:
-        """Per base dim, the most times it appears in one tensor or iteration space."""
+        """Per atom, the most times it appears in one tensor or iteration space."""
         graph = self.r.g.build()
         spaces = [iteration_dims(op) for op in graph.ops] + [b.type.dims for b in graph.buffers]
-        most = {n: 0 for n in self.base}
+        most = {a: 0 for a in self.atoms}
         for dims_ in spaces:
             count: dict[str, int] = {}
             for d in dims_:
@@ -767,7 +774,7 @@ def programs(
     for k in kinds:
         if k not in KINDS:
             raise ValueError(f"programs: unknown kind {k!r}; use some of {KINDS}")
-    nbase = draw(st.integers(1, min(max_base_dims, len(dim_names), len(_PLACEHOLDER_SIZES))))
+    nbase = draw(st.integers(1, min(max_base_dims, len(dim_names), len(_PLACEHOLDER_SIZES) // 2)))
     base = draw(st.lists(st.sampled_from(tuple(dim_names)), min_size=nbase, max_size=nbase, unique=True))
     plan = _Planner(draw, base, dtypes, kinds)
     plan.new_input()
@@ -777,25 +784,29 @@ def programs(
         plan.step(draw(st.sampled_from(step_kinds)))
     plan.outputs()
 
-    # sizes last: each base dim's cap keeps every iteration space within max_elements
+    # sizes last: each atom's cap keeps every iteration space within max_elements and every base
+    # dim within max_size
     mult = plan.multiplicity()
     sizes: dict[str, int] = {}
     used = 1
     for name in base:
-        m = mult[name]
-        if m == 0:
-            sizes[name] = 1
-            continue
-        cap = max_size
-        while cap > 1 and used * cap**m > max_elements:
-            cap = min(cap - 1, int((max_elements / used) ** (1 / m)))
-        sizes[name] = draw(dim_sizes(max(cap, 1)))
-        used *= sizes[name] ** m
+        dim_size = 1
+        for atom in plan.factors[name]:
+            m = mult[atom]
+            if m == 0:
+                sizes[atom] = 1
+                continue
+            cap = max_size // dim_size
+            while cap > 1 and used * cap**m > max_elements:
+                cap = min(cap - 1, int((max_elements / used) ** (1 / m)))
+            sizes[atom] = draw(dim_sizes(max(cap, 1)))
+            used *= sizes[atom] ** m
+            dim_size *= sizes[atom]
 
     real = _Realizer("random", plan.factors, sizes, plan.facts)
     try:
         for name in base:
-            if mult[name]:
+            if any(mult[a] for a in plan.factors[name]):
                 real.dim(name, False)
         for step in plan.steps:
             t = real.apply(step)
@@ -807,7 +818,7 @@ def programs(
     except GraphError:
         # The builder refuses this structure at these sizes (a size-dependent rule): not a graph.
         reject()
-    return GraphProgram(graph=graph, source=real.source(), sizes=FrozenMap(sizes))
+    return GraphProgram(graph=graph, source=real.source(), sizes=FrozenMap((n, real.size(n)) for n in base))
 
 
 def graphs(**kwargs) -> st.SearchStrategy[Graph]:

@@ -35,6 +35,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import sympy
 from hypothesis import strategies as st
 
 from fspyre.ir.frozen import FrozenMap
@@ -128,17 +129,27 @@ def _keys(n: int, spans: Sequence[tuple[int, int]], holes: set[int]) -> list[tup
 
 # -- any hints ------------------------------------------------------------------------------------
 @st.composite
+def _any_slice(draw, sizes: Mapping[str, int], max_count: int) -> tuple[str, int]:
+    dim = draw(st.sampled_from(sorted(sizes) + ["nope"]))
+    divisors = [c for c in range(2, min(sizes.get(dim, 1), max_count) + 1) if sizes[dim] % c == 0]
+    if divisors and draw(st.booleans()):  # half the time a count that at least divides
+        return dim, draw(st.sampled_from(divisors))
+    return dim, draw(st.one_of(st.sampled_from((1, 2, 3, 4, 5, 8)), st.integers(1, max_count)))
+
+
+@st.composite
 def any_hint_nests(draw, graph: Graph, *, max_count: int = 16) -> HintNest:
     """Hints a user might write, legal or not."""
     n = len(graph.ops)
+    sizes = {d.name: d.size for op in graph.ops for d in iteration_dims(op) if d.size > 1}
     names = sorted({d.name for op in graph.ops for d in iteration_dims(op)}) + ["nope"]
-    dim = st.sampled_from(names)
-    count = st.one_of(st.sampled_from((1, 2, 3, 4, 5, 8)), st.integers(1, max_count))
     scopes = []
     for lo, hi, inner in draw(_spans(n)):
         for a, b in [(lo, hi)] + ([inner] if inner else []):
-            slices = draw(st.lists(st.tuples(dim, count), max_size=2, unique_by=lambda t: t[0]))
-            work = draw(st.lists(st.tuples(dim, st.sampled_from((1, 2, 4))), max_size=1)) if draw(st.booleans()) else []
+            slices = draw(st.lists(_any_slice(sizes, max_count), max_size=2, unique_by=lambda t: t[0]))
+            work = []
+            if draw(st.booleans()):
+                work = draw(st.lists(st.tuples(st.sampled_from(names), st.sampled_from((1, 2, 4))), max_size=1))
             scopes.append(ScopeSpec(start=a, stop=b, slices=tuple(slices), work_div=tuple(work)))
     holes = draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=2, unique=True)) if n else []
     return HintNest(scopes=tuple(scopes), holes=tuple(sorted(holes)), names=tuple(op.name for op in graph.ops))
@@ -161,8 +172,6 @@ class _Facts:
 
 def _aligned(index, btype: TensorType, op: Op) -> bool:
     """The access walks each dim of the buffer with the op's variable of the same name."""
-    import sympy
-
     strides = dict(zip((d.name for d in btype.dims), btype.strides()))
     sizes = {d.name: d.size for d in iteration_dims(op)}
     have = {d.name: d.size for d in btype.dims}
@@ -170,7 +179,9 @@ def _aligned(index, btype: TensorType, op: Op) -> bool:
         if term == 0:
             continue
         coef, var = term.as_coeff_Mul()
-        if not var.is_Symbol or var.name not in strides or strides[var.name] != coef or sizes[var.name] != have[var.name]:
+        if not var.is_Symbol or var.name not in strides:
+            return False
+        if strides[var.name] != coef or sizes[var.name] != have[var.name]:
             return False
     return True
 
@@ -198,7 +209,8 @@ def _facts(graph: Graph) -> _Facts:
     return _Facts(
         ops=graph.ops, size=size, iterated=tuple(iterated), reduced=tuple(reduced), unaligned=tuple(unaligned),
         sticks=sticks,
-        readers={k: tuple(v) for k, v in readers.items()}, writer={op.store.buffer: i for i, op in enumerate(graph.ops)},
+        readers={k: tuple(v) for k, v in readers.items()},
+        writer={op.store.buffer: i for i, op in enumerate(graph.ops)},
     )
 
 

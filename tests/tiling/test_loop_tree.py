@@ -227,8 +227,8 @@ def test_count_must_divide_the_range():
 
 
 def test_reduction_level_inside_output_level_only():
-    refuse(reduction_graph(slices=({"K": 2}, {"A": 2})), "op buf0 (sum over ['K'])", "tiles output dim A inside level 0",
-           "Put the output level outside")
+    refuse(reduction_graph(slices=({"K": 2}, {"A": 2})), "op buf0 (sum over ['K'])",
+           "tiles output dim A inside level 0", "Put the output level outside")
 
 
 def test_invariant_level_inside_reduction_level():
@@ -244,11 +244,13 @@ def test_invariant_level_inside_reduction_level():
             v = g.neg(w)
     g.output("r", r)
     g.output("v", v)
-    refuse(g.build(), "level 1 (hint scope 1 slices={'C': 2}) tiles no dim of buf0", "folded into the accumulator 2 times")
+    refuse(g.build(), "level 1 (hint scope 1 slices={'C': 2}) tiles no dim of buf0",
+           "folded into the accumulator 2 times")
 
 
 def test_var_and_in_loop_readers_of_partial_results():
-    refuse(reduction_graph("var", slices=({"K": 2},), dtype="float32"), "op buf0 (var over ['K'])", "no tile-by-tile combine")
+    refuse(reduction_graph("var", slices=({"K": 2},), dtype="float32"), "op buf0 (var over ['K'])",
+           "no tile-by-tile combine")
     g = fspyre.GraphBuilder("softmax")
     g.dim("A", 64)
     g.dim("B", 256)

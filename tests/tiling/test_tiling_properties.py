@@ -17,7 +17,7 @@ Random hints that fspyre refuses raise an FspyreError, never another exception.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from tiling_strategies import tiling_graphs
 
@@ -25,13 +25,14 @@ import fspyre
 from fspyre.check import REDUCTION_RTOL
 from fspyre.ir.dtypes import is_float
 from fspyre.ir.graph import Graph, Reduction
+from fspyre.ir.looptree import op_nodes
 from fspyre.ir.serialize import dumps, loads
 from fspyre.stages.loop_tree import verify_loop_tree
-from fspyre.testing import graphs, inputs_for
+from fspyre.testing import examples, graphs, inputs_for
 from fspyre.testing.hints import HintNest, any_hint_nests, legal_hint_nests, tiles_a_reduction
 
 SETTINGS = settings(
-    max_examples=60, deadline=None,
+    max_examples=examples(60), deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 GRAPHS = st.one_of(tiling_graphs(), graphs(max_ops=6, max_elements=8192))
@@ -39,7 +40,8 @@ INEXACT = ("sum", "mean", "prod", "var", "matmul")
 
 
 def reassociates(graph: Graph) -> bool:
-    return any(isinstance(op, Reduction) and op.fn in INEXACT and is_float(graph.buffer_table()[op.store.buffer].type.dtype)
+    table = graph.buffer_table()
+    return any(isinstance(op, Reduction) and op.fn in INEXACT and is_float(table[op.store.buffer].type.dtype)
                for op in graph.ops)
 
 
@@ -69,6 +71,22 @@ def agree(graph: Graph, got, want, exact: bool, nest: HintNest) -> None:
         assert diff.max(initial=0.0) <= tol, f"output {o.name}: max |diff| {diff.max()} > {tol} under {nest}"
 
 
+def describe(graph: Graph, plan, tree) -> None:
+    """Coverage, shown by --hypothesis-show-statistics."""
+    event(f"groups: {len(plan.groups)}")
+    event(f"deepest nest: {max((len(g.levels) for g in plan.groups), default=0)}")
+    if tiles_a_reduction(tree):
+        event("a reduction dim is tiled")
+    names = {n.op.name for n in op_nodes(tree)}
+    if any(n.endswith("_copy") for n in names):
+        event("copy-out of a buffer read inside and after its loop")
+    if plan.order != tuple(op.name for op in graph.ops):
+        event("an unhinted op moved out of a run")
+    if any(d.size == 1 and any(s.dim == d.name for lv in n.tiling for s in lv)
+           for n in op_nodes(tree) for d in n.op.ranges):
+        event("a dim tiled down to one element")
+
+
 def check_tiled(graph: Graph, nest: HintNest, cores: int, *, must_compile: bool) -> None:
     hinted = nest.apply(graph)
     machine = fspyre.machine.spyre(cores=cores)
@@ -82,6 +100,7 @@ def check_tiled(graph: Graph, nest: HintNest, cores: int, *, must_compile: bool)
         except fspyre.FspyreError:
             return
     tree = verify_loop_tree(comp.stages["loop_tree"])
+    describe(graph, comp.stages["tiling_plan"], tree)
     assert loads(dumps(comp.stages["tiling_plan"])) == comp.stages["tiling_plan"]
     assert loads(dumps(tree)) == tree
     got = fspyre.run(comp, inputs)

@@ -48,7 +48,8 @@ def tiling_graphs(draw, *, max_steps: int = 6) -> Graph:
     values: list[tuple[Tensor, bool]] = [(new_input(dims), True)]
     for _ in range(draw(st.integers(1, max_steps))):
         x, exact = values[draw(st.integers(0, len(values) - 1))]
-        kind = draw(st.sampled_from(("unary", "binary", "broadcast", "permuted", "reduce", "keepdim", "matmul")))
+        kind = draw(st.sampled_from(
+            ("unary", "binary", "broadcast", "permuted", "reduce", "reduce", "keepdim", "matmul")))
         names = list(x.type.names)
         if kind == "unary":
             fn = draw(st.sampled_from(_UNARY if exact else _QUIET_UNARY))
@@ -90,7 +91,7 @@ def tiling_graphs(draw, *, max_steps: int = 6) -> Graph:
         else:
             values.append((g.pointwise("neg", x), exact))
     g.output("out", values[-1][0])
-    extra = draw(st.lists(st.integers(0, len(values) - 2), max_size=1)) if len(values) > 1 else []
+    extra = draw(st.lists(st.integers(0, len(values) - 2), max_size=2, unique=True)) if len(values) > 1 else []
     for i, k in enumerate(extra):
         g.output(f"extra{i}", values[k][0])
     return g.build()

@@ -12,7 +12,7 @@ import pytest
 import fspyre
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, op_specs
+from fspyre.ir.program import LoopSpec, Program, op_specs
 from fspyre.machine import formats
 from fspyre.machine.interpreter import run_program
 from fspyre.machine.spyre import spyre
@@ -66,8 +66,8 @@ def test_out_of_bounds_read_names_op_tensor_core_and_address():
         run_program(bad, inputs_for(add_graph()))
     msg = str(info.value)
     spec = op_specs(program)[0]
-    m = re.fullmatch(rf"op {spec.name} tensor x core \d+: address (0x[0-9a-f]+) is outside HBM \({program.hbm_bytes} bytes\)",
-                     msg)
+    pattern = rf"op {spec.name} tensor x core \d+: address (0x[0-9a-f]+) is outside HBM \({program.hbm_bytes} bytes\)"
+    m = re.fullmatch(pattern, msg)
     assert m and int(m.group(1), 16) >= program.hbm_bytes, msg
 
 
@@ -201,7 +201,7 @@ def test_reshape_views_merge_and_split():
         F = g.dim("F", 12)
         merged = g.reshape(x, (F, C))
         g.output("m", g.exp(merged))
-        P, Q = g.dim("P", 2), g.dim("Q", 6)
+        P, Q = g.dim("P", 6), g.dim("Q", 2)  # splits B in the middle: still whole old strides
         g.output("s", g.abs(g.reshape(merged, (P, Q, C))))
         G = g.dim("G", 768)
         g.output("flat", g.neg(g.reshape(x, (G,))))
@@ -209,8 +209,39 @@ def test_reshape_views_merge_and_split():
     ins, ref = agree(build(body))
     x = ins["x"].astype(np.float32)
     np.testing.assert_array_equal(ref["m"], f16(np.exp(x.reshape(12, 64))))
-    np.testing.assert_array_equal(ref["s"], f16(np.abs(x.reshape(2, 6, 64))))
+    np.testing.assert_array_equal(ref["s"], f16(np.abs(x.reshape(6, 2, 64))))
     np.testing.assert_array_equal(ref["flat"], f16(-x.reshape(768)))
+
+
+@pytest.mark.parametrize(
+    "shape, middle, new, dtype",
+    [
+        ((3, 4, 64), (12, 64), (2, 6, 64), "float16"),  # regroups across the old A|B boundary
+        ((2, 100), (200,), None, "float16"),  # merges a padded stick dim
+        ((2, 3), (6,), None, "float32"),  # merges a stick dim shorter than a stick
+        ((4, 64), (256,), (8, 32), "float16"),  # splits a stick dim below the stick size
+    ],
+)
+def test_reshapes_the_layout_cannot_address_are_refused_not_miscomputed(shape, middle, new, dtype):
+    """Either the view runs correctly or fspyre refuses it with an FspyreError; never wrong values."""
+    g = fspyre.GraphBuilder("t")
+    names = [f"D{i}" for i in range(len(shape))]
+    for n, size in zip(names, shape):
+        g.dim(n, size)
+    try:
+        x = g.input("x", names, dtype)
+        y = g.reshape(x, [g.dim(f"M{i}", s) for i, s in enumerate(middle)])
+        if new is not None:
+            y = g.reshape(y, [g.dim(f"N{i}", s) for i, s in enumerate(new)])
+        g.output("y", g.neg(y))
+        graph = g.build()
+        inputs = inputs_for(graph)
+        comp = fspyre.compile(graph, machine=spyre(cores=2), tiling="none")
+        got = fspyre.run(comp, inputs)["y"]
+    except fspyre.FspyreError as err:
+        assert "reshape" in str(err) or "stick" in str(err), str(err)
+        return
+    np.testing.assert_array_equal(got, -inputs["x"].reshape(new or middle))
 
 
 def test_keepdim_reductions_broadcast_back():
@@ -246,10 +277,11 @@ def test_matmul_with_a_batch_dim():
 
 def test_matmul_over_a_dim_neither_operand_varies_along():
     """A contracted dim both operands only broadcast along still counts its extent."""
+
     def body(g):
-        E, O = g.dim("E", 4), g.dim("O", 3)
-        x = g.input("x", (fspyre.Dim("E", 1), O), "float32")
-        v = g.expand(x, (E, O))
+        E, J = g.dim("E", 4), g.dim("J", 3)
+        x = g.input("x", (fspyre.Dim("E", 1), J), "float32")
+        v = g.expand(x, (E, J))
         g.output("y", g.matmul(v, v, contract="E"))
 
     ins, ref = agree(build(body), cores=(1, 2, 4))
