@@ -14,6 +14,7 @@ import ast
 import functools
 import importlib.util
 import itertools
+import json
 import os
 import shutil
 import sys
@@ -29,9 +30,15 @@ import numpy as np
 import fspyre
 from fspyre.errors import FspyreError
 from fspyre.ir.graph import Graph
+from fspyre.ir.looptree import LoopTree
+from fspyre.ir.serialize import dumps
+from fspyre.lower.unroll import unroll
 from fspyre.machine.hostio import random_inputs
+from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.pipeline import Compilation, StageCallback
+from fspyre.pretty import pretty, render, to_dot
+from fspyre.pretty.memmap import lx_memmap_svg
 from fspyre.stages.allocation import AllocationOptions
 
 if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
@@ -176,8 +183,6 @@ def _compile(graph: Graph, args: argparse.Namespace, callback: StageCallback | N
 
 
 def _pretty(artifact: Any, detailed: bool = False) -> str:
-    from fspyre.pretty import pretty
-
     return pretty(artifact, detailed=detailed).rstrip("\n")
 
 
@@ -201,56 +206,30 @@ def _require_dot(what: str) -> None:
         raise UsageError(f"{what} needs graphviz's `dot`, which is not on PATH; install Debian's graphviz package")
 
 
-def _loop_tree(comp: Compilation):
+def _loop_tree(comp: Compilation) -> LoopTree:
     return comp.stages["loop_tree"]
 
 
 def _dot_text(comp: Compilation) -> str:
-    from fspyre.pretty.dot import to_dot
-
     return to_dot(_loop_tree(comp))
 
 
 def _draw_svg(comp: Compilation, path: Path) -> None:
-    from fspyre.pretty.dot import render
-
     _require_dot("the loop-tree picture")
     render(_dot_text(comp), str(path), "svg")
 
 
 def _memmap_svg(comp: Compilation) -> str:
-    from fspyre.pretty.memmap import lx_memmap_svg
-
     return lx_memmap_svg(comp.program)
 
 
 def _report_text(comp: Compilation) -> str:
-    from fspyre.machine.report import traffic_report
-
     return str(traffic_report(comp.program, comp.machine)).rstrip("\n")
 
 
-def _unrolled(comp: Compilation):
-    from fspyre.lower.unroll import unroll
-
-    return unroll(comp.program)
-
-
-def _json_text(artifact: Any) -> str:
-    from fspyre.ir.serialize import dumps
-
-    return dumps(artifact)
-
-
 def _sdsc_files(comp: Compilation) -> dict[str, str]:
-    import json
-
-    files = {}
-    for name, doc in comp.sdsc.items():
-        base = Path(name).name
-        base = base if base.endswith(".json") else f"{base}.json"
-        files[base if base.startswith("sdsc") else f"sdsc_{base}"] = json.dumps(doc, indent=1)
-    return files
+    """``sdsc_N.json`` per OpSpec, the names bundle.mlir refers to (never a path elsewhere)."""
+    return {Path(name).name: json.dumps(doc, indent=1) for name, doc in comp.sdsc.items()}
 
 
 Writer = Callable[[Path], None]  # draws a picture into the given file
@@ -266,7 +245,7 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
     if kind == "stages":
         return Emitted(files=stage_texts, stdout="\n\n".join(f"== {n[:-4]} ==\n{t}" for n, t in stage_texts.items()))
     if kind == "json":
-        docs = {name: _json_text(a) for name, a in comp.stages.items()}
+        docs = {name: dumps(a) for name, a in comp.stages.items()}
         files = {f"{i:02d}_{name}.json": doc for i, (name, doc) in enumerate(docs.items())}
         combined = "{\n" + ",\n".join(f'"{name}": {doc}' for name, doc in docs.items()) + "\n}"
         return Emitted(files=files, stdout=combined)
@@ -280,7 +259,7 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
         "program": ("program.txt", lambda c: printer(c.program)),
         "mlir": ("bundle.mlir", lambda c: c.bundle_mlir),
         "mlir-generic": ("bundle.generic.mlir", lambda c: c.mlir_generic),
-        "unrolled": ("unrolled.txt", lambda c: printer(_unrolled(c))),
+        "unrolled": ("unrolled.txt", lambda c: printer(unroll(c.program))),
         "report": ("report.txt", _report_text),
     }
     file, make = one[kind]
@@ -340,7 +319,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     check = fspyre.check(graph, inputs, machine=machine, comp=comp)
     check_s = time.perf_counter() - start
-    print(f"\ncompiled in {compile_s:.2f} s; interpreter + reference in {check_s:.2f} s")
+    print(f"\ncompiled (and printed) in {compile_s:.2f} s; interpreter + reference in {check_s:.2f} s")
     print(f"wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
     print(f"\n{check}")
     return 0 if check.equal else 1
@@ -511,6 +490,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (``| head``) went away: not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:  # an --out path that is a file, a read-only directory, a full disk
+        if args.debug:
+            traceback.print_exc()
+        print(f"fspyre: error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fspyre: interrupted", file=sys.stderr)
+        return 130
     except Exception as err:
         if args.debug:
             traceback.print_exc()

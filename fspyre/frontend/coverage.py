@@ -31,23 +31,30 @@ import torch
 
 from fspyre.errors import FspyreError
 
-# OpInfo names (``name`` or ``name.variant``) the front end claims. Left out, with the reason:
-# div.floor_rounding / div.trunc_rounding (no floor/trunc op), log2 / exp2 / log1p / expm1 /
-# erf / sign (no fspyre op; composing them from log/exp loses the precision torch keeps),
-# max.reduction_with_dim (returns argmax indices), pow (its int64 samples are out of scope
-# and float samples pass), masked.* (mask arguments), norm (abs/pow on arbitrary p).
+# OpInfo names (``name`` or ``name.variant``) the front end claims. Not claimed, and why
+# (``--ops NAME -v`` shows each refusal):
+# - log2, exp2, erf, sign, div.floor_rounding, div.trunc_rounding: no fspyre op, and composing
+#   log2/exp2 from log/exp loses the precision torch keeps; softplus, elu, mish, xlogy,
+#   nan_to_num, fmax, fmin, norm and normalize decompose into such ops (log1p, expm1, isnan,
+#   sign, ...);
+# - max.reduction_with_dim, min.reduction_with_dim: they return int64 argmax indices;
+# - float_power, softmax.with_dtype, log_softmax.with_dtype: float64;
+# - glu (slices), einsum (a repeated index is a diagonal: no strided view in the builder).
 CLAIMED: tuple[str, ...] = (
     # elementwise unary
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "square", "logical_not",
-    "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "nn.functional.hardtanh",
-    "nn.functional.leaky_relu", "nn.functional.relu6", "clamp", "clamp_min", "clamp_max",
+    "positive", "logit", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
+    "nn.functional.hardtanh", "nn.functional.leaky_relu", "nn.functional.relu6", "nn.functional.hardsigmoid",
+    "nn.functional.hardswish", "nn.functional.threshold", "clamp", "clamp_min", "clamp_max",
     # elementwise binary and ternary
-    "add", "sub", "rsub", "mul", "div.no_rounding_mode", "true_divide", "maximum", "minimum", "pow",
-    "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill",
+    "add", "sub", "rsub", "mul", "div.no_rounding_mode", "true_divide", "maximum", "minimum", "max.binary",
+    "min.binary", "pow", "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "addcmul", "addcdiv", "lerp",
     # reductions
-    "sum", "mean", "amax", "amin", "prod", "var", "var.unbiased", "std", "std.unbiased", "var_mean",
+    "sum", "mean", "amax", "amin", "prod", "var", "var.unbiased", "std", "std.unbiased", "var_mean", "std_mean",
     "max.reduction_no_dim", "min.reduction_no_dim", "logsumexp", "softmax", "log_softmax",
-    "nn.functional.layer_norm", "nn.functional.rms_norm",
+    "nn.functional.softmin", "nn.functional.layer_norm", "nn.functional.rms_norm", "nn.functional.mse_loss",
+    # contractions
+    "mm", "bmm", "mv", "matmul", "addmm", "baddbmm", "nn.functional.linear",
 )
 
 DTYPES = (torch.float16, torch.float32)

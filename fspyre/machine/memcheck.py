@@ -338,12 +338,12 @@ def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.
 
 
 def _check_dataflow(name: str, accs: list[_Access], is_input: bool, issue) -> None:
+    """Reads follow a write (or the tensor is a kernel input). In LX every access after the
+    first write must use, on each of its cores, the box the latest earlier write left there."""
     writes = [a for a in accs if a.is_write]
     for acc in accs:
-        if acc.is_write:
-            continue
         before = [w for w in writes if w.time < acc.time]
-        if not before and not is_input:
+        if not acc.is_write and not before and not is_input:
             issue("unwritten_read", acc, -1, acc.arg.address,
                   "reads a tensor no earlier op writes and that is not a kernel input")
             continue
@@ -352,18 +352,21 @@ def _check_dataflow(name: str, accs: list[_Access], is_input: bool, issue) -> No
         w = before[-1]
         wl, we = lx_box(w.lows, w.highs, w.arg.device_size)
         rl, re_ = lx_box(acc.lows, acc.highs, acc.arg.device_size)
+        verb = "writes" if acc.is_write else "reads"
         for c in np.nonzero(acc.cores)[0]:
             c = int(c)
             if c >= len(w.cores) or not w.cores[c]:
+                if acc.is_write:
+                    continue  # a later writer may cover more cores
                 issue("lx_slice_mismatch", acc, c, acc.arg.address,
-                      f"core {c} reads its LX copy, but producer op {_name(w.spec)} ({w.spec.cores} cores) never "
+                      f"core {c} reads its LX copy, but op {_name(w.spec)} ({w.spec.cores} cores) never "
                       f"wrote it on core {c}; split both ops the same way or keep {name} in HBM")
                 return
             if not (np.array_equal(wl[c], rl[c]) and np.array_equal(we[c], re_[c])):
                 issue("lx_slice_mismatch", acc, c, acc.arg.address,
-                      f"core {c} reads the LX box at {rl[c].tolist()} extent {re_[c].tolist()}, but producer op "
-                      f"{_name(w.spec)} wrote the box at {wl[c].tolist()} extent {we[c].tolist()} there; split both "
-                      f"ops the same way or keep {name} in HBM")
+                      f"core {c} {verb} the LX box at {rl[c].tolist()} extent {re_[c].tolist()}, but op "
+                      f"{_name(w.spec)} wrote the box at {wl[c].tolist()} extent {we[c].tolist()} there; split "
+                      f"both ops the same way or keep {name} in HBM")
                 return
 
 

@@ -180,25 +180,30 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
 
     pool = [LiveBuffer(name=n, size=_align(layouts[n].nbytes), start=live.get(n, (0, 0))[0],
                        end=live.get(n, (0, 0))[1]) for n in intermediates if n not in placements]
+    offsets = {item.name: 0 for item in pool}  # a buffer no op uses occupies nothing
+    used = [item for item in pool if item.end > item.start]
     if options.hbm_reuse:
-        offsets = {n: a for n, (a, _) in _greedy(pool, None, prefer_gaps=True).items()}
+        offsets.update((n, a) for n, (a, _) in _greedy(used, None, prefer_gaps=True).items())
     else:
-        offsets, top = {}, 0
-        for item in pool:
+        top = 0
+        for item in used:
             offsets[item.name], top = top, top + item.size
     end = pool_base
     for item in pool:
         a = pool_base + offsets[item.name]
         placements[item.name] = Placement(memory="hbm", address=a, nbytes=layouts[item.name].nbytes,
                                           live=(item.start, item.end), reason=reasons.get(item.name, ""))
-        end = max(end, _align(a + item.size))
+        if item.end > item.start:
+            end = max(end, _align(a + item.size))
     ordered = FrozenMap((b.name, placements[b.name]) for b in tree.buffers)
     notes = tuple(f"{n}: in place of {p.in_place_of}" for n, p in ordered.items() if p.in_place_of)
     return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes)
 
 
 def _lx_verdict(name: str, us: Sequence[_Use], options: AllocationOptions, machine: Machine) -> tuple[str, int]:
-    """(reason it stays in HBM, "") or ("", per-core LX footprint)."""
+    """(reason it stays in HBM, 0) or ("", per-core LX footprint). The first write fixes
+    each core's box; every later access (reads, and the writes of an accumulator) must use
+    the same box on the same cores."""
     if not us:
         return "no op uses it", 0
     if not options.lx_planning:
@@ -207,27 +212,30 @@ def _lx_verdict(name: str, us: Sequence[_Use], options: AllocationOptions, machi
     if mover is not None:
         return f"op {mover.node.name} advances it with an enclosing loop; LX tensors never advance", 0
     writes = [u for u in us if u.access.is_write]
-    reads = [u for u in us if not u.access.is_write]
-    if not reads:
+    if not any(not u.access.is_write for u in us):
         return "no op reads it", 0
+    for u in writes:
+        if not np.all(u.cores):
+            reduced = {d.name for d in u.node.op.reduction_ranges}
+            red = next(d for d, k in u.split.splits.items() if k > 1 and d in reduced)
+            return f"op {u.node.name} splits reduction dim {red} across cores; the combined value is on one core", 0
     w = writes[0]
-    if not np.all(w.cores):
-        red = [d for d in w.split.splits if w.split.splits[d] > 1 and d in {x.name for x in w.node.op.reduction_ranges}]
-        return f"op {w.node.name} splits reduction dim {red[0]} across cores; the combined value exists on one core", 0
     dsize = w.access.layout.device_size
     wl, we = lx_box(w.lows, w.highs, dsize)
-    for r in reads:
-        if r.time < w.time:
-            return f"op {r.node.name} reads it before op {w.node.name} writes it", 0
-        rl, re_ = lx_box(r.lows, r.highs, dsize)
-        if len(rl) > len(wl):
-            return (f"op {r.node.name} reads it on {len(rl)} cores, but op {w.node.name} writes it on "
+    for u in us:
+        if u is w:
+            continue
+        if u.time < w.time:
+            return f"op {u.node.name} reads it before op {w.node.name} writes it", 0
+        ul, ue = lx_box(u.lows, u.highs, dsize)
+        if len(ul) > len(wl):
+            return (f"op {u.node.name} uses it on {len(ul)} cores, but op {w.node.name} writes it on "
                     f"{len(wl)}: core {len(wl)} would read LX nobody wrote"), 0
-        diff = np.nonzero(np.any(rl != wl[: len(rl)], axis=1) | np.any(re_ != we[: len(rl)], axis=1))[0]
+        diff = np.nonzero(np.any(ul != wl[: len(ul)], axis=1) | np.any(ue != we[: len(ul)], axis=1))[0]
         if len(diff):
             c = int(diff[0])
-            return (f"op {r.node.name} slices it differently from op {w.node.name} on core {c} (box "
-                    f"{rl[c].tolist()}+{re_[c].tolist()} vs {wl[c].tolist()}+{we[c].tolist()})"), 0
+            return (f"op {u.node.name} slices it differently from op {w.node.name} on core {c} (box at "
+                    f"{ul[c].tolist()} extent {ue[c].tolist()} vs at {wl[c].tolist()} extent {we[c].tolist()})"), 0
     nbytes = _align(int(box_bytes(we, w.access.layout.elem_bytes).max()), LX_ALIGN)
     if nbytes > machine.lx_bytes:
         return f"needs {nbytes} bytes of LX per core, more than the {machine.lx_bytes} the machine has", 0

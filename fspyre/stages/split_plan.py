@@ -190,6 +190,12 @@ class _Span:
         return [str(v) for v, _ in self.coords[d][1]]
 
 
+def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, int]) -> int:
+    """Bytes one core spans in ``access``'s tensor when the op's dims of ``sizes`` (per-tile
+    elements) are split by ``split`` (reference section 3.2)."""
+    return _Span(access, sizes).bytes(split)
+
+
 def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint: Mapping[str, object],
                distribute: bool, notes: list[str]) -> OpSplit:
     dims = op_dims(op)

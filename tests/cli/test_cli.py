@@ -297,6 +297,13 @@ def test_bad_cores(fspyre_main) -> None:
     assert "cores=33" in line
 
 
+def test_unwritable_out_dir(fspyre_main, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    line = one_line_error(fspyre_main("compile", ADD_MUL, "--emit", "mlir", "--out", str(blocker)))
+    assert str(blocker) in line
+
+
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     done = fspyre_cmd("check", str(FIXTURES / "bad_dim.py"), "--debug")
     assert done.returncode == 2

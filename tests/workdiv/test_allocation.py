@@ -1,0 +1,285 @@
+"""allocate: LX eligibility, lifetimes, in-place reuse, the three solvers, the HBM pool.
+
+Every compiled case runs on the interpreter (per-core LX memories: a buffer wrongly placed in
+LX reads another core's bytes or never-written ones) and through the memory checker.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fspyre
+from fspyre.errors import AllocationError
+from fspyre.ir.serialize import dumps, loads
+from fspyre.machine.memcheck import check_memory, live_intervals
+from fspyre.machine.report import traffic_report
+from fspyre.stages.allocation import AllocationOptions, LiveBuffer, solve
+from fspyre.testing.graphs import inputs_for
+from workloads import add_mul, compile, softmax
+
+SOLVERS = ("greedy", "firstfit", "bestfit")
+
+
+def placements(comp):
+    return comp.stages["allocation"].buffers
+
+
+def run_clean(graph, comp):
+    report = fspyre.check(graph, comp=comp)
+    assert report.equal, str(report)
+    mem = check_memory(comp.program)
+    assert mem.clean, str(mem)
+    return report
+
+
+# -- the canonical examples --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_canonical_add_mul_keeps_y_in_lx(solver):
+    graph = add_mul()
+    comp = compile(graph, lx_solver=solver)
+    p = placements(comp)
+    y = p["buf0"]
+    # one 512 x 1024 tile split over 32 cores: 16 rows x 16 sticks x 128 B per core
+    assert (y.memory, y.address, y.nbytes) == ("lx", 0, 16 * 16 * 128)
+    for name in ("a", "b", "c", "buf1"):
+        assert p[name].memory == "hbm" and p[name].arg_index >= 0, name
+    assert {n: dict(s.splits) for n, s in comp.stages["split_plan"].ops.items()} == {
+        "buf0": {"A": 32, "B": 1}, "buf1": {"A": 32, "B": 1}}
+    run_clean(graph, comp)
+    inputs = inputs_for(graph, 1)
+    untiled = fspyre.compile(add_mul(tiled=False), tiling="none",
+                             allocation_options=AllocationOptions(lx_planning=False))
+    assert np.array_equal(fspyre.run(comp, inputs)["z"], fspyre.run(untiled, inputs)["z"])
+
+
+def test_canonical_add_mul_traffic_tiled_versus_untiled():
+    tiled = traffic_report(compile(add_mul()).program)
+    untiled = traffic_report(compile(add_mul(tiled=False), tiling="none", lx_planning=False).program)
+    size = 1024 * 4096 * 2
+    assert tiled.compulsory_bytes == 4 * size
+    assert tiled.hbm_bytes == 4 * size and tiled.traffic_ratio == 1.0
+    assert untiled.hbm_bytes == 6 * size and untiled.traffic_ratio == 1.5  # y written and read back
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_softmax_tiled_over_rows_moves_only_compulsory_bytes(solver):
+    rows, cols = 512, 1024
+    graph = softmax(rows, cols)
+    comp = compile(graph, lx_solver=solver)
+    report = traffic_report(comp.program)
+    assert report.hbm_bytes == 2 * rows * cols * 2 and report.traffic_ratio == 1.0
+    p = placements(comp)
+    assert [n for n, x in p.items() if x.memory == "lx"] == ["buf0", "buf1", "buf2", "buf3"]
+    run_clean(graph, comp)
+
+
+# -- eligibility -------------------------------------------------------------------------------
+
+
+def test_lx_planning_off_keeps_everything_in_hbm():
+    comp = compile(add_mul(), lx_planning=False)
+    assert all(p.memory == "hbm" for p in placements(comp).values())
+    assert placements(comp)["buf0"].reason == "LX planning is off"
+    run_clean(add_mul(), comp)
+
+
+def test_a_consumer_slicing_differently_keeps_the_buffer_in_hbm():
+    g = fspyre.GraphBuilder("mismatch")
+    g.dim("A", 32)
+    g.dim("B", 2048)
+    a = g.input("a", ["A", "B"], "float16")
+    y = g.exp(a)  # split over A: core c holds row c
+    g.output("s", g.sum(y, ["A"]))  # split over B's 32 sticks: core c reads stick c of every row
+    graph = g.build()
+    comp = compile(graph, tiling="none")
+    y = placements(comp)["buf0"]
+    assert y.memory == "hbm"
+    assert "op buf1 slices it differently from op buf0 on core 0" in y.reason, y.reason
+    run_clean(graph, comp)
+
+
+def test_a_split_reduction_result_stays_in_hbm():
+    g = fspyre.GraphBuilder("ksplit")
+    g.dim("A", 64)
+    g.dim("B", 128)
+    x = g.input("x", ["A", "B"], "float32")
+    s = g.sum(x, ["A", "B"], keepdim=True)  # no output dim: A's reduction splits over 32 cores
+    g.output("y", g.mul(x, s))
+    graph = g.build()
+    comp = compile(graph, tiling="none")
+    assert "splits reduction dim A across cores" in placements(comp)["buf0"].reason
+    run_clean(graph, comp)
+
+
+def test_a_buffer_a_loop_advances_stays_in_hbm():
+    g = fspyre.GraphBuilder("escapes")
+    g.dim("A", 64)
+    g.dim("B", 256)
+    a, b = g.input("a", ["A", "B"], "float16"), g.input("b", ["A", "B"], "float16")
+    with g.hint(slices={"A": 2}):
+        y = g.add(a, b)
+        z = g.exp(y)
+    g.output("z", z)
+    g.output("w", g.neg(y))  # y is read after the loop: a full buffer the loop writes tile by tile
+    graph = g.build()
+    comp = compile(graph)
+    y = placements(comp)["buf0"]
+    assert y.memory == "hbm" and "advances it with an enclosing loop" in y.reason, y.reason
+    run_clean(graph, comp)
+
+
+def test_capacity_exhaustion_moves_buffers_to_hbm():
+    graph = softmax()
+    big = placements(compile(graph, fspyre.machine.spyre(lx_bytes=8704)))
+    assert all(big[n].memory == "lx" for n in ("buf0", "buf1", "buf2", "buf3"))
+    comp = compile(graph, fspyre.machine.spyre(lx_bytes=8192))
+    p = placements(comp)
+    assert p["buf1"].memory == "hbm" and p["buf1"].reason.startswith("no room in LX during [1, 3]"), p["buf1"].reason
+    run_clean(graph, comp)
+    tiny = compile(graph, fspyre.machine.spyre(lx_bytes=1024))
+    assert placements(tiny)["buf1"].reason == "needs 8192 bytes of LX per core, more than the 1024 the machine has"
+    run_clean(graph, tiny)
+    none = compile(graph, fspyre.machine.spyre(lx_bytes=0))
+    assert all(x.memory == "hbm" for x in placements(none).values())
+    run_clean(graph, none)
+
+
+def test_an_accumulator_lives_in_lx_across_its_loop():
+    g = fspyre.GraphBuilder("row_sum")
+    g.dim("A", 64)
+    g.dim("N", 1024)
+    x = g.input("x", ["A", "N"], "float16")
+    with g.hint(slices={"N": 4}):
+        s = g.sum(x, ["N"], keepdim=True)
+    g.output("y", g.mul(s, 2.0))
+    graph = g.build()
+    comp = compile(graph)
+    acc = placements(comp)["buf0_acc"]
+    # filled before the loop (time 0), combined in it (time 2), finished after it (time 3)
+    assert acc.memory == "lx" and acc.live == (0, 4)
+    run_clean(graph, comp)
+
+
+# -- in-place reuse ----------------------------------------------------------------------------
+
+
+def chain_graph():
+    g = fspyre.GraphBuilder("chain")
+    g.dim("A", 64)
+    g.dim("B", 256)
+    x = g.input("x", ["A", "B"], "float16")
+    g.output("y", g.abs(g.neg(g.exp(x))))
+    return g.build()
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_a_pointwise_child_takes_its_parents_slot(solver):
+    graph = chain_graph()
+    comp = compile(graph, tiling="none", lx_solver=solver)
+    p = placements(comp)
+    assert p["buf0"].memory == p["buf1"].memory == "lx"
+    assert p["buf1"].in_place_of == "buf0" and p["buf1"].address == p["buf0"].address
+    assert "buf1: in place of buf0" in comp.stages["allocation"].notes
+    run_clean(graph, comp)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_solvers_place_in_place_only_into_a_parent_at_least_as_large(solver):
+    parent = LiveBuffer(name="p", size=256, start=0, end=2)
+    fits = LiveBuffer(name="c", size=256, start=1, end=3, parents=("p",))
+    assert solve([parent, fits], 4096, solver) == {"p": (0, ""), "c": (0, "p")}
+    bigger = LiveBuffer(name="c", size=384, start=1, end=3, parents=("p",))
+    got = solve([parent, bigger], 4096, solver)
+    assert got["c"][1] == "" and got["c"][0] >= 256
+
+
+# -- the solvers -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_solvers_align_to_128_bytes(solver):
+    items = [LiveBuffer(name=f"b{i}", size=100 + i, start=0, end=3) for i in range(4)]
+    got = solve(items, 4096, solver)
+    assert sorted(a for a, _ in got.values()) == [0, 128, 256, 384]
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_solvers_leave_out_what_does_not_fit(solver):
+    items = [LiveBuffer(name="a", size=1024, start=0, end=2), LiveBuffer(name="b", size=1024, start=1, end=3),
+             LiveBuffer(name="huge", size=8192, start=0, end=1)]
+    got = solve(items, 1536, solver)
+    assert len(got) == 1 and "huge" not in got
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_solvers_reuse_addresses_across_lifetime_gaps(solver):
+    items = [LiveBuffer(name="a", size=512, start=0, end=2), LiveBuffer(name="b", size=512, start=2, end=4),
+             LiveBuffer(name="c", size=512, start=1, end=3)]
+    got = solve(items, 1024, solver)
+    assert set(got) == {"a", "b", "c"}
+    assert got["a"][0] == got["b"][0] != got["c"][0]
+
+
+def test_first_fit_and_best_fit_choose_different_gaps():
+    # A, E die at 5; B, F live on. X (5..20) sees free [0, 384) and [640, 896): first fit
+    # takes the lowest, best fit the tightest. (Uses order the placement: X goes last.)
+    items = [
+        LiveBuffer(name="A", size=256, start=0, end=5, uses=10),
+        LiveBuffer(name="E", size=128, start=0, end=5, uses=9),
+        LiveBuffer(name="B", size=128, start=0, end=20, uses=10),
+        LiveBuffer(name="F", size=128, start=0, end=20, uses=9),
+        LiveBuffer(name="X", size=256, start=5, end=20, uses=1),
+    ]
+    ff, bf = solve(items, 896, "firstfit"), solve(items, 896, "bestfit")
+    assert {n: a for n, (a, _) in ff.items()} == {"A": 0, "E": 256, "B": 384, "F": 512, "X": 0}
+    assert bf["X"][0] == 640
+    greedy = solve(items, 896, "greedy")  # input order at time 0, then X into the gap A and E left
+    assert {n: a for n, (a, _) in greedy.items()} == {"A": 0, "E": 256, "B": 384, "F": 512, "X": 0}
+
+
+def test_an_unknown_solver_is_refused():
+    with pytest.raises(AllocationError, match="lx_solver='ilp'"):
+        AllocationOptions(lx_solver="ilp")
+
+
+# -- lifetimes and the HBM pool ----------------------------------------------------------------
+
+
+def test_lifetimes_stretch_over_a_loop_only_when_the_value_crosses_it():
+    spans = {0: (1, 4)}  # loop 0 holds times 1, 2, 3
+    uses = {
+        "inside": [(1, (0,)), (3, (0,))],  # per-tile: within one iteration
+        "across": [(0, ()), (2, (0,))],  # written before, read inside: the whole loop
+        "after": [(2, (0,)), (5, ())],
+    }
+    assert live_intervals(uses, spans) == {"inside": (1, 4), "across": (0, 4), "after": (1, 6)}
+    assert live_intervals({"one": [(2, (0,))]}, spans) == {"one": (2, 3)}
+
+
+def test_the_hbm_pool_reuses_the_space_of_dead_buffers():
+    g = fspyre.GraphBuilder("long")
+    g.dim("A", 64)
+    g.dim("B", 256)
+    x = g.input("x", ["A", "B"], "float16")
+    g.output("y", g.neg(g.exp(g.abs(g.neg(x)))))
+    graph = g.build()
+    reuse = compile(graph, tiling="none", lx_planning=False)
+    bump = compile(graph, tiling="none", lx_planning=False, hbm_reuse=False)
+    p = placements(reuse)
+    assert [p[n].live for n in ("buf0", "buf1", "buf2")] == [(0, 2), (1, 3), (2, 4)]
+    assert p["buf2"].address == p["buf0"].address  # buf0 is dead when buf2 is born
+    tensor = 64 * 256 * 2
+    assert bump.stages["allocation"].hbm_bytes - reuse.stages["allocation"].hbm_bytes == tensor
+    for comp in (reuse, bump):
+        run_clean(graph, comp)
+        assert all(x.address % 128 == 0 for x in placements(comp).values())
+
+
+def test_allocations_round_trip_and_are_deterministic():
+    comp = compile(softmax(128, 256, row_tiles=2))
+    alloc = comp.stages["allocation"]
+    assert loads(dumps(alloc)) == alloc
+    assert compile(softmax(128, 256, row_tiles=2)).stages["allocation"] == alloc

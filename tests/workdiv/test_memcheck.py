@@ -1,0 +1,150 @@
+"""check_memory: each kind of fault, planted into a correct program, is reported with its op,
+tensor, core and address; correct programs are clean."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import fspyre
+from fspyre.errors import ExecutionError
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.program import LoopSpec, OpSpec
+from fspyre.machine.memcheck import check_memory
+from fspyre.stages.program import emit_program
+from workloads import add_mul, compile, softmax
+
+
+def replant(comp, **placements):
+    """The program ``comp`` would be with some placements changed."""
+    alloc = comp.stages["allocation"]
+    buffers = alloc.buffers
+    for name, changes in placements.items():
+        buffers = buffers.set(name, replace(buffers[name], **changes))
+    return emit_program(comp.stages["loop_tree"], comp.stages["split_plan"], replace(alloc, buffers=buffers),
+                        comp.machine)
+
+
+def kinds(report):
+    return [(i.kind, i.op, i.tensor, i.memory) for i in report.issues]
+
+
+def test_correct_programs_are_clean():
+    for comp in (compile(add_mul(256, 512)), compile(softmax(128, 256, row_tiles=2)),
+                 compile(add_mul(256, 512, tiled=False), tiling="none", lx_planning=False)):
+        report = check_memory(comp.program, run=True)
+        assert report.clean, str(report)
+        assert "CLEAN" in str(report)
+
+
+def test_overlapping_live_hbm_buffers():
+    comp = compile(add_mul(256, 512, tiled=False), tiling="none", lx_planning=False)
+    program = replant(comp, buf0={"address": 0})  # y on top of input a, both live at time 0
+    report = check_memory(program)
+    assert ("overlap", "buf0", "a", "hbm") in kinds(report) or ("overlap", "buf0", "buf0", "hbm") in kinds(report)
+    issue = next(i for i in report.issues if i.kind == "overlap")
+    assert "a [0x0," in issue.message and "buf0 [0x0," in issue.message and issue.core == -1
+
+
+def test_overlapping_live_lx_buffers():
+    comp = compile(softmax(128, 256, row_tiles=2))
+    p = comp.stages["allocation"].buffers
+    at = p["buf2"].address
+    assert p["buf2"].live == (2, 5) and p["buf3"].live == (3, 5) and p["buf3"].address != at
+    program = replant(comp, buf3={"address": at})  # the row sums on top of exp's values
+    report = check_memory(program)
+    issue = next(i for i in report.issues if i.kind == "overlap")
+    assert issue.memory == "lx" and issue.core == 0 and issue.address == at
+    assert "buf2" in issue.message and "buf3" in issue.message and "on core 0" in issue.message
+    assert fspyre.check(softmax(128, 256, row_tiles=2), comp=replace(comp, program=program)).equal is False
+
+
+def test_lx_overflow():
+    comp = compile(add_mul(256, 512))
+    program = replant(comp, buf0={"address": comp.machine.lx_bytes - 128})
+    report = check_memory(program)
+    issue = next(i for i in report.issues if i.kind == "lx_overflow")
+    assert (issue.op, issue.tensor, issue.core) == ("buf0", "buf0", 0)
+    assert f"past the {comp.machine.lx_bytes}-byte LX" in issue.message
+
+
+def _map_specs(body, fn):
+    return tuple(LoopSpec(count=s.count, body=_map_specs(s.body, fn)) if isinstance(s, LoopSpec) else fn(s)
+                 for s in body)
+
+
+def test_out_of_bounds_hbm():
+    comp = compile(add_mul(256, 512))
+    short = replace(comp.program, hbm_bytes=comp.program.hbm_bytes - 4096)
+    issue = next(i for i in check_memory(short).issues if i.kind == "out_of_bounds")
+    assert issue.tensor == "buf1" and "ends past HBM" in issue.message
+
+    def double_advance(spec: OpSpec) -> OpSpec:
+        args = tuple(replace(a, tile_advance=tuple(2 * x for x in a.tile_advance)) if a.name == "c" else a
+                     for a in spec.args)
+        return replace(spec, args=args)
+
+    program = replace(comp.program, body=_map_specs(comp.program.body, double_advance))
+    issue = next(i for i in check_memory(program).issues if i.kind == "out_of_bounds")
+    assert (issue.op, issue.tensor) == ("buf1", "c") and "outside its allocation" in issue.message
+
+
+def mismatch_graph():
+    g = fspyre.GraphBuilder("mismatch")
+    g.dim("A", 32)
+    g.dim("B", 2048)
+    a = g.input("a", ["A", "B"], "float16")
+    y = g.exp(a)  # core c writes row c
+    g.output("s", g.sum(y, ["A"]))  # core c reads stick c of every row
+    return g.build()
+
+
+def test_a_consumer_slicing_an_lx_buffer_differently_is_caught():
+    graph = mismatch_graph()
+    comp = compile(graph, tiling="none")
+    assert comp.stages["allocation"].buffers["buf0"].memory == "hbm"
+    program = replant(comp, buf0={"memory": "lx", "address": 0, "nbytes": 4096, "arg_index": -1})
+    report = check_memory(program)
+    issue = next(i for i in report.issues if i.kind == "lx_slice_mismatch")
+    assert (issue.op, issue.tensor, issue.core, issue.memory) == ("buf1", "buf0", 0, "lx")
+    assert "wrote the box at [0, 0, 0] extent [32, 1, 64]" in issue.message, issue.message
+    # and the interpreter, whose cores each read only their own LX, gets it wrong
+    bad = replace(comp, program=program)
+    try:
+        report = fspyre.check(graph, comp=bad)
+    except ExecutionError as err:
+        assert "never written" in str(err)
+    else:
+        assert not report.equal
+
+
+def test_reads_before_writes_are_caught_statically_and_by_running():
+    comp = compile(add_mul(64, 128, tiled=False), tiling="none", lx_planning=False)
+    program = replace(comp.program, body=tuple(reversed(comp.program.body)))
+    report = check_memory(program, run=True)
+    assert ("unwritten_read", "buf1", "buf0", "hbm") in kinds(report)
+    run = next(i for i in report.issues if i.kind == "execution")
+    assert run.op == "buf1" and run.tensor == "buf0" and "never written" in run.message
+
+
+def test_inconsistent_placements_of_one_tensor_are_caught():
+    comp = compile(add_mul(64, 128, tiled=False), tiling="none", lx_planning=False)
+
+    def move_y_in_mul(spec: OpSpec) -> OpSpec:
+        if spec.name != "buf1":
+            return spec
+        args = tuple(replace(a, allocation=FrozenMap({"hbm": a.address + 4096})) if a.name == "buf0" else a
+                     for a in spec.args)
+        return replace(spec, args=args)
+
+    program = replace(comp.program, body=_map_specs(comp.program.body, move_y_in_mul))
+    assert any("every access of a tensor must use one allocation" in i.message for i in check_memory(program).issues)
+
+
+@pytest.mark.parametrize("lx", [0, 512, 8192])
+def test_high_water_marks_follow_the_allocation(lx):
+    comp = compile(softmax(128, 256, row_tiles=2), fspyre.machine.spyre(lx_bytes=lx))
+    report = check_memory(comp.program)
+    assert report.clean, str(report)
+    assert max(report.lx_high_water) == comp.stages["allocation"].lx_peak_bytes

@@ -1,0 +1,50 @@
+"""lx_memmap_svg: one box per LX buffer over its lifetime, a panel per distinct core map."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import fspyre
+from fspyre.pretty.memmap import lx_memmap_svg
+from workloads import compile, softmax
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def boxes(svg: str) -> list[str]:
+    root = ET.fromstring(svg)
+    return [r.find(f"{SVG}title").text for r in root.iter(f"{SVG}rect") if r.find(f"{SVG}title") is not None]
+
+
+def test_softmax_memmap(golden):
+    comp = compile(softmax(128, 256, row_tiles=2))
+    svg = lx_memmap_svg(comp)
+    assert boxes(svg) == [
+        "buf0: LX [0, 256) live [0, 2)",  # 64-row tiles over 32 cores: 2 rows, one stick each
+        "buf1: LX [256, 1280) live [1, 3)",
+        "buf2: LX [256, 1280) live [2, 5)",  # exp writes in place of sub's result
+        "buf3: LX [0, 256) live [3, 5)",  # the row sums reuse the row maxima's slot
+    ]
+    assert "cores 0-31" in svg
+    assert lx_memmap_svg(comp.program) == svg
+    golden.check("softmax_128x256_2_tiles", svg)
+
+
+def test_cores_holding_different_buffers_get_their_own_panels():
+    g = fspyre.GraphBuilder("two_chains")
+    g.dim("A", 32)
+    g.dim("C", 24)
+    g.dim("B", 64)
+    x1 = g.input("x1", ["A", "B"], "float16")
+    x2 = g.input("x2", ["C", "B"], "float16")
+    g.output("z1", g.neg(g.exp(x1)))  # 32 rows: 32 cores
+    g.output("z2", g.neg(g.exp(x2)))  # 24 rows: 24 cores
+    comp = compile(g.build(), tiling="none")
+    svg = lx_memmap_svg(comp)
+    assert "cores 0-23" in svg and "cores 24-31" in svg
+    assert len(boxes(svg)) == 3  # both buffers on cores 0-23, one on cores 24-31
+
+
+def test_a_program_without_lx_says_so():
+    comp = compile(softmax(128, 256, row_tiles=2), lx_planning=False)
+    assert "no buffer lives in LX" in lx_memmap_svg(comp)

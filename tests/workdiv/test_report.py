@@ -1,0 +1,66 @@
+"""traffic_report: bytes from the program, the compulsory floor, and the anchor's time model
+(../shared/reference/anchor-workdiv-lx-machine.md section 5.2)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import fspyre
+from fspyre.machine.report import traffic_report
+from workloads import add_mul, compile, softmax
+
+
+def test_the_anchors_softmax_time_check():
+    # Section 5.2's hand check: softmax 4096 x 2048 fp16 on 32 cores, R = W = 16.78 MB ->
+    # 33.55e6 / 150 + 0.00574 * 16.78e6 = 223.7 + 96.3 = 320.0 us, untiled-fused or 8 coarse tiles.
+    report = traffic_report(compile(softmax(4096, 2048, row_tiles=8)).program)
+    assert report.hbm_read == report.hbm_write == 4096 * 2048 * 2
+    assert report.time_ns == pytest.approx(320_000, rel=1e-3)
+    assert len(report.kernels) == 1 and report.kernels[0].bound == "memory"
+
+
+def test_untiled_programs_pay_for_every_intermediate():
+    rows, cols = 512, 1024
+    size = rows * cols * 2
+    report = traffic_report(compile(softmax(rows, cols, row_tiles=1), tiling="none", lx_planning=False).program)
+    # x read by amax and by sub; sub's and exp's results written and read back; y written; the
+    # [M, 1] max and sum are one stick per row, written once and read once.
+    column = rows * 128
+    assert report.hbm_read == size * 5 + 2 * column and report.hbm_write == size * 3 + 2 * column
+    assert report.traffic_ratio == pytest.approx((8 * size + 4 * column) / (2 * size))
+    assert len(report.kernels) == 5
+
+
+def test_untiled_add_mul_with_lx_keeps_y_on_chip():
+    report = traffic_report(compile(add_mul(tiled=False), tiling="none").program)
+    assert report.traffic_ratio == 1.0  # y: 1024 x 4096 over 32 cores = 256 KiB per core fits in LX
+    assert report.lx_peak == 256 * 1024 and report.cores_used == 32
+
+
+def test_matmul_time_is_compute_bound():
+    g = fspyre.GraphBuilder("mm")
+    g.dim("M", 1024)
+    g.dim("K", 4096)
+    g.dim("N", 4096)
+    a = g.input("a", ["M", "K"], "float16")
+    b = g.input("b", ["K", "N"], "float16")
+    g.output("c", g.matmul(a, b))
+    report = traffic_report(compile(g.build(), tiling="none").program)
+    (kernel,) = report.kernels
+    macs = 1024 * 4096 * 4096
+    assert kernel.macs == macs and kernel.compute_ns == pytest.approx(macs / 32 / 1140)
+    r, w = (1024 * 4096 + 4096 * 4096) * 2, 1024 * 4096 * 2
+    assert kernel.memory_ns == pytest.approx((r + w) / 150 + 0.00574 * w)
+    assert kernel.bound == "compute" and report.time_ns == kernel.compute_ns
+
+
+def test_reports_are_frozen_and_print_their_assumptions(golden):
+    report = traffic_report(compile(add_mul()).program)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.cores = 1  # type: ignore[misc]
+    text = str(report)
+    assert "150 B/ns" in text and "0.00574" in text and "1140" in text and "traffic ratio 1.000" in text
+    golden.check("add_mul_tiled", text)
+    golden.check("softmax_tiled", str(traffic_report(compile(softmax()).program)))
