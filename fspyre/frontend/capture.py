@@ -63,7 +63,9 @@ class TorchCapture:
     def inputs(self, *args: Any) -> dict[str, np.ndarray]:
         """The ``{input name: host array}`` dict for ``fspyre.evaluate`` / ``fspyre.run``."""
         if len(args) != len(self.arg_names):
-            raise FrontendError(f"{self.graph.name}: {len(args)} arguments given, the program takes {len(self.arg_names)}")
+            raise FrontendError(
+                f"{self.graph.name}: {len(args)} arguments given, the program takes {len(self.arg_names)}"
+            )
         out = dict(self.params)
         out.update({n: to_numpy(a) for n, a in zip(self.arg_names, args)})
         return out
@@ -110,7 +112,8 @@ def capture(fn_or_module: Callable | torch.nn.Module, example_inputs: Sequence[A
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             value = state[spec.target]
             nm = _unique(_identifier(spec.target), used)
-            placeholders.append(Placeholder(node=node, name=nm, dims=tensor_dim_names(_original(module, spec.target, value))))
+            dims = tensor_dim_names(_original(module, spec.target, value))
+            placeholders.append(Placeholder(node=node, name=nm, dims=dims))
             params[nm] = to_numpy(value)
         else:
             raise FrontendError(f"{gname}: input {spec.arg.name} is a {spec.kind.name}; fspyre takes tensors only")

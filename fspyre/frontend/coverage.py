@@ -20,6 +20,7 @@ machine model. The reference each result is held to:
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -39,7 +40,10 @@ from fspyre.errors import FspyreError
 #   sign, ...);
 # - max.reduction_with_dim, min.reduction_with_dim: they return int64 argmax indices;
 # - float_power, softmax.with_dtype, log_softmax.with_dtype: float64;
-# - glu (slices), einsum (a repeated index is a diagonal: no strided view in the builder).
+# - glu (slices), einsum (a repeated index is a diagonal: no strided view in the builder);
+# - addmm, baddbmm, nn.functional.linear: the builder's matmul stores its product in the
+#   operands' dtype, so with a bias float16 rounds twice (product, then sum) where torch rounds
+#   once; fails one float16 sample in four. Needs a float32 product (GraphBuilder.matmul(dtype=)).
 CLAIMED: tuple[str, ...] = (
     # elementwise unary
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "square", "logical_not",
@@ -54,7 +58,7 @@ CLAIMED: tuple[str, ...] = (
     "max.reduction_no_dim", "min.reduction_no_dim", "logsumexp", "softmax", "log_softmax",
     "nn.functional.softmin", "nn.functional.layer_norm", "nn.functional.rms_norm", "nn.functional.mse_loss",
     # contractions
-    "mm", "bmm", "mv", "matmul", "addmm", "baddbmm", "nn.functional.linear",
+    "mm", "bmm", "mv", "matmul",
 )
 
 DTYPES = (torch.float16, torch.float32)
@@ -82,9 +86,9 @@ class OpCoverage:
 
 def coverage_table(ops: Sequence[str] = CLAIMED, *, samples: int = 4, run: int = 1, max_numel: int = 2048,
                    dtypes: Sequence[torch.dtype] = DTYPES) -> tuple[OpCoverage, ...]:
-    """Tally ``samples`` eligible OpInfo samples per op and dtype (evenly spaced through the
-    OpInfo's own list, so the choice is deterministic), running the first ``run`` of each
-    op through ``fspyre.compile`` + ``fspyre.run`` as well."""
+    """Tally ``samples`` eligible OpInfo reference samples per op and dtype (spread evenly over
+    the first ``4 * samples`` eligible ones under a fixed seed, so the choice is deterministic),
+    running the first ``run`` of each op through ``fspyre.compile`` + ``fspyre.run`` as well."""
     infos = _op_infos()
     missing = [o for o in ops if o not in infos]
     if missing:
@@ -180,7 +184,9 @@ def _cover(info: Any, name: str, samples: int, run: int, max_numel: int,
             continue
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            pool = [s for s in info.reference_inputs("cpu", dtype, requires_grad=False) if _eligible(s, dtype, max_numel)]
+            every = info.reference_inputs("cpu", dtype, requires_grad=False)
+            eligible = (s for s in every if _eligible(s, dtype, max_numel))
+            pool = list(itertools.islice(eligible, 4 * samples))  # the first few, then spread the pick over them
         for s in _pick(pool, samples):
             sample = _Sample(info.op, s, tuple(x for x in _leaves(s) if isinstance(x, torch.Tensor)))
             verdict, detail, did_run = _check_sample(sample, dtype, machine=ran < run)
@@ -215,7 +221,8 @@ def _check_sample(sample: _Sample, dtype: torch.dtype, machine: bool) -> tuple[s
         return "unsupported", f"eager raised {type(e).__name__}", 0
     try:
         cap = capture(sample, sample.tensors, name="sample")
-        got = fspyre.evaluate(cap.graph, cap.inputs(*sample.tensors))
+        with np.errstate(over="ignore"):  # DLFloat16 values beyond float16's range come back as inf
+            got = fspyre.evaluate(cap.graph, cap.inputs(*sample.tensors))
     except FspyreError as e:
         return "unsupported", str(e).splitlines()[0][:200], 0
     if len(reference) != len(cap.output_names):
@@ -225,7 +232,8 @@ def _check_sample(sample: _Sample, dtype: torch.dtype, machine: bool) -> tuple[s
         return ("fail", why, 0) if why else ("pass", "", 0)
     try:
         comp = fspyre.compile(cap.graph, machine=fspyre.machine.spyre(cores=4), tiling="none")
-        why = _compare(cap.output_names, fspyre.run(comp, cap.inputs(*sample.tensors)), reference, dtype)
+        with np.errstate(over="ignore"):
+            why = _compare(cap.output_names, fspyre.run(comp, cap.inputs(*sample.tensors)), reference, dtype)
     except FspyreError as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return ("fail", f"machine model: {why}", 1) if why else ("pass", "", 1)

@@ -44,7 +44,9 @@ def fspyre_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     options = dict(options or {})
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
-        raise FrontendError(f"torch.compile(backend='fspyre'): unknown options {unknown}; fspyre takes {list(_OPTIONS)}")
+        raise FrontendError(
+            f"torch.compile(backend='fspyre'): unknown options {unknown}; fspyre takes {list(_OPTIONS)}"
+        )
     # Dynamo's inputs are the real tensors (parameters included), in graph-input order:
     # name_tensor_dims names are looked up on them before AOTAutograd fakes them.
     dims = [tensor_dim_names(x) if isinstance(x, torch.Tensor) else None for x in example_inputs]

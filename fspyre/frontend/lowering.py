@@ -111,7 +111,9 @@ def lower(program: FxProgram) -> Graph:
                     raise FrontendError(f"{program.name}: output {name} is {out!r}, not a tensor fspyre computes")
                 g.output(name, values[out.name])
         elif node.op != "get_attr":
-            raise FrontendError(f"{program.name}: FX node {node.name} has kind {node.op}; fspyre takes ATen call graphs")
+            raise FrontendError(
+                f"{program.name}: FX node {node.name} has kind {node.op}; fspyre takes ATen call graphs"
+            )
     try:
         return g.build()
     except FspyreError as e:
@@ -133,7 +135,9 @@ def _lower_node(ctx: Lowering, node: fx.Node, values: dict[str, object], scopes:
                 v = values[use.arg.name]
                 t = v[use.index] if isinstance(v, tuple) else v
                 if t is None:
-                    raise FrontendError(f"{where}: reads result {use.index} of {use.arg.name}, which fspyre cannot compute")
+                    raise FrontendError(
+                        f"{where}: reads result {use.index} of {use.arg.name}, which fspyre cannot compute"
+                    )
                 wanted = [ctx.names.names[d] if d is not None else t.dims[j].name for j, d in enumerate(use.dst)]
                 xs.append(ctx.rename(t, wanted))
             result = RULES[node.target].lower(ctx, node, xs)

@@ -56,7 +56,8 @@ def core_slices(splits: Sequence[int]) -> np.ndarray:
 @lru_cache(maxsize=8192)
 def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[sympy.Symbol, sympy.Expr], ...]]:
     """A coordinate as ``const + sum(term(var))``, the terms grouped by their one variable."""
-    const, groups = 0, {}
+    const = 0
+    groups: dict[sympy.Symbol, sympy.Expr] = {}
     for term in sympy.Add.make_args(sympy.sympify(expr)):
         free = term.free_symbols
         if not free:
@@ -123,6 +124,12 @@ def writing_cores(splits: Sequence[int], reduced: Sequence[bool]) -> np.ndarray:
     if not red:
         return np.ones(len(slices), dtype=bool)
     return np.all(slices[:, red] == 0, axis=1)
+
+
+def reduced_symbols(spec: OpSpec) -> set[sympy.Symbol]:
+    reduced = spec.op_info.get("reduced", ()) if spec.is_reduction else ()
+    assert isinstance(reduced, tuple)
+    return set(reduced)
 
 
 def live_intervals(uses: Mapping[str, Sequence[tuple[int, tuple[int, ...]]]],
@@ -228,7 +235,7 @@ def program_accesses(program: Program) -> tuple[list[_Access], dict[str, tuple[i
         syms = list(spec.iteration_space)
         sizes = [s for s, _ in spec.iteration_space.values()]
         splits = [p for _, p in spec.iteration_space.values()]
-        reduced = set(spec.op_info.get("reduced", ())) if spec.is_reduction else set()
+        reduced = reduced_symbols(spec)
         writers = writing_cores(splits, [s in reduced for s in syms])
         for k, arg in enumerate(spec.args):
             is_write = k == len(spec.args) - 1
@@ -353,8 +360,8 @@ def _check_dataflow(name: str, accs: list[_Access], is_input: bool, issue) -> No
         wl, we = lx_box(w.lows, w.highs, w.arg.device_size)
         rl, re_ = lx_box(acc.lows, acc.highs, acc.arg.device_size)
         verb = "writes" if acc.is_write else "reads"
-        for c in np.nonzero(acc.cores)[0]:
-            c = int(c)
+        for core in np.nonzero(acc.cores)[0]:
+            c = int(core)
             if c >= len(w.cores) or not w.cores[c]:
                 if acc.is_write:
                     continue  # a later writer may cover more cores

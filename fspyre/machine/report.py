@@ -16,7 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from fspyre.ir.program import Program
-from fspyre.machine.memcheck import box_bytes, coord_bounds, lx_box, program_timeline, tensor_bytes, writing_cores
+from fspyre.machine.memcheck import (
+    box_bytes,
+    coord_bounds,
+    lx_box,
+    program_timeline,
+    reduced_symbols,
+    tensor_bytes,
+    writing_cores,
+)
 from fspyre.machine.spyre import (
     HBM_BYTES_PER_NS,
     HBM_TURNAROUND_NS_PER_BYTE,
@@ -155,7 +163,7 @@ def traffic_report(program: Program, machine: Machine | None = None) -> TrafficR
         syms = list(spec.iteration_space)
         sizes = [s for s, _ in spec.iteration_space.values()]
         splits = [p for _, p in spec.iteration_space.values()]
-        reduced = set(spec.op_info.get("reduced", ())) if spec.is_reduction else set()
+        reduced = reduced_symbols(spec)
         writers = writing_cores(splits, [s in reduced for s in syms])
         hr = hw = lr = lw = 0
         for k, arg in enumerate(spec.args):

@@ -20,11 +20,13 @@ _W, _H, _LEFT, _TOP, _BOTTOM = 720, 300, 90, 34, 56
 
 
 def _ranges(cores: list[int]) -> str:
-    parts, start = [], cores[0]
-    for a, b in zip(cores, cores[1:] + [None]):
-        if b != a + 1:
-            parts.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts, start = [], 0
+    for i in range(1, len(cores) + 1):
+        if i == len(cores) or cores[i] != cores[i - 1] + 1:
+            lo, hi = cores[start], cores[i - 1]
+            parts.append(f"{lo}" if lo == hi else f"{lo}-{hi}")
+            start = i
     return ", ".join(parts)
 
 
@@ -78,21 +80,21 @@ def lx_memmap_svg(program: Program | object) -> str:
                 out.append(f'<text x="{x + _W / tmax / 2:.1f}" y="{y0 + _H + 28}" text-anchor="middle" '
                            f'fill="#666">{name}</text>')
         for frac in (0.0, 0.5, 1.0):
-            y = y0 + _H - frac * _H
-            out.append(f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{int(frac * ymax)}</text>')
+            tick_y = y0 + _H - frac * _H
+            out.append(f'<text x="{_LEFT - 6}" y="{tick_y + 4:.1f}" text-anchor="end">{int(frac * ymax)}</text>')
         out.append(f'<text x="{_LEFT + _W / 2}" y="{y0 + _H + 44}" text-anchor="middle">program time (op index)</text>')
         out.append(f'<text x="14" y="{y0 + _H / 2}" transform="rotate(-90 14 {y0 + _H / 2})" '
                    f'text-anchor="middle">LX address (bytes)</text>')
-        for n, nbytes in sig:
+        for n, size in sig:
             s, e = live[n]
             x = _LEFT + s * _W / tmax
             w = (e - s) * _W / tmax
-            h = max(nbytes * _H / ymax, 1.0)
-            y = y0 + _H - (address[n] + nbytes) * _H / ymax
-            tip = f"{n}: LX [{address[n]}, {address[n] + nbytes}) live [{s}, {e})"
-            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{colour[n]}" '
+            h = max(size * _H / ymax, 1.0)
+            top_y = y0 + _H - (address[n] + size) * _H / ymax
+            tip = f"{n}: LX [{address[n]}, {address[n] + size}) live [{s}, {e})"
+            out.append(f'<rect x="{x:.1f}" y="{top_y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{colour[n]}" '
                        f'fill-opacity="0.75" stroke="#222"><title>{escape(tip)}</title></rect>')
             if h >= 12 and w >= 7 * len(n):
-                out.append(f'<text x="{x + 4:.1f}" y="{y + min(h, 24) / 2 + 4:.1f}" fill="#000">{escape(n)}</text>')
+                out.append(f'<text x="{x + 4:.1f}" y="{top_y + min(h, 24) / 2 + 4:.1f}" fill="#000">{escape(n)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -214,6 +214,10 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
     for n, e in eps.items():
         if size[n] % e:
             blocked[n] = f"{size[n]} elements are not a whole number of {e}-element sticks"
+    used = {str(v) for acc in accesses for v in acc.index.free_symbols}
+    for n in names:
+        if n not in used:  # the anchor's iteration space holds only vars some index uses
+            blocked[n] = "no tensor index uses it: every core would read the same elements"
     if isinstance(op, Reduction) and op.fn == "var":
         for n in reduction:
             blocked[n] = "partial variances cannot be combined across cores"

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import fspyre
 from fspyre.errors import FrontendError
 from fspyre.frontend import capture, declare_tensor_dim, from_torch, name_tensor_dims, spyre_hint
-from fspyre.frontend.annotations import node_hints, preserve_hints
+from fspyre.frontend.annotations import node_hints
 from fspyre.frontend.capture import _as_module, export
 from fspyre.ir.builder import GraphBuilder
 from fspyre.ir.graph import Pointwise, Reduction
@@ -287,11 +287,6 @@ def test_bfloat16_inputs_travel_as_float32() -> None:
     host = cap.inputs(x)["x"]
     assert host.dtype == np.float32 and cap.graph.buffer_table()["x"].type.dtype == "bfloat16"
     np.testing.assert_array_equal(evaluate(cap, x)[0], (x * 2).float().numpy())
-
-
-def test_preserve_hints_is_a_context() -> None:
-    with preserve_hints():
-        pass
 
 
 # -- errors name the op, its shapes and what to change ---------------------------------------

@@ -51,7 +51,8 @@ def test_tolerance_override(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "match"), [
     ("x = 1\n", "define `model`"),
     ("model = lambda x: x\n", "define `example_inputs"),
-    ("model = lambda x: x\ndef example_inputs():\n    raise ValueError('nope')\n", r"example_inputs\(\) raised ValueError: nope"),
+    ("model = lambda x: x\ndef example_inputs():\n    raise ValueError('nope')\n",
+     r"example_inputs\(\) raised ValueError: nope"),
     ("import torch\nmodel = lambda x: torch.sin(x)\ndef example_inputs():\n    return (torch.ones(2),)\n",
      "aten.sin.default"),
     ("raise RuntimeError('broken')\n", "running the file raised RuntimeError: broken"),

@@ -211,6 +211,7 @@ def test_group_forms():
     (level,) = flat.groups[0].levels
     assert level.count == 2 and level.dims == ("A",)
     assert dict(level.op_dims) == {"buf0": ("A",), "buf1": ("A",), "buf2": ("A",)}
+    assert loads(dumps(flat)) == flat
     named = plan_groups(graph, [(ops, 2, ["B"])])
     assert named.groups[0].levels == (Level(count=2, dims=("B",), source="group 0 level 0"),)
     nested = plan_groups(graph, [(ops, [(2, [0]), (4, "B")])])

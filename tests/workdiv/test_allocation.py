@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from workloads import add_mul, compile, softmax
 
 import fspyre
 from fspyre.errors import AllocationError
@@ -16,7 +17,6 @@ from fspyre.machine.memcheck import check_memory, live_intervals
 from fspyre.machine.report import traffic_report
 from fspyre.stages.allocation import AllocationOptions, LiveBuffer, solve
 from fspyre.testing.graphs import inputs_for
-from workloads import add_mul, compile, softmax
 
 SOLVERS = ("greedy", "firstfit", "bestfit")
 

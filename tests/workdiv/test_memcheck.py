@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from workloads import add_mul, compile, softmax
 
 import fspyre
 from fspyre.errors import ExecutionError
@@ -13,7 +14,6 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec
 from fspyre.machine.memcheck import check_memory
 from fspyre.stages.program import emit_program
-from workloads import add_mul, compile, softmax
 
 
 def replant(comp, **placements):

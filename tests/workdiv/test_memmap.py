@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from workloads import compile, softmax
+
 import fspyre
 from fspyre.pretty.memmap import lx_memmap_svg
-from workloads import compile, softmax
 
 SVG = "{http://www.w3.org/2000/svg}"
 

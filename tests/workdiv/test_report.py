@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from workloads import add_mul, compile, softmax
 
 import fspyre
 from fspyre.machine.report import traffic_report
-from workloads import add_mul, compile, softmax
 
 
 def test_the_anchors_softmax_time_check():

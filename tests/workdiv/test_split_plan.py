@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy
+from workloads import add_mul, compile, pointwise, softmax
 
 import fspyre
 from fspyre.errors import HintError, MachineError, WorkDivisionError
@@ -24,7 +25,6 @@ from fspyre.stages.split_plan import (
     per_core_span,
     splits_from_index_coeffs,
 )
-from workloads import add_mul, compile, pointwise, softmax
 
 M32 = fspyre.machine.spyre()
 
