@@ -14,7 +14,31 @@ from fspyre.ir.graph import Dim, Graph
 from fspyre.machine.reference import evaluate
 from fspyre.pipeline import Compilation, compile, run
 
+
+
+def __getattr__(name: str):
+    # The front end imports torch (seconds); load it only when asked for.
+    if name == "from_torch":
+        from fspyre.frontend import from_torch
+
+        return from_torch
+    raise AttributeError(f"module 'fspyre' has no attribute {name!r}")
+
+
+def _register_torch_backend() -> None:
+    """``torch.compile(backend="fspyre")``: the entry point in pyproject.toml covers a fresh
+    process; when torch is already loaded, register now so no lookup is needed."""
+    import sys
+
+    if "torch" in sys.modules:
+        from fspyre.frontend.dynamo import register_backend
+
+        register_backend()
+
+
+_register_torch_backend()
+
 __all__ = [
     "CheckReport", "Compilation", "Dim", "FspyreError", "Graph", "GraphBuilder", "Tensor",
-    "check", "compile", "evaluate", "machine", "run",
+    "check", "compile", "evaluate", "from_torch", "machine", "run",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
+from fspyre.ir.plans import TilingPlan
 from fspyre.ir.program import Program
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages.allocation import AllocationOptions, allocate
@@ -52,7 +53,7 @@ class Compilation:
 def compile(
     graph: Graph,
     machine: Machine | None = None,
-    tiling: str = "hints",
+    tiling: str | TilingPlan = "hints",
     *,
     split_options: SplitOptions = SplitOptions(),
     allocation_options: AllocationOptions = AllocationOptions(),
@@ -68,7 +69,9 @@ def compile(
         return artifact
 
     done("graph", graph)
-    plan = done("tiling_plan", plan_tiling(graph, TilingOptions(mode=tiling)))
+    # An embedder may bring its own plan (e.g. fspyre.stages.tiling_plan.plan_groups).
+    plan = tiling if isinstance(tiling, TilingPlan) else plan_tiling(graph, TilingOptions(mode=tiling))
+    done("tiling_plan", plan)
     tree = done("loop_tree", tile(graph, plan))
     split = done("split_plan", divide_work(tree, machine, split_options))
     alloc = done("allocation", allocate(tree, split, machine, allocation_options))

@@ -97,8 +97,12 @@ def lower(program: FxProgram) -> Graph:
     for node in program.graph.nodes:
         if node.op == "placeholder":
             ph = placeholders.get(node.name)
-            if ph is None:
-                raise FrontendError(f"graph input {node.name} is not a tensor input fspyre can take")
+            if ph is None or not isinstance(node.meta.get("val"), torch.Tensor):
+                raise FrontendError(
+                    f"{program.name}: graph input {ph.name if ph else node.name} is "
+                    f"{type(node.meta.get('val')).__name__}, not a tensor; fspyre graphs take tensors with static "
+                    f"shapes (under torch.compile, pass dynamic=False)"
+                )
             values[node.name] = g.input(ph.name, ctx.dims(node), ctx.dtype(node))
         elif node.op == "call_function":
             values[node.name] = _lower_node(ctx, node, values, scopes)
@@ -171,6 +175,9 @@ def _check_types(graph: fx.Graph, placeholders: dict[str, Placeholder]) -> None:
         where = f"input {placeholders[node.name].name}" if node.name in placeholders else describe_node(node)
         fspyre_dtype(v.dtype, where)
         if not all(isinstance(s, int) for s in v.shape):
-            raise FrontendError(f"{where}: symbolic sizes {list(v.shape)}; fspyre needs static shapes")
+            raise FrontendError(
+                f"{where}: symbolic sizes {list(v.shape)}; fspyre needs static shapes "
+                f"(under torch.compile, pass dynamic=False)"
+            )
         if any(s == 0 for s in v.shape):
             raise FrontendError(f"{where}: a zero-size dim {list(v.shape)}; fspyre tensors have at least one element")

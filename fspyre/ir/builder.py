@@ -33,6 +33,7 @@ from fspyre.ir.graph import (
     Store,
     TensorType,
     UNARY,
+    sym,
     verify_graph,
 )
 
@@ -323,9 +324,11 @@ class GraphBuilder:
     def var(self, x: Tensor, dims, keepdim: bool = False, correction: int = 1) -> Tensor:
         return self.reduce("var", x, dims, keepdim=keepdim, correction=correction)
 
-    def matmul(self, a: Tensor, b: Tensor, contract: Dim | str | None = None) -> Tensor:
+    def matmul(self, a: Tensor, b: Tensor, contract: Dim | str | None = None, *, dtype: str | None = None) -> Tensor:
         """Contract ``a`` and ``b`` over one shared dim (default: ``a``'s last dim).
-        Other shared dims are batch dims; output dims are batch, then a's, then b's."""
+        Other shared dims are batch dims; output dims are batch, then a's, then b's.
+        ``dtype`` stores the result in another type (float32 keeps the accumulator's
+        precision for a following bias add, as torch's addmm rounds once)."""
         k = contract.name if isinstance(contract, Dim) else contract or a.type.names[-1]
         if k not in a.type.names or k not in b.type.names:
             raise GraphError(
@@ -345,7 +348,7 @@ class GraphBuilder:
                 raise GraphError(f"matmul: batch dim {d.name} has size {d.size} in a and {other.size} in b")
         if not out:
             raise GraphError("matmul: the result has no dims; use sum(mul(a, b)) for a dot product")
-        dtype = promote(a.dtype, b.dtype)
+        dtype = check_dtype(dtype, "matmul") if dtype is not None else promote(a.dtype, b.dtype)
         iter_dims = tuple(out) + (ka,)
         operands = (_load(a, iter_dims), _load(b, iter_dims))
         hints = tuple(self._active)
@@ -365,6 +368,26 @@ class GraphBuilder:
             raise GraphError(f"permute: {names} is not a reordering of {list(x.type.names)}")
         by = {d.name: d for d in x.dims}
         return Tensor(buffer=x.buffer, type=TensorType(dims=tuple(by[n] for n in names), dtype=x.dtype), index=x.index)
+
+    def rename(self, x: Tensor, names: Mapping[str, str]) -> Tensor:
+        """The same elements under new dim names (a view): ``x @ x.T`` needs its two dims apart."""
+        unknown = set(names) - set(x.type.names)
+        if unknown:
+            raise GraphError(f"rename: {sorted(unknown)} are not dims of {list(x.type.names)}")
+        dims = tuple(Dim(names.get(d.name, d.name), d.size) for d in x.dims)
+        for d in dims:
+            if d.size != 1:
+                self.dim(d.name, d.size)
+        subs = {sym(old): sym(new) for old, new in names.items()}
+        return Tensor(buffer=x.buffer, type=TensorType(dims=dims, dtype=x.dtype), index=x.index.xreplace(subs))
+
+    def squeeze(self, x: Tensor, name: str) -> Tensor:
+        """Drop a size-1 dim (a view)."""
+        d = next((d for d in x.dims if d.name == name), None)
+        if d is None or d.size != 1:
+            raise GraphError(f"squeeze: {name!r} is not a size-1 dim of {x.type}")
+        dims = tuple(e for e in x.dims if e.name != name)
+        return Tensor(buffer=x.buffer, type=TensorType(dims=dims, dtype=x.dtype), index=x.index.subs(d.symbol, 0))
 
     def unsqueeze(self, x: Tensor, position: int, name: str) -> Tensor:
         dims = list(x.dims)
