@@ -3,8 +3,8 @@
 One generic codec walks frozen dataclasses field by field; a class is named by ``"_type"``.
 Tuples become JSON lists (and lists come back as tuples: the IR has no lists), FrozenMaps
 become ``{"_map": [[key, value], ...]}`` so order and non-string keys survive, and sympy
-expressions are written as their printed text and parsed back with every name a Symbol
-(so a dim called ``N`` or ``E`` stays a symbol, not sympy's function or constant).
+expressions are written as small trees (``{"op": "Add", "args": [...]}``, ``{"sym": "A"}``,
+integers as numbers), so a dim called ``N``, ``E`` or ``floor`` stays a symbol.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from typing import Any
 
 import sympy
@@ -28,16 +27,38 @@ for _module in (graph, looptree, plans, program):
         if isinstance(_obj, type) and dataclasses.is_dataclass(_obj) and _obj.__module__ == _module.__name__:
             _CLASSES[_name] = _obj
 
-_FUNCS = {"floor": sympy.floor, "Mod": sympy.Mod, "ceiling": sympy.ceiling}
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Expressions are written as trees, not text: a dim may be called ``floor``, ``Integer`` or
+# ``lambda``, and no text parser keeps such names apart from sympy's own.
+_HEADS: dict[str, Any] = {
+    "Add": sympy.Add, "Mul": sympy.Mul, "Pow": sympy.Pow,
+    "floor": sympy.floor, "ceiling": sympy.ceiling, "Mod": sympy.Mod,
+}
 
 
-def _expr_from(text: str) -> sympy.Expr:
-    names = {n: graph.sym(n) for n in _IDENT.findall(text) if n not in _FUNCS}
-    try:
-        return sympy.parse_expr(text, local_dict={**names, **_FUNCS}, evaluate=True)
-    except Exception as err:  # sympy raises many kinds; the report is ours
-        raise SerializationError(f"cannot parse index expression {text!r}: {err}") from None
+def _expr_to(e: sympy.Basic) -> Any:
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        return {"sym": e.name}
+    if e.is_Rational:
+        return {"rat": [int(e.p), int(e.q)]}
+    head = type(e).__name__
+    if head not in _HEADS:
+        raise SerializationError(f"cannot serialize expression {e} (no rule for {head})")
+    return {"op": head, "args": [_expr_to(a) for a in e.args]}
+
+
+def _expr_from(data: Any) -> sympy.Expr:
+    if isinstance(data, int):
+        return sympy.Integer(data)
+    if "sym" in data:
+        return graph.sym(data["sym"])
+    if "rat" in data:
+        return sympy.Rational(*data["rat"])
+    head = _HEADS.get(data.get("op"))
+    if head is None:
+        raise SerializationError(f"unknown expression node {data!r}")
+    return head(*(_expr_from(a) for a in data["args"]))
 
 
 def to_json(obj: Any) -> Any:
@@ -47,7 +68,7 @@ def to_json(obj: Any) -> Any:
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else {"_float": repr(obj)}
     if isinstance(obj, sympy.Basic):
-        return {"_expr": str(obj)}
+        return {"_expr": _expr_to(obj)}
     if isinstance(obj, FrozenMap):
         return {"_map": [[to_json(k), to_json(v)] for k, v in obj.items()]}
     if isinstance(obj, tuple):
