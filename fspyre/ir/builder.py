@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import sympy
 
 from fspyre.errors import GraphError, HintError
-from fspyre.ir.dtypes import check_dtype, is_float, promote, promote_scalar
+from fspyre.ir.dtypes import STICK_ELEMS, check_dtype, is_float, promote, promote_scalar
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import (
     BINARY,
@@ -86,6 +86,29 @@ def broadcast_dims(*types: TensorType, where: str) -> tuple[Dim, ...]:
                     f"make them equal, or size 1 to broadcast"
                 )
     return tuple(Dim(n, sizes[n]) for n in order)
+
+
+def _regroups(old: tuple[int, ...], new: tuple[int, ...], stick: int) -> bool:
+    """Whether ``new`` merges runs of whole ``old`` dims or splits single ``old`` dims (never
+    both at once), and, where the last (stick) dim is regrouped, both sides are whole sticks."""
+    o = [s for s in old if s != 1]
+    n = [s for s in new if s != 1]
+    if not o or not n:
+        return True
+    i = j = 0
+    while i < len(o) and j < len(n):
+        gi, gj, po, pn = i, j, o[i], n[j]
+        i, j = i + 1, j + 1
+        while po != pn:
+            if po < pn:
+                po, i = po * o[i], i + 1
+            else:
+                pn, j = pn * n[j], j + 1
+        if i - gi > 1 and j - gj > 1:
+            return False  # many-to-many: elements change groups
+        if i == len(o) and (i - gi, j - gj) != (1, 1) and (o[-1] % stick or n[-1] % stick):
+            return False
+    return True
 
 
 class GraphBuilder:
@@ -415,12 +438,16 @@ class GraphBuilder:
         return self.expand(x, dims)
 
     def reshape(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
-        """A view when ``x`` is read contiguously (its index is its own row-major index); else a copy first."""
+        """A view when the new dims regroup the buffer's own dims (merge whole neighbours or
+        split one) and any regrouped stick dim stays whole sticks; otherwise a copy first, since
+        the device stick layout could not address the view."""
         target = self._resolve_dims(dims, "reshape")
         new = TensorType(dims=target, dtype=x.dtype)
         if new.numel != x.type.numel:
             raise GraphError(f"reshape: {x.type.numel} elements cannot become {list(new.shape)} ({new.numel})")
-        if sympy.expand(x.index - x.type.contiguous_index()) != 0:
+        own = self._buffers[x.buffer].type
+        contiguous = sympy.expand(x.index - x.type.contiguous_index()) == 0
+        if not (contiguous and _regroups(own.shape, new.shape, STICK_ELEMS[x.dtype])):
             x = self.copy(x)
         # Buffer flat index == the new row-major index, because x is contiguous in host order.
         return Tensor(buffer=x.buffer, type=new, index=new.contiguous_index())

@@ -234,11 +234,10 @@ def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: 
             operands.append(mem.read(addrs, formats.FORMATS[arg.device_dtype], what, options.check_written))
         if spec.is_reduction:
             axes = tuple(red_pos)
-            full = [np.broadcast_to(x, grid_shape) if fn != "matmul" else x for x in operands]
             if red_pos != list(range(len(out_pos), len(syms))):
                 raise ExecutionError(f"op {spec.name}: reduction symbols must follow output symbols")
             result = np.broadcast_to(
-                numerics.reduce(fn, full, axes, ctype, int(info["count"]), int(info.get("correction", 0))),
+                numerics.reduce(fn, operands, axes, ctype, int(info["count"]), grid_shape, int(info.get("correction", 0))),
                 tuple(sizes[i] for i in out_pos),
             )
         else:

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import sympy
 
 from fspyre.errors import ExecutionError, GraphError, LoweringError
@@ -163,6 +164,123 @@ def device_coordinates(
 ) -> tuple[sympy.Expr, ...]:
     """One coordinate expression per device dim for the flat host index ``index``.
 
+    The stick rule (``stick_coordinates``) gives the hardware-friendly form, but it can be
+    silently wrong for views that regroup elements across a padded stick or misaligned dims.
+    So its result is checked against the exact digit form on every single-var sweep and a
+    fixed sample of grid points; where they differ (or the rule refuses), the exact form
+    (``exact_coordinates``: floor/Mod of host digits) is used, which is always right.
+    """
+    index = sympy.sympify(index)
+    _check_index(layout, index, ranges)
+    try:
+        rule = stick_coordinates(layout, index, ranges)
+    except LoweringError:
+        rule = None
+    if rule is not None and _matches_digits(rule, layout, index, ranges):
+        return rule
+    exact = exact_coordinates(layout, index, ranges)
+    if _matches_digits(exact, layout, index, ranges):
+        return exact
+    raise LoweringError(
+        f"device_coordinates: no coordinate form found for index {index} on layout {_describe(layout)} "
+        f"with ranges {dict(ranges)}; copy the tensor to a contiguous buffer first"
+    )
+
+
+def _check_index(layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> None:
+    """An index must be integer-linear in ranged vars and stay inside the tensor."""
+    const, terms = index.as_coeff_Add()
+    lo = hi = int(const) if const.is_Integer else None
+    if lo is None:
+        raise LoweringError(f"device_coordinates: index {index} has a non-integer constant")
+    for term in sympy.Add.make_args(terms):
+        if term == 0:
+            continue
+        coef, var = term.as_coeff_Mul()
+        if not coef.is_Integer or not var.is_Symbol:
+            raise LoweringError(f"device_coordinates: index {index} is not integer-linear (term {term})")
+        if var not in ranges:
+            raise LoweringError(f"device_coordinates: index {index} uses {var}, which has no range in {dict(ranges)}")
+        span = int(coef) * (int(ranges[var]) - 1)
+        lo, hi = lo + min(span, 0), hi + max(span, 0)
+    numel = int(np.prod(layout.host_size, dtype=np.int64))
+    if lo < 0 or hi >= max(numel, 1):
+        raise LoweringError(
+            f"device_coordinates: index {index} reaches host elements {lo}..{hi}, outside the "
+            f"{numel} elements of layout {_describe(layout)}"
+        )
+
+
+def _matches_digits(coords: Sequence[sympy.Expr], layout: StickLayout, index: sympy.Expr,
+                    ranges: Mapping[sympy.Symbol, int]) -> bool:
+    """Check ``coords`` against the true device position of each host element, computed in
+    numpy from host digits, on every single-var sweep (others 0) and 257 fixed random points."""
+    from fspyre.machine.indexing import compile_index
+
+    syms = sorted(index.free_symbols | {s for e in coords for s in e.free_symbols}, key=str)
+    size = [int(ranges.get(s, 1)) for s in syms]
+    rng = np.random.default_rng(0)
+    points = [np.concatenate([np.zeros(sum(size), np.int64), rng.integers(0, n, 257)]) for n in size]
+    at = 0
+    for i, n in enumerate(size):
+        points[i][at:at + n] = np.arange(n)
+        at += n
+    npts = len(points[0]) if points else 1
+    h = np.broadcast_to(np.asarray(compile_index(index, syms)(*points)), (npts,))
+    host, hstr, eps = layout.host_size, host_strides(layout.host_size), layout.elems_per_stick
+    stick, seen = layout.dim_map[-1], set()
+    for i, k in enumerate(layout.dim_map):
+        if k == -1 or host[k] == 1:
+            want = np.zeros(npts, np.int64)
+        else:
+            digit = (h // hstr[k]) % host[k]
+            if k == stick:
+                want = digit % eps if k in seen else digit // eps
+            else:
+                want = digit
+            seen.add(k)
+        if i == len(layout.dim_map) - 1 and stick == -1:
+            want = np.zeros(npts, np.int64)
+        try:
+            got = np.broadcast_to(np.asarray(compile_index(coords[i], syms)(*points)), (npts,))
+        except LoweringError:
+            return False
+        if not np.array_equal(got, want):
+            return False
+    return True
+
+
+def exact_coordinates(
+    layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.Symbol, int]
+) -> tuple[sympy.Expr, ...]:
+    """Device coordinates as floor/Mod of the host digits of ``index``: correct for every
+    index that stays inside the tensor, but not a form stick DMA understands."""
+    host = layout.host_size
+    strides = host_strides(host)
+    eps = layout.elems_per_stick
+    seen: set[int] = set()
+    coords: list[sympy.Expr] = []
+    for h in layout.dim_map:
+        if h == -1 or host[h] == 1:
+            coords.append(sympy.S.Zero)
+            continue
+        digit = sympy.floor(index / strides[h]) if strides[h] > 1 else index
+        if h > 0:  # the index stays inside the tensor (_check_index), so dim 0 needs no Mod
+            digit = sympy.Mod(digit, host[h])
+        if h == layout.dim_map[-1]:
+            digit = sympy.floor(digit / eps) if h not in seen else sympy.Mod(digit, eps)
+        seen.add(h)
+        coords.append(digit)
+    if layout.dim_map[-1] == -1:
+        coords[-1] = sympy.S.Zero
+    return tuple(coords)
+
+
+def stick_coordinates(
+    layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.Symbol, int]
+) -> tuple[sympy.Expr, ...]:
+    """The stick rule: one coordinate expression per device dim for the flat host index.
+
     ``index`` is ``sum(coef * var) + const`` with integer ``coef``; ``ranges[var]`` is the
     number of values ``var`` takes (from 0). Per var, with ``step = coef`` and
     ``limit = coef * range`` (torch-spyre ``compute_coordinates``), among device dims of size > 1
@@ -213,6 +331,14 @@ def device_coordinates(
             raise LoweringError(
                 f"device_coordinates: index {index} steps {var} by {step} host elements, finer "
                 f"than every device dim of layout {_describe(layout)}"
+            )
+        if step % strides[primary]:
+            # The part of each step below the primary stride would have to carry into finer
+            # dims, which a sum of single-var terms cannot express: refuse, never mis-address.
+            raise LoweringError(
+                f"device_coordinates: index {index} steps {var} by {step} host elements, not a "
+                f"multiple of the device dim stride {strides[primary]} of layout {_describe(layout)}; "
+                f"the view regroups elements across device dims: copy the tensor first"
             )
         coords[primary] += _term(var, step, strides[primary], next_stride[primary], limit)
 

@@ -17,9 +17,10 @@ stage plans with the very same rules (whatever it puts in LX passes this check):
   loop that does not hold every use of the buffer stretches over that whole loop (the value
   crosses iterations); a buffer used only inside one loop body lives within one iteration.
 
-Coordinates are sums of one-variable terms (``device_coordinates`` builds them so), so a
-coordinate's min and max over a core's box of the iteration grid is the sum of each term's
-min and max over that variable's slice: exact, and linear in the iteration sizes.
+A coordinate is a sum of terms; grouped so that no two groups share a variable, its min and
+max over a core's box of the iteration grid is the sum of each group's min and max over the
+box of that group's variables: exact, and linear in the iteration sizes when every group has
+one variable (the stick rule's forms; the exact floor/Mod forms of odd views have more).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fspyre.errors import ExecutionError
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
 from fspyre.machine.indexing import compile_index
+from fspyre.machine.reference import open_grid
 from fspyre.machine.spyre import STICK_BYTES
 
 # -- the shared rules ---------------------------------------------------------------------------
@@ -54,27 +56,36 @@ def core_slices(splits: Sequence[int]) -> np.ndarray:
 
 
 @lru_cache(maxsize=8192)
-def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[sympy.Symbol, sympy.Expr], ...]]:
-    """A coordinate as ``const + sum(term(var))``, the terms grouped by their one variable."""
+def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[tuple[sympy.Symbol, ...], sympy.Expr], ...]]:
+    """A coordinate as ``const + sum(group)``: its terms grouped so that no two groups share a
+    variable (``floor(c1/64) + Mod(c2, 4)`` has two groups; ``floor((2*P1 + P2)/64)`` one of
+    two variables). Over a box of the iteration grid, each group ranges independently."""
     const = 0
-    groups: dict[sympy.Symbol, sympy.Expr] = {}
+    groups: list[tuple[frozenset, sympy.Expr]] = []
     for term in sympy.Add.make_args(sympy.sympify(expr)):
-        free = term.free_symbols
+        free = frozenset(term.free_symbols)
         if not free:
             const += int(term)
-        elif len(free) == 1:
-            (v,) = free
-            groups[v] = groups.get(v, sympy.S.Zero) + term
-        else:
-            raise ExecutionError(f"device coordinate {expr}: term {term} mixes variables {sorted(map(str, free))}")
-    return const, tuple(groups.items())
+            continue
+        joined = [g for g in groups if g[0] & free]
+        for g in joined:
+            groups.remove(g)
+        groups.append((free.union(*(g[0] for g in joined)), sympy.Add(term, *(g[1] for g in joined))))
+    return const, tuple((tuple(sorted(v, key=str)), e) for v, e in groups)
 
 
 @lru_cache(maxsize=8192)
-def term_extremes(term: sympy.Expr, var: sympy.Symbol, size: int, split: int) -> tuple[np.ndarray, np.ndarray]:
-    vals = np.broadcast_to(np.asarray(compile_index(term, [var])(np.arange(size, dtype=np.int64))), (size,))
-    per = vals.reshape(split, size // split)
-    return per.min(axis=1), per.max(axis=1)
+def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...], sizes: tuple[int, ...],
+                  splits: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max of ``term`` over each slice block: arrays of shape ``splits`` (block
+    ``(k1, k2, ...)`` holds ``syms[i]`` in ``[k_i * n_i, (k_i + 1) * n_i)``, ``n_i = sizes[i] // splits[i]``).
+    Evaluated on the whole grid of the term's own variables."""
+    grid = open_grid(list(sizes))
+    vals = np.broadcast_to(np.asarray(compile_index(term, syms)(*grid)), sizes)
+    blocks = [x for s, n in zip(splits, sizes) for x in (s, n // s)]
+    vals = vals.reshape(blocks)
+    inner = tuple(range(1, len(blocks), 2))
+    return vals.min(axis=inner), vals.max(axis=inner)
 
 
 def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol], sizes: Sequence[int],
@@ -88,13 +99,18 @@ def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol], siz
     for d, expr in enumerate(coords):
         const, groups = coord_terms(expr)
         lows[:, d] = highs[:, d] = const
-        for var, term in groups:
-            if var not in pos:
-                raise ExecutionError(f"device coordinate {expr} uses {var}, which is not among {list(map(str, syms))}")
-            i = pos[var]
-            lo, hi = term_extremes(term, var, int(sizes[i]), int(splits[i]))
-            lows[:, d] += lo[slices[:, i]]
-            highs[:, d] += hi[slices[:, i]]
+        for group_syms, term in groups:
+            missing = [str(v) for v in group_syms if v not in pos]
+            if missing:
+                raise ExecutionError(
+                    f"device coordinate {expr} uses {missing}, which are not among {list(map(str, syms))}"
+                )
+            idx = [pos[v] for v in group_syms]
+            lo, hi = term_extremes(term, group_syms, tuple(int(sizes[i]) for i in idx),
+                                   tuple(int(splits[i]) for i in idx))
+            at = tuple(slices[:, i] for i in idx)
+            lows[:, d] += lo[at]
+            highs[:, d] += hi[at]
     return lows, highs
 
 

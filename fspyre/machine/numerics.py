@@ -98,14 +98,16 @@ def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[
 
 
 def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype: np.dtype,
-           count: int, correction: int = 0) -> np.ndarray:
-    """Reduce over ``axes`` (the trailing axes of the iteration grid) in ``ctype``.
+           count: int, grid: tuple[int, ...], correction: int = 0) -> np.ndarray:
+    """Reduce over ``axes`` (the trailing axes of the iteration ``grid``) in ``ctype``.
 
     ``count`` is the number of elements the full reduction covers (mean, var divide by it)."""
     x = [_as(v, ctype) for v in operands]
+    if fn != "matmul":
+        x = [np.broadcast_to(v, grid) for v in x]
     with np.errstate(all="ignore"):
         if fn == "matmul":
-            return _contract(x[0], x[1], axes).astype(ctype, copy=False)
+            return _contract(x[0], x[1], axes, grid).astype(ctype, copy=False)
         v = x[0]
         if fn in ("sum", "mean"):
             out = np.sum(v, axis=axes, dtype=ctype)
@@ -123,12 +125,11 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
     raise KeyError(fn)
 
 
-def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[int, ...]) -> np.ndarray:
     """sum over ``axes`` of a*b, with a and b broadcast over the grid; einsum avoids
     materialising the full product grid (BLAS underneath)."""
-    nd = max(a.ndim, b.ndim)
+    nd = len(grid)
     letters = "abcdefghijklmnopqrstuvwxyz"
-    grid = np.broadcast_shapes(a.shape, b.shape)
 
     def subs(x: np.ndarray) -> tuple[np.ndarray, str]:
         x = x.reshape((1,) * (nd - x.ndim) + x.shape)
@@ -139,6 +140,13 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...]) -> np.ndarray
     out_axes = [i for i in range(nd) if i not in axes]
     so = "".join(letters[i] for i in out_axes)
     res = np.einsum(f"{sa},{sb}->{''.join(c for c in so if c in sa + sb)}", xa, xb, optimize=True)
+    # A reduced axis neither operand varies along still counts its points: sum of n equal terms.
+    repeat = 1
+    for i in axes:
+        if letters[i] not in sa + sb:
+            repeat *= grid[i]
+    if repeat != 1:
+        res = res * res.dtype.type(repeat)
     # axes that neither operand carries (size 1 in the grid) come back as size-1 axes
     return np.broadcast_to(res.reshape([grid[i] if letters[i] in sa + sb else 1 for i in out_axes]),
                            [grid[i] for i in out_axes])

@@ -61,8 +61,7 @@ def _run_op(op: Op, values: dict[str, np.ndarray], buffers, machine: Machine) ->
         nout = len(op.ranges)
         axes = tuple(range(nout, len(dims)))
         count = int(np.prod([d.size for d in op.reduction_ranges]))
-        full = [np.broadcast_to(v, grid_shape) if op.fn != "matmul" else v for v in operands]
-        result = numerics.reduce(op.fn, full, axes, ctype, count, op.correction)
+        result = numerics.reduce(op.fn, operands, axes, ctype, count, grid_shape, op.correction)
         result = np.broadcast_to(result, grid_shape[:nout])
     else:
         result = numerics.pointwise(op.fn, operands, ctype, grid_shape)

@@ -157,6 +157,9 @@ def _merged_hint(op: Op, scopes: Mapping[int, HintScope]) -> dict[str, object]:
     return out
 
 
+_MAX_GRID = 1 << 22  # a multi-variable coordinate term is swept over at most this many points
+
+
 class _Span:
     """Per-core span of one tensor (torch-spyre ``get_per_core_span``): the first non-stick
     device dim, outer to inner, whose per-core extent exceeds 1, times the bytes one step of
@@ -173,11 +176,13 @@ class _Span:
     def extent(self, d: int, split: Mapping[str, int]) -> int:
         _, groups = self.coords[d]
         ext = 1
-        for var, term in groups:
-            n = self.sizes[str(var)] // split.get(str(var), 1)
-            lo, hi = term_extremes(term, var, n, 1)
-            ext += int(hi[0] - lo[0])
-        return ext
+        for syms, term in groups:
+            per = tuple(self.sizes[str(v)] // split.get(str(v), 1) for v in syms)
+            if math.prod(per) > _MAX_GRID:
+                return self.acc.layout.device_size[d]  # too large to sweep: assume the whole dim
+            lo, hi = term_extremes(term, syms, per, (1,) * len(per))
+            ext += int(hi.max() - lo.min())
+        return min(ext, self.acc.layout.device_size[d])
 
     def bytes(self, split: Mapping[str, int]) -> int:
         for d in range(len(self.coords)):
@@ -187,7 +192,7 @@ class _Span:
         return self.acc.layout.elem_bytes
 
     def vars(self, d: int) -> list[str]:
-        return [str(v) for v, _ in self.coords[d][1]]
+        return [str(v) for syms, _ in self.coords[d][1] for v in syms]
 
 
 def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, int]) -> int:

@@ -40,7 +40,7 @@ def examples(n: int) -> int:
     """``n`` examples scaled by the loaded hypothesis profile (its ``max_examples`` over
     hypothesis's default of 100), so a test sizes its own count and still grows under a
     ``deep`` profile: ``@settings(max_examples=examples(40))``."""
-    return max(1, round(n * settings.default.max_examples / 100))
+    return max(1, round(n * settings().max_examples / 100))
 
 
 __all__ = [

@@ -70,6 +70,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from hypothesis import reject
@@ -319,7 +320,7 @@ class _Realizer:
 
     def apply(self, step: _Step) -> Tensor | None:
         fn, k = step.fn, step.kind
-        xs = [self.operand(a) for a in step.args]
+        xs: list[Any] = [self.operand(a) for a in step.args]
         if k == "input":
             name = f"x{self._inputs}"
             self._inputs += 1
@@ -333,8 +334,7 @@ class _Realizer:
         if k == "unary":
             return self.unary(fn, xs[0], step.args[0])
         if k == "cast":
-            b = 1.0 if step.dtype == "bool" else self.bound(xs[0])
-            return self.call("cast", xs[0], step.dtype, bound=b)
+            return self.call("cast", xs[0], step.dtype, bound=1.0 if step.dtype == "bool" else self.bound(xs[0]))
         if k == "binary":
             return self.binary(fn, xs, step.args)
         if k == "compare":
@@ -345,12 +345,12 @@ class _Realizer:
             dims = [self.dim(n, one) for n, one in step.dims]
             return self.call("constant", xs[0].value, step.dtype, dims, bound=self.bound(xs[0]))
         if k == "reduce":
-            return self.reduce(fn, xs[0], step.args[0], step.names, step.flag)
+            return self.reduce(fn, xs[0], step.names, step.flag)
         if k == "matmul":
             a, b = xs
-            for i, x in enumerate((a, b)):
-                if self.squashable(x, step.args[i]) and self.bound(x) > 4:
-                    a, b = (self.squash(x), b) if i == 0 else (a, self.squash(x))
+            for i, v in enumerate((a, b)):
+                if self.squashable(v, step.args[i]) and self.bound(v) > 4:
+                    a, b = (self.squash(v), b) if i == 0 else (a, self.squash(v))
             ksize = self.size(step.names[0])
             return self.call("matmul", a, b, contract=step.names[0], bound=ksize * self.bound(a) * self.bound(b))
         if k == "permute":
@@ -362,7 +362,7 @@ class _Realizer:
             return self.call(k, xs[0], dims, bound=self.bound(xs[0]))
         raise AssertionError(f"unknown step kind {k}")
 
-    def unary(self, fn: str, x: Tensor, index: int) -> Tensor:
+    def unary(self, fn: str, x: Tensor, index: int | _Lit) -> Tensor:
         b = self.bound(x)
         if fn in _POSITIVE_READS:
             y = self.positive(x)
@@ -398,7 +398,7 @@ class _Realizer:
             return self.call(fn, self.raw(a), self.raw(b), bound=self.bound(a) + self.bound(b))
         return self.call(fn, self.raw(a), self.raw(b), bound=max(self.bound(a), self.bound(b)))
 
-    def reduce(self, fn: str, x: Tensor, index: int, names: tuple[str, ...], keepdim: bool) -> Tensor:
+    def reduce(self, fn: str, x: Tensor, names: tuple[str, ...], keepdim: bool) -> Tensor:
         n = math.prod(d.size for d in x.dims if d.name in names)
         b = self.bound(x)
         if fn == "prod":
@@ -477,7 +477,7 @@ class _Planner:
         sum-like reduction when ``reduced``, or else follows from the operands."""
         t = self.r.apply(step)
         self.steps.append(step)
-        if step.kind == "output":
+        if t is None:  # an output
             return -1
         self.value_steps.append(step)
         if reduced:
@@ -507,9 +507,6 @@ class _Planner:
             return _Lit(self.draw(st.sampled_from(_SCALARS)))
         return self.pick(cands)
 
-    def dtype_of(self, x: int | _Lit) -> str | None:
-        return None if isinstance(x, _Lit) else self.t(x).dtype
-
     def fits(self, *xs: int | _Lit) -> bool:
         names: list[str] = []
         for x in xs:
@@ -535,14 +532,16 @@ class _Planner:
         return True
 
     def _binary_dtype(self, a: int | _Lit, b: int | _Lit) -> str:
-        da, db = self.dtype_of(a), self.dtype_of(b)
-        if da is None:
-            return promote_scalar(db, a.value)
-        if db is None:
-            return promote_scalar(da, b.value)
-        return promote(da, db)
+        """The builder's result dtype of a binary op (fspyre.ir.dtypes rules)."""
+        if isinstance(a, _Lit):
+            a, b = b, a
+        assert isinstance(a, int), "a binary op has a tensor operand"
+        if isinstance(b, _Lit):
+            return promote_scalar(self.t(a).dtype, b.value)
+        return promote(self.t(a).dtype, self.t(b).dtype)
 
-    def _pair(self, fn: str, a_cands: Sequence[int], b_cands: Sequence[int], out_dtype) -> tuple | None:
+    def _pair(self, fn: str, a_cands: Sequence[int], b_cands: Sequence[int],
+              out_dtype) -> tuple[int | _Lit, int | _Lit] | None:
         """Operands ``(a, b)`` for ``fn`` with a tensor ``a``; b may be a scalar; maybe swapped."""
         a = self.pick(a_cands)
         bs = [b for b in b_cands if self.fits(a, b)]
@@ -568,6 +567,8 @@ class _Planner:
     def _compare(self) -> bool:
         fn = self.draw(st.sampled_from(_COMPARE_FNS))
         pair = self._pair(fn, self.exact(), self.exact(), lambda a, b: "bool")
+        if pair is None:
+            return False
         self.push(_Step("compare", fn, pair))
         return True
 
@@ -580,8 +581,8 @@ class _Planner:
         b = self.operand_or_scalar(rest)
         if _follow("where", [self.facts[x] for x in (a, b) if isinstance(x, int)], self._binary_dtype(a, b)) is None:
             return False
-        a, b = (b, a) if self.draw(st.booleans()) else (a, b)
-        self.push(_Step("where", "where", (cond, a, b)))
+        branches = (b, a) if self.draw(st.booleans()) else (a, b)
+        self.push(_Step("where", "where", (cond, *branches)))
         return True
 
     def _constant(self) -> bool:

@@ -93,8 +93,8 @@ def test_unsqueeze_and_expand_are_views():
 
 
 def test_contiguous_reshape_is_a_view_and_a_permuted_one_copies_first():
-    g, (A, B) = builder_with(("A", 4), ("B", 8))
-    F = g.dim("F", 32)
+    g, (A, B) = builder_with(("A", 4), ("B", 64))  # B: whole sticks of 32 float32 elements
+    F = g.dim("F", 256)
     x = g.input("x", (A, B), "float32")
     r = g.reshape(x, (F,))
     assert r.buffer == "x" and r.index == sym("F")

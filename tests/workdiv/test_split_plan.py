@@ -325,10 +325,13 @@ def test_split_plans_round_trip_and_are_deterministic():
     assert divide_work(tree, M32, SplitOptions(hints=graph.hints)) == first
 
 
-def test_coord_terms_are_single_variable():
-    from fspyre.machine.memcheck import coord_terms
+def test_coordinate_terms_group_by_shared_variables():
+    from fspyre.machine.memcheck import coord_bounds, coord_terms
 
-    c1, c2 = sympy.symbols("c1 c2", integer=True, nonnegative=True)
-    const, groups = coord_terms(sympy.floor(c1 / 64) + 3 + sympy.Mod(c2, 4))
-    assert const == 3 and {str(v) for v, _ in groups} == {"c1", "c2"}
+    c1, c2, c3 = sympy.symbols("c1 c2 c3", integer=True, nonnegative=True)
+    const, groups = coord_terms(sympy.floor(c1 / 64) + 3 + sympy.Mod(c2, 4) + sympy.floor((2 * c2 + c3) / 8))
+    assert const == 3 and sorted(tuple(map(str, v)) for v, _ in groups) == [("c1",), ("c2", "c3")]
+    # over cores splitting c2 in 2: the (c2, c3) group is swept as one block per slice
+    lows, highs = coord_bounds([sympy.floor((2 * c2 + c3) / 8)], [c2, c3], [8, 4], [2, 1])
+    assert lows[:, 0].tolist() == [0, 1] and highs[:, 0].tolist() == [1, 2]
     assert np.array_equal(core_slices(()), np.zeros((1, 0)))
