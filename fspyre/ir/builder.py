@@ -89,8 +89,9 @@ def broadcast_dims(*types: TensorType, where: str) -> tuple[Dim, ...]:
 
 
 def _regroups(old: tuple[int, ...], new: tuple[int, ...], stick: int) -> bool:
-    """Whether ``new`` merges runs of whole ``old`` dims or splits single ``old`` dims (never
-    both at once), and, where the last (stick) dim is regrouped, both sides are whole sticks."""
+    """Whether a row-major reshape ``old -> new`` keeps the stick dim addressable: the group of
+    dims holding the last (stick) dim is unchanged, or merges/splits whole sticks. Regroupings
+    of the other dims are left to ``device_coordinates``, which verifies or refuses them."""
     o = [s for s in old if s != 1]
     n = [s for s in new if s != 1]
     if not o or not n:
@@ -104,10 +105,11 @@ def _regroups(old: tuple[int, ...], new: tuple[int, ...], stick: int) -> bool:
                 po, i = po * o[i], i + 1
             else:
                 pn, j = pn * n[j], j + 1
-        if i - gi > 1 and j - gj > 1:
-            return False  # many-to-many: elements change groups
-        if i == len(o) and (i - gi, j - gj) != (1, 1) and (o[-1] % stick or n[-1] % stick):
-            return False
+        if i == len(o) and (i - gi, j - gj) != (1, 1):
+            # the stick dim is regrouped: only whole sticks on both sides, one-to-many or
+            # many-to-one, keep every element in its stick slot
+            if (i - gi > 1 and j - gj > 1) or o[-1] % stick or n[-1] % stick:
+                return False
     return True
 
 
@@ -438,17 +440,23 @@ class GraphBuilder:
         return self.expand(x, dims)
 
     def reshape(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
-        """A view when the new dims regroup the buffer's own dims (merge whole neighbours or
-        split one) and any regrouped stick dim stays whole sticks; otherwise a copy first, since
-        the device stick layout could not address the view."""
+        """A view: the new dims must regroup the buffer's own dims (merge whole neighbours or
+        split one), and a regrouped stick dim must stay whole sticks, else a GraphError --
+        the device stick layout could not address the view, and a copy would not help."""
         target = self._resolve_dims(dims, "reshape")
         new = TensorType(dims=target, dtype=x.dtype)
         if new.numel != x.type.numel:
             raise GraphError(f"reshape: {x.type.numel} elements cannot become {list(new.shape)} ({new.numel})")
+        if sympy.expand(x.index - x.type.contiguous_index()) != 0:
+            x = self.copy(x)  # a permuted or broadcast view is made contiguous first
         own = self._buffers[x.buffer].type
-        contiguous = sympy.expand(x.index - x.type.contiguous_index()) == 0
-        if not (contiguous and _regroups(own.shape, new.shape, STICK_ELEMS[x.dtype])):
-            x = self.copy(x)
+        if not _regroups(own.shape, new.shape, STICK_ELEMS[x.dtype]):
+            raise GraphError(
+                f"reshape {list(own.shape)} -> {list(new.shape)} ({x.dtype}): the new dims do not regroup "
+                f"whole dims of the buffer {x.buffer}, or regroup its stick dim into pieces that are not whole "
+                f"sticks of {STICK_ELEMS[x.dtype]} elements; elements would have to move between sticks "
+                f"(a restickify fspyre does not do yet): reshape in steps that merge or split whole dims"
+            )
         # Buffer flat index == the new row-major index, because x is contiguous in host order.
         return Tensor(buffer=x.buffer, type=new, index=new.contiguous_index())
 

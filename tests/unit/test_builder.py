@@ -93,8 +93,9 @@ def test_unsqueeze_and_expand_are_views():
 
 
 def test_contiguous_reshape_is_a_view_and_a_permuted_one_copies_first():
-    g, (A, B) = builder_with(("A", 4), ("B", 64))  # B: whole sticks of 32 float32 elements
-    F = g.dim("F", 256)
+    # A and B whole sticks of 32 float32 elements: either can be the regrouped stick dim
+    g, (A, B) = builder_with(("A", 32), ("B", 64))
+    F = g.dim("F", 2048)
     x = g.input("x", (A, B), "float32")
     r = g.reshape(x, (F,))
     assert r.buffer == "x" and r.index == sym("F")
@@ -105,6 +106,13 @@ def test_contiguous_reshape_is_a_view_and_a_permuted_one_copies_first():
     assert copy.fn == "copy" and copy.ranges == (B, A) and rt.buffer == copy.store.buffer
     assert neg_r.operands == (Load(buffer="x", index=sym("F")),)
     assert neg_rt.operands == (Load(buffer=copy.store.buffer, index=sym("F")),)
+
+
+def test_reshape_that_would_move_elements_between_sticks_is_refused():
+    g, (A, B) = builder_with(("A", 4), ("B", 96))
+    x = g.input("x", (A, B), "float16")
+    with pytest.raises(GraphError, match="whole sticks of 64"):
+        g.reshape(x, (g.dim("P", 8), g.dim("Q", 48)))
 
 
 def test_keepdim_reduction_keeps_size_one_dims():
