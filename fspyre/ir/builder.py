@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import sympy
 
 from fspyre.errors import GraphError, HintError
-from fspyre.ir.dtypes import STICK_ELEMS, check_dtype, is_float, promote, promote_scalar
+from fspyre.ir.dtypes import check_dtype, is_float, promote, promote_scalar
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import (
-    BINARY,
     COMPARISONS,
     Buffer,
     Dim,
@@ -32,7 +31,6 @@ from fspyre.ir.graph import (
     Scalar,
     Store,
     TensorType,
-    UNARY,
     sym,
     verify_graph,
 )
@@ -86,31 +84,6 @@ def broadcast_dims(*types: TensorType, where: str) -> tuple[Dim, ...]:
                     f"make them equal, or size 1 to broadcast"
                 )
     return tuple(Dim(n, sizes[n]) for n in order)
-
-
-def _regroups(old: tuple[int, ...], new: tuple[int, ...], stick: int) -> bool:
-    """Whether a row-major reshape ``old -> new`` keeps the stick dim addressable: the group of
-    dims holding the last (stick) dim is unchanged, or merges/splits whole sticks. Regroupings
-    of the other dims are left to ``device_coordinates``, which verifies or refuses them."""
-    o = [s for s in old if s != 1]
-    n = [s for s in new if s != 1]
-    if not o or not n:
-        return True
-    i = j = 0
-    while i < len(o) and j < len(n):
-        gi, gj, po, pn = i, j, o[i], n[j]
-        i, j = i + 1, j + 1
-        while po != pn:
-            if po < pn:
-                po, i = po * o[i], i + 1
-            else:
-                pn, j = pn * n[j], j + 1
-        if i == len(o) and (i - gi, j - gj) != (1, 1):
-            # the stick dim is regrouped: only whole sticks on both sides, one-to-many or
-            # many-to-one, keep every element in its stick slot
-            if (i - gi > 1 and j - gj > 1) or o[-1] % stick or n[-1] % stick:
-                return False
-    return True
 
 
 class GraphBuilder:
@@ -440,23 +413,15 @@ class GraphBuilder:
         return self.expand(x, dims)
 
     def reshape(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
-        """A view: the new dims must regroup the buffer's own dims (merge whole neighbours or
-        split one), and a regrouped stick dim must stay whole sticks, else a GraphError --
-        the device stick layout could not address the view, and a copy would not help."""
+        """A view of ``x`` in row-major order (a permuted or broadcast ``x`` is copied first).
+        Whether the device can address the view is decided where an op reads it:
+        ``device_coordinates`` verifies its coordinates or refuses with a LoweringError."""
         target = self._resolve_dims(dims, "reshape")
         new = TensorType(dims=target, dtype=x.dtype)
         if new.numel != x.type.numel:
             raise GraphError(f"reshape: {x.type.numel} elements cannot become {list(new.shape)} ({new.numel})")
         if sympy.expand(x.index - x.type.contiguous_index()) != 0:
-            x = self.copy(x)  # a permuted or broadcast view is made contiguous first
-        own = self._buffers[x.buffer].type
-        if not _regroups(own.shape, new.shape, STICK_ELEMS[x.dtype]):
-            raise GraphError(
-                f"reshape {list(own.shape)} -> {list(new.shape)} ({x.dtype}): the new dims do not regroup "
-                f"whole dims of the buffer {x.buffer}, or regroup its stick dim into pieces that are not whole "
-                f"sticks of {STICK_ELEMS[x.dtype]} elements; elements would have to move between sticks "
-                f"(a restickify fspyre does not do yet): reshape in steps that merge or split whole dims"
-            )
+            x = self.copy(x)
         # Buffer flat index == the new row-major index, because x is contiguous in host order.
         return Tensor(buffer=x.buffer, type=new, index=new.contiguous_index())
 

@@ -22,11 +22,6 @@ HOST_NUMPY: dict[str, np.dtype] = {
     "bool": np.dtype(np.bool_),
 }
 
-# Elements of each dtype in one 128-byte device stick (its device format's element size;
-# fspyre/machine/formats.py). Views consult it: a reshape that regroups the stick dim is only
-# addressable when the regrouped sizes are whole sticks.
-STICK_ELEMS: dict[str, int] = {"float16": 64, "bfloat16": 64, "bool": 64, "float32": 32, "int32": 32}
-
 # Rank used by promotion: a wider float wins; bfloat16 with float16 gives float32 (as torch does).
 _FLOAT_RANK = {"float16": 1, "bfloat16": 1, "float32": 2}
 

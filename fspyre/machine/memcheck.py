@@ -423,32 +423,30 @@ def _overlaps(program: Program, accesses: list[_Access], live: Mapping[str, tupl
             for c, n in enumerate(lx_bytes.get(name, ())):
                 if n:
                     spaces.setdefault(c, []).append((addr, addr + int(n), name))
-    out, seen = [], set()
+    out, checked = [], set()
     for core, items in spaces.items():
-        items.sort()
-        # Sorted by address, each item is compared with the later ones that start below its
-        # end: pairs that cannot overlap in address are never looked at.
-        for i, (lo, hi, a) in enumerate(items):
-            for lo2, hi2, b in items[i + 1:]:
-                if lo2 >= hi:
-                    break
-                (sa, ea), (sb, eb) = live[a], live[b]
-                if not (sa < eb and sb < ea):
+        key = tuple(sorted(items))
+        if core >= 0 and key in checked:
+            continue  # a core laid out like one already checked has the same overlaps
+        checked.add(key)
+        # Sweep in time: each buffer is compared only with the buffers alive when it is born.
+        alive: list[tuple[int, int, str]] = []
+        for lo, hi, b in sorted(items, key=lambda x: live[x[2]][0]):
+            sb, eb = live[b]
+            alive = [x for x in alive if live[x[2]][1] > sb]
+            for lo2, hi2, a in alive:
+                if lo2 >= hi or lo >= hi2:
                     continue
                 if core >= 0 and (_in_place(a, b, live, accesses_at, where)
                                   or _in_place(b, a, live, accesses_at, where)):
                     continue
-                key = (core if core < 0 else 0, *sorted((a, b)))
-                if core >= 0 and key in seen:
-                    continue
-                seen.add(key)
-                t = max(sa, sb)
-                op = next((_name(x.spec) for x in accesses_at.get(t, []) if x.arg.name in (a, b)), "?")
+                op = next((_name(x.spec) for x in accesses_at.get(sb, []) if x.arg.name == b), "?")
                 mem = "HBM" if core < 0 else "LX"
                 out.append(MemoryIssue(
-                    kind="overlap", op=op, tensor=a, core=core, memory=mem.lower(), address=lo2,
-                    message=f"{a} [{lo:#x}, {hi:#x}) live {list(live[a])} overlaps {b} [{lo2:#x}, {hi2:#x}) live "
-                            f"{list(live[b])} in {mem}" + (f" on core {core}" if core >= 0 else "")))
+                    kind="overlap", op=op, tensor=b, core=core, memory=mem.lower(), address=max(lo, lo2),
+                    message=f"{b} [{lo:#x}, {hi:#x}) live {list(live[b])} overlaps {a} [{lo2:#x}, {hi2:#x}) live "
+                            f"{list(live[a])} in {mem}" + (f" on core {core}" if core >= 0 else "")))
+            alive.append((lo, hi, b))
     return out
 
 

@@ -19,8 +19,10 @@ Per op, on its per-tile iteration space (torch-spyre ``work_division.py``, resta
    largest divisor of their size that the remaining cores allow (``rem //= split``: leftover
    cores stay unused), then at most one reduction dim, the one taking the most cores.
 
-The reduction dims of ``var`` are never split (the interpreter cannot combine partial
-variances), and the final splits must keep every tensor within the span limit.
+Never split: the reduction dims of ``var`` (the interpreter cannot combine partial
+variances) and dims no tensor index uses (every core would read the same elements; the
+anchor's iteration space leaves them out). The final splits must keep every tensor within
+the span limit.
 
 Core -> slice: cores enumerate the slices of ``OpSplit.splits`` in iteration-space order,
 the first dim fastest (``fspyre.machine.memcheck.core_slices``; the anchor's
