@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, Reduction
 from fspyre.machine.hostio import random_inputs
+from fspyre.machine.memcheck import MemoryReport, check_memory
+from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.reference import evaluate
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.pipeline import Compilation, compile, run
@@ -34,6 +36,12 @@ class CheckReport:
     graph: str
     outputs: tuple[OutputCheck, ...]
     exact: bool  # True when the graph has no reduction: equality is bit-exact
+    memory: MemoryReport | None = None  # static memory-safety check of the compiled program
+    traffic: TrafficReport | None = None  # HBM/LX traffic and the analytic time estimate
+
+    @property
+    def safe(self) -> bool:
+        return self.memory is None or self.memory.clean
 
     @property
     def equal(self) -> bool:
@@ -51,6 +59,9 @@ class CheckReport:
                 f"  {o.name}: {o.dtype}{list(o.shape)} max|diff|={o.max_abs_diff:.3g} "
                 f"tol={o.tolerance:.3g} {'ok' if o.equal else 'MISMATCH'}"
             )
+        for extra in (self.memory, self.traffic):
+            if extra is not None:
+                lines.append(str(extra))
         return "\n".join(lines)
 
 
@@ -94,4 +105,5 @@ def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 
     if inputs is None:
         inputs = random_inputs({n: buffers[n].type for n in graph.inputs}, seed)
     comp = comp or compile(graph, machine, tiling=tiling)
-    return compare(graph, run(comp, inputs), evaluate(graph, inputs, machine))
+    report = compare(graph, run(comp, inputs), evaluate(graph, inputs, machine))
+    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program, machine))

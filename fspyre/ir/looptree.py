@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from fspyre.errors import TilingError
-from fspyre.ir.graph import Op, Output, TensorType
+from fspyre.ir.graph import HintScope, Op, Output, TensorType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +74,7 @@ class LoopTree:
     inputs: tuple[str, ...]
     outputs: tuple[Output, ...]
     body: tuple[Node, ...]
+    hints: tuple[HintScope, ...] = ()  # the graph's scopes: divide_work reads work_div here
 
     def buffer_table(self) -> dict[str, TreeBuffer]:
         return {b.name: b for b in self.buffers}

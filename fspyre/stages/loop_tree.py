@@ -86,6 +86,7 @@ def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
         buffers.extend(ctx.extra.get(b.name, ()))
     return verify_loop_tree(LoopTree(
         name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs, body=tuple(body),
+        hints=graph.hints,
     ))
 
 

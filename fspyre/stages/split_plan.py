@@ -53,12 +53,11 @@ from fspyre.machine.spyre import MAX_CORES, Machine
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SplitOptions:
     """``max_cores``: the core budget (the anchor's SENCORES), 1..machine.cores; None = all.
-    ``hints``: the graph's hint scopes, for ``work_div`` (the LoopTree does not carry them).
-    ``use_hints=False`` ignores work_div hints; ``distribute=False`` keeps only the splits the
+    ``work_div`` hints come from the LoopTree's hint scopes; ``use_hints=False`` ignores them;
+    ``distribute=False`` keeps only the splits the
     span limit forces (pass 1 alone)."""
 
     max_cores: int | None = None
-    hints: tuple[HintScope, ...] = ()
     use_hints: bool = True
     distribute: bool = True
 
@@ -137,7 +136,7 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
             f"max_cores={budget!r}: the core budget must be an integer in 1..{machine.cores} (the machine has "
             f"{machine.cores} cores; a Spyre card at most {MAX_CORES}); pass max_cores in that range"
         )
-    scopes = {h.id: h for h in (options.hints or getattr(tree, "hints", ()))}
+    scopes = {h.id: h for h in tree.hints}
     counts = loop_counts(tree)
     table = tree.buffer_table()
     layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}

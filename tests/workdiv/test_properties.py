@@ -52,7 +52,7 @@ def compile_or_reject(graph, machine, **allocation):
     reshape merging across the stick dim fails in device_coordinates whatever the split or
     allocation), and a hint nest the tiling stages refuse."""
     try:
-        return fspyre.compile(graph, machine, tiling="hints", split_options=SplitOptions(hints=graph.hints),
+        return fspyre.compile(graph, machine, tiling="hints", split_options=SplitOptions(),
                               allocation_options=AllocationOptions(**allocation))
     except LoweringError as err:
         assume("device_coordinates" not in str(err))

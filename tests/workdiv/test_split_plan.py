@@ -263,7 +263,7 @@ def test_a_hint_may_not_split_var_or_two_reduction_dims():
     g.output("s", s)
     graph = g.build()
     with pytest.raises(HintError, match="partial variances"):
-        divide_work(untiled_tree(graph), M32, SplitOptions(hints=graph.hints))
+        divide_work(untiled_tree(graph), M32, SplitOptions())
     without_var = fspyre.GraphBuilder("h2")
     without_var.dim("A", 64)
     without_var.dim("B", 128)
@@ -273,7 +273,7 @@ def test_a_hint_may_not_split_var_or_two_reduction_dims():
     without_var.output("s", s)
     graph = without_var.build()
     with pytest.raises(HintError, match="at most one reduction dim"):
-        divide_work(untiled_tree(graph), M32, SplitOptions(hints=graph.hints))
+        divide_work(untiled_tree(graph), M32, SplitOptions())
 
 
 def test_index_coefficients_key_the_splits_like_the_anchor():
@@ -320,9 +320,9 @@ def _op_specs(program):
 def test_split_plans_round_trip_and_are_deterministic():
     graph = softmax(128, 256, row_tiles=2)
     tree = compile(graph).stages["loop_tree"]
-    first = divide_work(tree, M32, SplitOptions(hints=graph.hints))
+    first = divide_work(tree, M32, SplitOptions())
     assert loads(dumps(first)) == first
-    assert divide_work(tree, M32, SplitOptions(hints=graph.hints)) == first
+    assert divide_work(tree, M32, SplitOptions()) == first
 
 
 def test_coordinate_terms_group_by_shared_variables():

@@ -57,5 +57,5 @@ def pointwise(shape: tuple[int, ...], dtype: str = "float16", names: str = "ABCD
 def compile(graph: Graph, machine: Machine | None = None, tiling: str = "hints", **allocation) -> fspyre.Compilation:
     return fspyre.compile(
         graph, machine or fspyre.machine.spyre(), tiling=tiling,
-        split_options=SplitOptions(hints=graph.hints), allocation_options=AllocationOptions(**allocation),
+        split_options=SplitOptions(), allocation_options=AllocationOptions(**allocation),
     )
