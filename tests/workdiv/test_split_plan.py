@@ -31,7 +31,6 @@ M32 = fspyre.machine.spyre()
 
 def plan(graph, machine=M32, **options):
     """The untiled graph's split plan (divide_work alone: no program is emitted)."""
-    options.setdefault("hints", graph.hints)
     return divide_work(untiled_tree(graph), machine, SplitOptions(**options))
 
 
