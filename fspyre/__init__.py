@@ -3,7 +3,7 @@
     g = fspyre.GraphBuilder("add_mul"); ...; graph = g.build()
     comp = fspyre.compile(graph, machine=fspyre.machine.spyre(cores=32), tiling="none")
     outs = fspyre.run(comp, inputs); ref = fspyre.evaluate(graph, inputs)
-    print(fspyre.check(graph))
+    report = fspyre.check(graph)  # .equal, .max_abs_diff; str(report) is the verdict
 """
 
 from fspyre import machine

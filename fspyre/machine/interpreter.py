@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fspyre.errors import ExecutionError
-from fspyre.ir.graph import TensorType, Dim
+from fspyre.ir.graph import Dim, TensorType
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats, numerics
 from fspyre.machine.hostio import check_inputs, compute_values, to_host
 from fspyre.machine.indexing import compile_index
-from fspyre.machine.layout import device_coordinates, host_strides, stick_layout
+from fspyre.machine.layout import device_coordinates, row_major_strides, stick_layout
+from fspyre.machine.memcheck import core_slices, lx_box
 from fspyre.machine.reference import open_grid
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
@@ -109,14 +110,6 @@ def _linear(terms: Sequence[tuple[np.ndarray | int, int]], base: int) -> np.ndar
     return np.asarray(out)
 
 
-def _row_major(sizes: Sequence[int]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(sizes):
-        out.append(acc)
-        acc *= s
-    return list(reversed(out))
-
-
 @functools.lru_cache(maxsize=64)
 def _kernel_addresses(arg: KernelArg) -> np.ndarray:
     """Byte address of every host element (host row-major order) of a kernel argument."""
@@ -131,7 +124,7 @@ def _kernel_addresses(arg: KernelArg) -> np.ndarray:
     syms = [d.symbol for d in t.dims if d.size > 1]
     coords = device_coordinates(layout, t.contiguous_index(), {d.symbol: d.size for d in t.dims})
     grid = open_grid([d.size for d in t.dims if d.size > 1])
-    strides = _row_major(layout.device_size)
+    strides = row_major_strides(layout.device_size)
     addrs = _linear([(compile_index(c, syms)(*grid), st * fmt.nbytes) for c, st in zip(coords, strides)], arg.address)
     shape = tuple(d.size for d in t.dims if d.size > 1)
     out = np.broadcast_to(addrs, shape).reshape(-1)
@@ -173,34 +166,22 @@ def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], state: MachineStat
             _run_op(spec, iters, state, program, options)
 
 
-def _core_slices(spec: OpSpec) -> list[tuple[int, ...]]:
-    """Slice index per symbol for each core: first symbol fastest (anchor core_to_slice)."""
-    splits = [split for _, split in spec.iteration_space.values()]
-    out = []
-    for core in range(spec.cores):
-        idx, stride = [], 1
-        for s in splits:
-            idx.append((core // stride) % s)
-            stride *= s
-        out.append(tuple(idx))
-    return out
-
-
 def _addresses(arg: TensorArg, syms, grid, iters: tuple[int, ...], core: int, spec: OpSpec,
                state: MachineState) -> tuple[Memory, np.ndarray, str]:
     fmt = formats.FORMATS[arg.device_dtype]
     coords = [np.asarray(compile_index(c, syms)(*grid)) for c in arg.device_coordinates]
     what = f"op {spec.name or spec.op} tensor {arg.name} core {core}"
     if arg.memory == "hbm":
-        strides = _row_major(arg.device_size)
+        strides = row_major_strides(arg.device_size)
         base = arg.address + sum(i * a for i, a in zip(iters, arg.tile_advance))
         return state.hbm, _linear([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base), what
     # LX: each core holds its own slice, laid out row-major over the slice's extent per device
     # dim (whole sticks in the stick dim), at the same LX address on every core.
-    lows = [int(c.min()) if c.size else 0 for c in coords]
-    extents = [int(c.max()) - lo + 1 if c.size else 1 for c, lo in zip(coords, lows)]
-    lows[-1], extents[-1] = 0, arg.device_size[-1]
-    strides = _row_major(extents)
+    box_lo = np.array([[int(c.min()) if c.size else 0 for c in coords]])
+    box_hi = np.array([[int(c.max()) if c.size else 0 for c in coords]])
+    lo_arr, ext_arr = lx_box(box_lo, box_hi, arg.device_size)  # the one rule, shared with memcheck
+    lows, extents = lo_arr[0].tolist(), ext_arr[0].tolist()
+    strides = row_major_strides(extents)
     base = arg.address - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
     return state.lx[core], _linear([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base), what
 
@@ -220,7 +201,7 @@ def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: 
     out_arg = spec.args[-1]
     out_fmt = formats.FORMATS[out_arg.device_dtype]
     groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], int, np.ndarray, list]]] = {}
-    for core, slices in enumerate(_core_slices(spec)):
+    for core, slices in enumerate(core_slices([split for _, split in spec.iteration_space.values()]).tolist()):
         starts = [sl * n for sl, n in zip(slices, sizes)]
         grid = open_grid(sizes, starts)
         grid_shape = tuple(sizes)

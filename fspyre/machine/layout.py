@@ -98,8 +98,8 @@ class StickLayout:
         return tuple(strides)
 
 
-def host_strides(host_size: Sequence[int]) -> tuple[int, ...]:
-    """Contiguous row-major strides of a host tensor."""
+def row_major_strides(host_size: Sequence[int]) -> tuple[int, ...]:
+    """Contiguous row-major strides of a shape (host tensors, device sizes, LX slices)."""
     strides = [1] * len(host_size)
     for i in range(len(host_size) - 2, -1, -1):
         strides[i] = strides[i + 1] * int(host_size[i + 1])
@@ -136,7 +136,7 @@ def stick_layout(host_size: Sequence[int], elems_per_stick: int, dim_order: Sequ
         elif h != -1:
             device[i] = host[h]
 
-    hstrides = host_strides(host)
+    hstrides = row_major_strides(host)
     strides = [-1] * len(dmap)
     inner: dict[int, int] = {}  # host dim -> device dim of its innermost occurrence
     for i in range(last, -1, -1):
@@ -227,7 +227,7 @@ def _matches_digits(coords: Sequence[sympy.Expr], layout: StickLayout, index: sy
         at += n
     npts = len(points[0]) if points else 1
     h = np.broadcast_to(np.asarray(compile_index(index, syms)(*points)), (npts,))
-    host, hstr, eps = layout.host_size, host_strides(layout.host_size), layout.elems_per_stick
+    host, hstr, eps = layout.host_size, row_major_strides(layout.host_size), layout.elems_per_stick
     stick, seen = layout.dim_map[-1], set()
     for i, k in enumerate(layout.dim_map):
         if k == -1 or host[k] == 1:
@@ -256,7 +256,7 @@ def exact_coordinates(
     """Device coordinates as floor/Mod of the host digits of ``index``: correct for every
     index that stays inside the tensor, but not a form stick DMA understands."""
     host = layout.host_size
-    strides = host_strides(host)
+    strides = row_major_strides(host)
     eps = layout.elems_per_stick
     seen: set[int] = set()
     coords: list[sympy.Expr] = []

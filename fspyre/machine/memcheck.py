@@ -38,6 +38,7 @@ from fspyre.errors import ExecutionError
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
 from fspyre.machine.indexing import compile_index
+from fspyre.machine.layout import row_major_strides
 from fspyre.machine.reference import open_grid
 from fspyre.machine.spyre import STICK_BYTES
 
@@ -263,14 +264,6 @@ def program_accesses(program: Program) -> tuple[list[_Access], dict[str, tuple[i
     return accesses, live_intervals(uses, spans), len(ops)
 
 
-def _row_major(sizes: Sequence[int]) -> np.ndarray:
-    out, acc = [], 1
-    for s in reversed(sizes):
-        out.append(acc)
-        acc *= s
-    return np.array(out[::-1], dtype=np.int64)
-
-
 def _name(spec: OpSpec) -> str:
     return spec.name or spec.op
 
@@ -333,7 +326,7 @@ def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.
         return
     elem = formats.FORMATS[arg.device_dtype].nbytes
     if arg.memory == "hbm":
-        strides = _row_major(arg.device_size)
+        strides = np.array(row_major_strides(arg.device_size), dtype=np.int64)
         lo = int((acc.lows[cores] @ strides).min()) * elem
         hi = int((acc.highs[cores] @ strides).max()) * elem + elem
         moves = [(n - 1) * a for n, a in zip(acc.counts, arg.tile_advance)]

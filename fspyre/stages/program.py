@@ -20,7 +20,7 @@ from fspyre.ir.plans import Allocation, SplitPlan
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index
-from fspyre.machine.layout import StickLayout, device_coordinates, stick_layout
+from fspyre.machine.layout import StickLayout, device_coordinates, row_major_strides, stick_layout
 from fspyre.machine.spyre import Machine
 
 PROGRAM_OP_NAMES = {"matmul": "batchmatmul"}  # the anchor's name for every matmul
@@ -42,14 +42,6 @@ def full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
     return sizes
 
 
-def _row_major(sizes: Sequence[int]) -> np.ndarray:
-    out, acc = [], 1
-    for s in reversed(sizes):
-        out.append(acc)
-        acc *= s
-    return np.array(list(reversed(out)), dtype=np.int64)
-
-
 def tile_advance(
     name: str, op: str, layout: StickLayout, coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol],
     tiling: Sequence[Sequence[TileStep]], counts: Sequence[int], full: Mapping[str, int],
@@ -60,7 +52,7 @@ def tile_advance(
     ``coords`` are the tensor's device coordinates over the op's full ranges, in ``syms``, which
     include a tiled dim whose per-tile size is 1 (it is absent from the op's iteration space but
     still moves the address)."""
-    strides = _row_major(layout.device_size)
+    strides = np.array(row_major_strides(layout.device_size), dtype=np.int64)
     fns = [compile_index(c, syms) for c in coords]
     names = [str(s) for s in syms]
     out = []

@@ -21,7 +21,7 @@ from fspyre.machine.layout import (
     byte_offset,
     device_coordinates,
     element_offset,
-    host_strides,
+    row_major_strides,
     stick_layout,
 )
 
@@ -29,7 +29,7 @@ c0, c1, c2, c3 = C = sympy.symbols("c0 c1 c2 c3")
 
 
 def flat_index(shape):
-    return sum((s * v for s, v in zip(host_strides(shape), C)), sympy.S.Zero)
+    return sum((s * v for s, v in zip(row_major_strides(shape), C)), sympy.S.Zero)
 
 
 # --- worked examples ------------------------------------------------------------------------
