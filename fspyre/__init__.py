@@ -15,7 +15,6 @@ from fspyre.machine.reference import evaluate
 from fspyre.pipeline import Compilation, compile, run
 
 
-
 def __getattr__(name: str):
     # The front end imports torch (seconds); load it only when asked for.
     if name == "from_torch":

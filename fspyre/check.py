@@ -7,12 +7,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, Reduction
 from fspyre.machine.hostio import random_inputs
 from fspyre.machine.memcheck import MemoryReport, check_memory
-from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.reference import evaluate
+from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.pipeline import Compilation, compile, run
 

@@ -5,7 +5,7 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

@@ -313,11 +313,11 @@ class GraphBuilder:
             dtype,
         )
 
-    def sum(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("sum", x, dims, keepdim=keepdim)
-    def amax(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("amax", x, dims, keepdim=keepdim)
-    def amin(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("amin", x, dims, keepdim=keepdim)
-    def mean(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("mean", x, dims, keepdim=keepdim)
-    def prod(self, x: Tensor, dims, keepdim: bool = False) -> Tensor: return self.reduce("prod", x, dims, keepdim=keepdim)
+    def sum(self, x: Tensor, dims, keepdim=False) -> Tensor: return self.reduce("sum", x, dims, keepdim=keepdim)
+    def amax(self, x: Tensor, dims, keepdim=False) -> Tensor: return self.reduce("amax", x, dims, keepdim=keepdim)
+    def amin(self, x: Tensor, dims, keepdim=False) -> Tensor: return self.reduce("amin", x, dims, keepdim=keepdim)
+    def mean(self, x: Tensor, dims, keepdim=False) -> Tensor: return self.reduce("mean", x, dims, keepdim=keepdim)
+    def prod(self, x: Tensor, dims, keepdim=False) -> Tensor: return self.reduce("prod", x, dims, keepdim=keepdim)
 
     def var(self, x: Tensor, dims, keepdim: bool = False, correction: int = 1) -> Tensor:
         return self.reduce("var", x, dims, keepdim=keepdim, correction=correction)

@@ -252,7 +252,10 @@ def verify_graph(graph: Graph) -> Graph:
                 raise GraphError(f"op {op.name} reads {load.buffer} before it is written")
             extra = load.index.free_symbols - varset
             if extra:
-                raise GraphError(f"op {op.name}: load of {load.buffer} uses {sorted(map(str, extra))}, not iteration dims of the op")
+                raise GraphError(
+                    f"op {op.name}: load of {load.buffer} uses {sorted(map(str, extra))}, "
+                    f"not iteration dims of the op"
+                )
         if op.store.buffer not in buffers:
             raise GraphError(f"op {op.name} writes unknown buffer {op.store.buffer}")
         if op.store.buffer in written or op.store.buffer in graph.inputs:

@@ -43,7 +43,8 @@ class TensorArg:
             raise LoweringError(f"tensor {self.name}: allocation {dict(self.allocation)} must be one of hbm / lx")
         if len(self.device_coordinates) != len(self.device_size):
             raise LoweringError(
-                f"tensor {self.name}: {len(self.device_coordinates)} coordinates for device rank {len(self.device_size)}"
+                f"tensor {self.name}: {len(self.device_coordinates)} coordinates "
+                f"for device rank {len(self.device_size)}"
             )
         if self.memory == "lx" and any(self.tile_advance):
             raise LoweringError(f"tensor {self.name}: an LX tensor cannot advance across loop iterations")
@@ -74,7 +75,9 @@ class OpSpec:
     def __post_init__(self) -> None:
         for s, (size, split) in self.iteration_space.items():
             if size < 1 or split < 1 or size % split:
-                raise LoweringError(f"op {self.name or self.op}: symbol {s} size {size} is not divisible by split {split}")
+                raise LoweringError(
+                    f"op {self.name or self.op}: symbol {s} size {size} is not divisible by split {split}"
+                )
 
     @property
     def cores(self) -> int:

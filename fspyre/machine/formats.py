@@ -59,9 +59,9 @@ The other formats
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-import functools
 from types import MappingProxyType
 
 import numpy as np

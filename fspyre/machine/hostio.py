@@ -31,7 +31,9 @@ def check_inputs(types: Mapping[str, TensorType], inputs: Mapping[str, object]) 
         if arr.dtype != want:
             ok = np.can_cast(arr.dtype, want, casting="same_kind") or (t.dtype == "bool" and arr.dtype.kind in "iub")
             if not ok:
-                raise ExecutionError(f"input {name}: dtype {arr.dtype} cannot be used as {t.dtype}; pass a {want} array")
+                raise ExecutionError(
+                    f"input {name}: dtype {arr.dtype} cannot be used as {t.dtype}; pass a {want} array"
+                )
             arr = arr.astype(want)
         out[name] = arr
     return out

@@ -188,7 +188,9 @@ def _addresses(arg: TensorArg, syms, grid, iters: tuple[int, ...], core: int, sp
 
 def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: Program, options: RunOptions) -> None:
     if spec.cores > program.cores:
-        raise ExecutionError(f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}")
+        raise ExecutionError(
+            f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}"
+        )
     syms = list(spec.iteration_space)
     sizes = [size // split for size, split in spec.iteration_space.values()]
     info = spec.op_info
@@ -218,7 +220,8 @@ def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: 
             if red_pos != list(range(len(out_pos), len(syms))):
                 raise ExecutionError(f"op {spec.name}: reduction symbols must follow output symbols")
             result = np.broadcast_to(
-                numerics.reduce(fn, operands, axes, ctype, int(info["count"]), grid_shape, int(info.get("correction", 0))),
+                numerics.reduce(fn, operands, axes, ctype, int(info["count"]), grid_shape,
+                                int(info.get("correction", 0))),
                 tuple(sizes[i] for i in out_pos),
             )
         else:
@@ -232,7 +235,9 @@ def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: 
         parts.sort(key=lambda p: p[0])
         _, core, acc, out_grid = parts[0]
         if len(parts) > 1 and fn == "var":
-            raise ExecutionError(f"op {spec.name}: var cannot combine partial results across cores; do not split its reduction")
+            raise ExecutionError(
+                f"op {spec.name}: var cannot combine partial results across cores; do not split its reduction"
+            )
         for _, _, part, _ in parts[1:]:
             acc = numerics.combine(fn, acc, part)  # cores sharing an output slice: in slice order
         mem, addrs, what = _addresses(out_arg, out_syms, out_grid, iters, core, spec, state)

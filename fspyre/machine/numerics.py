@@ -68,8 +68,12 @@ POINTWISE: dict[str, Callable[..., np.ndarray]] = {
 }
 
 # identity element and pairwise combine of each reduction (used across cores and tiles)
-REDUCE_IDENTITY: dict[str, float] = {"sum": 0.0, "mean": 0.0, "matmul": 0.0, "prod": 1.0, "amax": -np.inf, "amin": np.inf}
-REDUCE_COMBINE: dict[str, str] = {"sum": "add", "mean": "add", "matmul": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
+REDUCE_IDENTITY: dict[str, float] = {
+    "sum": 0.0, "mean": 0.0, "matmul": 0.0, "prod": 1.0, "amax": -np.inf, "amin": np.inf,
+}
+REDUCE_COMBINE: dict[str, str] = {
+    "sum": "add", "mean": "add", "matmul": "add", "prod": "mul", "amax": "maximum", "amin": "minimum",
+}
 
 
 def compute_dtype(out_dtype: str, operand_dtypes: Sequence[str]) -> np.dtype:

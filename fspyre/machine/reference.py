@@ -11,9 +11,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from fspyre.ir.graph import Graph, Load, Op, Reduction, iteration_dims
-from fspyre.machine import formats
+from fspyre.machine import formats, numerics
 from fspyre.machine.hostio import check_inputs, device_values, to_host
-from fspyre.machine import numerics
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.spyre import Machine, spyre
 
@@ -33,7 +32,9 @@ def evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine | None
     machine = machine or spyre()
     buffers = graph.buffer_table()
     host = check_inputs({n: buffers[n].type for n in graph.inputs}, inputs)
-    values: dict[str, np.ndarray] = {n: device_values(host[n], buffers[n].type.dtype, machine).ravel() for n in graph.inputs}
+    values: dict[str, np.ndarray] = {
+        n: device_values(host[n], buffers[n].type.dtype, machine).ravel() for n in graph.inputs
+    }
     for op in graph.ops:
         values[op.store.buffer] = _run_op(op, values, buffers, machine)
     return {
