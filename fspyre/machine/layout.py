@@ -17,6 +17,7 @@ those expressions on arrays.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -171,6 +172,18 @@ def device_coordinates(
     (``exact_coordinates``: floor/Mod of host digits) is used, which is always right.
     """
     index = sympy.sympify(index)
+    used = ((s, int(n)) for s, n in ranges.items() if s in index.free_symbols)
+    key = tuple(sorted(used, key=lambda p: str(p[0])))
+    return _device_coordinates(layout, index, key)
+
+
+@functools.lru_cache(maxsize=16384)
+def _device_coordinates(
+    layout: StickLayout, index: sympy.Expr, key: tuple[tuple[sympy.Symbol, int], ...]
+) -> tuple[sympy.Expr, ...]:
+    # Cached: every stage (work division, allocation, emission, reports) asks for the same
+    # tensors' coordinates, and ops in a chain share them; sympy work is the compile's cost.
+    ranges = dict(key)
     _check_index(layout, index, ranges)
     try:
         rule = stick_coordinates(layout, index, ranges)

