@@ -1,11 +1,13 @@
 """Traffic and time report of a Program: HBM and LX bytes per op and per program, compulsory
 bytes, traffic ratio, LX peak per core, cores used, and the anchor's analytic time estimate
-(torch-spyre ``cost_model.py::predict_ops``, restated in
-../shared/reference/anchor-workdiv-lx-machine.md section 5.2).
+(torch-spyre ``cost_model.py::predict_ops``: a fitted one-directional HBM peak, a read/write
+turnaround cost per byte, and a sustained matmul rate per core).
 
 Bytes are counted from the program alone, with the interpreter's rules: an op touches, per
 loop iteration, the box its device coordinates span over all its cores (whole sticks, so
-stick-padded device bytes), and repeats that every iteration of its enclosing loops.
+stick-padded device bytes), and repeats that every iteration of its enclosing loops. Every
+access the program makes is counted, each time it makes it: a tensor two ops read is read
+twice unless the program itself keeps it in LX.
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ from fspyre.machine.spyre import (
 ASSUMPTIONS = (
     "HBM bytes: the stick-padded device box each op touches per loop iteration (union over its cores), "
     "times the iterations of its enclosing loops; graph inputs and outputs at their device size",
-    "an HBM region that several ops of one loop body read in the same iteration is counted once (the anchor "
-    "counts each distinct input once per kernel, cloning re-read inputs into LX)",
+    "every HBM access of every op is counted each time the op runs: nothing is assumed to be cached or "
+    "cloned into LX unless the program does it",
+    "all cores reading the same HBM bytes in one op count them once (the anchor's fitted model charges a "
+    "broadcast operand at its own size)",
     "a kernel is a top-level op or a top-level loop nest; LX traffic is free and not timed",
-    f"kernel memory time = (R + W) / {HBM_BYTES_PER_NS:g} B/ns + {HBM_TURNAROUND_NS_PER_BYTE} ns/B x min(R, W) "
-    "(fitted one-directional peak and read/write turnaround)",
+    f"memory time = (R + W) / {HBM_BYTES_PER_NS:g} B/ns + {HBM_TURNAROUND_NS_PER_BYTE} ns/B x min(R, W) over the "
+    "whole program (fitted one-directional peak and read/write turnaround), charged to each kernel by its "
+    "share of the bytes, so the same bytes cost the same whatever the kernel boundaries",
     f"compute time only for matmul: MACs / cores / {MACS_PER_NS_PER_CORE:g} MAC/ns/core (PT efficiency 1); "
     "other ops are memory bound",
     "kernel time = max(memory, compute); program time = sum over kernels; no split penalty, fill or launch cost",
@@ -155,7 +160,6 @@ def traffic_report(program: Program, machine: Machine | None = None) -> TrafficR
     ops, _ = program_timeline(program)
     out: list[OpTraffic] = []
     kernels: dict[int, list[OpTraffic]] = {}
-    seen: set[tuple] = set()
     lx_peak = np.zeros(program.cores, dtype=np.int64)
     kernel_of: dict[tuple, int] = {}  # a top-level loop (its id) or a top-level op (its time)
     for t, spec, chain, counts in ops:
@@ -172,10 +176,6 @@ def traffic_report(program: Program, machine: Machine | None = None) -> TrafficR
             cores = writers if is_write else np.ones(len(writers), dtype=bool)
             if arg.memory == "hbm":
                 lo, hi = lows[cores].min(axis=0), highs[cores].max(axis=0)
-                key = (chain[-1] if chain else ("top", t), arg.name, tuple(lo), tuple(hi), arg.tile_advance)
-                if not is_write and chain and key in seen:
-                    continue  # read again in the same loop body and iteration
-                seen.add(key)
                 nbytes = _stick_box_bytes(lo, hi) * iters
                 if is_write:
                     hw += nbytes
@@ -199,9 +199,14 @@ def traffic_report(program: Program, machine: Machine | None = None) -> TrafficR
         out.append(row)
         kernels.setdefault(row.kernel, []).append(row)
     estimates = []
+    total_r, total_w = sum(o.hbm_read for o in out), sum(o.hbm_write for o in out)
+    # Turnaround is a property of the program's read/write mix; charging it per kernel would make
+    # a split into read-only and write-only kernels look free of it at equal bytes.
+    turnaround_per_byte = (HBM_TURNAROUND_NS_PER_BYTE * min(total_r, total_w) / (total_r + total_w)
+                           if total_r + total_w else 0.0)
     for index, rows in kernels.items():
         r, w = sum(o.hbm_read for o in rows), sum(o.hbm_write for o in rows)
-        mem = (r + w) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, w)
+        mem = (r + w) / HBM_BYTES_PER_NS + turnaround_per_byte * (r + w)
         compute = sum(o.macs / o.cores / MACS_PER_NS_PER_CORE for o in rows if o.macs)
         estimates.append(KernelEstimate(index=index, ops=tuple(o.name for o in rows), hbm_read=r, hbm_write=w,
                                         macs=sum(o.macs for o in rows), memory_ns=mem, compute_ns=compute))
