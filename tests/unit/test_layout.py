@@ -1,7 +1,7 @@
 """Stick layouts (fspyre.machine.layout) and coordinate evaluation (fspyre.machine.indexing).
 
-Expected values come from the worked examples L1-L11 of
-/work/shared/reference/anchor-workdiv-lx-machine.md section 2.
+Expected values come from worked examples L1-L11 of torch-spyre's default stick layout
+(``SpyreTensorLayout``: device dims, stride maps, padding of the stick dim).
 """
 
 from __future__ import annotations

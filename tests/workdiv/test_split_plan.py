@@ -1,7 +1,7 @@
 """divide_work: stick adjustment, per-core span, span reduction, work distribution, hints.
 
-Expected splits follow the anchor's rules (../shared/reference/anchor-workdiv-lx-machine.md
-section 3); every plan that can run at test size is also run on the interpreter against the
+Expected splits follow the anchor's rules (torch-spyre's ``work_division.py``: stick
+adjustment, span reduction, work distribution); every plan that can run at test size is also run on the interpreter against the
 reference (``fspyre.check``).
 """
 

@@ -1,6 +1,6 @@
 """Graphs for the work-division and allocation tests, and one way to compile them.
 
-``add_mul`` and ``softmax`` are the canonical examples (../shared/seeds/coarse-tiling-loop-ir.txt:
+``add_mul`` and ``softmax`` are the canonical examples (the coarse-tiling seed's:
 add_mul [1024, 4096] fp16 tiled A:2 / B:4; softmax tiled over rows). ``compile`` passes the
 graph's hint scopes to ``divide_work`` (the LoopTree does not carry them) and takes the
 allocation options by keyword.
