@@ -20,6 +20,7 @@ from fspyre.stages.loop_tree import tile
 from fspyre.stages.program import emit_program
 from fspyre.stages.split_plan import SplitOptions, divide_work
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
+from fspyre.stages.tiling_search import SearchOptions, search_tiling
 
 StageCallback = Callable[[str, Any], None]
 
@@ -55,6 +56,7 @@ def compile(
     machine: Machine | None = None,
     tiling: str | TilingPlan = "hints",
     *,
+    fuse: str = "max-producers",
     split_options: SplitOptions = SplitOptions(),
     allocation_options: AllocationOptions = AllocationOptions(),
     callback: StageCallback | None = None,
@@ -70,7 +72,13 @@ def compile(
 
     done("graph", graph)
     # An embedder may bring its own plan (e.g. fspyre.stages.tiling_plan.plan_groups).
-    plan = tiling if isinstance(tiling, TilingPlan) else plan_tiling(graph, TilingOptions(mode=tiling))
+    if isinstance(tiling, TilingPlan):
+        plan = tiling
+    elif tiling == "auto":
+        options = SearchOptions(fuse=fuse, split=split_options, allocation=allocation_options)
+        plan = done("tiling_search", search_tiling(graph, machine, options)).plan
+    else:
+        plan = plan_tiling(graph, TilingOptions(mode=tiling))
     done("tiling_plan", plan)
     tree = done("loop_tree", tile(graph, plan))
     split = done("split_plan", divide_work(tree, machine, split_options))

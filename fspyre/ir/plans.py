@@ -130,3 +130,61 @@ class Allocation:
     hbm_bytes: int
     lx_peak_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+
+
+# -- tiling search ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One tiling of one group that the search judged by compiling it.
+
+    ``verdict`` is "fits" (every intermediate of the group got LX), "spills" (it compiled, but
+    an intermediate lives in HBM: ``reason`` names it) or "refused" (a stage refused it:
+    ``reason`` is the first line of its error). ``time_ns`` and ``hbm_bytes`` are the traffic
+    report's figures for the group alone (-1 when refused)."""
+
+    levels: tuple[Level, ...]
+    verdict: str
+    reason: str = ""
+    time_ns: float = -1.0
+    hbm_bytes: int = -1
+
+    def __post_init__(self) -> None:
+        if self.verdict not in ("fits", "spills", "refused"):
+            raise TilingError(f"candidate verdict {self.verdict!r} must be 'fits', 'spills' or 'refused'")
+
+    @property
+    def iterations(self) -> int:
+        n = 1
+        for lv in self.levels:
+            n *= lv.count
+        return n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSearch:
+    """The search for one consumer: the ops fused with it, every candidate tried in order,
+    and the chosen one (an index into ``candidates``; its levels are empty when the group
+    runs untiled)."""
+
+    consumer: str
+    ops: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    chosen: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.chosen < len(self.candidates):
+            raise TilingError(f"group of {self.consumer}: chosen candidate {self.chosen} is not one of "
+                              f"{len(self.candidates)} candidates")
+
+    @property
+    def choice(self) -> Candidate:
+        return self.candidates[self.chosen]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TilingSearch:
+    """The result of ``search_tiling``: the plan it found and how it found it."""
+
+    plan: TilingPlan
+    groups: tuple[GroupSearch, ...]
+    fuse: str

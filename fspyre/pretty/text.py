@@ -17,7 +17,7 @@ import sympy
 from fspyre.errors import FspyreError
 from fspyre.ir.graph import Dim, Graph, HintScope, Load, Op, Pointwise, Reduction, Scalar
 from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep, TreeBuffer
-from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitPlan, TilingPlan
+from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitPlan, TilingPlan, TilingSearch
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, TensorArg
 from fspyre.pretty.doc import Doc, bracket, concat, hardline, lines, nest, render, text
 
@@ -186,6 +186,25 @@ def _tiling_plan(p: TilingPlan, detailed: bool) -> Doc:
             out.append(concat(head, f"  loops {_levels(g)}" if g.levels else "  (no loops)"))
     if p.warnings:
         out.append(_under("warnings:", [text(w) for w in p.warnings]))
+    return lines(out)
+
+
+def _candidate_levels(levels: Sequence[Level]) -> str:
+    return " x ".join(f"{lv.dims[0]}:{lv.count}" for lv in levels) or "untiled"
+
+
+def _tiling_search(s: TilingSearch, detailed: bool) -> Doc:
+    tiled = sum(1 for g in s.groups if g.choice.levels)
+    out: list[Doc] = [text(f"tiling search ({s.fuse}): {_plural(len(s.groups), 'group')} searched, {tiled} tiled")]
+    for i, g in enumerate(s.groups):
+        head = concat(f"group {i} (consumer {g.consumer}): ", bracket("[", map(text, g.ops), "]"),
+                      f"  -> {_candidate_levels(g.choice.levels)}")
+        shown = g.candidates if detailed else (g.choice,)
+        rows = [[("* " if c is g.choice else "  ") + _candidate_levels(c.levels), c.verdict,
+                 f"{c.time_ns / 1000:.2f} us" if c.time_ns >= 0 else "-",
+                 f"{c.hbm_bytes} B" if c.hbm_bytes >= 0 else "-", c.reason] for c in shown]
+        out.append(_under(head, _table(rows)))
+    out.append(_tiling_plan(s.plan, detailed))
     return lines(out)
 
 
@@ -409,6 +428,7 @@ def _program(p: Program, detailed: bool) -> Doc:
 _PRINTERS: dict[type, Callable[[Any, bool], Doc]] = {
     Graph: _graph,
     TilingPlan: _tiling_plan,
+    TilingSearch: _tiling_search,
     LoopTree: _loop_tree,
     Loop: _loop,
     OpNode: _op_node,

@@ -34,7 +34,10 @@ class TilingOptions:
 
     def __post_init__(self) -> None:
         if self.mode not in ("none", "hints"):
-            raise TilingError(f"tiling={self.mode!r}: use 'none' or 'hints'")
+            raise TilingError(
+                f"tiling={self.mode!r}: use 'none' or 'hints' here; 'auto' needs a machine to search against "
+                f"(fspyre.compile(..., tiling='auto') or fspyre.stages.tiling_search.search_tiling)"
+            )
 
 
 def plan_tiling(graph: Graph, options: TilingOptions = TilingOptions()) -> TilingPlan:

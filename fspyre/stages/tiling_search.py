@@ -1,0 +1,306 @@
+"""Stage ``search_tiling``: graph + machine -> TilingSearch (the tiling fspyre finds itself).
+
+The tile-and-fuse seed's consumer-driven pass on fspyre's IR (docs/tiling.md, "Automatic
+tiling"):
+
+- Ops under ``slices`` hints keep the groups their scopes give (``plan_tiling``'s "hints"
+  mode). The search covers every run of other ops between those groups.
+- Inside a run, ops are visited in reverse program order, so an op is tiled only after all
+  its consumers were. The last op not yet in a group is the *consumer*; the contiguous ops
+  before it that produce what the group reads join it under the fuse mode.
+- A candidate (the group's ops, its loop levels) is judged by running the real downstream
+  stages on the extracted subgraph: ``tile``, ``divide_work``, ``allocate``, ``emit_program``
+  and ``traffic_report``. It *fits* when every intermediate of the group got LX. LX
+  planning does not depend on a loop's trip count, so one compile of the group judges all
+  its iterations (the seed's "first iteration only" reduction, for free).
+- Shrink, then grow back: starting untiled, each of the consumer's output dims in turn (the
+  outermost first) takes the smallest count that fits, trying the counts that divide the dim
+  into whole sticks from the coarsest up (fitting is not monotone in the count: tiles too
+  small for the cores make work division split a reduction, and its partials leave LX); if
+  no count of a dim fits, that dim keeps its finest and the next dim is tried. Then every
+  tiled dim grows back, by binary search, to the largest tile that still fits.
+- The choice is the candidate with the lowest estimated time among all judged, HBM bytes as
+  tie-break, then fewer iterations: the untiled candidate is always judged, so a group is
+  never slower (estimated) than leaving it untiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from fspyre.errors import FspyreError, TilingError
+from fspyre.ir.graph import Buffer, Graph, Op, Output, Reduction
+from fspyre.ir.plans import Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
+from fspyre.machine.report import traffic_report
+from fspyre.machine.spyre import STICK_BYTES, Machine
+from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.loop_tree import tile
+from fspyre.stages.program import emit_program
+from fspyre.stages.split_plan import SplitOptions, divide_work
+from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
+
+FUSE_MODES = ("max-producers", "max-size", "only-patterns", "no-fuse")
+_ITEM_BYTES = {"float16": 2, "bfloat16": 2, "bool": 2, "float32": 4, "int32": 4}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchOptions:
+    """``fuse``: which producers join a consumer's loop.
+
+    - "max-producers": every contiguous producer; tiles shrink until all of them fit, and
+      only when none fits is the farthest producer left out;
+    - "max-size": the consumer's own best tiling first; a producer joins only if that tiling
+      still fits with it;
+    - "only-patterns": only what must share a loop: a reduction with the ops that read its
+      result;
+    - "no-fuse": every op is a group of its own.
+    ``split`` and ``allocation`` are the options the downstream stages will run with."""
+
+    fuse: str = "max-producers"
+    split: SplitOptions = SplitOptions()
+    allocation: AllocationOptions = AllocationOptions()
+
+    def __post_init__(self) -> None:
+        if self.fuse not in FUSE_MODES:
+            raise TilingError(f"fuse={self.fuse!r}: use one of {', '.join(FUSE_MODES)}")
+
+
+def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> TilingSearch:
+    hinted = plan_tiling(graph, TilingOptions(mode="hints"))
+    in_group = {name for g in hinted.groups for name in g.ops}
+    ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
+                  buffers=graph.buffer_table(), readers=_readers(graph),
+                  outputs=frozenset(o.buffer for o in graph.outputs))
+    records: list[GroupSearch] = []
+    run: list[str] = []
+    for name in hinted.order + ("",):  # "" closes the last run
+        if name and name not in in_group:
+            run.append(name)
+            continue
+        records.extend(_search_run(ctx, run))
+        run = []
+    position = {name: i for i, name in enumerate(hinted.order)}
+    found = [Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels]
+    groups = sorted(hinted.groups + tuple(found), key=lambda g: position[g.ops[0]])
+    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings)
+    return TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Search:
+    graph: Graph
+    machine: Machine
+    options: SearchOptions
+    ops: Mapping[str, Op]
+    buffers: Mapping[str, Buffer]
+    readers: Mapping[str, tuple[str, ...]]
+    outputs: frozenset[str]
+
+
+def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
+    out: dict[str, list[str]] = {}
+    for op in graph.ops:
+        for ld in op.loads:
+            names = out.setdefault(ld.buffer, [])
+            if op.name not in names:
+                names.append(op.name)
+    return {b: tuple(n) for b, n in out.items()}
+
+
+# -- one run of unhinted ops ------------------------------------------------------------------
+def _search_run(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
+    records: list[GroupSearch] = []
+    end = len(run)
+    while end > 0:
+        members = _fusable(ctx, run, end - 1)
+        record = _search_group(ctx, members)
+        records.append(record)
+        end -= len(record.ops)
+    return records[::-1]
+
+
+def _fusable(ctx: _Search, run: Sequence[str], i: int) -> list[str]:
+    """The consumer ``run[i]`` and the contiguous ops before it that the fuse mode lets join."""
+    members = [run[i]]
+    if ctx.options.fuse == "no-fuse":
+        return members
+    reads = {ld.buffer for ld in ctx.ops[run[i]].loads}
+    for j in range(i - 1, -1, -1):
+        op = ctx.ops[run[j]]
+        if op.store.buffer not in reads:
+            break  # not a producer of the group: the group must stay contiguous
+        if ctx.options.fuse == "only-patterns" and not isinstance(op, Reduction):
+            break  # the pattern that must share a loop: a reduction and the ops that read its result
+        members.insert(0, op.name)
+        reads |= {ld.buffer for ld in op.loads}
+    return members
+
+
+def _search_group(ctx: _Search, members: list[str]) -> GroupSearch:
+    consumer = members[-1]
+    if ctx.options.fuse == "max-size":
+        return _grow_producers(ctx, members)
+    while True:
+        record = _fit(ctx, members)
+        if record.choice.verdict == "fits" or len(members) == 1:
+            return record
+        members = members[1:]  # nothing fits with every producer: leave the farthest out
+
+
+def _grow_producers(ctx: _Search, members: list[str]) -> GroupSearch:
+    """max-size: the consumer's best tiling, then producers (nearest first) while it still fits."""
+    best = _fit(ctx, members[-1:])
+    judge = _Judge(ctx)
+    for k in range(len(members) - 2, -1, -1):
+        trial = members[k:]
+        cand = judge(trial, best.choice.levels)
+        if cand.verdict != "fits":
+            break
+        best = GroupSearch(consumer=members[-1], ops=tuple(trial), candidates=best.candidates + (cand,),
+                           chosen=len(best.candidates))
+    return best
+
+
+# -- shrink and grow ----------------------------------------------------------------------------
+def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
+    judge = _Judge(ctx)
+    ops = [ctx.ops[m] for m in members]
+    dims = _tileable_dims(ops)
+    counts = {d: _counts(ctx, ops, d, size) for d, size in dims}
+    chosen: dict[str, int] = {}
+
+    def levels(at: Mapping[str, int]) -> tuple[Level, ...]:
+        return tuple(Level(count=at[d], dims=(d,), source="auto") for d, _ in dims if at.get(d, 1) > 1)
+
+    def fits(at: Mapping[str, int]) -> bool:
+        return judge(members, levels(at)).verdict == "fits"
+
+    if not fits(chosen):
+        for d, _ in dims:  # shrink
+            options = counts[d]
+            if not options:
+                continue
+            k = next((i for i, c in enumerate(options) if fits({**chosen, d: c})), None)
+            chosen[d] = options[-1 if k is None else k]
+            if k is not None:
+                break
+        for d in list(chosen):  # grow back: the largest tile of each dim that still fits
+            options = [1] + [c for c in counts[d] if c < chosen[d]]
+            k = _first(options, lambda c: fits({**chosen, d: c}))
+            if k is not None:
+                chosen[d] = options[k]
+    best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
+    return GroupSearch(consumer=members[-1], ops=tuple(members),
+                       candidates=tuple(c.candidate for c in judge.tried), chosen=best)
+
+
+def _first(options: Sequence[int], ok: Callable[[int], bool]) -> int | None:
+    """Index of the first option ``ok`` accepts, by binary search (``ok`` is taken to be
+    monotone: a larger count only shrinks tiles); None when even the last is refused."""
+    lo, hi = 0, len(options)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(options[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo if lo < len(options) and ok(options[lo]) else None
+
+
+def _tileable_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
+    """The consumer's output dims (outermost first) that every op of the group iterates as an
+    output dim: a level on any other dim would re-run an op every iteration or split a
+    reduction whose result the group reads."""
+    consumer = ops[-1]
+    out = []
+    for d in consumer.ranges:
+        if d.size > 1 and all(any(r.name == d.name and r.size == d.size for r in op.ranges) for op in ops):
+            out.append((d.name, d.size))
+    return out
+
+
+def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
+    """Counts > 1 dividing ``size`` whose tiles are whole sticks wherever ``dim`` is a buffer's
+    stick dim (the unit-stride dim of a load or store)."""
+    var = sympy.Symbol(dim, integer=True, nonnegative=True)
+    stick = 1
+    for op in ops:
+        for access in (*op.loads, op.store):
+            btype = ctx.buffers[access.buffer].type
+            if btype.dims and btype.dims[-1].size > 1 and access.index.coeff(var) == 1:
+                stick = max(stick, STICK_BYTES // _ITEM_BYTES[btype.dtype])
+    return [c for c in range(2, size + 1) if size % c == 0 and (size // c) % stick == 0]
+
+
+# -- judging one candidate ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Tried:
+    candidate: Candidate
+    rank: tuple[int, float, int, int]
+
+
+class _Judge:
+    """Compiles candidates of one group and remembers each verdict (a search's scratch state,
+    local to one ``_fit`` call)."""
+
+    def __init__(self, ctx: _Search) -> None:
+        self.ctx = ctx
+        self.tried: list[_Tried] = []
+        self._memo: dict[tuple, Candidate] = {}
+
+    def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
+        key = (tuple(members), levels)
+        if key not in self._memo:
+            cand = _judge(self.ctx, members, levels)
+            self._memo[key] = cand
+            refused = cand.verdict == "refused"
+            self.tried.append(_Tried(candidate=cand, rank=(int(refused), cand.time_ns, cand.hbm_bytes,
+                                                           cand.iterations)))
+        return self._memo[key]
+
+
+def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
+    sub = _subgraph(ctx, members)
+    plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
+    try:
+        tree = tile(sub, plan)
+        split = divide_work(tree, ctx.machine, ctx.options.split)
+        alloc = allocate(tree, split, ctx.machine, ctx.options.allocation)
+        report = traffic_report(emit_program(tree, split, alloc, ctx.machine))
+    except FspyreError as err:
+        return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
+    kept = {o.buffer for o in sub.outputs} | set(sub.inputs)
+    spilled = [b.name for b in tree.buffers if b.name not in kept and alloc.buffers[b.name].memory != "lx"]
+    reason = ""
+    if spilled:
+        placement = alloc.buffers[spilled[0]]
+        reason = f"{spilled[0]} in HBM" + (f" ({placement.reason})" if placement.reason else "")
+    return Candidate(levels=levels, verdict="spills" if spilled else "fits", reason=reason,
+                     time_ns=report.time_ns, hbm_bytes=report.hbm_bytes)
+
+
+def _subgraph(ctx: _Search, members: Sequence[str]) -> Graph:
+    """The group's ops as a graph of their own: what they read from outside is an input, what
+    they write that is read outside (or is a graph output) is an output."""
+    inside = set(members)
+    written: set[str] = set()
+    inputs: list[str] = []
+    outputs: list[str] = []
+    for name in members:
+        op = ctx.ops[name]
+        for ld in op.loads:
+            if ld.buffer not in written and ld.buffer not in inputs:
+                inputs.append(ld.buffer)
+        written.add(op.store.buffer)
+        buf = op.store.buffer
+        if buf in ctx.outputs or any(r not in inside for r in ctx.readers.get(buf, ())):
+            outputs.append(buf)
+    names = inputs + [ctx.ops[m].store.buffer for m in members]
+    return Graph(
+        name=ctx.graph.name, buffers=tuple(ctx.buffers[n] for n in names), inputs=tuple(inputs),
+        ops=tuple(ctx.ops[m] for m in members), outputs=tuple(Output(name=b, buffer=b) for b in outputs),
+        hints=ctx.graph.hints,
+    )

@@ -1,0 +1,139 @@
+"""search_tiling: the tiling fspyre finds itself, judged by compiling each candidate.
+
+Every compiled result runs on the interpreter against the untiled reference; figures come
+from the traffic report of the program that was emitted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fspyre
+from fspyre.errors import TilingError
+from fspyre.ir.serialize import dumps, loads
+from fspyre.machine.memcheck import check_memory
+from fspyre.machine.report import traffic_report
+from fspyre.machine.spyre import Machine, spyre
+from fspyre.pretty import pretty
+from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling
+from fspyre.testing import examples, inputs_for, programs
+from fspyre.testing.machines import core_counts, lx_capacities
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "workdiv"))
+from workloads import add_mul, softmax  # noqa: E402
+
+SMALL_LX = spyre(cores=4, lx_bytes=64 * 1024)
+
+
+def chain(rows: int, cols: int, n: int = 3) -> fspyre.Graph:
+    g = fspyre.GraphBuilder("chain")
+    g.dim("A", rows)
+    g.dim("B", cols)
+    x = g.input("x", ["A", "B"], "float16")
+    for k in range(n):
+        x = g.add(x, g.input(f"w{k}", ["A", "B"], "float16"))
+    g.output("y", x)
+    return g.build()
+
+
+def checked(graph: fspyre.Graph, machine: Machine, **kw) -> fspyre.Compilation:
+    comp = fspyre.compile(graph, machine=machine, tiling="auto", **kw)
+    assert check_memory(comp.program).clean
+    report = fspyre.check(graph, machine=machine, comp=comp)
+    assert report.equal, str(report)
+    return comp
+
+
+def test_an_intermediate_too_big_for_lx_is_tiled_until_it_fits():
+    # y = a + b is [256, 1024] fp16 = 128 KiB per core on 4 cores; LX holds 64 KiB.
+    comp = checked(add_mul(256, 1024, tiled=False), SMALL_LX)
+    search = comp.stages["tiling_search"]
+    (group,) = search.groups
+    assert group.ops == ("buf0", "buf1") and [(lv.dims, lv.count) for lv in group.choice.levels] == [(("A",), 2)]
+    assert [c.verdict for c in group.candidates[:2]] == ["spills", "fits"]
+    assert "buf0 in HBM" in group.candidates[0].reason
+    assert traffic_report(comp.program).traffic_ratio == 1.0
+
+
+def test_a_graph_that_fits_untiled_is_left_alone():
+    comp = checked(add_mul(256, 1024, tiled=False), spyre(cores=4))
+    (group,) = comp.stages["tiling_search"].groups
+    assert group.choice.levels == () and len(group.candidates) == 1
+    untiled = fspyre.compile(add_mul(256, 1024, tiled=False), machine=spyre(cores=4), tiling="none")
+    assert comp.program == untiled.program
+
+
+def test_softmax_rows_are_tiled_and_estimated_faster_than_untiled():
+    graph = softmax(8192, 8192, row_tiles=1)
+    auto = traffic_report(fspyre.compile(graph, tiling="auto").program)
+    none = traffic_report(fspyre.compile(graph, tiling="none").program)
+    assert none.traffic_ratio == 4.0 and auto.traffic_ratio == 1.5  # x is read by amax and by sub
+    assert auto.time_ns < none.time_ns / 2
+
+
+def test_the_choice_is_never_estimated_slower_than_untiled():
+    for graph in (add_mul(2048, 4096, tiled=False), softmax(1024, 8192, row_tiles=1), chain(4096, 2048)):
+        search = search_tiling(graph, spyre())
+        for group in search.groups:
+            untiled = group.candidates[0]
+            assert untiled.levels == ()
+            assert group.choice.time_ns <= untiled.time_ns
+
+
+def test_hinted_ops_keep_their_groups():
+    graph = add_mul(1024, 4096)  # hinted A:2 / B:4
+    search = search_tiling(graph, spyre())
+    hinted = fspyre.compile(graph, tiling="hints").stages["tiling_plan"]
+    assert search.plan.groups == hinted.groups and search.groups == ()
+
+
+@pytest.mark.parametrize("fuse", FUSE_MODES)
+def test_every_fuse_mode_compiles_correct_programs(fuse):
+    comp = checked(softmax(256, 512, row_tiles=1), spyre(cores=2, lx_bytes=32 * 1024), fuse=fuse)
+    search = comp.stages["tiling_search"]
+    assert search.fuse == fuse
+    sizes = [len(g.ops) for g in search.groups]
+    assert sum(sizes) == 5
+    if fuse == "no-fuse":
+        assert sizes == [1, 1, 1, 1, 1]
+    if fuse == "max-producers":
+        assert sizes == [5]
+    if fuse == "only-patterns":
+        # sum and the div reading it share a loop, as do amax and the sub reading it
+        assert sizes == [2, 1, 2]
+
+
+def test_unknown_fuse_mode_is_refused():
+    with pytest.raises(TilingError, match="fuse='greedy'"):
+        SearchOptions(fuse="greedy")
+
+
+def test_the_search_prints_and_round_trips():
+    search = fspyre.compile(add_mul(256, 1024, tiled=False), machine=SMALL_LX, tiling="auto").stages["tiling_search"]
+    assert loads(dumps(search)) == search
+    short, long = pretty(search), pretty(search, detailed=True)
+    assert "group 0 (consumer buf1): [buf0, buf1]  -> A:2" in short
+    assert "untiled  spills" in long and "* A:2" in long
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(prog=programs(max_ops=5), cores=core_counts(), lx=lx_capacities(), seed=st.integers(0, 2**16))
+def test_auto_tiling_equals_untiled_on_random_graphs_and_machines(prog, cores, lx, seed):
+    graph = prog.graph
+    machine = spyre(cores=cores, lx_bytes=lx)
+    comp = fspyre.compile(graph, machine=machine, tiling="auto")
+    assert check_memory(comp.program).clean
+    inputs = inputs_for(graph, seed)
+    report = fspyre.check(graph, inputs, machine=machine, comp=comp)
+    assert report.equal, str(report)
+    untiled = fspyre.compile(graph, machine=machine, tiling="none")
+    assert traffic_report(comp.program).time_ns <= traffic_report(untiled.program).time_ns * (1 + 1e-9)
+    got, ref = fspyre.run(comp, inputs), fspyre.run(untiled, inputs)
+    assert got.keys() == ref.keys()
+    for name in ref:
+        assert got[name].shape == ref[name].shape and got[name].dtype == ref[name].dtype
