@@ -18,6 +18,7 @@ from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages.allocation import AllocationOptions, allocate
 from fspyre.stages.loop_tree import tile
 from fspyre.stages.program import emit_program
+from fspyre.stages.residency import ResidencyOptions, keep_resident
 from fspyre.stages.split_plan import SplitOptions, divide_work
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 from fspyre.stages.tiling_search import SearchOptions, search_tiling
@@ -57,6 +58,7 @@ def compile(
     tiling: str | TilingPlan = "hints",
     *,
     fuse: str = "max-producers",
+    residency: bool = True,
     split_options: SplitOptions = SplitOptions(),
     allocation_options: AllocationOptions = AllocationOptions(),
     callback: StageCallback | None = None,
@@ -75,12 +77,14 @@ def compile(
     if isinstance(tiling, TilingPlan):
         plan = tiling
     elif tiling == "auto":
-        options = SearchOptions(fuse=fuse, split=split_options, allocation=allocation_options)
+        options = SearchOptions(fuse=fuse, residency=residency, split=split_options, allocation=allocation_options)
         plan = done("tiling_search", search_tiling(graph, machine, options)).plan
     else:
         plan = plan_tiling(graph, TilingOptions(mode=tiling))
     done("tiling_plan", plan)
     tree = done("loop_tree", tile(graph, plan))
+    tree = done("resident_tree", keep_resident(
+        tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options)))
     split = done("split_plan", divide_work(tree, machine, split_options))
     alloc = done("allocation", allocate(tree, split, machine, allocation_options))
     program = done("program", emit_program(tree, split, alloc, machine))

@@ -9,8 +9,8 @@ tiling"):
   its consumers were. The last op not yet in a group is the *consumer*; the contiguous ops
   before it that produce what the group reads join it under the fuse mode.
 - A candidate (the group's ops, its loop levels) is judged by running the real downstream
-  stages on the extracted subgraph: ``tile``, ``divide_work``, ``allocate``, ``emit_program``
-  and ``traffic_report``. It *fits* when every intermediate of the group got LX. LX
+  stages on the extracted subgraph: ``tile``, ``keep_resident``, ``divide_work``,
+  ``allocate``, ``emit_program`` and ``traffic_report``. It *fits* when every intermediate of the group got LX. LX
   planning does not depend on a loop's trip count, so one compile of the group judges all
   its iterations (the seed's "first iteration only" reduction, for free).
 - Shrink, then grow back: starting untiled, each of the consumer's output dims in turn (the
@@ -39,6 +39,7 @@ from fspyre.machine.spyre import STICK_BYTES, Machine
 from fspyre.stages.allocation import AllocationOptions, allocate
 from fspyre.stages.loop_tree import tile
 from fspyre.stages.program import emit_program
+from fspyre.stages.residency import ResidencyOptions, keep_resident
 from fspyre.stages.split_plan import SplitOptions, divide_work
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 
@@ -57,9 +58,11 @@ class SearchOptions:
     - "only-patterns": only what must share a loop: a reduction with the ops that read its
       result;
     - "no-fuse": every op is a group of its own.
-    ``split`` and ``allocation`` are the options the downstream stages will run with."""
+    ``residency``, ``split`` and ``allocation`` are the options the downstream stages will run
+    with: each candidate is judged as it would be compiled."""
 
     fuse: str = "max-producers"
+    residency: bool = True
     split: SplitOptions = SplitOptions()
     allocation: AllocationOptions = AllocationOptions()
 
@@ -266,7 +269,8 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
     sub = _subgraph(ctx, members)
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:
-        tree = tile(sub, plan)
+        tree = keep_resident(tile(sub, plan), ctx.machine, ResidencyOptions(
+            enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         split = divide_work(tree, ctx.machine, ctx.options.split)
         alloc = allocate(tree, split, ctx.machine, ctx.options.allocation)
         report = traffic_report(emit_program(tree, split, alloc, ctx.machine))

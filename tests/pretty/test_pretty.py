@@ -160,7 +160,8 @@ def all_text() -> str:
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_stage_artifacts(name, golden):
     comp = fspyre.compile(EXAMPLES[name](), machine=MACHINE, tiling="none")
-    assert list(comp.stages) == ["graph", "tiling_plan", "loop_tree", "split_plan", "allocation", "program"]
+    assert list(comp.stages) == ["graph", "tiling_plan", "loop_tree", "resident_tree", "split_plan", "allocation",
+                                 "program"]
     for stage, artifact in comp.stages.items():
         golden.check(f"{name}.{stage}", pretty(artifact))
         if name == "add_mul" or stage in ("graph", "loop_tree"):

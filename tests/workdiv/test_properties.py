@@ -50,9 +50,10 @@ def hinted_graph(data):
 def compile_or_reject(graph, machine, **allocation):
     """Rejected, as outside these properties: a read the stick layout cannot express (a
     reshape merging across the stick dim fails in device_coordinates whatever the split or
-    allocation), and a hint nest the tiling stages refuse."""
+    allocation), and a hint nest the tiling stages refuse. Without ``keep_resident``: its
+    copies depend on the LX capacity by design, and these properties pin the stages after it."""
     try:
-        return fspyre.compile(graph, machine, tiling="hints", split_options=SplitOptions(),
+        return fspyre.compile(graph, machine, tiling="hints", residency=False, split_options=SplitOptions(),
                               allocation_options=AllocationOptions(**allocation))
     except LoweringError as err:
         assume("device_coordinates" not in str(err))

@@ -54,8 +54,11 @@ def pointwise(shape: tuple[int, ...], dtype: str = "float16", names: str = "ABCD
     return g.build()
 
 
-def compile(graph: Graph, machine: Machine | None = None, tiling: str = "hints", **allocation) -> fspyre.Compilation:
+def compile(graph: Graph, machine: Machine | None = None, tiling: str = "hints", *, residency: bool = False,
+            **allocation) -> fspyre.Compilation:
+    """Without ``keep_resident`` unless asked: these tests pin what work division and LX
+    planning do with the tile stage's tree (tests/tiling/test_residency.py covers the copies)."""
     return fspyre.compile(
-        graph, machine or fspyre.machine.spyre(), tiling=tiling,
+        graph, machine or fspyre.machine.spyre(), tiling=tiling, residency=residency,
         split_options=SplitOptions(), allocation_options=AllocationOptions(**allocation),
     )

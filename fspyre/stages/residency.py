@@ -1,0 +1,285 @@
+"""Stage ``keep_resident``: LoopTree -> LoopTree in which HBM regions read more than once are
+copied into LX once and read from there.
+
+An op's read of a full (HBM) buffer covers one region per iteration of the loop levels that
+move it: the levels whose tile steps touch a variable of the load's index. Two kinds of
+re-read are worth a copy (docs/tiling.md, "LX residency"):
+
+- *shared*: several ops of one loop body (or of the program's top level) read the same
+  region in the same iteration -- row-tiled softmax reads ``x`` for its max and again for
+  the subtraction;
+- *loop-invariant*: an op inside a loop reads a region no level of that loop moves -- the
+  weights of a matmul under a token loop.
+
+For each such region the stage places one ``copy`` op into a per-tile buffer right before
+the outermost node that holds its readers, inside the innermost loop that moves the region,
+and points the readers at the copy. A copy pays only if its buffer lives in LX, which only
+the real allocator can say: the stage runs ``divide_work`` and ``allocate`` on the rewritten
+tree and withdraws every copy whose buffer was left in HBM (recording why), until all that
+remain are in LX. Copies whose readers slice the region differently across cores are
+withdrawn the same way (the allocator refuses to place them in LX).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import sympy
+
+from fspyre.errors import FspyreError
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
+from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
+from fspyre.machine.report import traffic_report
+from fspyre.machine.spyre import STICK_BYTES, Machine
+from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.program import emit_program
+from fspyre.stages.split_plan import SplitOptions, divide_work
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyOptions:
+    """``enabled`` False returns the tree unchanged; ``split`` and ``allocation`` are the
+    options the downstream stages will run with (the copies are judged under them)."""
+
+    enabled: bool = True
+    split: SplitOptions = SplitOptions()
+    allocation: AllocationOptions = AllocationOptions()
+
+
+def keep_resident(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> LoopTree:
+    if not options.enabled or not options.allocation.lx_planning:
+        return tree
+    regions = _regions(tree)
+    if not regions:
+        return tree
+    baseline, placed = _estimate(tree, machine, options)
+    # a buffer the allocator already keeps in LX gains nothing from a copy
+    regions = [r for r in regions if placed.buffers[r.buffer].memory == "hbm"]
+    reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
+    hints: dict[str, FrozenMap[str, int]] = {}
+    while regions:
+        rewritten = _rewrite(tree, regions, hints)
+        try:
+            split = divide_work(rewritten, machine, options.split)
+        except FspyreError:
+            return tree  # the copies' work division was refused: leave the tree as it was
+        if not hints:
+            hints, regions = _align(regions, split, machine, reduced)
+            continue
+        alloc = allocate(rewritten, split, machine, options.allocation)
+        spilled = [r for r in regions if alloc.buffers[r.name].memory != "lx"]
+        if spilled:
+            regions = [r for r in regions if r not in spilled]
+            hints, _ = _align(regions, split, machine, reduced)
+            continue
+        # Aligning a reader's cores with its copy may cost more compute than the copy saves.
+        return rewritten if _estimate(rewritten, machine, options)[0] < baseline else tree
+    return tree
+
+
+def _estimate(tree: LoopTree, machine: Machine, options: ResidencyOptions) -> tuple[tuple[float, int], Allocation]:
+    split = divide_work(tree, machine, options.split)
+    alloc = allocate(tree, split, machine, options.allocation)
+    report = traffic_report(emit_program(tree, split, alloc, machine))
+    return (report.time_ns, report.hbm_bytes), alloc
+
+
+def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
+           reduced: Mapping[str, set[str]]) -> tuple[dict[str, FrozenMap[str, int]], list[_Region]]:
+    """work_div for each copy (and readers that must change) so the copy writes, on every
+    core, exactly the slice that core's readers read. A reader splitting a dim the copy does
+    not have would need the copy on several cores at once; it moves its cores onto the
+    copy's first output dim instead. Regions whose readers cannot agree are dropped."""
+    hints: dict[str, FrozenMap[str, int]] = {}
+    kept: list[_Region] = []
+    for r in regions:
+        names = [d.name for d in r.dims]
+        wanted = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
+        if any(w is None for w in wanted):
+            continue
+        common = {d: k for d, k in wanted[0].items() if d in names}
+        if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
+            continue
+        proposal = {**{n: FrozenMap(w) for n, w in zip(r.readers, wanted) if w != dict(split.ops[n].splits)},
+                    f"{r.name}_copy": FrozenMap((d, common.get(d, 1)) for d in names)}
+        if any(n in hints and hints[n] != h for n, h in proposal.items()):
+            continue
+        hints.update(proposal)
+        kept.append(r)
+    return hints, kept
+
+
+def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: _Region,
+                  machine: Machine) -> dict[str, int] | None:
+    if all(k == 1 or d in names for d, k in split.splits.items()):
+        return dict(split.splits)
+    for d in sorted(r.dims, key=lambda d: d.name in reduced):  # output dims first: no partial sums
+        # whole sticks on both sides: the reader's stick dims and the copy's last dim
+        elems = max(split.stick_elems.get(d.name, 1), r.stick if d == r.dims[-1] else 1)
+        if d.size % elems:
+            continue
+        units = d.size // elems
+        k = max(c for c in range(1, min(split.cores, machine.cores) + 1) if units % c == 0)
+        if k > 1:
+            return {**{n: 1 for n in split.splits}, d.name: k}
+    return None
+
+
+# -- finding re-read regions ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Region:
+    """One region of a full buffer that ``readers`` read, and where its copy goes: before the
+    node at ``anchor`` (a path of body indices) whose subtree holds every reader."""
+
+    name: str  # the copy's buffer (and, with "_copy", its op)
+    buffer: str
+    index: sympy.Expr
+    dims: tuple[Dim, ...]  # the per-tile extent of each buffer dim the load walks
+    stick: int  # elements per stick of the buffer (its last dim is the stick dim)
+    steps: tuple[tuple[TileStep, ...], ...]  # the copy's tiling: the levels that move the region
+    anchor: tuple[int, ...]
+    readers: tuple[str, ...]
+
+
+def _regions(tree: LoopTree) -> list[_Region]:
+    table = tree.buffer_table()
+    written_at: dict[str, int] = {}
+    order: dict[str, int] = {}
+    for node, _ in walk(tree.body):
+        if isinstance(node, OpNode):
+            order[node.name] = len(order)
+            written_at[node.op.store.buffer] = order[node.name]
+    found: dict[tuple, list[tuple[tuple[int, ...], str, int]]] = {}
+    for path, node in _op_paths(tree.body, ()):
+        for ld in node.op.loads:
+            buf = table[ld.buffer]
+            if buf.scope != "full":
+                continue
+            walked = _walked_dims(ld.index, buf.type, _sizes(node.op))
+            if walked is None:
+                continue
+            names = {v.name for v in ld.index.free_symbols}
+            moving = [k for k, level in enumerate(node.tiling) if any(s.dim in names for s in level)]
+            depth = (moving[-1] + 1) if moving else 0
+            steps = tuple(tuple(s for s in level if s.dim in names) for level in node.tiling[:depth])
+            key = (ld.buffer, ld.index, walked, steps, path[:depth])
+            found.setdefault(key, []).append((path, node.name, len(node.tiling)))
+    regions: list[_Region] = []
+    taken = {b.name for b in tree.buffers} | set(order)
+    for (buffer, index, walked, steps, outer), uses in found.items():
+        readers = tuple(dict.fromkeys(name for _, name, _ in uses))
+        reads = sum(1 for _ in uses)
+        deeper = any(d > len(outer) for _, _, d in uses)
+        if reads < 2 and not deeper:
+            continue  # read once per iteration of the loops that move it: nothing to save
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
+        first = min(order[r] for r in readers)
+        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
+            continue  # written inside the span the copy would hoist over
+        if written_at.get(buffer, -1) >= first:
+            continue
+        name = _fresh(f"{buffer}_lx", taken)
+        stick = STICK_BYTES // (4 if table[buffer].type.dtype in ("float32", "int32") else 2)
+        regions.append(_Region(name=name, buffer=buffer, index=index, dims=walked, stick=stick, steps=steps,
+                               anchor=anchor, readers=readers))
+    return regions
+
+
+def _op_paths(body: Sequence[Node], prefix: tuple[int, ...]):
+    for i, node in enumerate(body):
+        if isinstance(node, Loop):
+            yield from _op_paths(node.body, prefix + (i,))
+        else:
+            yield prefix + (i,), node
+
+
+def _first_op_at(body: Sequence[Node], path: tuple[int, ...], order: Mapping[str, int]) -> int:
+    node: Node = body[path[0]]
+    for i in path[1:]:
+        assert isinstance(node, Loop)
+        node = node.body[i]
+    first = next(n for n, _ in walk((node,)) if isinstance(n, OpNode))
+    return order[first.name]
+
+
+def _sizes(op: Op) -> dict[str, int]:
+    return {d.name: d.size for d in (*op.ranges, *op.reduction_ranges)}
+
+
+def _walked_dims(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> tuple[Dim, ...] | None:
+    """The per-tile extent of each buffer dim ``index`` walks with one iteration variable (in
+    buffer order), or None when the index is not of that form (the copy would need it)."""
+    strides = btype.strides()
+    by_stride = {st: j for j, (st, d) in enumerate(zip(strides, btype.dims)) if d.size > 1}
+    walked: dict[int, Dim] = {}
+    for term in sympy.Add.make_args(sympy.expand(index)):
+        if term == 0:
+            continue
+        coef, var = term.as_coeff_Mul()
+        if not coef.is_Integer or not var.is_Symbol:
+            return None
+        j = by_stride.get(int(coef))
+        if j is None or j in walked or var.name not in sizes or sizes[var.name] > btype.dims[j].size:
+            return None
+        walked[j] = Dim(var.name, sizes[var.name])
+    return tuple(walked[j] for j in sorted(walked))
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, n = base, 1
+    while name in taken:
+        name, n = f"{base}{n}", n + 1
+    taken.add(name)
+    return name
+
+
+# -- rewriting ----------------------------------------------------------------------------------
+def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, FrozenMap[str, int]]) -> LoopTree:
+    """The tree with each region's copy in place and its readers reading it; ``hints`` gives
+    ops (copies and readers) a work division of their own, as a hint scope after the graph's."""
+    table = tree.buffer_table()
+    first = max((h.id for h in tree.hints), default=-1) + 1
+    scope_of = {op: first + i for i, op in enumerate(hints)}
+    redirect: dict[tuple[str, str, sympy.Expr], Load] = {}
+    copies: dict[tuple[int, ...], list[OpNode]] = {}
+    added: dict[str, list[TreeBuffer]] = {}
+    for r in regions:
+        ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
+        local = ttype.contiguous_index()
+        cname = f"{r.name}_copy"
+        copy = Pointwise(name=cname, fn="copy", operands=(Load(buffer=r.buffer, index=r.index),),
+                         ranges=r.dims, store=Store(buffer=r.name, index=local),
+                         hints=(scope_of[cname],) if cname in scope_of else ())
+        copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
+        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype, scope="tile"))
+        for reader in r.readers:
+            redirect[(reader, r.buffer, r.index)] = Load(buffer=r.name, index=local)
+    body = _rewrite_body(tree.body, (), copies, redirect, scope_of)
+    buffers: list[TreeBuffer] = []
+    for b in tree.buffers:
+        buffers.append(b)
+        buffers.extend(added.get(b.name, ()))
+    scopes = tuple(HintScope(id=scope_of[op], work_div=h) for op, h in hints.items())
+    return replace(tree, body=body, buffers=tuple(buffers), hints=tree.hints + scopes)
+
+
+def _rewrite_body(body: Sequence[Node], prefix: tuple[int, ...], copies: Mapping[tuple[int, ...], list[OpNode]],
+                  redirect: Mapping[tuple[str, str, sympy.Expr], Load], scope_of: Mapping[str, int]) -> tuple[Node, ...]:
+    out: list[Node] = []
+    for i, node in enumerate(body):
+        path = prefix + (i,)
+        out.extend(copies.get(path, ()))
+        if isinstance(node, Loop):
+            out.append(replace(node, body=_rewrite_body(node.body, path, copies, redirect, scope_of)))
+            continue
+        operands = tuple(redirect.get((node.name, o.buffer, o.index), o) if isinstance(o, Load) else o
+                         for o in node.op.operands)
+        hints = node.op.hints + ((scope_of[node.name],) if node.name in scope_of else ())
+        if operands == node.op.operands and hints == node.op.hints:
+            out.append(node)
+        else:
+            out.append(replace(node, op=replace(node.op, operands=operands, hints=hints)))
+    return tuple(out)

@@ -1,0 +1,121 @@
+"""keep_resident: HBM regions read more than once are copied into LX once.
+
+Every program is run on the interpreter with and without the stage; the copies change where
+bytes come from, never the values (exactly so unless a reader's work division moved and a
+float reduction reassociated)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_tiling_properties import GRAPHS, agree, reassociates
+
+import fspyre
+from fspyre.ir.looptree import Loop, op_nodes
+from fspyre.machine.memcheck import check_memory
+from fspyre.machine.report import traffic_report
+from fspyre.machine.spyre import spyre
+from fspyre.testing import examples, inputs_for
+from fspyre.testing.hints import legal_hint_nests
+
+
+def softmax(rows: int, cols: int, tiles: int) -> fspyre.Graph:
+    g = fspyre.GraphBuilder("softmax")
+    g.dim("M", rows)
+    g.dim("N", cols)
+    x = g.input("x", ["M", "N"], "float16")
+    with g.hint(slices={"M": tiles}):
+        m = g.amax(x, "N", keepdim=True)
+        e = g.exp(g.sub(x, m))
+        y = g.div(e, g.sum(e, "N", keepdim=True))
+    g.output("y", y)
+    return g.build()
+
+
+def mlp(tokens: int, d: int, h: int, tiles: int) -> fspyre.Graph:
+    g = fspyre.GraphBuilder("mlp")
+    g.dim("T", tokens)
+    g.dim("D", d)
+    g.dim("H", h)
+    x = g.input("x", ["T", "D"], "float16")
+    w1, w2 = g.input("w1", ["D", "H"], "float16"), g.input("w2", ["H", "D"], "float16")
+    with g.hint(slices={"T": tiles}):
+        y = g.matmul(g.relu(g.matmul(x, w1)), w2)
+    g.output("y", y)
+    return g.build()
+
+
+def both(graph, machine=None):
+    machine = machine or spyre()
+    return (fspyre.compile(graph, machine, residency=True), fspyre.compile(graph, machine, residency=False))
+
+
+def test_row_tiled_softmax_reads_x_once():
+    graph = softmax(512, 1024, 4)
+    with_copy, without = both(graph)
+    tree = with_copy.stages["resident_tree"]
+    (loop,) = tree.body
+    assert isinstance(loop, Loop) and loop.body[0].op.fn == "copy" and loop.body[0].op.store.buffer == "x_lx"
+    assert {ld.buffer for n in op_nodes(tree) for ld in n.op.loads if n.op.fn != "copy"} >= {"x_lx"}
+    assert with_copy.stages["allocation"].buffers["x_lx"].memory == "lx"
+    size = 512 * 1024 * 2
+    fast, slow = traffic_report(with_copy.program), traffic_report(without.program)
+    assert (fast.hbm_read, slow.hbm_read) == (size, 2 * size) and fast.traffic_ratio == 1.0
+    inputs = inputs_for(graph, 1)
+    assert np.array_equal(fspyre.run(with_copy, inputs)["y"], fspyre.run(without, inputs)["y"])
+    assert check_memory(with_copy.program).clean
+
+
+def test_loop_invariant_weights_are_copied_once_before_the_loop():
+    graph = mlp(128, 256, 512, 4)
+    with_copy, without = both(graph)
+    tree = with_copy.stages["resident_tree"]
+    hoisted = [n.op.store.buffer for n in tree.body if not isinstance(n, Loop)]
+    assert hoisted == ["w1_lx", "w2_lx"]
+    fast, slow = traffic_report(with_copy.program), traffic_report(without.program)
+    copies = {o.name: o for o in fast.ops if o.op == "copy"}
+    assert {n: (o.iterations, o.hbm_read) for n, o in copies.items()} == {
+        "w1_lx_copy": (1, 256 * 512 * 2), "w2_lx_copy": (1, 512 * 256 * 2)}  # once, not once per tile
+    assert fast.time_ns < slow.time_ns
+    report = fspyre.check(graph, machine=spyre(), comp=with_copy)
+    assert report.equal and report.safe, str(report)
+
+
+def test_a_copy_that_does_not_fit_lx_is_withdrawn():
+    graph = softmax(512, 1024, 4)
+    small = spyre(lx_bytes=4096)  # a row tile of x takes 4096 B per core: no room for the rest too
+    with_copy, without = both(graph, small)
+    names = {n.name for n in op_nodes(with_copy.stages["resident_tree"])}
+    assert not any(n.endswith("_lx_copy") for n in names)
+    assert with_copy.program == without.program
+
+
+def test_residency_off_and_without_lx_planning_change_nothing():
+    graph = softmax(512, 1024, 4)
+    off = fspyre.compile(graph, residency=False)
+    assert off.stages["resident_tree"] is off.stages["loop_tree"]
+    from fspyre.stages.allocation import AllocationOptions
+    no_lx = fspyre.compile(graph, allocation_options=AllocationOptions(lx_planning=False))
+    assert no_lx.stages["resident_tree"] is no_lx.stages["loop_tree"]
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(st.data(), st.integers(1, 32))
+def test_copies_never_change_results_or_memory_safety(data, cores):
+    graph = data.draw(GRAPHS, label="graph")
+    nest = data.draw(legal_hint_nests(graph), label="hints")
+    hinted = nest.apply(graph)
+    machine = spyre(cores=cores)
+    try:
+        with_copy, without = both(hinted, machine)
+    except fspyre.FspyreError:
+        assume(False)  # refusals belong to the tiling properties
+    assert check_memory(with_copy.program).clean
+    assert traffic_report(with_copy.program).time_ns <= traffic_report(without.program).time_ns
+    inputs = inputs_for(graph, 2)
+    got, want = fspyre.run(with_copy, inputs), fspyre.run(without, inputs)
+    before = without.stages["split_plan"].ops
+    moved = any(before[k] != v for k, v in with_copy.stages["split_plan"].ops.items() if k in before)
+    agree(graph, got, want, exact=not (moved and reassociates(graph)), nest=nest)
