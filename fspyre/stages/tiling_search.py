@@ -18,9 +18,11 @@ tiling"):
   into whole sticks from the coarsest up (fitting is not monotone in the count: tiles too
   small for the cores make work division split a reduction, and its partials leave LX); if
   no count of a dim fits, that dim keeps its finest and the next dim is tried. Then every
-  tiled dim grows back, by binary search, to the largest tile that still fits. When the
-  group fits untiled, the coarsest tiling of its first dim is judged as well: one loop nest
-  is one kernel, whose memory time the cost model overlaps with its compute.
+  tiled dim grows back, by binary search, to the largest tile that still fits. Last, the
+  outermost dim is refined to finer counts while the estimate keeps improving: a smaller
+  tile can leave LX room for copies of re-read operands, and even a group that fits
+  untiled may gain from one loop nest, whose memory time the cost model overlaps with its
+  compute (one kernel).
 - The choice is the candidate with the lowest estimated time among all judged, HBM bytes as
   tie-break, then fewer iterations: the untiled candidate is always judged, so a group is
   never slower (estimated) than leaving it untiled.
@@ -197,12 +199,20 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
             k = _first(options, lambda c: fits({**chosen, d: c}))
             if k is not None:
                 chosen[d] = options[k]
-    if not chosen:
-        # Untiled fits. One loop may still be faster: the cost model overlaps a loop nest's
-        # memory time with its compute (one kernel), which separate untiled kernels cannot.
-        first = next((d for d, _ in dims if counts[d]), None)
-        if first is not None:
-            fits({first: counts[first][0]})
+    # Refine the outermost tiled dim while finer tiles keep paying: a fitting tiling may
+    # leave no LX for copies of re-read operands that a smaller tile makes room for. When
+    # untiled fits, one loop is judged too: the cost model overlaps a loop nest's memory time
+    # with its compute (one kernel), which separate untiled kernels cannot.
+    first = next((d for d, _ in dims if counts[d]), None)
+    if first is not None:
+        best_rank = min(t.rank for t in judge.tried)
+        for c in (c for c in counts[first] if c > chosen.get(first, 1)):
+            trial = {**chosen, first: c}
+            judge(members, levels(trial))
+            rank = judge.tried[-1].rank
+            if rank >= best_rank:
+                break
+            best_rank = rank
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
     return GroupSearch(consumer=members[-1], ops=tuple(members),
                        candidates=tuple(c.candidate for c in judge.tried), chosen=best)
