@@ -15,11 +15,11 @@ from fspyre.ir.graph import Graph
 from fspyre.ir.plans import TilingPlan
 from fspyre.ir.program import Program
 from fspyre.machine.spyre import Machine, spyre
-from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import tile
 from fspyre.stages.program import emit_program
-from fspyre.stages.residency import ResidencyOptions, keep_resident
-from fspyre.stages.split_plan import SplitOptions, divide_work
+from fspyre.stages.residency import ResidencyOptions, place_copies
+from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 from fspyre.stages.tiling_search import SearchOptions, search_tiling
 
@@ -83,10 +83,12 @@ def compile(
         plan = plan_tiling(graph, TilingOptions(mode=tiling))
     done("tiling_plan", plan)
     tree = done("loop_tree", tile(graph, plan))
-    tree = done("resident_tree", keep_resident(
-        tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options)))
-    split = done("split_plan", divide_work(tree, machine, split_options))
-    alloc = done("allocation", allocate(tree, split, machine, allocation_options))
+    # keep_resident judges its copies by dividing and allocating; its result carries both
+    placed = place_copies(
+        tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options))
+    tree = done("resident_tree", placed.tree)
+    split = done("split_plan", placed.split)
+    alloc = done("allocation", placed.allocation)
     program = done("program", emit_program(tree, split, alloc, machine))
     return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program)
 

@@ -189,6 +189,13 @@ def _tiling_plan(p: TilingPlan, detailed: bool) -> Doc:
     return lines(out)
 
 
+def _listing(names: Sequence[str], limit: int = 8) -> str:
+    """A long op list shortened to its ends: a search over a 1000-op chain stays readable."""
+    if len(names) <= limit:
+        return _names(names)
+    return f"[{', '.join(names[:limit // 2])}, ... {', '.join(names[-(limit // 2):])}] ({len(names)} ops)"
+
+
 def _candidate_levels(levels: Sequence[Level]) -> str:
     return " x ".join(f"{lv.dims[0]}:{lv.count}" for lv in levels) or "untiled"
 
@@ -197,8 +204,7 @@ def _tiling_search(s: TilingSearch, detailed: bool) -> Doc:
     tiled = sum(1 for g in s.groups if g.choice.levels)
     out: list[Doc] = [text(f"tiling search ({s.fuse}): {_plural(len(s.groups), 'group')} searched, {tiled} tiled")]
     for i, g in enumerate(s.groups):
-        head = concat(f"group {i} (consumer {g.consumer}): ", bracket("[", map(text, g.ops), "]"),
-                      f"  -> {_candidate_levels(g.choice.levels)}")
+        head = text(f"group {i} (consumer {g.consumer}): {_listing(g.ops)}  -> {_candidate_levels(g.choice.levels)}")
         shown = g.candidates if detailed else (g.choice,)
         rows = [[("* " if c is g.choice else "  ") + _candidate_levels(c.levels), c.verdict,
                  f"{c.time_ns / 1000:.2f} us" if c.time_ns >= 0 else "-",

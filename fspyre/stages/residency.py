@@ -50,41 +50,65 @@ class ResidencyOptions:
 
 
 def keep_resident(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> LoopTree:
+    return place_copies(tree, machine, options).tree
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Residency:
+    """The rewritten tree with the work division and allocation the stage judged it by
+    (the same ``divide_work`` and ``allocate`` the pipeline would run next, under the same
+    options), so a caller need not run them again."""
+
+    tree: LoopTree
+    split: SplitPlan
+    allocation: Allocation
+
+
+def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:
+    split = divide_work(tree, machine, options.split)
+    alloc = allocate(tree, split, machine, options.allocation)
+    unchanged = Residency(tree=tree, split=split, allocation=alloc)
     if not options.enabled or not options.allocation.lx_planning:
-        return tree
-    regions = _regions(tree)
-    if not regions:
-        return tree
-    baseline, placed = _estimate(tree, machine, options)
+        return unchanged
     # a buffer the allocator already keeps in LX gains nothing from a copy
-    regions = [r for r in regions if placed.buffers[r.buffer].memory == "hbm"]
+    regions = [r for r in _regions(tree) if alloc.buffers[r.buffer].memory == "hbm"]
+    if not regions:
+        return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
-    hints: dict[str, FrozenMap[str, int]] = {}
+    hints, regions = _align(regions, split, machine, reduced)
     while regions:
         rewritten = _rewrite(tree, regions, hints)
         try:
-            split = divide_work(rewritten, machine, options.split)
+            new_split = divide_work(rewritten, machine, options.split)
         except FspyreError:
-            return tree  # the copies' work division was refused: leave the tree as it was
-        if not hints:
-            hints, regions = _align(regions, split, machine, reduced)
-            continue
-        alloc = allocate(rewritten, split, machine, options.allocation)
-        spilled = [r for r in regions if alloc.buffers[r.name].memory != "lx"]
+            return unchanged  # a copy's work division was refused: leave the tree as it was
+        new_alloc = allocate(rewritten, new_split, machine, options.allocation)
+        spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
         if spilled:
             regions = [r for r in regions if r not in spilled]
-            hints, _ = _align(regions, split, machine, reduced)
+            hints, regions = _align(regions, split, machine, reduced)
             continue
-        # Aligning a reader's cores with its copy may cost more compute than the copy saves.
-        return rewritten if _estimate(rewritten, machine, options)[0] < baseline else tree
-    return tree
+        done = Residency(tree=rewritten, split=new_split, allocation=new_alloc)
+        return done if _better(done, unchanged, machine) else unchanged
+    return unchanged
 
 
-def _estimate(tree: LoopTree, machine: Machine, options: ResidencyOptions) -> tuple[tuple[float, int], Allocation]:
-    split = divide_work(tree, machine, options.split)
-    alloc = allocate(tree, split, machine, options.allocation)
-    report = traffic_report(emit_program(tree, split, alloc, machine))
-    return (report.time_ns, report.hbm_bytes), alloc
+def _better(new: Residency, old: Residency, machine: Machine) -> bool:
+    """Copies only take reads off HBM. When every reader kept its work division and nothing
+    the old allocation kept in LX was pushed out, the new program moves fewer HBM bytes at
+    the same compute; otherwise (a reader's cores moved, or an intermediate lost its LX)
+    the estimates decide."""
+    kept_cores = all(new.split.ops[n] == s for n, s in old.split.ops.items())
+    kept_lx = all(new.allocation.buffers[n].memory == "lx" for n, p in old.allocation.buffers.items()
+                  if p.memory == "lx")
+    if kept_cores and kept_lx:
+        return True
+    return _estimate(new, machine) < _estimate(old, machine)
+
+
+def _estimate(r: Residency, machine: Machine) -> tuple[float, int]:
+    report = traffic_report(emit_program(r.tree, r.split, r.allocation, machine))
+    return report.time_ns, report.hbm_bytes
 
 
 def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,

@@ -10,9 +10,10 @@ tiling"):
   before it that produce what the group reads join it under the fuse mode.
 - A candidate (the group's ops, its loop levels) is judged by running the real downstream
   stages on the extracted subgraph: ``tile``, ``keep_resident``, ``divide_work``,
-  ``allocate``, ``emit_program`` and ``traffic_report``. It *fits* when every intermediate of the group got LX. LX
-  planning does not depend on a loop's trip count, so one compile of the group judges all
-  its iterations (the seed's "first iteration only" reduction, for free).
+  ``allocate``, ``emit_program`` and ``traffic_report``. It *fits* when every intermediate
+  of the group got LX. LX planning does not depend on a loop's trip count, so one compile
+  of the group judges all its iterations (the seed's "first iteration only" reduction, for
+  free).
 - Shrink, then grow back: starting untiled, each of the consumer's output dims in turn (the
   outermost first) takes the smallest count that fits, trying the counts that divide the dim
   into whole sticks from the coarsest up (fitting is not monotone in the count: tiles too
@@ -40,11 +41,11 @@ from fspyre.ir.graph import Buffer, Graph, Op, Output, Reduction
 from fspyre.ir.plans import Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import STICK_BYTES, Machine
-from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import tile
 from fspyre.stages.program import emit_program
-from fspyre.stages.residency import ResidencyOptions, keep_resident
-from fspyre.stages.split_plan import SplitOptions, divide_work
+from fspyre.stages.residency import ResidencyOptions, place_copies
+from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 
 FUSE_MODES = ("max-producers", "max-size", "only-patterns", "no-fuse")
@@ -278,7 +279,8 @@ class _Judge:
             cand = _judge(self.ctx, members, levels)
             self._memo[key] = cand
             refused = cand.verdict == "refused"
-            self.tried.append(_Tried(candidate=cand, rank=(int(refused), cand.time_ns, cand.hbm_bytes,
+            # times equal to a femtosecond are a tie (they differ only by float summation order)
+            self.tried.append(_Tried(candidate=cand, rank=(int(refused), round(cand.time_ns, 6), cand.hbm_bytes,
                                                            cand.iterations)))
         return self._memo[key]
 
@@ -287,11 +289,10 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
     sub = _subgraph(ctx, members)
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:
-        tree = keep_resident(tile(sub, plan), ctx.machine, ResidencyOptions(
+        placed = place_copies(tile(sub, plan), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
-        split = divide_work(tree, ctx.machine, ctx.options.split)
-        alloc = allocate(tree, split, ctx.machine, ctx.options.allocation)
-        report = traffic_report(emit_program(tree, split, alloc, ctx.machine))
+        tree, alloc = placed.tree, placed.allocation
+        report = traffic_report(emit_program(tree, placed.split, alloc, ctx.machine))
     except FspyreError as err:
         return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
     kept = {o.buffer for o in sub.outputs} | set(sub.inputs)
