@@ -1,5 +1,8 @@
-"""Stage ``keep_resident``: LoopTree -> LoopTree in which HBM regions read more than once are
-copied into LX once and read from there.
+"""Stage ``keep_resident``: LoopTree -> LoopTree in which loop-invariant work runs once and
+HBM regions read more than once are copied into LX once and read from there.
+
+First, an op that no level of its innermost loop moves, and that reads nothing the loop
+writes, is hoisted before that loop (``hoist_invariants``), level by level outwards.
 
 An op's read of a full (HBM) buffer covers one region per iteration of the loop levels that
 move it: the levels whose tile steps touch a variable of the load's index. Two kinds of
@@ -53,6 +56,41 @@ def keep_resident(tree: LoopTree, machine: Machine, options: ResidencyOptions = 
     return place_copies(tree, machine, options).tree
 
 
+def hoist_invariants(tree: LoopTree) -> LoopTree:
+    """Ops a loop does not move (no tile step at its level) and that read nothing the loop
+    writes compute the same values every iteration: they run once, before the loop."""
+    body = _hoist_body(tree.body)
+    return tree if body == tree.body else replace(tree, body=body)
+
+
+def _hoist_body(body: Sequence[Node]) -> tuple[Node, ...]:
+    out: list[Node] = []
+    for node in body:
+        if not isinstance(node, Loop):
+            out.append(node)
+            continue
+        inner = _hoist_body(node.body)
+        writers: dict[str, int] = {}
+        for n, _ in walk(inner):
+            if isinstance(n, OpNode):
+                writers[n.op.store.buffer] = writers.get(n.op.store.buffer, 0) + 1
+        moved: list[Node] = []
+        kept: list[Node] = []
+        for child in inner:
+            # the only writer of its result (an accumulator's fill must run every iteration),
+            # reading nothing the loop writes
+            if (isinstance(child, OpNode) and not child.tiling[-1] and writers[child.op.store.buffer] == 1
+                    and not any(ld.buffer in writers for ld in child.op.loads)):
+                moved.append(replace(child, tiling=child.tiling[:-1]))
+                del writers[child.op.store.buffer]
+            else:
+                kept.append(child)
+        out.extend(moved)
+        if kept:
+            out.append(replace(node, body=tuple(kept)) if tuple(kept) != node.body else node)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Residency:
     """The rewritten tree with the work division and allocation the stage judged it by
@@ -65,6 +103,8 @@ class Residency:
 
 
 def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:
+    if options.enabled:
+        tree = hoist_invariants(tree)
     split = divide_work(tree, machine, options.split)
     alloc = allocate(tree, split, machine, options.allocation)
     unchanged = Residency(tree=tree, split=split, allocation=alloc)

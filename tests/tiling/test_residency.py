@@ -119,3 +119,41 @@ def test_copies_never_change_results_or_memory_safety(data, cores):
     before = without.stages["split_plan"].ops
     moved = any(before[k] != v for k, v in with_copy.stages["split_plan"].ops.items() if k in before)
     agree(graph, got, want, exact=not (moved and reassociates(graph)), nest=nest)
+
+
+def test_an_op_the_loop_does_not_move_runs_once_before_it():
+    g = fspyre.GraphBuilder("bias")
+    g.dim("M", 256)
+    g.dim("N", 512)
+    x, b = g.input("x", ["M", "N"], "float16"), g.input("b", ["N"], "float16")
+    with g.hint(slices={"M": 4}):
+        scale = g.exp(b)  # [N]: no M, the same every iteration
+        y = g.mul(x, scale)
+    g.output("y", y)
+    graph = g.build()
+    with_hoist, without = both(graph)
+    (loop,) = [n for n in without.stages["resident_tree"].body if isinstance(n, Loop)]
+    assert [n.op.fn for n in loop.body] == ["exp", "mul"]
+    first, loop = with_hoist.stages["resident_tree"].body
+    assert first.op.fn == "exp" and first.tiling == () and [n.op.fn for n in loop.body] == ["mul"]
+    fast, slow = traffic_report(with_hoist.program), traffic_report(without.program)
+    assert fast.hbm_read < slow.hbm_read
+    inputs = inputs_for(graph, 3)
+    assert np.array_equal(fspyre.run(with_hoist, inputs)["y"], fspyre.run(without, inputs)["y"])
+    assert fspyre.check(graph, inputs, comp=with_hoist).equal
+
+
+def test_an_accumulator_fill_is_never_hoisted():
+    # a reduction tiled over K inside an outer loop over a dim it does not iterate: its fill
+    # must run at the start of every outer iteration, even though no outer step moves it
+    g = fspyre.GraphBuilder("acc")
+    g.dim("A", 4)
+    g.dim("K", 256)
+    x = g.input("x", ["A", "K"], "float32")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"K": 4}):
+            s = g.sum(x, "K")
+    g.output("s", s)
+    graph = g.build()
+    comp = fspyre.compile(graph)
+    assert fspyre.check(graph, comp=comp).equal
