@@ -76,7 +76,9 @@ def _store(names, v, e, dtype: str, fp16_format: str, compute: float) -> Ref:
         undecided = (e > 0) & (np.abs(v) <= e)
         return Ref(tuple(names), (v != 0).astype(np.float64), undecided.astype(np.float64), dtype)
     if dtype == "int32":
-        return Ref(tuple(names), np.rint(v), np.where(e > 0, np.floor(e) + 1, 0.0), dtype)
+        # an integer bound came from integer ops (exact); a fractional one from float compute,
+        # whose rounding to an integer may land one further away
+        return Ref(tuple(names), np.rint(v), np.where(e == np.floor(e), e, np.floor(e) + 1), dtype)
     fmt = device_format(dtype, fp16_format)
     e = e + compute * F32 * np.abs(v) + UNIT[fmt] * np.abs(v) + TINY[fmt]
     return Ref(tuple(names), v, e, dtype)
@@ -87,7 +89,7 @@ def _spread(f, x, ex):
     with np.errstate(all="ignore"):
         v = f(x)
         d = np.maximum(np.abs(f(x + ex) - v), np.abs(f(x - ex) - v))
-    return v, np.where(ex > 0, d, 0.0)
+    return v, np.where(ex > 0, np.where(np.isnan(d), np.inf, d), 0.0)
 
 
 def _erf(x):

@@ -26,6 +26,11 @@ def _replay(seed: int) -> int:
     return 1 if out.status in ("failure", "generator") else 0
 
 
+# features that known bug classes hinge on, shown beside each failure to sort them quickly
+SUSPECT = frozenset({"cast_bool", "cast_int32", "const_neg_inf", "split", "merge", "permute", "pow", "matmul",
+                     "nested_hint", "logical_not", "where"})
+
+
 def _pct(n: int, d: int) -> str:
     return f"{100.0 * n / d:5.1f}%" if d else "   - "
 
@@ -80,9 +85,9 @@ def report(outcomes, elapsed: float, show: int = 3) -> str:
              f"ok {status['ok']}, refused {status['refused']}, failures {status['failure']}, "
              f"generator errors {status['generator']}"]
     legal = [o for o in outcomes if o.hinted and o.legal]
+    nref = sum(o.status == "refused" for o in legal)
     lines.append(f"hinted programs: {sum(o.hinted for o in outcomes)}; legal hinted (every count divides, "
-                 f"work_div within the cores): {len(legal)}, of which refused "
-                 f"{sum(o.status == 'refused' for o in legal)} ({_pct(sum(o.status == 'refused' for o in legal), len(legal))})")
+                 f"work_div within the cores): {len(legal)}, of which refused {nref} ({_pct(nref, len(legal))})")
     causes = Counter(o.cls for o in outcomes if o.status == "refused")
     legal_causes = Counter(o.cls for o in legal if o.status == "refused")
     if causes:
@@ -98,7 +103,8 @@ def report(outcomes, elapsed: float, show: int = 3) -> str:
             lines.append(f"  {cls}: {k}")
             for o in [o for o in fails if (o.cls if o.status == 'failure' else 'generator:' + o.cls) == cls][:show]:
                 first = o.detail.strip().splitlines()[0][:240] if o.detail.strip() else ""
-                lines.append(f"    python -m fspyre.testing.campaign --replay {o.seed}   # {first}")
+                tags = ",".join(sorted(o.features & SUSPECT))
+                lines.append(f"    python -m fspyre.testing.campaign --replay {o.seed}   # [{tags}] {first}")
     else:
         lines.append("failures: 0")
     return "\n".join(lines)

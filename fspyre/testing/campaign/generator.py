@@ -305,9 +305,11 @@ class _Gen:
         if a is None:
             return
         fn = self.rng.choice(COMPARE)
-        b = self.pick(self.compatible(a)) if self.rng.random() < 0.6 else 0.25
+        # an int tensor meets an int scalar: docs/semantics.md converts a scalar to the compute
+        # type (int32 here), so 0.25 would compare as 0 (torch compares as float; reported apart)
+        b = self.pick(self.compatible(a)) if self.rng.random() < 0.6 else (0.25 if self.is_float(a) else 1)
         if isinstance(b, Val) and b.t.dtype == "bool":
-            b = 0.25
+            b = 0.25 if self.is_float(a) else 1
         self.note_op()
         c = self.op(fn, a, b)
         if self.rng.random() < 0.6:
