@@ -45,7 +45,12 @@ REFUSAL_CAUSES = (
     ("one level tiles two dims of an op", r"at once; one counted loop"),
     ("reader not walking producer tiles", r"in tiles of .* moving|not one iteration variable per dim"),
     ("unmovable interloper", r"cannot reorder unhinted op"),
-    ("work_div", r"work_div|reduction dims .* at most one reduction dim|may not be split|overrides the span split"),
+    ("work_div on a compiler-made helper op", r"^op \S+_(fill|combine|finish|copy)\d*: work_div"),
+    ("work_div: dim the op does not iterate", r"work_div hint .* the op iterates .* not .* build it outside"),
+    ("work_div: split not whole sticks", r"work_div hint .* not a whole number of .*sticks"),
+    ("work_div: count does not divide", r"work_div hint .* does not evenly divide"),
+    ("work_div: other",
+     r"work_div|reduction dims .* at most one reduction dim|may not be split|overrides the span split"),
     ("span limit", r"span limit"),
 )
 

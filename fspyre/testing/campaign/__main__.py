@@ -27,8 +27,8 @@ def _replay(seed: int) -> int:
 
 
 # features that known bug classes hinge on, shown beside each failure to sort them quickly
-SUSPECT = frozenset({"cast_bool", "cast_int32", "const_neg_inf", "split", "merge", "permute", "pow", "matmul",
-                     "nested_hint", "logical_not", "where"})
+SUSPECT = frozenset({"bool_raw", "cast_bool", "cast_int32", "const_neg_inf", "split", "merge", "permute", "pow",
+                     "matmul", "nested_hint", "logical_not", "where"})
 
 
 def _pct(n: int, d: int) -> str:
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SEC", help="stop starting programs after SEC")
     p.add_argument("--replay", type=int, default=None, metavar="SEED", help="run one program verbosely")
+    p.add_argument("--json", metavar="PATH", help="also write every outcome as JSON lines to PATH")
     p.add_argument("--show", type=int, default=3, help="failures printed per class (default 3)")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -74,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
                     pool.terminate()
                     break
     elapsed = time.monotonic() - start
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            for o in outcomes:
+                f.write(json.dumps({"seed": o.seed, "status": o.status, "cls": o.cls, "hinted": o.hinted,
+                                    "legal": o.legal, "features": sorted(o.features),
+                                    "detail": o.detail.strip().splitlines()[0][:300] if o.detail.strip() else ""})
+                        + "\n")
     print(report(outcomes, elapsed, show=args.show))
     return 1 if any(o.status in ("failure", "generator") for o in outcomes) else 0
 

@@ -138,6 +138,10 @@ class _Gen:
         else:
             t = getattr(self.g, fn)(*args)
         refs = [x.ref if isinstance(x, Val) else x for x in xs]
+        if t.dtype == "bool" and fn not in COMPARE + ("logical_not",) and any(
+                not np.isin(r.value if isinstance(r, R.Ref) else r, (0, 1)).all() for r in refs
+                if not (fn == "where" and r is refs[0])):
+            self.features.add("bool_raw")  # a bool buffer written with values other than 0/1
         ref = R.pointwise(fn, refs, t.type.names, t.type.shape, t.dtype, self.fmt)
         self.features.add(fn)
         self.src.append(f"{t.buffer} = g.{fn}({', '.join(_show(x) for x in xs)}{', ' + repr(dtype) if dtype else ''})")
