@@ -23,6 +23,12 @@ KNOWN_FAILING = {
     60: "out-of-bounds program: sub-stick tile of a float16 dim of 96 (memcheck out_of_bounds)",
 }
 SEEDS = [s for s in range(62) if s not in KNOWN_FAILING]
+# Representatives of the other known classes, outside the slice (python -m fspyre.testing.campaign --replay N)
+KNOWN_FAILING_ELSEWHERE = {
+    1127: "-inf constant under DLFloat16 becomes NaN: maximum(x, -inf) gives NaN (run and evaluate agree)",
+    1260: "bool buffer keeps raw values: cast(x, 'bool') then float arithmetic sees x, not 1 (run and evaluate agree)",
+    1001: "out-of-bounds program: sub-stick tile of a K=320 fp16 matmul operand (memcheck out_of_bounds)",
+}
 
 
 def test_slice_has_no_failures():
@@ -36,10 +42,10 @@ def test_slice_has_no_failures():
     assert {"matmul", "sum", "var", "prod", "amax", "split", "where", "hint", "nested_hint"} <= seen
 
 
-@pytest.mark.parametrize("seed", sorted(KNOWN_FAILING))
+@pytest.mark.parametrize("seed", sorted(KNOWN_FAILING) + sorted(KNOWN_FAILING_ELSEWHERE))
 @pytest.mark.xfail(strict=True, reason="known compiler bugs of issue 8, being fixed")
 def test_known_failing_seed(seed):
-    assert run_seed(seed).status != "failure", KNOWN_FAILING[seed]
+    assert run_seed(seed).status != "failure", {**KNOWN_FAILING, **KNOWN_FAILING_ELSEWHERE}[seed]
 
 
 def _ok_seed(pred=lambda g: True) -> fspyre.testing.campaign.Generated:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,9 +80,12 @@ def _first_diff(name: str, got: np.ndarray, ev: np.ndarray, ref: R.Ref, bad: np.
     g = np.asarray(got, dtype=np.float64)
     e = np.asarray(ev, dtype=np.float64)
     nbad = int(bad.sum())
+    with warnings.catch_warnings():  # an all-NaN result is a finding, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        worst = np.nanmax(np.abs(g - ref.value)) if np.isfinite(g).any() else np.nan
     return (f"{name}{list(idx)} ({nbad}/{bad.size} elements): run={g[idx]!r} evaluate={e[idx]!r} "
             f"numpy={ref.value[idx]!r} bound={R.SAFETY * ref.err[idx]:.3g}; "
-            f"max|run-numpy|={np.nanmax(np.abs(g - ref.value)):.4g}")
+            f"max|run-numpy|={worst:.4g}")
 
 
 def check_generated(gen: Generated, *, run=None, evaluate=None) -> Outcome:

@@ -461,7 +461,10 @@ class _Gen:
             return
         self.features.add(kind)
         self.src.append(f"{t.buffer}~view = g.{kind}({x.t.buffer}) -> {t.type}")
-        self.add(t, ref)
+        v = self.add(t, ref)
+        if self.rng.random() < 0.5:  # read the view at once: a permuted or reshaped load inside a loop nest
+            self.note_op()
+            self.op("copy" if v.t.dtype == "bool" else self.rng.choice(("neg", "abs", "relu", "copy")), v)
 
     # ---- the program ----------------------------------------------------------------------
     def build(self) -> Generated:
