@@ -298,7 +298,9 @@ class _Gen:
             if self.maxabs(a) * self.maxabs(b) > 2**20:
                 return
         self.note_op()
-        r = self.op(fn, a, b) if self.rng.random() < 0.8 or not isinstance(b, Val) else self.op(fn, b, a)
+        # operands swap sides sometimes, but never the guarded divisor or exponent
+        swap = self.rng.random() >= 0.8 and isinstance(b, Val) and fn not in ("div", "pow")
+        r = self.op(fn, b, a) if swap else self.op(fn, a, b)
         if fn in ("div", "pow") and not np.all(np.isfinite(r.ref.err)):
             self.pool.remove(r)
             return
