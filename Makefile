@@ -8,13 +8,20 @@ STAMP  := $(VENV)/.installed
 # wheel that pin names instead of resolving torch together with everything else.
 TORCH  := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
 
-.PHONY: demo test bench lint graphviz
+.PHONY: demo test bench lint graphviz fuzz
 
 demo: $(STAMP) graphviz
 	$(PY) -m fspyre demo
 
 test: $(STAMP) graphviz
 	$(PY) -m pytest tests
+
+# The random-program campaign (fspyre/testing/campaign): `make fuzz N=2000 SEED=0 JOBS=2`.
+N    ?= 1000
+SEED ?= 0
+JOBS ?= 2
+fuzz: $(STAMP)
+	$(PY) -m fspyre.testing.campaign --count $(N) --seed $(SEED) --jobs $(JOBS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/compile_time.py

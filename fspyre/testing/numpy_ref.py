@@ -1,0 +1,249 @@
+"""An independent numpy reference with a per-element error bound, for the random-program campaign.
+
+Written from the op definitions in docs/semantics.md, not from fspyre's numerics, IR or
+evaluator: the campaign's generator calls these functions beside each ``GraphBuilder`` call, on
+values it holds itself, so a bug shared by ``fspyre.evaluate`` and the interpreter (both use
+``fspyre.machine.numerics``) still shows as a difference here.
+
+A ``Ref`` is a tensor's *ideal* value, computed in float64 with no intermediate rounding, plus
+``err``: an element-wise bound on how far any execution allowed by the semantics may land from
+it. The bound grows, per op, by
+
+- propagation of the operands' bounds through the op: the exact spread of the op over the
+  box ``[x - e, x + e]`` of each operand (monotone ops and binary ops at the box corners),
+  a Lipschitz constant for ``gelu``/``silu``, the classical bounds for sums and products;
+- the op's float32 computation: ``C · 2⁻²⁴ · |v|`` (C = 2 for basic ops, 8 for transcendental
+  ones; reductions of n terms: ``n · 2⁻²⁴ · Σ|x|``, the worst-case bound of any summation order);
+- the store's rounding into the device format: ``u · |v| + tiny``, u = 2⁻¹⁰ for DLFloat16
+  (9 fraction bits, ties away), 2⁻¹¹ for IEEE fp16, 2⁻⁹ for bfloat16, 2⁻²⁴ for fp32, and
+  ``tiny`` the format's smallest spacing near zero (DLFloat16 has no subnormals: 2⁻³⁰).
+
+Discontinuous ops (comparisons, ``where``, casts to bool/int32, ``logical_not``) are exact
+where the operands are decided (farther apart than their bounds) and carry an error of one
+unit (bool) or ``floor(e) + 1`` (int) where they are not. A result is accepted when
+``|got − v| ≤ 2·err`` element-wise (``accept``): the factor 2 covers the first-order
+terms neglected in the propagation; a real compiler bug is off by far more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+F32 = 2.0**-24
+UNIT = {"SEN169_FP16": 2.0**-10, "IEEE_FP16": 2.0**-11, "BF16": 2.0**-9, "IEEE_FP32": 2.0**-24}
+TINY = {"SEN169_FP16": 2.0**-30, "IEEE_FP16": 2.0**-24, "BF16": 2.0**-126, "IEEE_FP32": 2.0**-126}
+SAFETY = 2.0
+TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu", "pow", "reciprocal", "div")
+
+
+def device_format(dtype: str, fp16_format: str) -> str:
+    return {"float16": fp16_format, "bfloat16": "BF16", "float32": "IEEE_FP32",
+            "int32": "IEEE_INT32", "bool": "BOOL"}[dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A tensor's ideal value over named axes ``names`` and its error bound (same shape)."""
+
+    names: tuple[str, ...]
+    value: np.ndarray
+    err: np.ndarray
+    dtype: str
+
+    def aligned(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Value and bound with axes reordered to ``names`` (missing axes become size 1)."""
+        have = [n for n in names if n in self.names]
+        assert set(have) == set(self.names), (self.names, names)
+        perm = [self.names.index(n) for n in have]
+        v, e = self.value.transpose(perm), self.err.transpose(perm)
+        shape = [self.value.shape[self.names.index(n)] if n in self.names else 1 for n in names]
+        return v.reshape(shape), e.reshape(shape)
+
+
+def exact(names: Sequence[str], value: np.ndarray, dtype: str) -> Ref:
+    v = np.asarray(value, dtype=np.float64)
+    return Ref(tuple(names), v, np.zeros_like(v), dtype)
+
+
+def _store(names, v, e, dtype: str, fp16_format: str, compute: float) -> Ref:
+    """Round an ideal result ``v`` (bound ``e`` before this op's own compute error) into ``dtype``."""
+    v = np.asarray(v, dtype=np.float64)
+    e = np.broadcast_to(np.asarray(e, dtype=np.float64), v.shape).copy()
+    if dtype == "bool":
+        undecided = (e > 0) & (np.abs(v) <= e)
+        return Ref(tuple(names), (v != 0).astype(np.float64), undecided.astype(np.float64), dtype)
+    if dtype == "int32":
+        # an integer bound came from integer ops (exact); a fractional one from float compute,
+        # whose rounding to an integer may land one further away
+        return Ref(tuple(names), np.rint(v), np.where(e == np.floor(e), e, np.floor(e) + 1), dtype)
+    fmt = device_format(dtype, fp16_format)
+    e = e + compute * F32 * np.abs(v) + UNIT[fmt] * np.abs(v) + TINY[fmt]
+    return Ref(tuple(names), v, e, dtype)
+
+
+def _spread(f, x, ex):
+    """max |f(x') - f(x)| over x' in [x - ex, x + ex], for f monotone on that interval."""
+    with np.errstate(all="ignore"):
+        v = f(x)
+        d = np.maximum(np.abs(f(x + ex) - v), np.abs(f(x - ex) - v))
+    return v, np.where(ex > 0, np.where(np.isnan(d), np.inf, d), 0.0)
+
+
+def _erf(x):
+    from math import erf
+
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+UNARY = {
+    "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0.0), "copy": lambda x: x,
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "reciprocal": lambda x: 1.0 / x, "sigmoid": _sigmoid, "tanh": np.tanh,
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))), "silu": lambda x: x * _sigmoid(x),
+}
+LIPSCHITZ = {"abs": 1.0, "relu": 1.0, "gelu": 1.13, "silu": 1.1}  # not monotone: |f'| <= L
+BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "maximum": np.maximum, "minimum": np.minimum, "pow": np.power,
+}
+COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+           "gt": np.greater, "ge": np.greater_equal}
+
+
+def _operand(x, names):
+    if isinstance(x, Ref):
+        return x.aligned(names)
+    return np.float64(x), np.float64(0.0)
+
+
+def pointwise(fn: str, xs: Sequence[Ref | float], names: Sequence[str], shape: Sequence[int],
+              dtype: str, fp16_format: str) -> Ref:
+    """The ideal value and bound of ``fn`` over ``xs`` (Refs or Python scalars), broadcast by
+    name to ``names`` and stored as ``dtype``."""
+    ops = [_operand(x, names) for x in xs]
+    with np.errstate(all="ignore"):
+        if fn == "full":
+            v, e = np.full(shape, ops[0][0]), 0.0
+        elif fn in UNARY:
+            (x, ex), = ops
+            if fn in LIPSCHITZ:
+                v, e = UNARY[fn](x), LIPSCHITZ[fn] * ex
+            else:
+                v, e = _spread(UNARY[fn], x, ex)
+        elif fn == "cast" or fn == "logical_not":
+            (x, ex), = ops
+            if fn == "logical_not":
+                und = (ex > 0) & (np.abs(x) <= ex)
+                return Ref(tuple(names), np.broadcast_to(x == 0, shape).astype(np.float64),
+                           np.broadcast_to(und, shape).astype(np.float64), "bool")
+            v, e = x, ex
+        elif fn in BINARY:
+            (a, ea), (b, eb) = ops
+            f = BINARY[fn]
+            v = f(a, b)
+            e = np.zeros(np.broadcast_shapes(np.shape(a), np.shape(b)))
+            for sa in (-1, 1):
+                for sb in (-1, 1):
+                    e = np.maximum(e, np.abs(f(a + sa * ea, b + sb * eb) - v))
+            if fn == "div":  # the box must not contain 0
+                e = np.where(np.abs(b) <= eb, np.inf, e)
+        elif fn in COMPARE:
+            (a, ea), (b, eb) = ops
+            v = COMPARE[fn](a, b).astype(np.float64)
+            und = (ea + eb > 0) & (np.abs(a - b) <= ea + eb)
+            return Ref(tuple(names), np.broadcast_to(v, shape).copy(),
+                       np.broadcast_to(und, shape).astype(np.float64), "bool")
+        elif fn == "where":
+            (c, ec), (a, ea), (b, eb) = ops
+            und = (ec > 0) & (np.abs(c) <= ec)
+            v = np.where(c != 0, a, b)
+            e = np.where(und, np.abs(a - b) + np.maximum(ea, eb), np.where(c != 0, ea, eb))
+        else:
+            raise KeyError(fn)
+    v = np.broadcast_to(v, shape)
+    return _store(names, v, e, dtype, fp16_format, 8.0 if fn in TRANSCENDENTAL else 2.0)
+
+
+def reduce(fn: str, x: Ref, over: Sequence[str], out_names: Sequence[str], keepdim: bool, dtype: str,
+           fp16_format: str, correction: int = 0) -> Ref:
+    axes = tuple(x.names.index(n) for n in over)
+    n = int(np.prod([x.value.shape[a] for a in axes]))
+    v0, e0 = x.value, x.err
+    with np.errstate(all="ignore"):
+        if fn in ("sum", "mean"):
+            v = v0.sum(axis=axes, keepdims=keepdim)
+            e = e0.sum(axis=axes, keepdims=keepdim) + n * F32 * np.abs(v0).sum(axis=axes, keepdims=keepdim)
+            if fn == "mean":
+                v, e = v / n, e / n
+        elif fn in ("amax", "amin"):
+            v = (v0.max if fn == "amax" else v0.min)(axis=axes, keepdims=keepdim)
+            e = e0.max(axis=axes, keepdims=keepdim)
+        elif fn == "prod":  # operands are bounded away from zero by the generator
+            v = v0.prod(axis=axes, keepdims=keepdim)
+            rel = (e0 / np.maximum(np.abs(v0) - e0, 0.0)).sum(axis=axes, keepdims=keepdim)
+            e = np.abs(v) * (np.expm1(rel) + 2 * n * F32)
+        elif fn == "var":
+            m = v0.mean(axis=axes, keepdims=True)
+            d = v0 - m
+            ed = e0 + e0.max(axis=axes, keepdims=True) + 2 * n * F32 * np.abs(v0).max(axis=axes, keepdims=True)
+            denom = max(n - correction, 0)
+            v = (d * d).sum(axis=axes, keepdims=keepdim) / denom
+            e = ((2 * np.abs(d) * ed + ed * ed).sum(axis=axes, keepdims=keepdim)
+                 + 4 * n * F32 * (d * d).sum(axis=axes, keepdims=keepdim)) / denom
+        else:
+            raise KeyError(fn)
+    if dtype in ("int32",):  # integer reductions are exact (wrap-free for the generator's ranges)
+        return Ref(tuple(out_names), v, e, dtype)
+    return _store(out_names, v, e, dtype, fp16_format, 2.0)
+
+
+def matmul(a: Ref, b: Ref, k: str, out_names: Sequence[str], dtype: str, fp16_format: str) -> Ref:
+    letters = {}
+    for nm in list(a.names) + list(b.names):
+        letters.setdefault(nm, "abcdefghijklmnopqrstuvwxyz"[len(letters)])
+    sa = "".join(letters[n] for n in a.names)
+    sb = "".join(letters[n] for n in b.names)
+    so = "".join(letters[n] for n in out_names)
+    spec = f"{sa},{sb}->{so}"
+    kk = a.value.shape[a.names.index(k)]
+    ein = lambda x, y: np.einsum(spec, x, y)  # noqa: E731
+    v = ein(a.value, b.value)
+    e = (ein(np.abs(a.value), b.err) + ein(a.err, np.abs(b.value)) + ein(a.err, b.err)
+         + kk * F32 * ein(np.abs(a.value), np.abs(b.value)))
+    return _store(out_names, v, e, dtype, fp16_format, 2.0)
+
+
+def reshape(x: Ref, names: Sequence[str], shape: Sequence[int]) -> Ref:
+    return Ref(tuple(names), x.value.reshape(shape), x.err.reshape(shape), x.dtype)
+
+
+def permute(x: Ref, names: Sequence[str]) -> Ref:
+    perm = [x.names.index(n) for n in names]
+    return Ref(tuple(names), x.value.transpose(perm), x.err.transpose(perm), x.dtype)
+
+
+def expand(x: Ref, names: Sequence[str], shape: Sequence[int]) -> Ref:
+    v, e = x.aligned(names)
+    return Ref(tuple(names), np.broadcast_to(v, shape), np.broadcast_to(e, shape), x.dtype)
+
+
+def squeeze(x: Ref, name: str) -> Ref:
+    ax = x.names.index(name)
+    return Ref(tuple(n for n in x.names if n != name), x.value.squeeze(ax), x.err.squeeze(ax), x.dtype)
+
+
+def accept(got: np.ndarray, ref: Ref) -> np.ndarray:
+    """Element-wise: is ``got`` (host array in ``ref.names`` order) within the bound?"""
+    g = np.asarray(got).astype(np.float64)
+    if g.shape != ref.value.shape:
+        return np.zeros(ref.value.shape, dtype=bool)
+    with np.errstate(all="ignore"):
+        ok = np.abs(g - ref.value) <= SAFETY * ref.err
+    return ok | (g == ref.value)
