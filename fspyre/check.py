@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Graph, Reduction
 from fspyre.machine.hostio import random_inputs
 from fspyre.machine.memcheck import MemoryReport, check_memory
 from fspyre.machine.reference import evaluate
 from fspyre.machine.report import TrafficReport, traffic_report
-from fspyre.machine.spyre import Machine, spyre
-from fspyre.pipeline import Compilation, compile, run
+from fspyre.machine.spyre import Machine
+from fspyre.pipeline import Compilation, compile, require_graph, require_machine, run
 
 # Relative tolerance (to the output's largest magnitude) when a graph reduces: summation
 # order differs between per-core partials and the reference (docs/semantics.md).
@@ -99,7 +101,12 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
 
 def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 0, *,
           machine: Machine | None = None, tiling: str = "hints", comp: Compilation | None = None) -> CheckReport:
-    machine = machine or spyre()
+    graph = require_graph(graph, "check")
+    machine = require_machine(machine, "check")
+    if comp is not None and not isinstance(comp, Compilation):
+        raise ExecutionError(f"check: comp= takes the Compilation of this graph, got {type(comp).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ExecutionError(f"check: seed={seed!r} must be a non-negative integer")
     buffers = graph.buffer_table()
     if inputs is None:
         inputs = random_inputs({n: buffers[n].type for n in graph.inputs}, seed)
