@@ -39,6 +39,7 @@ class CheckReport:
     exact: bool  # True when the graph has no reduction: equality is bit-exact
     memory: MemoryReport | None = None  # static memory-safety check of the compiled program
     traffic: TrafficReport | None = None  # HBM/LX traffic and the analytic time estimate
+    warnings: tuple[str, ...] = ()  # hints the compilation dropped (Compilation.warnings)
 
     @property
     def safe(self) -> bool:
@@ -60,6 +61,7 @@ class CheckReport:
                 f"  {o.name}: {o.dtype}{list(o.shape)} max|diff|={o.max_abs_diff:.3g} "
                 f"tol={o.tolerance:.3g} {'ok' if o.equal else 'MISMATCH'}"
             )
+        lines += [f"  warning: {w}" for w in self.warnings]
         for extra in (self.memory, self.traffic):
             if extra is not None:
                 lines.append(str(extra))
@@ -112,4 +114,5 @@ def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 
         inputs = random_inputs({n: buffers[n].type for n in graph.inputs}, seed)
     comp = comp or compile(graph, machine, tiling=tiling)
     report = compare(graph, run(comp, inputs), evaluate(graph, inputs, machine))
-    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program, machine))
+    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program, machine),
+                   warnings=comp.warnings)

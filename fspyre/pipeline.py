@@ -4,13 +4,14 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fspyre.errors import ExecutionError, GraphError, MachineError
+from fspyre.errors import ExecutionError, FspyreWarning, GraphError, MachineError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
 from fspyre.ir.plans import TilingPlan
@@ -52,6 +53,7 @@ class Compilation:
     machine: Machine
     stages: FrozenMap[str, Any]  # stage name -> frozen artifact, in pipeline order
     program: Program
+    warnings: tuple[str, ...] = ()  # every stage's hint warnings, in stage order (emitted once by compile)
 
     @property
     def bundle_mlir(self) -> str:
@@ -99,7 +101,12 @@ def compile(
     split = done("split_plan", divide_work(tree, machine, split_options))
     alloc = done("allocation", allocate(tree, split, machine, allocation_options))
     program = done("program", emit_program(tree, split, alloc, machine))
-    return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program)
+    # Stages return their warnings as data (a stage called alone still reports them); the
+    # runner raises each as a Python warning once, naming the caller of compile.
+    found = tuple(dict.fromkeys(plan.warnings + split.warnings))
+    for text in found:
+        warnings.warn(f"{graph.name}: {text}", FspyreWarning, stacklevel=2)
+    return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)
 
 
 def run(comp: Compilation | Program, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
