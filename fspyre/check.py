@@ -90,7 +90,8 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
         b = np.asarray(ref[o.name]).astype(np.float64)
         same_nan = np.isnan(a) == np.isnan(b)
         both = ~np.isnan(a) & ~np.isnan(b)
-        diff = np.where(both & (a != b), np.abs(a - b), 0.0)
+        with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked out, IEEE nan
+            diff = np.where(both & (a != b), np.abs(a - b), 0.0)
         diff = np.nan_to_num(diff, nan=np.inf, posinf=np.inf)
         mad = float(diff.max()) if diff.size else 0.0
         scale = float(np.nanmax(np.abs(np.where(np.isfinite(b), b, 0)))) if b.size else 0.0

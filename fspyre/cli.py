@@ -361,7 +361,10 @@ def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, 
         a = np.asarray(got[name], dtype=np.float64)
         b = np.asarray(expected, dtype=np.float64)
         close = np.isclose(a, b, atol=t.atol, rtol=t.rtol, equal_nan=True)
-        diff = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
+        # Equal infinities and NaN pairs are agreement (isclose says so); inf - inf would be NaN.
+        with np.errstate(invalid="ignore"):
+            diff = float(np.where(close & ~np.isfinite(b), 0.0, np.abs(a - b)).max(initial=0.0))
+        diff = float("inf") if np.isnan(diff) else diff
         ok &= bool(close.all())
         verdict = "ok" if close.all() else f"MISMATCH at {int((~close).sum())} of {close.size}"
         lines.append(f"  {name}: max|diff|={diff:.3g} {verdict}")

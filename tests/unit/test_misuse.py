@@ -190,3 +190,119 @@ def test_int32_arithmetic_wraps_like_torch_everywhere():
     assert int(ref["total"]) == int(tx.sum(dtype=torch.int32))
     np.testing.assert_array_equal(got["sq"], ref["sq"])
     np.testing.assert_array_equal(got["total"], ref["total"])
+
+
+def test_infinities_and_nans_raise_no_numpy_warnings():
+    """docs/semantics.md: inf/nan follow IEEE; a DLFloat16 value past float16's range comes
+    back as inf. None of that is a RuntimeWarning for the user."""
+    g = fspyre.GraphBuilder("infs")
+    A, B = g.dim("A", 8), g.dim("B", 64)
+    x = g.input("x", (A, B), "float16")
+    big = g.exp(g.mul(x, 100.0))
+    g.output("e", big)
+    g.output("l", g.log(x))
+    g.output("s", g.sum(big, ["B"]))
+    graph = g.build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fmt in ("SEN169_FP16", "IEEE_FP16"):
+            report = fspyre.check(graph, machine=fspyre.machine.spyre(fp16_format=fmt))
+            assert report.equal, report
+            assert report.outputs[0].max_abs_diff == 0.0
+
+
+# -- hint warnings ---------------------------------------------------------------------------
+
+
+def warned(build):
+    with pytest.warns(fspyre.FspyreWarning) as record:
+        comp = fspyre.compile(build(), fspyre.machine.spyre(cores=4))
+    return comp, [str(w.message) for w in record]
+
+
+def test_fspyre_warning_is_a_user_warning():
+    assert issubclass(fspyre.FspyreWarning, UserWarning)
+    assert not issubclass(fspyre.FspyreWarning, FspyreError)
+
+
+def _one_scope(**hint):
+    def build():
+        g = fspyre.GraphBuilder("w")
+        A, B = g.dim("A", 64), g.dim("B", 128)
+        g.dim("C", 8)
+        x = g.input("x", (A, B), "float16")
+        with g.hint(**hint):
+            y = g.neg(x)
+        g.output("y", y)
+        return g.build()
+
+    return build
+
+
+@pytest.mark.parametrize("hint, match", [
+    ({"slices": {"C": 2}}, r"w: hint scope 0 slices=\{'C': 2\}: no op of \[buf0\] iterates dim C; hint ignored "
+                           r"\(remove it, or build the ops that iterate C inside the scope\)"),
+    ({"slices": {"A": 1}}, r"hint scope 0 slices=\{'A': 1\}: count 1 makes no loop; .*give a count >= 2"),
+    ({"work_div": {"C": 2}}, r"hint scope 0 work_div=\{'C': 2\}: no op of \[buf0\] iterates dim C; hint ignored"),
+    ({"work_div": {"A": 8}}, r"op buf0: work_div hint \{'A': 8\}: skipped, 1 x 8 cores exceed the budget of 4.*"
+                             r"hint a count of at most 4"),
+])
+def test_a_hint_without_effect_warns_and_says_what_to_change(hint, match):
+    comp, messages = warned(_one_scope(**hint))
+    assert any(__import__("re").search(match, m) for m in messages), messages
+    assert comp.warnings and all(m.split(": ", 1)[1] in comp.warnings for m in messages)
+    report = fspyre.check(comp.graph, comp=comp)
+    assert report.warnings == comp.warnings
+    assert f"  warning: {comp.warnings[0]}" in str(report)
+
+
+def test_an_empty_hint_scope_warns():
+    def build():
+        g = fspyre.GraphBuilder("w")
+        A = g.dim("A", 64)
+        x = g.input("x", (A,), "float32")
+        with g.hint(slices={"A": 2}, work_div={"A": 2}):
+            pass
+        g.output("y", g.neg(x))
+        return g.build()
+
+    _, messages = warned(build)
+    assert any("slices={'A': 2}: no op was built inside it" in m for m in messages), messages
+    assert any("work_div={'A': 2}: no op was built inside it" in m for m in messages), messages
+
+
+def test_warnings_are_data_in_the_stage_outputs():
+    """A stage called alone reports through its output, without a Python warning."""
+    from fspyre.stages.loop_tree import tile
+    from fspyre.stages.split_plan import divide_work
+    from fspyre.stages.tiling_plan import plan_tiling
+
+    graph = _one_scope(slices={"C": 2}, work_div={"A": 64})()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = plan_tiling(graph)
+        split = divide_work(tile(graph, plan), fspyre.machine.spyre(cores=4))
+    assert any("iterates dim C" in w for w in plan.warnings)
+    assert any("skipped" in w for w in split.warnings)
+
+
+def test_a_useful_hint_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comp = fspyre.compile(_one_scope(slices={"A": 2}, work_div={"B": 2})(), fspyre.machine.spyre(cores=4))
+    assert comp.warnings == ()
+
+
+def test_declare_tensor_dim_with_a_conflicting_size_is_an_error():
+    from fspyre.errors import FrontendError
+    from fspyre.frontend import clear_dim_names, declare_tensor_dim
+
+    clear_dim_names()
+    try:
+        declare_tensor_dim("A", 8)
+        declare_tensor_dim("A", np.int64(8))  # the same size again is harmless
+        with pytest.raises(FrontendError, match=r"declare_tensor_dim\('A', 16\): 'A' is already declared with "
+                                                r"size 8"):
+            declare_tensor_dim("A", 16)
+    finally:
+        clear_dim_names()
