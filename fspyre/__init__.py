@@ -8,7 +8,7 @@
 
 from fspyre import machine
 from fspyre.check import CheckReport, check
-from fspyre.errors import FspyreError
+from fspyre.errors import FspyreError, FspyreWarning
 from fspyre.ir.builder import GraphBuilder, Tensor
 from fspyre.ir.graph import Dim, Graph
 from fspyre.machine.reference import evaluate
@@ -38,6 +38,6 @@ def _register_torch_backend() -> None:
 _register_torch_backend()
 
 __all__ = [
-    "CheckReport", "Compilation", "Dim", "FspyreError", "Graph", "GraphBuilder", "Tensor",
+    "CheckReport", "Compilation", "Dim", "FspyreError", "FspyreWarning", "Graph", "GraphBuilder", "Tensor",
     "check", "compile", "evaluate", "from_torch", "machine", "run",
 ]

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Graph, Reduction
 from fspyre.machine.hostio import random_inputs
 from fspyre.machine.memcheck import MemoryReport, check_memory
 from fspyre.machine.reference import evaluate
 from fspyre.machine.report import TrafficReport, traffic_report
-from fspyre.machine.spyre import Machine, spyre
-from fspyre.pipeline import Compilation, compile, run
+from fspyre.machine.spyre import Machine
+from fspyre.pipeline import Compilation, compile, require_graph, require_machine, run
 
 # Relative tolerance (to the output's largest magnitude) when a graph reduces: summation
 # order differs between per-core partials and the reference (docs/semantics.md).
@@ -37,6 +39,7 @@ class CheckReport:
     exact: bool  # True when the graph has no reduction: equality is bit-exact
     memory: MemoryReport | None = None  # static memory-safety check of the compiled program
     traffic: TrafficReport | None = None  # HBM/LX traffic and the analytic time estimate
+    warnings: tuple[str, ...] = ()  # hints the compilation dropped (Compilation.warnings)
 
     @property
     def safe(self) -> bool:
@@ -58,6 +61,7 @@ class CheckReport:
                 f"  {o.name}: {o.dtype}{list(o.shape)} max|diff|={o.max_abs_diff:.3g} "
                 f"tol={o.tolerance:.3g} {'ok' if o.equal else 'MISMATCH'}"
             )
+        lines += [f"  warning: {w}" for w in self.warnings]
         for extra in (self.memory, self.traffic):
             if extra is not None:
                 lines.append(str(extra))
@@ -86,7 +90,8 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
         b = np.asarray(ref[o.name]).astype(np.float64)
         same_nan = np.isnan(a) == np.isnan(b)
         both = ~np.isnan(a) & ~np.isnan(b)
-        diff = np.where(both & (a != b), np.abs(a - b), 0.0)
+        with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked out, IEEE nan
+            diff = np.where(both & (a != b), np.abs(a - b), 0.0)
         diff = np.nan_to_num(diff, nan=np.inf, posinf=np.inf)
         mad = float(diff.max()) if diff.size else 0.0
         scale = float(np.nanmax(np.abs(np.where(np.isfinite(b), b, 0)))) if b.size else 0.0
@@ -99,10 +104,16 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
 
 def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 0, *,
           machine: Machine | None = None, tiling: str = "hints", comp: Compilation | None = None) -> CheckReport:
-    machine = machine or spyre()
+    graph = require_graph(graph, "check")
+    machine = require_machine(machine, "check")
+    if comp is not None and not isinstance(comp, Compilation):
+        raise ExecutionError(f"check: comp= takes the Compilation of this graph, got {type(comp).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ExecutionError(f"check: seed={seed!r} must be a non-negative integer")
     buffers = graph.buffer_table()
     if inputs is None:
         inputs = random_inputs({n: buffers[n].type for n in graph.inputs}, seed)
     comp = comp or compile(graph, machine, tiling=tiling)
     report = compare(graph, run(comp, inputs), evaluate(graph, inputs, machine))
-    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program, machine))
+    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program, machine),
+                   warnings=comp.warnings)

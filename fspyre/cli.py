@@ -20,6 +20,7 @@ import shutil
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import fspyre
-from fspyre.errors import FspyreError
+from fspyre.errors import FspyreError, FspyreWarning
 from fspyre.ir.graph import Graph
 from fspyre.ir.looptree import LoopTree
 from fspyre.ir.serialize import dumps
 from fspyre.lower.unroll import unroll
 from fspyre.machine.hostio import random_inputs
 from fspyre.machine.report import traffic_report
-from fspyre.machine.spyre import Machine
+from fspyre.machine.spyre import MAX_CORES, Machine
 from fspyre.pipeline import Compilation, StageCallback
 from fspyre.pretty import pretty, render, to_dot
 from fspyre.pretty.memmap import lx_memmap_svg
@@ -123,11 +124,20 @@ def _run_file(path: Path) -> Any:
         spec.loader.exec_module(module)
     except FspyreError:
         raise
+    except SystemExit as stop:
+        raise UsageError(_exit_message(path, "running the file", stop)) from None
     except Exception as err:
         raise UsageError(f"{path}: running the file raised {type(err).__name__}: {err}") from err
     finally:
         sys.path.remove(str(path.parent.resolve()))
     return module
+
+
+def _exit_message(path: Path, what: str, stop: SystemExit) -> str:
+    """A FILE.py that exits would otherwise end fspyre with its code: ``sys.exit(0)`` in a file
+    under ``fspyre check`` would read as a pass."""
+    return (f"{path}: {what} called sys.exit({stop.code!r}); fspyre loads the file as a module, so guard "
+            f"script code with `if __name__ == \"__main__\":`")
 
 
 def load_workload(file: str) -> Workload:
@@ -141,6 +151,8 @@ def load_workload(file: str) -> Workload:
             graph = build()
         except FspyreError:
             raise
+        except SystemExit as stop:
+            raise UsageError(_exit_message(path, "build()", stop)) from None
         except Exception as err:
             raise UsageError(f"{path}: build() raised {type(err).__name__}: {err}") from err
         if not isinstance(graph, Graph):
@@ -349,7 +361,10 @@ def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, 
         a = np.asarray(got[name], dtype=np.float64)
         b = np.asarray(expected, dtype=np.float64)
         close = np.isclose(a, b, atol=t.atol, rtol=t.rtol, equal_nan=True)
-        diff = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
+        # Equal infinities and NaN pairs are agreement (isclose says so); inf - inf would be NaN.
+        with np.errstate(invalid="ignore"):
+            diff = float(np.where(close & ~np.isfinite(b), 0.0, np.abs(a - b)).max(initial=0.0))
+        diff = float("inf") if np.isnan(diff) else diff
         ok &= bool(close.all())
         verdict = "ok" if close.all() else f"MISMATCH at {int((~close).sum())} of {close.size}"
         lines.append(f"  {name}: max|diff|={diff:.3g} {verdict}")
@@ -396,7 +411,29 @@ def _cores(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--cores {text!r}: give a whole number of cores, 1..32") from None
+        raise argparse.ArgumentTypeError(f"--cores {text!r}: give a whole number of cores, 1..{MAX_CORES}") from None
+
+
+def _seed(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--seed {text!r}: give a whole number >= 0")
+    return n
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Everything the flags alone decide, before FILE.py is loaded (loading a torch file takes
+    seconds and runs the user's code)."""
+    if hasattr(args, "cores"):
+        _machine(args.cores)
+    out = getattr(args, "out", None)
+    if out and Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out}: an existing file, not a directory; choose a directory (or a new name)")
+    if "svg" in (getattr(args, "emit", None) or ()):
+        _require_dot("--emit svg")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -448,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "a torch file, PyTorch eager within the file's tolerance), 1 when not, 2 on "
                                      "an error.")
     chk.add_argument("file", metavar="FILE.py")
-    chk.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    chk.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
     chk.set_defaults(run=cmd_check)
 
     # Every argument after `coverage` (--help included) belongs to the coverage tool itself.
@@ -462,7 +499,17 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """One line per warning on stderr: the user's hint problems, without a source location."""
+    print(f"warning: {_one_line(str(message))}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug works wherever it is written (argparse would see it only before or only after
+    # the command, and coverage forwards everything after its name).
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     try:
         args, rest = parser.parse_known_args(argv)
@@ -471,9 +518,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # --help and usage errors: argparse already printed
         return stop.code if isinstance(stop.code, int) else 2
     args.rest = tuple(rest)
+    args.debug = debug
     if getattr(args, "emit", "stages") is None:
         args.emit = ["stages"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", FspyreWarning)
+        warnings.showwarning = _show_warning
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
+        check_flags(args)
         return args.run(args)
     except FspyreError as err:
         if args.debug:

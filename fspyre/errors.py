@@ -49,3 +49,9 @@ class FrontendError(FspyreError):
 
 class SerializationError(FspyreError):
     """A JSON document does not describe a valid fspyre artifact."""
+
+
+class FspyreWarning(UserWarning):
+    """A hint that has no effect as written: redundant (a count of 1), or naming a dim no op in
+    its scope iterates, or a work division that does not fit the core budget. Compilation goes
+    on without it; the message says what to change (docs/tiling.md, "Hint warnings")."""

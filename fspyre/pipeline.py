@@ -4,12 +4,14 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from fspyre.errors import ExecutionError, FspyreWarning, GraphError, MachineError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
 from fspyre.ir.plans import TilingPlan
@@ -26,12 +28,34 @@ from fspyre.stages.tiling_search import SearchOptions, search_tiling
 StageCallback = Callable[[str, Any], None]
 
 
+def require_graph(graph: object, where: str) -> Graph:
+    """``graph`` if it is a Graph; otherwise an error saying what was passed and how to get one."""
+    if isinstance(graph, Graph):
+        return graph
+    from fspyre.ir.builder import GraphBuilder
+
+    if isinstance(graph, GraphBuilder):
+        raise GraphError(f"{where}: got the GraphBuilder {graph.name!r}, not a Graph; call .build() on it first")
+    raise GraphError(f"{where}: expected an fspyre Graph, got {type(graph).__name__}")
+
+
+def require_machine(machine: object, where: str) -> Machine:
+    if machine is None:
+        return spyre()
+    if not isinstance(machine, Machine):
+        raise MachineError(
+            f"{where}: machine={machine!r:.60} is a {type(machine).__name__}; pass fspyre.machine.spyre(cores=...)"
+        )
+    return machine
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Compilation:
     graph: Graph
     machine: Machine
     stages: FrozenMap[str, Any]  # stage name -> frozen artifact, in pipeline order
     program: Program
+    warnings: tuple[str, ...] = ()  # every stage's hint warnings, in stage order (emitted once by compile)
 
     @property
     def bundle_mlir(self) -> str:
@@ -63,7 +87,8 @@ def compile(
     allocation_options: AllocationOptions = AllocationOptions(),
     callback: StageCallback | None = None,
 ) -> Compilation:
-    machine = machine or spyre()
+    graph = require_graph(graph, "compile")
+    machine = require_machine(machine, "compile")
     stages: list[tuple[str, Any]] = []
 
     def done(name: str, artifact: Any) -> Any:
@@ -90,12 +115,26 @@ def compile(
     split = done("split_plan", placed.split)
     alloc = done("allocation", placed.allocation)
     program = done("program", emit_program(tree, split, alloc, machine))
-    return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program)
+    # Stages return their warnings as data (a stage called alone still reports them); the
+    # runner raises each as a Python warning once, naming the caller of compile.
+    found = tuple(dict.fromkeys(plan.warnings + split.warnings))
+    for text in found:
+        warnings.warn(f"{graph.name}: {text}", FspyreWarning, stacklevel=2)
+    return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)
 
 
 def run(comp: Compilation | Program, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
     from fspyre.machine.interpreter import run_program
 
-    program = comp.program if isinstance(comp, Compilation) else comp
+    if isinstance(comp, Compilation):
+        program = comp.program
+    elif isinstance(comp, Program):
+        program = comp
+    elif isinstance(comp, Graph):
+        raise ExecutionError("run: got a Graph; compile it first (fspyre.run(fspyre.compile(graph), inputs)), "
+                          "or use fspyre.evaluate(graph, inputs) for the untiled reference")
+    else:
+        raise ExecutionError(f"run: expected the Compilation fspyre.compile returns, got {type(comp).__name__}"
+                             f"{'; call .build() and compile the graph first' if hasattr(comp, 'build') else ''}")
     outs, _ = run_program(program, inputs)
     return outs

@@ -15,11 +15,13 @@ front end lowers to a renaming view. Use its return value there: ``y = name_tens
 from __future__ import annotations
 
 import itertools
+import numbers
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.fx.traceback as fx_traceback
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -35,11 +37,21 @@ _hint_ids = itertools.count()
 
 
 def declare_tensor_dim(name: str, size: int) -> None:
-    """Declare a named dimension and its size. A later declaration of the same name replaces
-    the earlier one (as in the anchor), so a file can be re-run with other sizes."""
+    """Declare a named dimension and its size. Declaring a name again with the same size is
+    harmless; with another size it is an error (the anchor lets the later one win, which
+    silently renames the earlier tensors' dims). Each torch file starts with no declarations
+    (``load_torch_file`` calls ``clear_dim_names``), so a file can be re-run with other sizes."""
     _check_name(name, "declare_tensor_dim")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    integral = isinstance(size, numbers.Integral) and not isinstance(size, (bool, np.bool_))
+    if not integral or size < 1:
         raise FrontendError(f"declare_tensor_dim({name!r}, {size!r}): the size must be an integer >= 1")
+    size = int(size)
+    have = _declared.get(name)
+    if have is not None and have != size:
+        raise FrontendError(
+            f"declare_tensor_dim({name!r}, {size}): {name!r} is already declared with size {have}; use one size "
+            f"per name, another name for the other dim, or clear_dim_names() to start over"
+        )
     _declared[name] = size
 
 

@@ -109,11 +109,25 @@ def format_table(rows: Iterable[OpCoverage], verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _count(least: int):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= {least}")
+        return n
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fspyre coverage", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", default=",".join(CLAIMED), help="comma-separated OpInfo names (default: the claimed set)")
-    p.add_argument("--samples", type=int, default=4, help="samples per op and dtype (default 4)")
-    p.add_argument("--run", type=int, default=1, help="samples per op also run on the machine model (default 1)")
+    p.add_argument("--samples", type=_count(1), default=4, help="samples per op and dtype (default 4)")
+    p.add_argument("--run", type=_count(0), default=1,
+                   help="samples per op also run on the machine model (default 1)")
     p.add_argument("-v", "--verbose", action="store_true", help="list each failing and unsupported sample")
     args = p.parse_args(list(argv) if argv is not None else None)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]

@@ -17,6 +17,7 @@ computation, since cancellation leaves small outputs with absolute, not relative
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ def load_torch_file(path: str | Path, **example_args: Any) -> TorchProgram:
         args = make_inputs(**example_args)
     except FrontendError:
         raise
+    except SystemExit as stop:
+        raise FrontendError(_exit_message(path, "example_inputs()", stop)) from None
     except Exception as e:
         raise FrontendError(f"{path}: example_inputs() raised {type(e).__name__}: {e}") from e
     args = (args,) if isinstance(args, torch.Tensor) else tuple(args)
@@ -72,19 +75,42 @@ def load_torch_file(path: str | Path, **example_args: Any) -> TorchProgram:
     try:
         with torch.no_grad():
             eager = model(*args)
+    except SystemExit as stop:
+        raise FrontendError(_exit_message(path, "running `model`", stop)) from None
     except Exception as e:
         raise FrontendError(f"{path}: running `model` eagerly raised {type(e).__name__}: {e}") from e
     flat = torch.utils._pytree.tree_leaves(eager)
     expected = {n: to_numpy(t) for n, t in zip(cap.output_names, flat)}
     override = getattr(module, "tolerance", None)
     if override is not None:
-        atol, rtol = (float(v) for v in override)
+        atol, rtol = _tolerance(path, override)
     else:
         rtol = rounding_error(cap.graph)
-        scale = max((float(np.nanmax(np.abs(v))) for v in expected.values() if v.size), default=1.0)
+        # The scale of the finite outputs: an inf or NaN in eager's result must not make atol one.
+        finite = [np.abs(v[np.isfinite(v)]) for v in expected.values()]
+        scale = max((float(f.max()) for f in finite if f.size), default=1.0)
         atol = rtol * max(1.0, scale)
     return TorchProgram(path=path, graph=cap.graph, inputs=cap.inputs(*args), expected=expected,
                         atol=atol, rtol=rtol, capture=cap)
+
+
+def _tolerance(path: Path, override: object) -> tuple[float, float]:
+    """The file's ``tolerance = (atol, rtol)``: two finite numbers >= 0."""
+    values = tuple(override) if isinstance(override, (tuple, list)) else ()
+    ok = len(values) == 2 and all(
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+        and v >= 0 for v in values)
+    if not ok:
+        raise FrontendError(
+            f"{path}: tolerance = {override!r:.80} must be a pair of numbers (atol, rtol), both finite and >= 0, "
+            f"e.g. tolerance = (1e-3, 1e-2)"
+        )
+    return float(values[0]), float(values[1])
+
+
+def _exit_message(path: Path, what: str, stop: SystemExit) -> str:
+    return (f"{path}: {what} called sys.exit({stop.code!r}); fspyre loads the file as a module, so guard "
+            f"script code with `if __name__ == \"__main__\":`")
 
 
 def rounding_error(graph: Graph) -> float:
@@ -110,12 +136,19 @@ def _run_file(path: Path) -> Any:
         raise FrontendError(f"{path}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    # Modules beside the file are importable while it runs, as under `python FILE.py`.
+    here = str(path.parent.resolve())
+    sys.path.insert(0, here)
     try:
         spec.loader.exec_module(module)
     except FrontendError:
         raise
+    except SystemExit as stop:
+        raise FrontendError(_exit_message(path, "running the file", stop)) from None
     except Exception as e:
         raise FrontendError(f"{path}: running the file raised {type(e).__name__}: {e}") from e
     finally:
         sys.modules.pop(name, None)
+        if here in sys.path:
+            sys.path.remove(here)
     return module

@@ -9,9 +9,12 @@ Broadcasting is by dim name: operands line up on equal names; a size-1 dim stret
 from __future__ import annotations
 
 import contextlib
+import itertools
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import sympy
 
 from fspyre.errors import GraphError, HintError
@@ -37,14 +40,20 @@ from fspyre.ir.graph import (
 
 Number = float | int | bool
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+_builder_ids = itertools.count(1)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tensor:
-    """A value in a graph under construction: ``buffer`` read at ``index`` over ``type.dims``."""
+    """A value in a graph under construction: ``buffer`` read at ``index`` over ``type.dims``.
+    ``builder`` identifies the GraphBuilder that made it: buffer names are only unique within
+    one builder, so a handle used in another would silently read a different buffer."""
 
     buffer: str
     type: TensorType
     index: sympy.Expr
+    builder: int = 0
 
     @property
     def dims(self) -> tuple[Dim, ...]:
@@ -86,11 +95,46 @@ def broadcast_dims(*types: TensorType, where: str) -> tuple[Dim, ...]:
     return tuple(Dim(n, sizes[n]) for n in order)
 
 
+def as_int(value: object, where: str) -> int:
+    """``value`` as a Python int: numpy integers are accepted (sizes often come from shapes),
+    bools and floats are not (a float size is usually a division that did not come out even)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise GraphError(f"{where}: {value!r} ({type(value).__name__}) must be an integer")
+
+
+def _scalar(value: object, where: str) -> Number:
+    """A Python number for a scalar operand; numpy scalars are converted."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        raise GraphError(
+            f"{where}: got a numpy array {list(value.shape)}; graph values are Tensors: declare it with "
+            f"g.input(name, dims, dtype) and pass the array to run/check, or use a Python number"
+        )
+    raise GraphError(f"{where}: got {type(value).__name__} {value!r:.60}; pass a Tensor of this builder or a number")
+
+
+def _check_int32_scalar(x: object, where: str) -> None:
+    """An op computing in int32 (docs/semantics.md) cannot hold a scalar outside int32: numpy
+    would raise on the conversion, and a wrapped constant would be a silent wrong answer."""
+    if isinstance(x, int) and not isinstance(x, bool) and not INT32_MIN <= x <= INT32_MAX:
+        raise GraphError(
+            f"{where}: the scalar {x} does not fit int32 ({INT32_MIN}..{INT32_MAX}), the type this op computes in; "
+            f"use a smaller value, or a float scalar / cast to float32 first"
+        )
+
+
 class GraphBuilder:
     def __init__(self, name: str) -> None:
-        if not name.isidentifier():
+        if not isinstance(name, str) or not name.isidentifier():
             raise GraphError(f"graph name {name!r} must be an identifier")
         self.name = name
+        self._id = next(_builder_ids)
         self._dims: dict[str, Dim] = {}
         self._buffers: dict[str, Buffer] = {}
         self._inputs: list[str] = []
@@ -102,6 +146,8 @@ class GraphBuilder:
 
     # -- dims, inputs, hints ---------------------------------------------------------------
     def dim(self, name: str, size: int) -> Dim:
+        if isinstance(size, numbers.Integral) and not isinstance(size, (bool, np.bool_)):
+            size = int(size)
         d = Dim(name, size)
         have = self._dims.get(name)
         if have is not None and have != d:
@@ -110,17 +156,25 @@ class GraphBuilder:
         return d
 
     def input(self, name: str, dims: Sequence[Dim | str], dtype: str) -> Tensor:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"input name {name!r} must be a Python identifier")
         check_dtype(dtype, f"input {name}")
         if name in self._buffers:
             raise GraphError(f"input {name}: the name is already used")
         t = TensorType(dims=self._resolve_dims(dims, f"input {name}"), dtype=dtype)
         self._buffers[name] = Buffer(name=name, type=t)
         self._inputs.append(name)
-        return Tensor(buffer=name, type=t, index=t.contiguous_index())
+        return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)
 
     def _resolve_dims(self, dims: Sequence[Dim | str], where: str) -> tuple[Dim, ...]:
+        if isinstance(dims, (str, Dim)) or not isinstance(dims, Sequence):
+            raise GraphError(f"{where}: dims {dims!r} must be a list of dim names or Dims, e.g. ['A', 'B']")
         out = []
         for d in dims:
+            if not isinstance(d, (str, Dim)):
+                raise GraphError(
+                    f"{where}: dim {d!r} must be a dim name or a Dim; declare sizes with g.dim(name, size)"
+                )
             if isinstance(d, str):
                 if d not in self._dims:
                     raise GraphError(f"{where}: dim {d!r} was never declared; call g.dim({d!r}, size) first")
@@ -136,17 +190,11 @@ class GraphBuilder:
     ) -> Iterator[HintScope]:
         """Ops built inside carry this scope: ``slices`` tiles dims into counted loops,
         ``work_div`` fixes how many cores split a dim."""
-        for kind, m in (("slices", slices or {}), ("work_div", work_div or {})):
-            for dim_name, count in m.items():
-                if dim_name not in self._dims:
-                    raise HintError(
-                        f"hint {kind}={{{dim_name!r}: {count}}}: unknown dim {dim_name!r}; "
-                        f"declared dims are {sorted(self._dims)}"
-                    )
-                if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                    raise HintError(f"hint {kind}={{{dim_name!r}: {count!r}}}: the count must be an integer >= 1")
+        given = {}
+        for kind, m in (("slices", slices), ("work_div", work_div)):
+            given[kind] = self._hint_counts(kind, {} if m is None else m)
         scope = HintScope(
-            id=len(self._hints), slices=FrozenMap(dict(slices or {})), work_div=FrozenMap(dict(work_div or {}))
+            id=len(self._hints), slices=FrozenMap(given["slices"]), work_div=FrozenMap(given["work_div"])
         )
         self._hints.append(scope)
         self._active.append(scope.id)
@@ -154,6 +202,24 @@ class GraphBuilder:
             yield scope
         finally:
             self._active.pop()
+
+    def _hint_counts(self, kind: str, m: object) -> dict[str, int]:
+        if not isinstance(m, Mapping):
+            raise HintError(f"hint {kind}={m!r}: give a dict {{dim name: count}}, e.g. {kind}={{'A': 2}}")
+        out = {}
+        for dim_name, count in m.items():
+            if isinstance(dim_name, Dim):
+                dim_name = dim_name.name
+            if not isinstance(dim_name, str) or dim_name not in self._dims:
+                raise HintError(
+                    f"hint {kind}={{{dim_name!r}: {count!r}}}: unknown dim {dim_name!r}; "
+                    f"declared dims are {sorted(self._dims)}"
+                )
+            integral = isinstance(count, numbers.Integral) and not isinstance(count, (bool, np.bool_))
+            if not integral or count < 1:
+                raise HintError(f"hint {kind}={{{dim_name!r}: {count!r}}}: the count must be an integer >= 1")
+            out[dim_name] = int(count)
+        return out
 
     @contextlib.contextmanager
     def reenter(self, scope: HintScope) -> Iterator[HintScope]:
@@ -181,12 +247,33 @@ class GraphBuilder:
         self._buffers[name] = Buffer(name=name, type=t)
         store = Store(buffer=name, index=t.contiguous_index())
         self._ops.append(make(name, store))
-        return Tensor(buffer=name, type=t, index=t.contiguous_index())
+        return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)
+
+    def _own(self, x: object, where: str) -> Tensor:
+        """``x`` if it is a Tensor this builder made, else a GraphError saying what it is."""
+        if not isinstance(x, Tensor):
+            _scalar(x, where)  # names arrays and other objects
+            raise GraphError(f"{where}: needs a Tensor, got the number {x!r}")
+        if x.builder != self._id or x.buffer not in self._buffers:
+            raise GraphError(
+                f"{where}: tensor {x.buffer} {x.type} was made by another GraphBuilder; "
+                f"a graph can only use tensors of its own builder (declare it here with g.input)"
+            )
+        return x
+
+    def _value(self, x: object, where: str) -> Tensor | Number:
+        return self._own(x, where) if isinstance(x, Tensor) else _scalar(x, where)
+
+    def _view(self, x: Tensor, dims: Sequence[Dim], index: sympy.Expr) -> Tensor:
+        return replace(x, type=TensorType(dims=tuple(dims), dtype=x.dtype), index=index)
 
     def _operand(self, x: Tensor | Number, dims: Sequence[Dim]) -> Operand:
         return Scalar(value=x) if isinstance(x, (int, float, bool)) else _load(x, dims)
 
     def pointwise(self, fn: str, *xs: Tensor | Number, dtype: str | None = None) -> Tensor:
+        xs = tuple(self._value(x, fn) for x in xs)
+        if dtype is not None:
+            check_dtype(dtype, fn)
         tensors = [x for x in xs if isinstance(x, Tensor)]
         if not tensors:
             raise GraphError(f"{fn}: needs at least one tensor operand")
@@ -198,6 +285,9 @@ class GraphBuilder:
             for x in xs:
                 if not isinstance(x, Tensor):
                     dtype = promote_scalar(dtype, x)
+        if not is_float(dtype) and not any(is_float(t.dtype) for t in tensors):
+            for x in xs:
+                _check_int32_scalar(x, fn)
         operands = tuple(self._operand(x, dims) for x in xs)
         hints = tuple(self._active)
         return self._emit(
@@ -207,6 +297,7 @@ class GraphBuilder:
         )
 
     def _float_result(self, fn: str, x: Tensor) -> Tensor:
+        x = self._own(x, fn)
         return self.pointwise(fn, x, dtype=x.dtype if is_float(x.dtype) else "float32")
 
     # unary
@@ -227,6 +318,7 @@ class GraphBuilder:
 
     def cast(self, x: Tensor, dtype: str) -> Tensor:
         check_dtype(dtype, "cast")
+        x = self._own(x, "cast")
         return self.pointwise("cast", x, dtype=dtype)
 
     # binary
@@ -245,6 +337,7 @@ class GraphBuilder:
         return self.pointwise("pow", a, b, dtype=out if is_float(out) else "float32")
 
     def _binary_dtype(self, a: Tensor | Number, b: Tensor | Number) -> str:
+        a, b = self._value(a, "binary op"), self._value(b, "binary op")
         ts = [x for x in (a, b) if isinstance(x, Tensor)]
         if not ts:
             raise GraphError("binary op needs at least one tensor operand")
@@ -273,6 +366,13 @@ class GraphBuilder:
     def constant(self, value: Number, dtype: str, dims: Sequence[Dim | str] = ()) -> Tensor:
         """A tensor filled with ``value`` (a 0-d scalar tensor when ``dims`` is empty)."""
         check_dtype(dtype, "constant")
+        value = _scalar(value, "constant")
+        if not is_float(dtype) and isinstance(value, float):
+            if not np.isfinite(value):
+                raise GraphError(f"constant: {value} cannot be stored as {dtype}; use a float dtype")
+            value = int(value) if dtype == "int32" else bool(value)
+        if dtype == "int32":
+            _check_int32_scalar(value, "constant")
         ds = self._resolve_dims(dims, "constant")
         hints = tuple(self._active)
         return self._emit(
@@ -287,6 +387,12 @@ class GraphBuilder:
     def reduce(
         self, fn: str, x: Tensor, dims: Sequence[Dim | str], *, keepdim: bool = False, correction: int = 0
     ) -> Tensor:
+        x = self._own(x, fn)
+        if isinstance(dims, (str, Dim)):
+            dims = (dims,)
+        if not isinstance(dims, Sequence) or not all(isinstance(d, (str, Dim)) for d in dims):
+            raise GraphError(f"{fn}: dims {dims!r} must be a dim name or a list of them (tensor dims are "
+                             f"{list(x.type.names)})")
         names = [d if isinstance(d, str) else d.name for d in dims]
         if not names:
             raise GraphError(f"{fn}: name at least one dim to reduce over (tensor dims are {list(x.type.names)})")
@@ -327,6 +433,11 @@ class GraphBuilder:
         Other shared dims are batch dims; output dims are batch, then a's, then b's.
         ``dtype`` stores the result in another type (float32 keeps the accumulator's
         precision for a following bias add, as torch's addmm rounds once)."""
+        a, b = self._own(a, "matmul"), self._own(b, "matmul")
+        if dtype is not None:
+            check_dtype(dtype, "matmul")
+        if contract is not None and not isinstance(contract, (str, Dim)):
+            raise GraphError(f"matmul: contract={contract!r} must be a dim name or a Dim")
         k = contract.name if isinstance(contract, Dim) else contract or a.type.names[-1]
         if k not in a.type.names or k not in b.type.names:
             raise GraphError(
@@ -361,14 +472,33 @@ class GraphBuilder:
 
     # views: a new handle, no op
     def permute(self, x: Tensor, order: Sequence[Dim | str | int]) -> Tensor:
-        names = [x.type.names[o] if isinstance(o, int) else (o if isinstance(o, str) else o.name) for o in order]
-        if sorted(names) != sorted(x.type.names):
-            raise GraphError(f"permute: {names} is not a reordering of {list(x.type.names)}")
+        """``order`` lists every dim of ``x`` once: by name, Dim, or position (negative from the end)."""
+        x = self._own(x, "permute")
+        have = list(x.type.names)
+        if isinstance(order, (str, Dim)) or not isinstance(order, Sequence):
+            raise GraphError(f"permute: order {order!r} must be a list of dim names or positions, e.g. {have[::-1]}")
+        names = []
+        for o in order:
+            if isinstance(o, (str, Dim)):
+                names.append(o if isinstance(o, str) else o.name)
+                continue
+            k = as_int(o, "permute: an axis")
+            if not -len(have) <= k < len(have):
+                raise GraphError(f"permute: axis {k} is out of range for a tensor with {len(have)} dims {have}")
+            names.append(have[k])
+        if sorted(names) != sorted(have):
+            raise GraphError(
+                f"permute: {names} is not a reordering of {have}; name each dim exactly once "
+                f"({len(names)} given, {len(have)} needed)"
+            )
         by = {d.name: d for d in x.dims}
-        return Tensor(buffer=x.buffer, type=TensorType(dims=tuple(by[n] for n in names), dtype=x.dtype), index=x.index)
+        return self._view(x, [by[n] for n in names], x.index)
 
     def rename(self, x: Tensor, names: Mapping[str, str]) -> Tensor:
         """The same elements under new dim names (a view): ``x @ x.T`` needs its two dims apart."""
+        x = self._own(x, "rename")
+        if not isinstance(names, Mapping):
+            raise GraphError(f"rename: {names!r} must be a dict {{old name: new name}}")
         unknown = set(names) - set(x.type.names)
         if unknown:
             raise GraphError(f"rename: {sorted(unknown)} are not dims of {list(x.type.names)}")
@@ -377,23 +507,32 @@ class GraphBuilder:
             if d.size != 1:
                 self.dim(d.name, d.size)
         subs = {sym(old): sym(new) for old, new in names.items()}
-        return Tensor(buffer=x.buffer, type=TensorType(dims=dims, dtype=x.dtype), index=x.index.xreplace(subs))
+        return self._view(x, dims, x.index.xreplace(subs))
 
     def squeeze(self, x: Tensor, name: str) -> Tensor:
         """Drop a size-1 dim (a view)."""
+        x = self._own(x, "squeeze")
         d = next((d for d in x.dims if d.name == name), None)
         if d is None or d.size != 1:
             raise GraphError(f"squeeze: {name!r} is not a size-1 dim of {x.type}")
         dims = tuple(e for e in x.dims if e.name != name)
-        return Tensor(buffer=x.buffer, type=TensorType(dims=dims, dtype=x.dtype), index=x.index.subs(d.symbol, 0))
+        return self._view(x, dims, x.index.subs(d.symbol, 0))
 
     def unsqueeze(self, x: Tensor, position: int, name: str) -> Tensor:
+        x = self._own(x, "unsqueeze")
         dims = list(x.dims)
+        position = as_int(position, "unsqueeze: position")
+        if not -len(dims) - 1 <= position <= len(dims):
+            raise GraphError(
+                f"unsqueeze: position {position} is out of range for a tensor with {len(dims)} dims "
+                f"(use {-len(dims) - 1}..{len(dims)})"
+            )
         dims.insert(position if position >= 0 else len(dims) + 1 + position, Dim(name, 1))
-        return Tensor(buffer=x.buffer, type=TensorType(dims=tuple(dims), dtype=x.dtype), index=x.index)
+        return self._view(x, dims, x.index)
 
     def expand(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
         """Stretch size-1 dims (by name) and add new leading dims; a view, nothing is copied."""
+        x = self._own(x, "expand")
         target = self._resolve_dims(dims, "expand")
         have = {d.name: d for d in x.dims}
         out, subs = [], {}
@@ -407,7 +546,7 @@ class GraphBuilder:
         missing = set(have) - {d.name for d in target}
         if missing:
             raise GraphError(f"expand: target dims {[d.name for d in target]} drop {sorted(missing)}")
-        return Tensor(buffer=x.buffer, type=TensorType(dims=tuple(out), dtype=x.dtype), index=x.index.subs(subs))
+        return self._view(x, out, x.index.subs(subs))
 
     def broadcast(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
         return self.expand(x, dims)
@@ -416,6 +555,7 @@ class GraphBuilder:
         """A view of ``x`` in row-major order (a permuted or broadcast ``x`` is copied first).
         Whether the device can address the view is decided where an op reads it:
         ``device_coordinates`` verifies its coordinates or refuses with a LoweringError."""
+        x = self._own(x, "reshape")
         target = self._resolve_dims(dims, "reshape")
         new = TensorType(dims=target, dtype=x.dtype)
         if new.numel != x.type.numel:
@@ -423,10 +563,13 @@ class GraphBuilder:
         if sympy.expand(x.index - x.type.contiguous_index()) != 0:
             x = self.copy(x)
         # Buffer flat index == the new row-major index, because x is contiguous in host order.
-        return Tensor(buffer=x.buffer, type=new, index=new.contiguous_index())
+        return replace(x, type=new, index=new.contiguous_index())
 
     # outputs and the result
     def output(self, name: str, x: Tensor) -> None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"output name {name!r} must be a Python identifier")
+        x = self._own(x, f"output {name}")
         if any(o.name == name for o in self._outputs):
             raise GraphError(f"output {name}: the name is already used")
         own = self._buffers[x.buffer].type

@@ -100,6 +100,7 @@ class OpSplit:
 class SplitPlan:
     ops: FrozenMap[str, OpSplit]
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # dropped work_div hints (docs/tiling.md, "Hint warnings")
 
 
 # -- allocation -----------------------------------------------------------------------------

@@ -16,6 +16,10 @@ from fspyre.machine.spyre import Machine
 
 def check_inputs(types: Mapping[str, TensorType], inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Validate names, shapes and dtypes; returns host arrays of the expected numpy dtype."""
+    if not isinstance(inputs, Mapping):
+        raise ExecutionError(
+            f"inputs: expected a dict {{input name: array}} for {list(types)}, got {type(inputs).__name__}"
+        )
     missing = [n for n in types if n not in inputs]
     extra = [n for n in inputs if n not in types]
     if missing or extra:
@@ -24,7 +28,11 @@ def check_inputs(types: Mapping[str, TensorType], inputs: Mapping[str, object]) 
         )
     out = {}
     for name, t in types.items():
-        arr = np.asarray(inputs[name])
+        try:
+            arr = np.asarray(inputs[name])
+        except (ValueError, TypeError) as err:
+            raise ExecutionError(f"input {name}: not an array ({err}); pass a numpy array of shape {list(t.shape)}") \
+                from err
         if arr.shape != t.shape:
             raise ExecutionError(f"input {name}: shape {list(arr.shape)} but the graph declares {list(t.shape)} ({t})")
         want = HOST_NUMPY[t.dtype]
@@ -34,6 +42,15 @@ def check_inputs(types: Mapping[str, TensorType], inputs: Mapping[str, object]) 
                 raise ExecutionError(
                     f"input {name}: dtype {arr.dtype} cannot be used as {t.dtype}; pass a {want} array"
                 )
+            if want.kind == "i" and arr.dtype.kind in "iu" and arr.size:
+                # astype would wrap an out-of-range integer silently.
+                info = np.iinfo(want)
+                lo, hi = int(arr.min()), int(arr.max())
+                if lo < info.min or hi > info.max:
+                    bad = lo if lo < info.min else hi
+                    raise ExecutionError(
+                        f"input {name}: value {bad} does not fit {t.dtype} ({info.min}..{info.max})"
+                    )
             arr = arr.astype(want)
         out[name] = arr
     return out
@@ -56,7 +73,8 @@ def to_host(values: np.ndarray, dtype: str) -> np.ndarray:
     """Device values -> the host array the user gets back."""
     if dtype == "bool":
         return values != 0
-    return values.astype(HOST_NUMPY[dtype])
+    with np.errstate(over="ignore"):  # DLFloat16 values past float16's range become +-inf (semantics.md)
+        return values.astype(HOST_NUMPY[dtype])
 
 
 def random_inputs(types: Mapping[str, TensorType], seed: int = 0) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from fspyre.ir.graph import Graph, Load, Op, Reduction, iteration_dims
 from fspyre.machine import formats, numerics
 from fspyre.machine.hostio import check_inputs, device_values, to_host
 from fspyre.machine.indexing import compile_index
-from fspyre.machine.spyre import Machine, spyre
+from fspyre.machine.spyre import Machine
 
 
 def open_grid(sizes: list[int], starts: list[int] | None = None) -> list[np.ndarray]:
@@ -29,7 +29,10 @@ def open_grid(sizes: list[int], starts: list[int] | None = None) -> list[np.ndar
 
 def evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine | None = None) -> dict[str, np.ndarray]:
     """Run ``graph`` untiled on host buffers; returns ``{output name: host array}``."""
-    machine = machine or spyre()
+    from fspyre.pipeline import require_graph, require_machine
+
+    graph = require_graph(graph, "evaluate")
+    machine = require_machine(machine, "evaluate")
     buffers = graph.buffer_table()
     host = check_inputs({n: buffers[n].type for n in graph.inputs}, inputs)
     values: dict[str, np.ndarray] = {

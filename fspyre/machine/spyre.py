@@ -8,6 +8,7 @@ torch-spyre ``_inductor/config.py`` (SENCORES), ``scratchpad/allocator.py`` (LX 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from fspyre.errors import MachineError
@@ -67,4 +68,9 @@ class Machine:
 
 
 def spyre(cores: int = MAX_CORES, *, lx_bytes: int | None = None, fp16_format: str = "SEN169_FP16") -> Machine:
+    # A core count often comes from numpy (a sweep, a shape): accept its integers as ints.
+    if isinstance(cores, numbers.Integral) and not isinstance(cores, bool):
+        cores = int(cores)
+    if isinstance(lx_bytes, numbers.Integral) and not isinstance(lx_bytes, bool):
+        lx_bytes = int(lx_bytes)
     return Machine(cores=cores, lx_bytes=lx_window() if lx_bytes is None else lx_bytes, fp16_format=fp16_format)

@@ -342,6 +342,8 @@ def _split_plan(p: SplitPlan, detailed: bool) -> Doc:
     out = [_under(f"split plan: {_plural(len(p.ops), 'op')}", _table(rows))]
     if p.notes:
         out.append(_under("notes:", [text(n) for n in p.notes]))
+    if p.warnings:
+        out.append(_under("warnings:", [text(w) for w in p.warnings]))
     return lines(out)
 
 

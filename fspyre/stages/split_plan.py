@@ -13,8 +13,10 @@ Per op, on its per-tile iteration space (torch-spyre ``work_division.py``, resta
    variables (at least the splits already committed) within the core budget; the fewest slices
    that fit win, else the smallest span. More than one split reduction dim is an error.
 3. **User hint.** ``g.hint(work_div={"M": 2})`` on the op's scopes is authoritative (validated
-   like the anchor: integers >= 1, dims of the op, dividing the stick-adjusted size; a hint
-   that would exceed the core budget is skipped with a note).
+   like the anchor: integers >= 1 dividing the stick-adjusted size). An op that does not
+   iterate a hinted dim is not split along it (as a loop-invariant op under ``slices``); a
+   hinted dim no op of the scope iterates, and a hint that would exceed the core budget, are
+   dropped with a warning in ``SplitPlan.warnings`` (docs/tiling.md, "Hint warnings").
 4. **Work distribution** (pass 3). Output dims by decreasing adjusted size each take the
    largest divisor of their size that the remaining cores allow (``rem //= split``: leftover
    cores stay unused), then at most one reduction dim, the one taking the most cores.
@@ -142,11 +144,35 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
     layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
     plans: dict[str, OpSplit] = {}
     notes: list[str] = []
-    for node in op_nodes(tree):
+    warnings: list[str] = []
+    nodes = op_nodes(tree)
+    for node in nodes:
         accesses = op_accesses(node, counts[node.name], table, machine, layouts)
         hint = _merged_hint(node.op, scopes) if options.use_hints else {}
-        plans[node.name] = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute, notes)
-    return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes))
+        plans[node.name] = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
+                                      notes, warnings)
+    if options.use_hints:
+        warnings[:0] = _uniterated_work_div(tree.hints, [n.op for n in nodes])
+    return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes), warnings=tuple(warnings))
+
+
+def _uniterated_work_div(hints: Sequence[HintScope], ops: Sequence[Op]) -> list[str]:
+    """A work_div dim that no op built in its scope iterates has no effect."""
+    out = []
+    for scope in hints:
+        members = [op for op in ops if scope.id in op.hints]
+        iterated = {d.name for op in members for d in iteration_dims(op) if d.size > 1}
+        for dim, count in scope.work_div.items():
+            if not members:
+                out.append(f"hint scope {scope.id} work_div={{{dim!r}: {count}}}: no op was built inside it; "
+                           f"hint ignored (build the ops to divide inside the `with g.hint(...)` block)")
+            elif dim not in iterated:
+                names = "[" + ", ".join(op.name for op in members) + "]"
+                out.append(
+                    f"hint scope {scope.id} work_div={{{dim!r}: {count}}}: no op of {names} iterates dim {dim}; "
+                    f"hint ignored (remove it, or build the ops that iterate {dim} inside the scope)"
+                )
+    return out
 
 
 def _merged_hint(op: Op, scopes: Mapping[int, HintScope]) -> dict[str, object]:
@@ -203,7 +229,7 @@ def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, 
 
 
 def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint: Mapping[str, object],
-               distribute: bool, notes: list[str]) -> OpSplit:
+               distribute: bool, notes: list[str], warnings: list[str]) -> OpSplit:
     dims = op_dims(op)
     names = [d.name for d in dims]
     size = {d.name: d.size for d in dims}
@@ -232,7 +258,7 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
     committed = _span_reduction(op, spans, names, adjusted, blocked, reduction, budget, limit, notes)
 
     if hint:
-        split = _apply_hint(op, hint, names, size, adjusted, blocked, reduction, committed, budget, notes)
+        split = _apply_hint(op, hint, names, size, adjusted, blocked, reduction, committed, budget, notes, warnings)
     elif distribute:
         split = _distribute(names, adjusted, blocked, reduction, committed, budget)
     else:
@@ -316,7 +342,7 @@ def _span_reduction(op: Op, spans: Sequence[_Span], names: Sequence[str], adjust
 
 def _apply_hint(op: Op, hint: Mapping[str, object], names: Sequence[str], size: Mapping[str, int],
                 adjusted: Mapping[str, int], blocked: Mapping[str, str], reduction: set[str],
-                committed: Mapping[str, int], budget: int, notes: list[str]) -> dict[str, int]:
+                committed: Mapping[str, int], budget: int, notes: list[str], warnings: list[str]) -> dict[str, int]:
     all_dims = {d.name: d.size for d in iteration_dims(op)}
     split = dict(committed)
     for name, k in hint.items():
@@ -326,12 +352,15 @@ def _apply_hint(op: Op, hint: Mapping[str, object], names: Sequence[str], size: 
         if k < 1:
             raise HintError(f"{where}: the count must be positive")
         if name not in all_dims:
-            raise HintError(f"{where}: the op iterates {list(all_dims)}, not {name}; build it outside the hint scope")
+            continue  # not split along a dim it lacks; _uniterated_work_div warns when no op has it
         if k > 1 and name in blocked:
             raise HintError(f"{where}: dim {name} may not be split ({blocked[name]})")
         used = math.prod(split.values()) // split.get(name, 1)
         if used * k > budget:
-            notes.append(f"{where}: skipped, {used} x {k} cores exceed the budget of {budget}")
+            warnings.append(
+                f"{where}: skipped, {used} x {k} cores exceed the budget of {budget}, so the op is split "
+                f"without the hint; hint a count of at most {budget // used} or give the machine more cores"
+            )
             continue
         n = adjusted.get(name, all_dims[name])
         if n % k:

@@ -11,7 +11,9 @@ Hints to groups (docs/tiling.md):
   own, apart from the ops of the outer scope alone.
 - A group's levels are its scopes' slices, outer scope first, and inside one scope in the
   order they are written: ``slices={"A": 2, "B": 4}`` is a loop over A enclosing a loop over B.
-- A level with count 1, or whose dim no op of the group iterates, is dropped with a warning.
+- A level with count 1, or whose dim no op of the group iterates, and a scope no op was built
+  in, are dropped with a warning in ``TilingPlan.warnings`` (data: the pipeline, not this
+  stage, turns them into Python warnings).
 - An unhinted op between two ops of one run (an *interloper*) moves before the run if it reads
   nothing the run wrote before it, else after the run if nothing later in the run reads it,
   else the plan is refused with a HintError naming the op, the run and both blocking ops.
@@ -72,6 +74,11 @@ def _plan_from_hints(graph: Graph) -> TilingPlan:
                     f"left, so they run untiled"
                 )
         i = j
+    used = {h for op in graph.ops for h in op.hints}
+    for scope in graph.hints:
+        if scope.slices and scope.id not in used:
+            warnings.append(f"hint scope {scope.id} slices={dict(scope.slices)}: no op was built inside it; "
+                            f"hint ignored (build the ops to tile inside the `with g.hint(...)` block)")
     return TilingPlan(order=tuple(op.name for op in ops), groups=tuple(groups), warnings=tuple(warnings))
 
 
@@ -104,9 +111,11 @@ def _levels(key: tuple[int, ...], members: Sequence[Op], scopes: Mapping[int, Hi
             src = _source(sid, dim, count)
             names = _listing(op.name for op in members)
             if count == 1:
-                warnings.append(f"{src}: count 1 makes no loop; level dropped for ops {names}")
+                warnings.append(f"{src}: count 1 makes no loop; level dropped for ops {names} "
+                                f"(remove it, or give a count >= 2)")
             elif dim not in iterated:
-                warnings.append(f"{src}: no op of {names} iterates dim {dim}; hint ignored")
+                warnings.append(f"{src}: no op of {names} iterates dim {dim}; hint ignored "
+                                f"(remove it, or build the ops that iterate {dim} inside the scope)")
             else:
                 levels.append(Level(count=count, dims=(dim,), source=src))
     return tuple(levels)

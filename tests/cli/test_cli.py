@@ -353,3 +353,138 @@ def test_demo_writes_its_artifacts(tmp_path: Path) -> None:
     if shutil.which("dot"):
         assert "<svg" in (out / "loop_tree.svg").read_text()
     assert "check add_mul: EQUAL" in done.stdout
+
+
+# -- misuse: flags checked first, files that exit, warnings ------------------------------------
+
+TORCH_EXIT = "import sys\nimport torch\n\n\ndef model(x):\n    return x + 1\n\n\ndef example_inputs():\n" \
+             "    return (torch.ones(4, 64),)\n\n\nsys.exit(0)\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import sys\nsys.exit(0)\n\ndef build():\n    pass\n", "running the file called sys.exit(0)"),
+        ("import sys\n\ndef build():\n    sys.exit(3)\n", "build() called sys.exit(3)"),
+        (TORCH_EXIT, "running the file called sys.exit(0)"),
+        ("import torch\n\ndef model(x):\n    return x\n\ndef example_inputs():\n    raise SystemExit('bye')\n",
+         "example_inputs() called sys.exit('bye')"),
+    ],
+    ids=["build-file-at-import", "in-build", "torch-file-at-import", "in-example-inputs"],
+)
+def test_a_file_calling_sys_exit_is_an_error_not_a_pass(fspyre_main, tmp_path: Path, source: str,
+                                                        expected: str) -> None:
+    path = tmp_path / "exits.py"
+    path.write_text(source)
+    line = one_line_error(fspyre_main("check", str(path)))
+    assert expected in line and str(path) in line and "__main__" in line
+
+
+def test_sys_exit_zero_in_a_real_process_is_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "exits.py"
+    path.write_text("import sys\nsys.exit(0)\n\ndef build():\n    pass\n")
+    assert "sys.exit(0)" in one_line_error(fspyre_cmd("check", str(path)))
+
+
+@pytest.mark.parametrize("value", ["('tight', 1e-3)", "'loose'", "(1e-3,)", "(float('nan'), 0.1)", "(-1, 0.1)",
+                                   "(1, 2, 3)"])
+def test_a_bad_tolerance_in_a_torch_file(fspyre_main, tmp_path: Path, value: str) -> None:
+    path = tmp_path / "tol.py"
+    path.write_text(Path(TORCH_FILE).read_text() + f"\ntolerance = {value}\n")
+    line = one_line_error(fspyre_main("check", str(path)))
+    assert "tolerance" in line and "(atol, rtol)" in line
+
+
+def test_a_numeric_tolerance_is_used(fspyre_main, tmp_path: Path) -> None:
+    path = tmp_path / "tol.py"
+    path.write_text(Path(TORCH_FILE).read_text() + "\ntolerance = (0.25, 0)\n")
+    done = fspyre_main("check", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "atol=0.25, rtol=0" in done.stdout
+
+
+def test_a_torch_file_imports_modules_beside_it(fspyre_main) -> None:
+    before = list(sys.path)
+    done = fspyre_main("check", str(FIXTURES / "torch_sibling_import.py"))
+    assert done.returncode == 0, done.stderr
+    assert sys.path == before
+    sys.modules.pop("sibling_helper", None)
+
+
+@pytest.mark.parametrize("args", [
+    ("--cores", "40"), ("--cores", "0"), ("--tiling", "magic"), ("--lx-solver", "best"), ("--emit", "pdf"),
+])
+def test_flags_are_checked_before_the_file_is_loaded(fspyre_main, tmp_path: Path, args) -> None:
+    marker = tmp_path / "loaded"
+    path = tmp_path / "side_effect.py"
+    path.write_text(f"open({str(marker)!r}, 'w').close()\n\ndef build():\n    pass\n")
+    done = fspyre_main("compile", str(path), *args)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert not marker.exists(), f"{args}: the file ran before the flags were checked"
+
+
+def test_out_onto_an_existing_file_is_refused_before_loading(fspyre_main, tmp_path: Path) -> None:
+    blocker = tmp_path / "taken.txt"
+    blocker.write_text("keep me")
+    marker = tmp_path / "loaded"
+    path = tmp_path / "side_effect.py"
+    path.write_text(f"open({str(marker)!r}, 'w').close()\n\ndef build():\n    pass\n")
+    for command in (("compile", str(path), "--emit", "mlir"), ("demo",)):
+        line = one_line_error(fspyre_main(*command, "--out", str(blocker)))
+        assert f"--out {blocker}" in line and "not a directory" in line
+    assert not marker.exists()
+    assert blocker.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("where", ["first", "after-command", "last"])
+def test_debug_works_wherever_it_is_placed(fspyre_main, where: str) -> None:
+    args = ["check", str(FIXTURES / "bad_dim.py")]
+    args.insert({"first": 0, "after-command": 1, "last": 2}[where], "--debug")
+    done = fspyre_main(*args)
+    assert done.returncode == 2
+    assert "Traceback" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("fspyre: error: ")
+
+
+def test_coverage_takes_debug_anywhere(fspyre_main) -> None:
+    done = fspyre_main("coverage", "--debug", "--help")
+    assert done.returncode == 0
+    assert "usage: fspyre coverage" in done.stdout
+
+
+@pytest.mark.parametrize("flag", ["--samples", "--run"])
+def test_coverage_refuses_negative_counts(fspyre_main, flag: str) -> None:
+    done = fspyre_main("coverage", flag, "-1")
+    assert done.returncode == 2
+    assert f"argument {flag}: '-1': give a whole number" in done.stderr
+
+
+def test_check_refuses_a_negative_seed(fspyre_main) -> None:
+    done = fspyre_main("check", ADD_MUL, "--seed", "-1")
+    assert done.returncode == 2
+    assert "--seed '-1'" in done.stderr
+
+
+@pytest.mark.parametrize("command", [("compile",), ("compile", "--emit", "mlir"), ("check",)])
+def test_every_command_prints_hint_warnings(fspyre_main, command) -> None:
+    done = fspyre_main(command[0], str(FIXTURES / "ignored_hint.py"), *command[1:])
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert warned and all("\n" not in w for w in warned)
+    assert any("slices={'C': 2}: no op of [buf0] iterates dim C" in w for w in warned), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_report_lists_hint_warnings(fspyre_main) -> None:
+    done = fspyre_main("check", str(FIXTURES / "ignored_hint.py"))
+    assert "  warning: hint scope 0 slices={'C': 2}" in done.stdout
+
+
+def test_demo_and_checks_print_no_numpy_runtime_warnings(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "fspyre", "check", str(FIXTURES / "row_sum.py")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeWarning" not in done.stderr

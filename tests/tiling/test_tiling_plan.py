@@ -70,7 +70,8 @@ def test_count_one_and_missing_dim_are_dropped_with_warnings():
     plan = plan_tiling(chain(scopes=({"A": 1, "B": 2},)))
     (group,) = plan.groups
     assert [(lv.count, lv.dims) for lv in group.levels] == [(2, ("B",))]
-    assert plan.warnings == ("hint scope 0 slices={'A': 1}: count 1 makes no loop; level dropped for ops [buf0, buf1]",)
+    assert plan.warnings == ("hint scope 0 slices={'A': 1}: count 1 makes no loop; level dropped for ops [buf0, buf1] "
+                             "(remove it, or give a count >= 2)",)
 
     g = fspyre.GraphBuilder("g")
     g.dim("A", 64)
@@ -82,7 +83,8 @@ def test_count_one_and_missing_dim_are_dropped_with_warnings():
     plan = plan_tiling(g.build())
     assert plan.groups == ()
     assert plan.warnings == (
-        "hint scope 0 slices={'C': 2}: no op of [buf0] iterates dim C; hint ignored",
+        "hint scope 0 slices={'C': 2}: no op of [buf0] iterates dim C; hint ignored "
+        "(remove it, or build the ops that iterate C inside the scope)",
         "ops [buf0] under hint scopes [0]: no loop level is left, so they run untiled",
     )
 

@@ -17,6 +17,7 @@ Random hints that fspyre refuses raise an FspyreError, never another exception.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, event, given, reject, settings
 from hypothesis import strategies as st
 from tiling_strategies import tiling_graphs
@@ -30,6 +31,10 @@ from fspyre.ir.serialize import dumps, loads
 from fspyre.stages.loop_tree import verify_loop_tree
 from fspyre.testing import examples, graphs, inputs_for
 from fspyre.testing.hints import HintNest, any_hint_nests, legal_hint_nests, tiles_a_reduction
+
+# Random hints drop levels on purpose (count 1, dims no op iterates); each drop is a
+# FspyreWarning, tested in tests/unit/test_misuse.py, and noise here.
+pytestmark = pytest.mark.filterwarnings("ignore::fspyre.FspyreWarning")
 
 SETTINGS = settings(
     max_examples=examples(60), deadline=None,

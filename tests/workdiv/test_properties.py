@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +32,10 @@ from fspyre.stages.split_plan import SplitOptions, splits_from_index_coeffs
 from fspyre.testing import examples, graphs, inputs_for
 from fspyre.testing.hints import legal_hint_nests
 from fspyre.testing.machines import core_counts, lx_capacities, machines
+
+# Random hints drop levels on purpose (count 1, dims no op iterates); each drop is a
+# FspyreWarning, tested in tests/unit/test_misuse.py, and noise here.
+pytestmark = pytest.mark.filterwarnings("ignore::fspyre.FspyreWarning")
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                       HealthCheck.filter_too_much])

@@ -1,0 +1,308 @@
+"""A careless user of the public API: every wrong call is a one-line FspyreError naming the
+culprit (never AttributeError, KeyError, IndexError or a numpy exception), and numpy integers
+are accepted wherever a size or count is expected."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fspyre
+from fspyre.errors import ExecutionError, FspyreError, GraphError, HintError, MachineError
+
+
+def builder():
+    g = fspyre.GraphBuilder("t")
+    A, B = g.dim("A", 4), g.dim("B", 64)
+    return g, g.input("x", (A, B), "float32")
+
+
+def graph() -> fspyre.Graph:
+    g, x = builder()
+    g.output("y", g.exp(x))
+    return g.build()
+
+
+def int_graph() -> fspyre.Graph:
+    g = fspyre.GraphBuilder("ints")
+    g.output("y", g.neg(g.input("i", (g.dim("A", 4),), "int32")))
+    return g.build()
+
+
+def unbuilt() -> fspyre.GraphBuilder:
+    g, x = builder()
+    g.output("y", g.exp(x))
+    return g
+
+
+def from_other_builder(use):
+    g, _ = builder()
+    _, foreign = builder()
+    return use(g, foreign)
+
+
+def in_hint(**kwargs):
+    g, x = builder()
+    with g.hint(**kwargs):
+        g.output("y", g.exp(x))
+    return g.build()
+
+
+def x_of(call):
+    g, x = builder()
+    return call(g, x)
+
+
+X = np.ones((4, 64), np.float32)
+
+MISUSE = [
+    ("compile a builder", lambda: fspyre.compile(unbuilt()), GraphError, ["GraphBuilder 't'", ".build()"]),
+    ("check a builder", lambda: fspyre.check(unbuilt()), GraphError, [".build()"]),
+    ("evaluate a builder", lambda: fspyre.evaluate(unbuilt(), {"x": X}), GraphError, [".build()"]),
+    ("run a builder", lambda: fspyre.run(unbuilt(), {"x": X}), ExecutionError, [".build()"]),
+    ("run a graph", lambda: fspyre.run(graph(), {"x": X}), ExecutionError, ["fspyre.compile", "evaluate"]),
+    ("run a string", lambda: fspyre.run("prog", {"x": X}), ExecutionError, ["str"]),
+    ("compile None", lambda: fspyre.compile(None), GraphError, ["NoneType"]),
+    ("machine as a string", lambda: fspyre.compile(graph(), machine="spyre"), MachineError, ["'spyre'", "spyre(cores"]),
+    ("machine as an int", lambda: fspyre.compile(graph(), machine=32), MachineError, ["machine=32"]),
+    ("evaluate machine", lambda: fspyre.evaluate(graph(), {"x": X}, "m"), MachineError, ["machine='m'"]),
+    ("check seed", lambda: fspyre.check(graph(), seed="a"), ExecutionError, ["seed='a'"]),
+    ("check comp", lambda: fspyre.check(graph(), comp="c"), ExecutionError, ["comp="]),
+    ("inputs as a list", lambda: fspyre.run(fspyre.compile(graph()), [X]), ExecutionError, ["dict", "list"]),
+    ("inputs None", lambda: fspyre.evaluate(graph(), None), ExecutionError, ["NoneType"]),
+    ("ragged input", lambda: fspyre.evaluate(graph(), {"x": [[1, 2], [3]]}), ExecutionError, ["input x"]),
+    ("int64 input out of int32 range",
+     lambda: fspyre.evaluate(int_graph(), {"i": np.array([1, 2, 3, 2**40])}), ExecutionError,
+     ["input i", str(2**40), "int32"]),
+    ("tensor of another builder", lambda: from_other_builder(lambda g, t: g.add(t, 1.0)), GraphError,
+     ["tensor x", "another GraphBuilder"]),
+    ("output of another builder", lambda: from_other_builder(lambda g, t: g.output("y", t)), GraphError,
+     ["output y", "another GraphBuilder"]),
+    ("matmul of another builder", lambda: from_other_builder(lambda g, t: g.matmul(t, t, "B")), GraphError,
+     ["matmul", "another GraphBuilder"]),
+    ("view of another builder", lambda: from_other_builder(lambda g, t: g.permute(t, (1, 0))), GraphError,
+     ["permute", "another GraphBuilder"]),
+    ("ndarray as an operand", lambda: x_of(lambda g, x: g.add(x, X)), GraphError, ["numpy array [4, 64]", "g.input"]),
+    ("ndarray as the only operand", lambda: x_of(lambda g, x: g.exp(X)), GraphError, ["exp", "numpy array"]),
+    ("ndarray as an output", lambda: x_of(lambda g, x: g.output("y", X)), GraphError, ["output y", "numpy array"]),
+    ("string operand", lambda: x_of(lambda g, x: g.mul(x, "2")), GraphError, ["str", "'2'"]),
+    ("None operand", lambda: x_of(lambda g, x: g.sub(x, None)), GraphError, ["NoneType"]),
+    ("number as an output", lambda: x_of(lambda g, x: g.output("y", 3)), GraphError, ["output y", "3"]),
+    ("permute axis out of range", lambda: x_of(lambda g, x: g.permute(x, (0, 5))), GraphError,
+     ["permute", "axis 5", "2 dims"]),
+    ("permute repeated axis", lambda: x_of(lambda g, x: g.permute(x, (0, 0))), GraphError, ["permute", "exactly once"]),
+    ("permute too few axes", lambda: x_of(lambda g, x: g.permute(x, (1,))), GraphError, ["1 given, 2 needed"]),
+    ("permute float axis", lambda: x_of(lambda g, x: g.permute(x, (1.0, 0))), GraphError, ["1.0", "integer"]),
+    ("permute a string", lambda: x_of(lambda g, x: g.permute(x, "BA")), GraphError, ["'BA'", "list"]),
+    ("unsqueeze out of range", lambda: x_of(lambda g, x: g.unsqueeze(x, 7, "C")), GraphError, ["position 7", "-3..2"]),
+    ("rename with a list", lambda: x_of(lambda g, x: g.rename(x, ["A"])), GraphError, ["rename", "dict"]),
+    ("reshape to sizes", lambda: x_of(lambda g, x: g.reshape(x, (256,))), GraphError, ["dim 256", "g.dim"]),
+    ("expand to sizes", lambda: x_of(lambda g, x: g.expand(x, (4, 64))), GraphError, ["dim 4", "g.dim"]),
+    ("input dims as a string", lambda: fspyre.GraphBuilder("t").input("x", "AB", "float32"), GraphError,
+     ["'AB'", "list"]),
+    ("input name not an identifier", lambda: x_of(lambda g, x: g.input("a b", ("A",), "float32")), GraphError,
+     ["'a b'"]),
+    ("numpy dtype object", lambda: x_of(lambda g, x: g.input("z", ("A",), np.float32)), GraphError,
+     ["unknown dtype", "float32"]),
+    ("pointwise dtype", lambda: x_of(lambda g, x: g.pointwise("exp", x, dtype="float64")), GraphError, ["'float64'"]),
+    ("matmul contract int", lambda: x_of(lambda g, x: g.matmul(x, x, 1)), GraphError, ["contract=1"]),
+    ("output name", lambda: x_of(lambda g, x: g.output(3, x)), GraphError, ["output name 3"]),
+    ("graph name", lambda: fspyre.GraphBuilder(3), GraphError, ["graph name 3"]),
+    ("int32 scalar out of range", lambda: x_of(lambda g, _: g.add(g.input("i", ("A",), "int32"), 2**40)), GraphError,
+     ["add", str(2**40), "int32"]),
+    ("int32 constant out of range", lambda: x_of(lambda g, _: g.constant(2**31, "int32")), GraphError,
+     ["constant", str(2**31)]),
+    ("inf int32 constant", lambda: x_of(lambda g, _: g.constant(float("inf"), "int32")), GraphError,
+     ["constant", "inf", "int32"]),
+    ("slices as a list", lambda: in_hint(slices=["A", 2]), HintError, ["slices=['A', 2]", "dict"]),
+    ("work_div as a string", lambda: in_hint(work_div="A"), HintError, ["work_div='A'"]),
+    ("float hint count", lambda: in_hint(slices={"A": 2.0}), HintError, ["2.0", "integer"]),
+    ("negative hint count", lambda: in_hint(work_div={"B": -2}), HintError, ["-2", ">= 1"]),
+    ("bool hint count", lambda: in_hint(slices={"A": True}), HintError, ["True"]),
+    ("unknown hint dim", lambda: in_hint(slices={"Q": 2}), HintError, ["'Q'", "['A', 'B']"]),
+    ("hint dim not a name", lambda: in_hint(slices={3: 2}), HintError, ["unknown dim 3"]),
+]
+
+
+@pytest.mark.parametrize("call, cls, words", [c[1:] for c in MISUSE], ids=[c[0] for c in MISUSE])
+def test_misuse_is_a_one_line_fspyre_error(call, cls, words):
+    with pytest.raises(FspyreError) as info:
+        call()
+    assert type(info.value) is cls, f"{type(info.value).__name__}: {info.value}"
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for w in words:
+        assert w in msg, f"{msg!r} does not name {w!r}"
+
+
+def test_numpy_integers_are_accepted_as_sizes_counts_and_axes():
+    g = fspyre.GraphBuilder("np_ints")
+    A, B = g.dim("A", np.int64(4)), g.dim("B", np.int32(64))
+    assert type(A.size) is int and type(B.size) is int
+    x = g.input("x", (A, B), "float32")
+    with g.hint(slices={"A": np.int64(2)}, work_div={"B": np.int32(2)}) as scope:
+        y = g.exp(g.permute(x, (np.int64(1), np.int64(0))))
+    y = g.add(y, np.float32(1.5))
+    g.output("y", y)
+    assert dict(scope.slices) == {"A": 2} and type(scope.slices["A"]) is int
+    assert type(scope.work_div["B"]) is int
+    graph = g.build()
+    machine = fspyre.machine.spyre(cores=np.int64(4))
+    assert machine.cores == 4 and type(machine.cores) is int
+    assert fspyre.check(graph, machine=machine).equal
+
+
+def test_a_hint_dim_may_be_given_as_a_dim():
+    g = fspyre.GraphBuilder("t")
+    A = g.dim("A", 4)
+    with g.hint(slices={A: 2}) as scope:
+        pass
+    assert dict(scope.slices) == {"A": 2}
+
+
+def test_a_single_reduced_dim_name_is_one_name():
+    g = fspyre.GraphBuilder("t")
+    g.dim("AB", 4), g.dim("C", 8)
+    s = g.sum(g.input("x", ("AB", "C"), "float32"), "AB")
+    assert s.type.names == ("C",)
+
+
+def test_int32_arithmetic_wraps_like_torch_everywhere():
+    """docs/semantics.md: int32 arithmetic wraps modulo 2**32 (as torch and two's complement
+    hardware do); the reference and the machine model agree and nothing warns."""
+    import torch
+
+    g = fspyre.GraphBuilder("wrap")
+    A = g.dim("A", 64)
+    x = g.input("x", (A,), "int32")
+    g.output("sq", g.mul(x, x))
+    g.output("total", g.sum(x, ["A"]))
+    graph = g.build()
+    x_host = np.arange(2**30 - 32, 2**30 + 32, dtype=np.int32)
+    tx = torch.from_numpy(x_host)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ref = fspyre.evaluate(graph, {"x": x_host})
+        got = fspyre.run(fspyre.compile(graph, fspyre.machine.spyre(cores=4)), {"x": x_host})
+    np.testing.assert_array_equal(ref["sq"], (tx * tx).numpy())
+    assert int(ref["total"]) == int(tx.sum(dtype=torch.int32))
+    np.testing.assert_array_equal(got["sq"], ref["sq"])
+    np.testing.assert_array_equal(got["total"], ref["total"])
+
+
+def test_infinities_and_nans_raise_no_numpy_warnings():
+    """docs/semantics.md: inf/nan follow IEEE; a DLFloat16 value past float16's range comes
+    back as inf. None of that is a RuntimeWarning for the user."""
+    g = fspyre.GraphBuilder("infs")
+    A, B = g.dim("A", 8), g.dim("B", 64)
+    x = g.input("x", (A, B), "float16")
+    big = g.exp(g.mul(x, 100.0))
+    g.output("e", big)
+    g.output("l", g.log(x))
+    g.output("s", g.sum(big, ["B"]))
+    graph = g.build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fmt in ("SEN169_FP16", "IEEE_FP16"):
+            report = fspyre.check(graph, machine=fspyre.machine.spyre(fp16_format=fmt))
+            assert report.equal, report
+            assert report.outputs[0].max_abs_diff == 0.0
+
+
+# -- hint warnings ---------------------------------------------------------------------------
+
+
+def warned(build):
+    with pytest.warns(fspyre.FspyreWarning) as record:
+        comp = fspyre.compile(build(), fspyre.machine.spyre(cores=4))
+    return comp, [str(w.message) for w in record]
+
+
+def test_fspyre_warning_is_a_user_warning():
+    assert issubclass(fspyre.FspyreWarning, UserWarning)
+    assert not issubclass(fspyre.FspyreWarning, FspyreError)
+
+
+def _one_scope(**hint):
+    def build():
+        g = fspyre.GraphBuilder("w")
+        A, B = g.dim("A", 64), g.dim("B", 128)
+        g.dim("C", 8)
+        x = g.input("x", (A, B), "float16")
+        with g.hint(**hint):
+            y = g.neg(x)
+        g.output("y", y)
+        return g.build()
+
+    return build
+
+
+@pytest.mark.parametrize("hint, match", [
+    ({"slices": {"C": 2}}, r"w: hint scope 0 slices=\{'C': 2\}: no op of \[buf0\] iterates dim C; hint ignored "
+                           r"\(remove it, or build the ops that iterate C inside the scope\)"),
+    ({"slices": {"A": 1}}, r"hint scope 0 slices=\{'A': 1\}: count 1 makes no loop; .*give a count >= 2"),
+    ({"work_div": {"C": 2}}, r"hint scope 0 work_div=\{'C': 2\}: no op of \[buf0\] iterates dim C; hint ignored"),
+    ({"work_div": {"A": 8}}, r"op buf0: work_div hint \{'A': 8\}: skipped, 1 x 8 cores exceed the budget of 4.*"
+                             r"hint a count of at most 4"),
+])
+def test_a_hint_without_effect_warns_and_says_what_to_change(hint, match):
+    comp, messages = warned(_one_scope(**hint))
+    assert any(__import__("re").search(match, m) for m in messages), messages
+    assert comp.warnings and all(m.split(": ", 1)[1] in comp.warnings for m in messages)
+    report = fspyre.check(comp.graph, comp=comp)
+    assert report.warnings == comp.warnings
+    assert f"  warning: {comp.warnings[0]}" in str(report)
+
+
+def test_an_empty_hint_scope_warns():
+    def build():
+        g = fspyre.GraphBuilder("w")
+        A = g.dim("A", 64)
+        x = g.input("x", (A,), "float32")
+        with g.hint(slices={"A": 2}, work_div={"A": 2}):
+            pass
+        g.output("y", g.neg(x))
+        return g.build()
+
+    _, messages = warned(build)
+    assert any("slices={'A': 2}: no op was built inside it" in m for m in messages), messages
+    assert any("work_div={'A': 2}: no op was built inside it" in m for m in messages), messages
+
+
+def test_warnings_are_data_in_the_stage_outputs():
+    """A stage called alone reports through its output, without a Python warning."""
+    from fspyre.stages.loop_tree import tile
+    from fspyre.stages.split_plan import divide_work
+    from fspyre.stages.tiling_plan import plan_tiling
+
+    graph = _one_scope(slices={"C": 2}, work_div={"A": 64})()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = plan_tiling(graph)
+        split = divide_work(tile(graph, plan), fspyre.machine.spyre(cores=4))
+    assert any("iterates dim C" in w for w in plan.warnings)
+    assert any("skipped" in w for w in split.warnings)
+
+
+def test_a_useful_hint_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comp = fspyre.compile(_one_scope(slices={"A": 2}, work_div={"B": 2})(), fspyre.machine.spyre(cores=4))
+    assert comp.warnings == ()
+
+
+def test_declare_tensor_dim_with_a_conflicting_size_is_an_error():
+    from fspyre.errors import FrontendError
+    from fspyre.frontend import clear_dim_names, declare_tensor_dim
+
+    clear_dim_names()
+    try:
+        declare_tensor_dim("A", 8)
+        declare_tensor_dim("A", np.int64(8))  # the same size again is harmless
+        with pytest.raises(FrontendError, match=r"declare_tensor_dim\('A', 16\): 'A' is already declared with "
+                                                r"size 8"):
+            declare_tensor_dim("A", 16)
+    finally:
+        clear_dim_names()
