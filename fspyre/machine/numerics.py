@@ -92,13 +92,30 @@ def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[
     """Apply ``fn`` elementwise in compute dtype ``ctype``; the result has ``shape``."""
     if fn == "full":
         return np.full(shape, _as(operands[0], ctype), dtype=ctype)
-    args = [_as(v, ctype) for v in operands]
+    size = int(np.prod(shape, dtype=np.int64))
+    args = [_dense(_as(v, ctype), shape, size) for v in operands]
     with np.errstate(all="ignore"):  # inf/nan follow IEEE, as on the device
-        out = POINTWISE[fn](*args)
-    out = np.asarray(out)
-    if out.dtype == np.bool_:
-        out = out.astype(ctype)
-    return np.broadcast_to(out.astype(ctype, copy=False), shape)
+        out = np.asarray(POINTWISE[fn](*args))
+    return out.astype(ctype, copy=False).reshape(shape)
+
+
+def _dense(v: Value, shape: tuple[int, ...], size: int) -> np.ndarray:
+    """``v`` broadcast to ``shape`` as a 1-d array with unit stride. numpy picks its kernel by
+    operand stride: np.power with a stride-0 exponent of 2, 0.5 or -1 (a 0-d value, a scalar,
+    or a one-element tile broadcast over a row -- numpy counts a size-1 array of stride 0 as
+    contiguous) is square/sqrt/reciprocal, correctly rounded, while unit-stride arrays go
+    through a SIMD powf that is not. One layout for every shape makes each element's result
+    independent of the tile it is computed in."""
+    a = np.broadcast_to(v, shape).reshape(size)
+    if a.strides != (a.itemsize,):
+        a = a.copy()
+    return a
+
+
+def bool_store(values: np.ndarray) -> np.ndarray:
+    """What a store to a bool buffer keeps: 1 where the value is nonzero (NaN included, as
+    torch's ``bool(nan)``), else 0 -- so a bool buffer only ever holds 0.0 / 1.0."""
+    return (values != 0).astype(values.dtype)
 
 
 def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype: np.dtype,

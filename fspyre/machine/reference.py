@@ -71,4 +71,6 @@ def _run_op(op: Op, values: dict[str, np.ndarray], buffers, machine: Machine) ->
     out_syms = [d.symbol for d in op.ranges]
     sidx = compile_index(op.store.index, out_syms)(*open_grid([d.size for d in op.ranges]))
     out[np.broadcast_to(sidx, result.shape)] = result
+    if out_type.dtype == "bool":
+        out = numerics.bool_store(out)
     return formats.round_to(out, fmt)
