@@ -33,10 +33,12 @@ The rules implemented, all as in [NNP1] bit for bit:
 - float32 -> DLFloat16 rounds the magnitude to nearest with ties *away from zero* ("nearest
   up"): add half an ulp (1 << 13) to the float32 magnitude bits and truncate 14 bits; a carry
   out of the fraction bumps the exponent for free.
-- Overflow (|x| beyond max + half an ulp), +-inf and NaN all encode to the NaN/infinity code,
-  keeping the input's sign bit. The format does not saturate; onnx-mlir and zDNN clip to
-  +-DLF16_MAX *before* converting when they want saturation, which is a policy of the op, not
-  of the format.
+- Overflow (|x| beyond max + half an ulp) and +-inf *saturate* to +-DLF16_MAX (0x7FFE with the
+  input's sign); only NaN encodes to the NaN/infinity code. [NNP1]'s plain conversion maps
+  overflow to the NaN/inf code, and onnx-mlir and zDNN clip to +-DLF16_MAX before converting
+  when they want saturation; the machine model makes every store saturate, so a -inf constant
+  (a causal mask, a running-max start) stays the most negative number instead of becoming NaN
+  (docs/semantics.md, "Special values").
 - Underflow: a rounded result whose exponent falls below the lowest binade flushes to a zero
   carrying the input's sign (decoded as +-0.0). So does a result that rounds onto the zero
   pattern: 2^-31 <= |x| < 2^-31 * (1 + 2^-10) encodes to zero, not to 2^-31.
@@ -169,6 +171,7 @@ def _encode_dlf16(values: np.ndarray) -> np.ndarray:
     sign &= 0x8000
     mag &= 0x7FFFFFFF
     overflow = mag > _F32_LAST_FINITE  # also +-inf and NaN
+    is_nan = mag > 0x7F800000
     mag += _HALF_ULP  # never overflows uint32: mag <= 0x7FFFFFFF
     underflow = mag < (_REBIAS << _F32_FRAC_BITS)  # rounded exponent below the lowest binade
     # After dropping 14 bits the exponent sits at bit 9, exactly where DLFloat16 keeps it, so
@@ -176,7 +179,10 @@ def _encode_dlf16(values: np.ndarray) -> np.ndarray:
     mag >>= _DROP
     mag -= _REBIAS << _DL_FRAC_BITS
     np.copyto(mag, 0, where=underflow)  # flush to zero, sign kept below
-    np.copyto(mag, DLF16_NAN_INF, where=overflow)
+    # The device saturates: overflow and +-inf keep their sign at the largest finite value
+    # (a -inf mask then stays a huge negative and exp() of it is 0); only NaN is the NaN code.
+    np.copyto(mag, DLF16_MAX_BITS, where=overflow)
+    np.copyto(mag, DLF16_NAN_INF, where=is_nan)
     mag |= sign
     return mag.astype(np.uint16)
 

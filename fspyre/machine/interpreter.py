@@ -240,6 +240,8 @@ def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: 
             )
         for _, _, part, _ in parts[1:]:
             acc = numerics.combine(fn, acc, part)  # cores sharing an output slice: in slice order
+        if info.get("store") == "bool":
+            acc = numerics.bool_store(acc)
         mem, addrs, what = _addresses(out_arg, out_syms, out_grid, iters, core, spec, state)
         addrs = np.broadcast_to(addrs, acc.shape)
         mem.write(addrs.reshape(-1), np.ascontiguousarray(acc).reshape(-1), out_fmt, what)

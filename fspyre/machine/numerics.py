@@ -92,13 +92,30 @@ def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[
     """Apply ``fn`` elementwise in compute dtype ``ctype``; the result has ``shape``."""
     if fn == "full":
         return np.full(shape, _as(operands[0], ctype), dtype=ctype)
-    args = [_as(v, ctype) for v in operands]
+    size = int(np.prod(shape, dtype=np.int64))
+    args = [_dense(_as(v, ctype), shape, size) for v in operands]
     with np.errstate(all="ignore"):  # inf/nan follow IEEE, as on the device
-        out = POINTWISE[fn](*args)
-    out = np.asarray(out)
-    if out.dtype == np.bool_:
-        out = out.astype(ctype)
-    return np.broadcast_to(out.astype(ctype, copy=False), shape)
+        out = np.asarray(POINTWISE[fn](*args))
+    return out.astype(ctype, copy=False).reshape(shape)
+
+
+def _dense(v: Value, shape: tuple[int, ...], size: int) -> np.ndarray:
+    """``v`` broadcast to ``shape`` as a 1-d array with unit stride. numpy picks its kernel by
+    operand stride: np.power with a stride-0 exponent of 2, 0.5 or -1 (a 0-d value, a scalar,
+    or a one-element tile broadcast over a row -- numpy counts a size-1 array of stride 0 as
+    contiguous) is square/sqrt/reciprocal, correctly rounded, while unit-stride arrays go
+    through a SIMD powf that is not. One layout for every shape makes each element's result
+    independent of the tile it is computed in."""
+    a = np.broadcast_to(v, shape).reshape(size)
+    if a.strides != (a.itemsize,):
+        a = a.copy()
+    return a
+
+
+def bool_store(values: np.ndarray) -> np.ndarray:
+    """What a store to a bool buffer keeps: 1 where the value is nonzero (NaN included, as
+    torch's ``bool(nan)``), else 0 -- so a bool buffer only ever holds 0.0 / 1.0."""
+    return (values != 0).astype(values.dtype)
 
 
 def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype: np.dtype,
@@ -160,3 +177,166 @@ def combine(fn: str, acc: np.ndarray, part: np.ndarray) -> np.ndarray:
     """Fold a partial result of reduction ``fn`` into an accumulator (cross-core, cross-tile)."""
     with np.errstate(all="ignore"):
         return POINTWISE[REDUCE_COMBINE[fn]](acc, part)
+
+
+# ---------------------------------------------------------------------------------------------
+# Error bounds (docs/semantics.md, "What check promises"). Each function returns, per element,
+# an upper bound on |machine value - reference value| given bounds on the operands, or None
+# when the result is exactly equal (same operands, same function: the pointwise rule).
+
+UNIT_ROUNDOFF = 2.0**-24  # float32, round to nearest
+# a numpy/torch float32 library function is within a few ulps of exact; both sides evaluate it
+# on different operands, so each contributes its own error once
+_FN_ULPS = 4.0
+_LIPSCHITZ = {"neg": 1.0, "abs": 1.0, "relu": 1.0, "copy": 1.0, "cast": 1.0,
+              "gelu": 1.13,  # max |d/dx x·Φ(x)| = 1.1289 at x = √2
+              "silu": 1.10}  # max |d/dx x·σ(x)| = 1.0998 at x ≈ 2.4
+_COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+# fn -> operand positions where the function has a pole or leaves its domain at 0
+_POLES = {"div": (1,), "reciprocal": (0,), "rsqrt": (0,), "log": (0,), "sqrt": (0,), "pow": (0,)}
+
+
+def _f64(v: Value, shape: tuple[int, ...]) -> np.ndarray:
+    return np.broadcast_to(np.asarray(v, dtype=np.float64), shape)
+
+
+def pointwise_bound(fn: str, operands: Sequence[Value], errors: Sequence[np.ndarray | None],
+                    shape: tuple[int, ...]) -> np.ndarray | None:
+    """Bound on the change of ``fn``'s float32 result when each operand may be off by its error.
+
+    Monotone functions and bilinear ones (add, sub, mul, div, maximum, minimum, pow, exp, log,
+    sqrt, rsqrt, reciprocal, sigmoid, tanh) take their extremes over the operand box at its
+    corners, evaluated in float64; a box that touches a pole or the edge of the domain gives
+    an infinite bound. Non-monotone smooth functions use their Lipschitz constant; comparisons,
+    logical_not and where's condition give the full jump where the operands could cross."""
+    if fn == "full" or all(e is None for e in errors):
+        return None
+    x = [_f64(v, shape) for v in operands]
+    e = [np.zeros(shape) if er is None else _f64(er, shape) for er in errors]
+    with np.errstate(all="ignore"):
+        if fn in _COMPARE:
+            return np.where(np.abs(x[0] - x[1]) <= e[0] + e[1], 1.0, 0.0)
+        if fn == "logical_not":
+            return np.where(np.abs(x[0]) <= e[0], 1.0, 0.0)
+        if fn == "where":
+            c, a, b = x
+            may_flip = ~(np.abs(c) > e[0])
+            return np.where(may_flip, np.abs(a - b) + np.maximum(e[1], e[2]), np.where(c != 0, e[1], e[2]))
+        if fn in _LIPSCHITZ:
+            d = _LIPSCHITZ[fn] * e[0]
+            y = np.abs(x[0]) + d
+        else:
+            f = POINTWISE[fn]
+            y0 = f(*x)
+            d = np.zeros(shape)
+            for corner in range(1 << len(x)):
+                pts = [xi + (ei if corner >> i & 1 else -ei) for i, (xi, ei) in enumerate(zip(x, e))]
+                d = np.maximum(d, np.abs(f(*pts) - y0))
+            for i in _POLES.get(fn, ()):
+                d = np.where(np.abs(x[i]) <= e[i], np.inf, d)
+            d = np.where(np.isnan(d), np.inf, d)  # the box leaves the domain: anything goes
+            y = np.abs(y0) + d
+        # exactly equal operands give exactly equal results: no slack where nothing came in
+        return np.where(d > 0, d + 2 * _FN_ULPS * UNIT_ROUNDOFF * y, 0.0)
+
+
+def _gamma(n: int) -> float:
+    """γₙ = n·u/(1 − n·u): relative error bound of an n-term float32 sum or product in any
+    order (Higham, Accuracy and Stability of Numerical Algorithms, §3.1, §4.2)."""
+    nu = n * UNIT_ROUNDOFF
+    return nu / (1 - nu) if nu < 1 else np.inf
+
+
+def reduce_bound(fn: str, operands: Sequence[np.ndarray], errors: Sequence[np.ndarray | None],
+                 axes: tuple[int, ...], ctype: np.dtype, count: int, grid: tuple[int, ...],
+                 result: np.ndarray, correction: int = 0) -> np.ndarray | None:
+    """Bound on |machine − reference| of a reduction's float32/int32 result.
+
+    Two parts: the *order* term -- the machine may split the reduction across cores and tiles,
+    so each side is within γₙ·Σ|terms| of the exact sum (n = ``count``) and the two within
+    2γₙ·Σ|terms| (0 for amax/amin and for integers, which are exact in any order) -- and the
+    *incoming* term, the operands' own errors carried through the reduction."""
+    order_free = ctype.kind != "f" or fn in ("amax", "amin")  # exact in any order
+    if order_free and all(e is None for e in errors):
+        return None
+    exact_ints = ctype.kind != "f"
+    g2 = 0.0 if exact_ints else 2 * _gamma(count)
+    absr = np.abs(np.asarray(result, dtype=np.float64))
+    with np.errstate(all="ignore"):
+        if fn == "matmul":
+            a, b = (np.abs(np.asarray(v, dtype=np.float64)) for v in operands)
+            ea, eb = (np.zeros(()) if er is None else np.asarray(er, dtype=np.float64) for er in errors)
+            bound = g2 * _contract(a, b, axes, grid)
+            for p, q in ((a, eb), (ea, b), (ea, eb)):
+                if np.any(p) and np.any(q):
+                    bound = bound + _contract(p, q, axes, grid)
+            return bound
+        x = np.broadcast_to(np.asarray(operands[0], dtype=np.float64), grid)
+        e = np.zeros(()) if errors[0] is None else np.broadcast_to(np.asarray(errors[0], dtype=np.float64), grid)
+        e = np.broadcast_to(e, grid)
+        if fn in ("amax", "amin"):
+            return np.max(e, axis=axes)
+        if fn in ("sum", "mean"):
+            bound = g2 * np.sum(np.abs(x), axis=axes) + np.sum(e, axis=axes)
+            # mean: both sides scale by the same float32 1/N, each rounding once more
+            return bound / count + 2 * UNIT_ROUNDOFF * absr if fn == "mean" else bound
+        if fn == "prod":
+            mag = np.prod(np.abs(x), axis=axes)
+            return g2 * mag + (np.prod(np.abs(x) + e, axis=axes) - mag)
+        if fn == "var":
+            mean = np.mean(x, axis=axes, keepdims=True)
+            d = np.abs(x - mean)
+            # the mean's own error (order + incoming) moves every deviation by at most ebar
+            ebar = (g2 * np.sum(np.abs(x), axis=axes, keepdims=True) + np.sum(e, axis=axes, keepdims=True)) / count
+            de = e + ebar
+            denom = max(count - correction, 1)
+            bound = (np.sum(2 * d * de + de * de, axis=axes) + g2 * np.sum((d + de) ** 2, axis=axes)) / denom
+            return bound + 2 * UNIT_ROUNDOFF * absr
+    raise KeyError(fn)
+
+
+# (fraction bits, smallest spacing near zero, largest finite) of each float device format: a
+# store rounds to nearest, so two values |a − b| apart are stored at most |a − b| + ulp apart,
+# ulp taken at the larger magnitude; near zero the spacing is the smallest step the format
+# takes there (DLFloat16 flushes below 2^-31, so it can jump by 2^-30).
+_STORE_GRID = {
+    "SEN169_FP16": (9, 2.0**-30, 8573157376.0),
+    "IEEE_FP16": (10, 2.0**-24, 65504.0),
+    "BF16": (7, 2.0**-133, 3.3895313892515355e38),
+}
+
+
+def ulp(magnitude: np.ndarray, fraction_bits: int, floor: float) -> np.ndarray:
+    """Spacing of a binary float format with ``fraction_bits`` at ``magnitude``, at least ``floor``."""
+    with np.errstate(divide="ignore"):
+        exp = np.floor(np.log2(np.maximum(magnitude, floor)))
+    return np.maximum(np.exp2(exp - fraction_bits), floor)
+
+
+def store_bound(pre: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: str) -> np.ndarray | None:
+    """Bound after a store of ``pre`` (the reference's float32/int32 value) with error ``err``
+    to format ``fmt_name`` for host dtype ``dtype`` (bool stores keep value != 0)."""
+    if err is None:
+        return None
+    pre = np.abs(np.asarray(pre, dtype=np.float64))
+    with np.errstate(all="ignore"):
+        if dtype == "bool":
+            return np.where(~(pre > err), 1.0, 0.0)
+        if fmt_name in ("IEEE_INT32", "SENINT8"):
+            return np.where(err > 0, err + 1.0, 0.0)  # rint may go the other way at a half
+        if fmt_name not in _STORE_GRID:
+            return err  # IEEE_FP32: the float32 result is stored as it is
+        bits, floor, top = _STORE_GRID[fmt_name]
+        m = pre + err
+        out = np.where(err > 0, err + ulp(m, bits, floor), 0.0)
+        return np.where(m > top, np.inf, out)
+
+
+def host_bound(values: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: str) -> np.ndarray | None:
+    """Copy-out of a DLFloat16 value to a float16 host array rounds once more (float16 has
+    subnormals below 2^-14 and ends at 65504)."""
+    if err is None or dtype != "float16" or fmt_name != "SEN169_FP16":
+        return err
+    m = np.abs(np.asarray(values, dtype=np.float64)) + err
+    out = np.where(err > 0, err + ulp(m, 10, 2.0**-24), 0.0)
+    return np.where(m > 65504.0, np.inf, out)

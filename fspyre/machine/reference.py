@@ -33,45 +33,86 @@ def evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine | None
 
     graph = require_graph(graph, "evaluate")
     machine = require_machine(machine, "evaluate")
+    return _evaluate(graph, inputs, machine, bounds=False)[0]
+
+
+def evaluate_with_bounds(graph: Graph, inputs: Mapping[str, object], machine: Machine | None = None
+                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray | None]]:
+    """``evaluate`` plus, per output element, a bound on how far any legal compilation of the
+    graph (any tiling, any core count) may be from it: None for an output every compilation
+    computes bit for bit. The bound starts at each reduction (summation order) and is carried
+    through every later op and store (docs/semantics.md, "What check promises")."""
+    from fspyre.pipeline import require_graph, require_machine
+
+    graph = require_graph(graph, "evaluate_with_bounds")
+    machine = require_machine(machine, "evaluate_with_bounds")
+    return _evaluate(graph, inputs, machine, bounds=True)
+
+
+def _evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine, bounds: bool):
     buffers = graph.buffer_table()
     host = check_inputs({n: buffers[n].type for n in graph.inputs}, inputs)
     values: dict[str, np.ndarray] = {
         n: device_values(host[n], buffers[n].type.dtype, machine).ravel() for n in graph.inputs
     }
+    errors: dict[str, np.ndarray | None] = {n: None for n in graph.inputs}
     for op in graph.ops:
-        values[op.store.buffer] = _run_op(op, values, buffers, machine)
-    return {
-        out.name: to_host(values[out.buffer].reshape(buffers[out.buffer].type.shape), buffers[out.buffer].type.dtype)
-        for out in graph.outputs
-    }
+        values[op.store.buffer], errors[op.store.buffer] = _run_op(op, values, errors if bounds else None,
+                                                                   buffers, machine)
+    outs, out_bounds = {}, {}
+    for out in graph.outputs:
+        t = buffers[out.buffer].type
+        outs[out.name] = to_host(values[out.buffer].reshape(t.shape), t.dtype)
+        err = errors[out.buffer]
+        fmt = machine.device_format(t.dtype)
+        out_bounds[out.name] = None if err is None else numerics.host_bound(
+            values[out.buffer], err, fmt, t.dtype).reshape(t.shape)
+    return outs, out_bounds
 
 
-def _run_op(op: Op, values: dict[str, np.ndarray], buffers, machine: Machine) -> np.ndarray:
+def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray | None] | None, buffers,
+            machine: Machine) -> tuple[np.ndarray, np.ndarray | None]:
     dims = iteration_dims(op)
     syms = [d.symbol for d in dims]
     grid = open_grid([d.size for d in dims])
     grid_shape = tuple(d.size for d in dims)
-    operands, dtypes = [], []
+    operands, dtypes, errs = [], [], []
     for o in op.operands:
         if isinstance(o, Load):
             idx = compile_index(o.index, syms)(*grid)
             operands.append(values[o.buffer][idx])
             dtypes.append(buffers[o.buffer].type.dtype)
+            err = None if errors is None else errors[o.buffer]
+            errs.append(None if err is None else err[idx])
         else:
             operands.append(o.value)
+            errs.append(None)
     out_type = buffers[op.store.buffer].type
     ctype = numerics.compute_dtype(out_type.dtype, dtypes)
+    bound = None
     if isinstance(op, Reduction):
         nout = len(op.ranges)
         axes = tuple(range(nout, len(dims)))
         count = int(np.prod([d.size for d in op.reduction_ranges]))
         result = numerics.reduce(op.fn, operands, axes, ctype, count, grid_shape, op.correction)
         result = np.broadcast_to(result, grid_shape[:nout])
+        if errors is not None:
+            bound = numerics.reduce_bound(op.fn, operands, errs, axes, ctype, count, grid_shape, result,
+                                          op.correction)
     else:
         result = numerics.pointwise(op.fn, operands, ctype, grid_shape)
-    fmt = formats.FORMATS[machine.device_format(out_type.dtype)]
-    out = np.zeros(out_type.numel, dtype=result.dtype)
+        if errors is not None:
+            bound = numerics.pointwise_bound(op.fn, operands, errs, grid_shape)
+    fmt = machine.device_format(out_type.dtype)
     out_syms = [d.symbol for d in op.ranges]
-    sidx = compile_index(op.store.index, out_syms)(*open_grid([d.size for d in op.ranges]))
-    out[np.broadcast_to(sidx, result.shape)] = result
-    return formats.round_to(out, fmt)
+    sidx = np.broadcast_to(compile_index(op.store.index, out_syms)(*open_grid([d.size for d in op.ranges])),
+                           result.shape)
+    out = np.zeros(out_type.numel, dtype=result.dtype)
+    out[sidx] = result
+    if bound is not None:
+        err = np.zeros(out_type.numel)
+        err[sidx] = np.broadcast_to(bound, result.shape)
+        bound = numerics.store_bound(out, err, fmt, out_type.dtype)
+    if out_type.dtype == "bool":
+        out = numerics.bool_store(out)
+    return formats.round_to(out, formats.FORMATS[fmt]), bound

@@ -176,6 +176,8 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
         "operands": tuple(operands),
         "compute": str(numerics.compute_dtype(out_dtype, dtypes)),
     }
+    if out_dtype == "bool":
+        info["store"] = "bool"  # the device keeps value != 0 (docs/semantics.md); bytes alone cannot say so
     if isinstance(op, Reduction):
         info["reduced"] = tuple(d.symbol for d in op.reduction_ranges if d.size > 1)
         info["count"] = int(np.prod([d.size for d in op.reduction_ranges]))

@@ -146,13 +146,17 @@ def test_dlf16_ties_round_away_from_zero():
     assert dl(2 - 2**-10) == [0x4000]
 
 
-def test_dlf16_overflow_goes_to_the_nan_inf_code():
+def test_dlf16_overflow_and_infinity_saturate_nan_stays_nan():
+    """DLFloat16 has no infinity: a store saturates to +-max (docs/semantics.md, Special
+    values); only NaN takes the NaN/inf code, so no -inf mask becomes a silent NaN."""
     half_ulp_at_max = 2.0**(32 - 10)
     tie = F.DLF16_MAX + half_ulp_at_max
-    assert dl(tie, -tie) == [0x7FFF, 0xFFFF]
+    assert dl(tie, -tie) == [0x7FFE, 0xFFFE]
     assert dl(np.nextafter(np.float32(tie), np.float32(0))) == [0x7FFE]
-    assert dl(1e30, np.inf, -np.inf) == [0x7FFF, 0x7FFF, 0xFFFF]
+    assert dl(1e30, np.inf, -np.inf, -3.4e38) == [0x7FFE, 0x7FFE, 0xFFFE, 0xFFFE]
+    assert round_to(f32(np.inf, -np.inf), SEN169_FP16).tolist() == [F.DLF16_MAX, -F.DLF16_MAX]
     assert dl(np.nan)[0] & 0x7FFF == 0x7FFF
+    assert dl(-np.nan)[0] & 0x7FFF == 0x7FFF
     nan_bits = np.array([0x7FC00000, 0xFF800001, 0x7F800001], np.uint32).view(np.float32)
     assert np.isnan(round_to(nan_bits, SEN169_FP16)).all()
 
