@@ -32,7 +32,9 @@ def as_expr(expr: sympy.Basic | int, where: str) -> sympy.Basic:
         return expr
     if isinstance(expr, (int, np.integer)) and not isinstance(expr, bool):
         return sympy.Integer(int(expr))
-    raise LoweringError(f"{where}: expected an index expression (sympy or int), got a {type(expr).__name__} {expr!r:.60}")
+    raise LoweringError(
+        f"{where}: expected an index expression (sympy or int), got a {type(expr).__name__} {expr!r:.60}"
+    )
 
 
 def compile_index(expr: sympy.Expr | int, symbols: Sequence[sympy.Symbol]) -> IndexFn:
