@@ -29,10 +29,14 @@ _OPTIONS = ("tiling", "cores", "on_graph")
 def register_backend() -> None:
     """Make ``backend="fspyre"`` known to ``torch.compile`` (idempotent). Installing fspyre also
     registers it through the ``torch_dynamo_backends`` entry point."""
-    from torch._dynamo.backends.registry import _COMPILER_FNS
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS
     from torch._dynamo.backends.registry import register_backend as register
 
-    if BACKEND_NAME not in _COMPILER_FNS:
+    # Once torch has discovered the entry point it registers the function itself after
+    # loading it, and refuses a second registration under the same name. Loading the entry
+    # point imports this package, so registering here at that moment would make torch's own
+    # registration fail.
+    if BACKEND_NAME not in _COMPILER_FNS and BACKEND_NAME not in _BACKENDS:
         register(compiler_fn=fspyre_backend, name=BACKEND_NAME)
 
 

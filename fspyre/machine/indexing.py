@@ -25,9 +25,21 @@ from fspyre.errors import LoweringError
 IndexFn = Callable[..., np.ndarray | int]
 
 
+def as_expr(expr: sympy.Basic | int, where: str) -> sympy.Basic:
+    """``expr`` as a sympy expression, without parsing: ``sympify`` of a string evaluates it as
+    Python, and an index that arrived as text (a hand-edited artifact) must not run."""
+    if isinstance(expr, sympy.Basic):
+        return expr
+    if isinstance(expr, (int, np.integer)) and not isinstance(expr, bool):
+        return sympy.Integer(int(expr))
+    raise LoweringError(
+        f"{where}: expected an index expression (sympy or int), got a {type(expr).__name__} {expr!r:.60}"
+    )
+
+
 def compile_index(expr: sympy.Expr | int, symbols: Sequence[sympy.Symbol]) -> IndexFn:
     """A function of ``symbols`` (positionally) that evaluates ``expr`` exactly in integers."""
-    return _compile(sympy.sympify(expr), tuple(symbols))
+    return _compile(as_expr(expr, "compile_index"), tuple(symbols))
 
 
 @lru_cache(maxsize=4096)

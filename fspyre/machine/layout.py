@@ -27,6 +27,7 @@ import sympy
 
 from fspyre.errors import ExecutionError, GraphError, LoweringError
 from fspyre.machine.formats import STICK_BYTES
+from fspyre.machine.indexing import as_expr
 
 # torch-spyre: host rank <= 6 (a sparse dim_order adds the trailing -1, so up to 7 entries).
 MAX_HOST_RANK = 6
@@ -171,7 +172,7 @@ def device_coordinates(
     fixed sample of grid points; where they differ (or the rule refuses), the exact form
     (``exact_coordinates``: floor/Mod of host digits) is used, which is always right.
     """
-    index = sympy.sympify(index)
+    index = as_expr(index, "device_coordinates")
     used = ((s, int(n)) for s, n in ranges.items() if s in index.free_symbols)
     key = tuple(sorted(used, key=lambda p: str(p[0])))
     return _device_coordinates(layout, index, key)
@@ -308,7 +309,7 @@ def stick_coordinates(
     first, so a padded stick dim never receives a modular remainder of it. The stick coordinate
     must end up ``Mod(v, eps)``, ``v`` or ``0``, optionally plus a constant.
     """
-    index = sympy.sympify(index)
+    index = as_expr(index, "stick_coordinates")
     coeffs, constant = _linear_terms(layout, index)
     sizes, strides = layout.device_size, layout.stride_map
     n = len(sizes)

@@ -37,7 +37,7 @@ import sympy
 from fspyre.errors import ExecutionError
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
-from fspyre.machine.indexing import compile_index
+from fspyre.machine.indexing import as_expr, compile_index
 from fspyre.machine.layout import row_major_strides
 from fspyre.machine.reference import open_grid
 from fspyre.machine.spyre import STICK_BYTES
@@ -63,7 +63,7 @@ def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[tuple[sympy.Symbol, 
     two variables). Over a box of the iteration grid, each group ranges independently."""
     const = 0
     groups: list[tuple[frozenset, sympy.Expr]] = []
-    for term in sympy.Add.make_args(sympy.sympify(expr)):
+    for term in sympy.Add.make_args(as_expr(expr, "coord_terms")):
         free = frozenset(term.free_symbols)
         if not free:
             const += int(term)

@@ -1,8 +1,9 @@
 """The Spyre machine model: the numbers every stage plans against.
 
-Sources (restated in ../shared/reference/anchor-workdiv-lx-machine.md §1 and §5):
+Sources, all in torch-spyre (the anchor) unless said otherwise:
 torch-spyre ``_inductor/config.py`` (SENCORES), ``scratchpad/allocator.py`` (LX window),
-``csrc/spyre_tensor_impl.cpp`` (BYTES_IN_STICK), ``work_division.py`` (MAX_SPAN_BYTES, #3162),
+``csrc/spyre_tensor_impl.cpp`` (BYTES_IN_STICK), the device allocator's 16 GiB segments and
+the card's 128 GB LPDDR5 less 16 GB ECC (HBM_BYTES), ``work_division.py`` (MAX_SPAN_BYTES, #3162),
 ``cost_model.py`` (fitted bandwidth and MAC rates).
 """
 
@@ -21,6 +22,12 @@ LX_BACKEND_FRACTION = 0.2  # DXP_LX_FRAC_AVAIL default: the backend's share of L
 LX_ALIGN = 128  # LX allocation granularity (allocator.py)
 SPAN_LIMIT_BYTES = 65535 * 4096  # MAX_SPAN_BYTES since #3162: MVLOC 65535 entries of 4096 B
 HBM_ALIGN = 128  # pool and argument alignment (hbm_pool_planning.py)
+HBM_SEGMENT_BYTES = 16 << 30  # the device allocator hands out HBM in 16 GiB segments
+# Device memory a program may use: a card carries 128 GB of LPDDR5, 16 GB of it for ECC, and
+# the anchor's device allocator maps the ~112 GB left as 7 segments of 16 GiB (offsets 0, 16G,
+# ..., 96G). fspyre plans one flat space for arguments and its pool, so its limit is the seven
+# segments; the anchor's pool alone is capped at segment 0 less 2 GiB (MAX_POOL_SIZE = 14 GiB).
+HBM_BYTES = 7 * HBM_SEGMENT_BYTES
 HBM_BYTES_PER_NS = 150.0  # fitted one-directional peak, cost_model.py CostParams
 HBM_TURNAROUND_NS_PER_BYTE = 0.00574  # read/write turnaround alpha, cost_model.py
 MACS_PER_NS_PER_CORE = 1140.0  # sustained 2-D matmul rate, cost_model.py (fitted)
@@ -43,6 +50,7 @@ class Machine:
     stick_bytes: int = STICK_BYTES
     span_limit: int = SPAN_LIMIT_BYTES
     fp16_format: str = "SEN169_FP16"
+    hbm_bytes: int = HBM_BYTES  # device memory for kernel arguments and intermediates
 
     def __post_init__(self) -> None:
         if not isinstance(self.cores, int) or isinstance(self.cores, bool) or not 1 <= self.cores <= MAX_CORES:
@@ -53,6 +61,12 @@ class Machine:
             )
         if self.lx_bytes > LX_PHYSICAL_BYTES:
             raise MachineError(f"lx_bytes={self.lx_bytes}: more than the {LX_PHYSICAL_BYTES} bytes of LX a core has")
+        if (not isinstance(self.hbm_bytes, int) or isinstance(self.hbm_bytes, bool) or self.hbm_bytes <= 0
+                or self.hbm_bytes % HBM_ALIGN):
+            raise MachineError(
+                f"hbm_bytes={self.hbm_bytes!r}: HBM capacity must be a positive multiple of {HBM_ALIGN} bytes "
+                f"(a card has {HBM_BYTES})"
+            )
         if self.fp16_format not in ("SEN169_FP16", "IEEE_FP16"):
             raise MachineError(f"fp16_format={self.fp16_format!r}: use 'SEN169_FP16' (DLFloat16) or 'IEEE_FP16'")
 
@@ -67,10 +81,14 @@ class Machine:
         }[dtype]
 
 
-def spyre(cores: int = MAX_CORES, *, lx_bytes: int | None = None, fp16_format: str = "SEN169_FP16") -> Machine:
+def spyre(cores: int = MAX_CORES, *, lx_bytes: int | None = None, fp16_format: str = "SEN169_FP16",
+          hbm_bytes: int = HBM_BYTES) -> Machine:
     # A core count often comes from numpy (a sweep, a shape): accept its integers as ints.
     if isinstance(cores, numbers.Integral) and not isinstance(cores, bool):
         cores = int(cores)
     if isinstance(lx_bytes, numbers.Integral) and not isinstance(lx_bytes, bool):
         lx_bytes = int(lx_bytes)
-    return Machine(cores=cores, lx_bytes=lx_window() if lx_bytes is None else lx_bytes, fp16_format=fp16_format)
+    if isinstance(hbm_bytes, numbers.Integral) and not isinstance(hbm_bytes, bool):
+        hbm_bytes = int(hbm_bytes)
+    return Machine(cores=cores, lx_bytes=lx_window() if lx_bytes is None else lx_bytes, fp16_format=fp16_format,
+                   hbm_bytes=hbm_bytes)

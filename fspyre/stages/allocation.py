@@ -1,7 +1,6 @@
 """Stage ``allocate``: LoopTree + SplitPlan + machine -> Allocation (HBM and LX addresses).
 
-**LX planning** (torch-spyre ``scratchpad/``, restated in
-../shared/reference/anchor-workdiv-lx-machine.md section 4). Program time is the index of an
+**LX planning** (following torch-spyre's ``scratchpad/``). Program time is the index of an
 op in program order, loop bodies counted once; lifetimes follow
 ``fspyre.machine.memcheck.live_intervals`` (a per-tile buffer lives within one iteration; a
 buffer used inside a loop and outside it lives across the whole loop). An intermediate may
@@ -40,7 +39,7 @@ from fspyre.ir.graph import Pointwise, TensorType
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, loop_counts
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine import formats
-from fspyre.machine.layout import stick_layout
+from fspyre.machine.layout import StickLayout, stick_layout
 from fspyre.machine.memcheck import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.split_plan import Access, buffer_layout, op_accesses, op_dims
@@ -195,9 +194,24 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
                                           live=(item.start, item.end), reason=reasons.get(item.name, ""))
         if item.end > item.start:
             end = max(end, _align(a + item.size))
+    if end > machine.hbm_bytes:
+        _refuse_hbm(tree, layouts, pool_base, end, machine)
     ordered = FrozenMap((b.name, placements[b.name]) for b in tree.buffers)
     notes = tuple(f"{n}: in place of {p.in_place_of}" for n, p in ordered.items() if p.in_place_of)
     return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes)
+
+
+def _refuse_hbm(tree: LoopTree, layouts: Mapping[str, StickLayout], pool_base: int, end: int,
+                machine: Machine) -> None:
+    outputs = {o.buffer for o in tree.outputs} - set(tree.inputs)
+    inputs = sum(layouts[n].nbytes for n in dict.fromkeys(tree.inputs))
+    outs = sum(layouts[n].nbytes for n in outputs)
+    raise AllocationError(
+        f"{tree.name}: needs {end} bytes of HBM (inputs {inputs}, outputs {outs}, intermediate pool "
+        f"{end - pool_base}, alignment {pool_base - inputs - outs}), more than the machine's {machine.hbm_bytes}; "
+        f"use smaller tensors, let intermediates share HBM (hbm_reuse=True) or stay in LX, "
+        f"or pass a larger hbm_bytes to the machine"
+    )
 
 
 def _lx_verdict(name: str, us: Sequence[_Use], options: AllocationOptions, machine: Machine) -> tuple[str, int]:

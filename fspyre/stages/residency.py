@@ -331,7 +331,8 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
 
 
 def _rewrite_body(body: Sequence[Node], prefix: tuple[int, ...], copies: Mapping[tuple[int, ...], list[OpNode]],
-                  redirect: Mapping[tuple[str, str, sympy.Expr], Load], scope_of: Mapping[str, int]) -> tuple[Node, ...]:
+                  redirect: Mapping[tuple[str, str, sympy.Expr], Load],
+                  scope_of: Mapping[str, int]) -> tuple[Node, ...]:
     out: list[Node] = []
     for i, node in enumerate(body):
         path = prefix + (i,)

@@ -1,7 +1,6 @@
 """Stage ``divide_work``: LoopTree + machine -> SplitPlan (each op's work across cores).
 
-Per op, on its per-tile iteration space (torch-spyre ``work_division.py``, restated in
-../shared/reference/anchor-workdiv-lx-machine.md section 3):
+Per op, on its per-tile iteration space (following torch-spyre's ``work_division.py``):
 
 1. **Stick adjustment.** A dim whose variable is the stick coordinate of some tensor the op
    touches is counted in sticks: ``ceil(size / eps)`` with ``eps`` the largest

@@ -148,7 +148,6 @@ def _fusable(ctx: _Search, run: Sequence[str], i: int) -> list[str]:
 
 
 def _search_group(ctx: _Search, members: list[str]) -> GroupSearch:
-    consumer = members[-1]
     if ctx.options.fuse == "max-size":
         return _grow_producers(ctx, members)
     while True:

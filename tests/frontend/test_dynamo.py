@@ -62,3 +62,39 @@ def test_gradients_are_refused() -> None:
     with pytest.raises(Exception, match="inference only") as err:
         compiled(torch.randn(2, 4)).sum().backward()
     assert isinstance(err.value, FrontendError) or "FrontendError" in str(err.value)
+
+
+# Each order of first use, in a fresh process: torch's entry-point loading imports fspyre,
+# and fspyre's import registers the backend when torch is loaded; the two must not collide.
+_FRESH_ORDERS = {
+    "torch_only_entry_point": "import torch\n",
+    "torch_then_fspyre": "import torch\nimport fspyre\n",
+    "fspyre_then_torch": "import fspyre\nimport torch\n",
+}
+_FRESH_CALL = """
+def f(x):
+    return x * 2 + 1
+
+compiled = torch.compile(f, backend="fspyre", options={"tiling": "none", "cores": 1})
+with torch.no_grad():
+    got = compiled(torch.arange(4, dtype=torch.float32))
+assert got.tolist() == [1.0, 3.0, 5.0, 7.0], got
+import fspyre
+print(fspyre.__file__)
+"""
+
+
+@pytest.mark.parametrize("order", sorted(_FRESH_ORDERS))
+def test_backend_name_works_in_a_fresh_process_in_every_import_order(order: str) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", _FRESH_ORDERS[order] + _FRESH_CALL], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # The fspyre under test, not another installed copy, answered the call.
+    assert Path(done.stdout.strip().splitlines()[-1]).resolve().is_relative_to(root)

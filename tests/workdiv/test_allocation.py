@@ -284,3 +284,34 @@ def test_allocations_round_trip_and_are_deterministic():
     alloc = comp.stages["allocation"]
     assert loads(dumps(alloc)) == alloc
     assert compile(softmax(128, 256, row_tiles=2)).stages["allocation"] == alloc
+
+
+# -- HBM capacity ------------------------------------------------------------------------------
+
+
+def test_a_program_needing_more_hbm_than_the_machine_has_is_refused_with_the_numbers():
+    graph = softmax(rows=64, cols=256)
+    need = compile(graph, fspyre.machine.spyre(lx_bytes=0), hbm_reuse=False).stages["allocation"].hbm_bytes
+    tensor = 64 * 256 * 2  # x and y, float16
+    assert need > 2 * tensor  # the pool holds the intermediates
+    exact = compile(graph, fspyre.machine.spyre(lx_bytes=0, hbm_bytes=need), hbm_reuse=False)
+    assert exact.stages["allocation"].hbm_bytes == need
+    with pytest.raises(AllocationError) as info:
+        compile(graph, fspyre.machine.spyre(lx_bytes=0, hbm_bytes=need - 128), hbm_reuse=False)
+    message = str(info.value)
+    for part in (f"needs {need} bytes of HBM", f"inputs {tensor}", f"outputs {tensor}",
+                 f"intermediate pool {need - 2 * tensor}", f"the machine's {need - 128}", "hbm_bytes"):
+        assert part in message, message
+
+
+def test_the_default_hbm_is_the_cards_seven_16_gib_segments_and_fits_the_workloads():
+    machine = fspyre.machine.spyre()
+    assert machine.hbm_bytes == 7 * (16 << 30)
+    for graph in (add_mul(), softmax()):
+        assert compile(graph, machine).stages["allocation"].hbm_bytes < machine.hbm_bytes
+
+
+@pytest.mark.parametrize("bad", [0, -128, 100, True, 2.0**30])
+def test_hbm_capacity_is_validated(bad):
+    with pytest.raises(fspyre.errors.MachineError, match=f"hbm_bytes={bad!r}"):
+        fspyre.machine.spyre(hbm_bytes=bad)

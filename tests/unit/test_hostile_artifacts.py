@@ -1,0 +1,220 @@
+"""Loading a JSON artifact is safe: hostile documents give a one-line FspyreError quickly, and
+nothing in a document is ever executed, at load time or when the loaded artifact is used.
+
+The documents are real stage artifacts of a compiled graph with one leaf or subtree replaced
+at a time (by code, wrong types, huge numbers, deep nesting); positions are sampled with a
+fixed seed so the module stays fast."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fspyre
+from fspyre.errors import FspyreError, LoweringError, SerializationError
+from fspyre.ir.graph import Graph
+from fspyre.ir.program import Program
+from fspyre.ir.serialize import dumps, loads
+from fspyre.machine.indexing import compile_index
+from fspyre.machine.spyre import spyre
+
+TIME_LIMIT = 1.0  # seconds per load; a sound loader takes milliseconds on these documents
+
+
+def code(marker) -> list[str]:
+    """Texts that create ``marker`` if anything evaluates them as Python or as sympy input."""
+    return [
+        f"__import__('os').system('touch {marker}')",
+        f"__import__('pathlib').Path('{marker}').touch()",
+        f"exec(\"open('{marker}', 'w').close()\")",
+    ]
+
+
+@pytest.fixture(scope="module")
+def compiled() -> fspyre.Compilation:
+    g = fspyre.GraphBuilder("hostile")
+    m, k, n = g.dim("M", 8), g.dim("K", 64), g.dim("N", 64)
+    x = g.input("x", (m, k), "float32")
+    w = g.input("w", (k, n), "float32")
+    with g.hint(slices={"M": 2}):
+        y = g.matmul(x, w, contract="K")
+        g.output("y", g.add(g.relu(y), 1.5))
+        g.output("s", g.sum(x, ["K"], keepdim=True))
+    return fspyre.compile(g.build(), machine=spyre(cores=4), tiling="hints")
+
+
+def positions(doc: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """Every (path, value) in a JSON document, containers before their contents."""
+    yield path, doc
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield from positions(value, path + (key,))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            yield from positions(value, path + (i,))
+
+
+def replaced(doc: Any, path: tuple, value: Any) -> Any:
+    out = copy.deepcopy(doc)
+    if not path:
+        return value
+    parent = out
+    for step in path[:-1]:
+        parent = parent[step]
+    parent[path[-1]] = value
+    return out
+
+
+def load_or_error(text: str) -> Any:
+    """The loaded artifact, or None after checking the refusal is a one-line FspyreError; either
+    way within the time limit."""
+    start = time.perf_counter()
+    try:
+        value = loads(text)
+    except FspyreError as err:
+        value = None
+        assert "\n" not in str(err), str(err)
+        assert str(err), "an error with no message"
+    elapsed = time.perf_counter() - start
+    assert elapsed < TIME_LIMIT, f"load took {elapsed:.2f} s: {text[:200]}"
+    return value
+
+
+def use(value: Any) -> None:
+    """Work a loaded artifact as a user would; any error is fine, running code is not."""
+    try:
+        if isinstance(value, Graph):
+            fspyre.evaluate(value, {b: np.ones(t.type.shape, np.float32) for b in value.inputs
+                                    for t in value.buffers if t.name == b})
+            fspyre.compile(value, machine=spyre(cores=4), tiling="hints")
+        elif isinstance(value, Program):
+            fspyre.run(value, {a.name: np.ones(a.host_shape, np.float32) for a in value.kernel_args if a.is_input})
+        else:
+            str(value)
+    except Exception:  # noqa: BLE001 - a mangled artifact may fail in many ways; only execution matters here
+        pass
+
+
+def test_code_in_every_string_field_is_never_run(compiled, tmp_path):
+    marker = tmp_path / "ran"
+    texts = code(marker)
+    tried = loaded = 0
+    for stage, art in compiled.stages.items():
+        doc = json.loads(dumps(art))
+        for i, (path, value) in enumerate(p for p in positions(doc) if isinstance(p[1], str)):
+            tried += 1
+            value = load_or_error(json.dumps(replaced(doc, path, texts[i % len(texts)])))
+            if value is not None:
+                loaded += 1
+                use(value)
+            assert not marker.exists(), f"{stage} at {path}: the document's text was executed"
+    # Names are free text, so some documents load; field kinds that are not free text refuse it.
+    assert tried > 100 and 0 < loaded < tried
+
+
+def test_code_where_an_expression_belongs_names_the_field(compiled, tmp_path):
+    marker = tmp_path / "ran"
+    doc = json.loads(dumps(compiled.graph))
+    doc["ops"][1]["store"]["index"] = code(marker)[0]
+    with pytest.raises(SerializationError, match=r"^Graph\.ops\[1\]\.store\.index: expected an expression tree"):
+        loads(json.dumps(doc))
+    doc["ops"][1]["store"]["index"] = {"_expr": {"sym": code(marker)[0]}}
+    with pytest.raises(SerializationError, match=r"^Graph\.ops\[1\]\.store\.index\._expr\.sym: a symbol name"):
+        loads(json.dumps(doc))
+    assert not marker.exists()
+
+
+def wrong_values(marker) -> list[Any]:
+    return [
+        code(marker)[0], 10**30, -(2**63), True, None, 0.5, [], [1, "a"], {}, {"_type": "Dim"},
+        {"_type": "Machine"}, {"_map": [[1]]}, {"_map": [[1, 2], [1, 3]]}, {"_float": "1e999"},
+        {"_expr": {"op": "Pow", "args": [3, 10**7]}}, {"_expr": {"op": "Sin", "args": [1]}},
+        {"_expr": {"op": "Mul", "args": [2**62] * 200}}, {"_expr": {"rat": [1, 0]}},
+        {"_expr": {"op": "Add", "args": ["x", 1]}}, {"_type": "Scalar", "value": "1"},
+    ]
+
+
+@pytest.mark.parametrize("stage", ["graph", "tiling_plan", "loop_tree", "split_plan", "allocation", "program"])
+def test_wrong_values_at_sampled_positions_are_refused_cleanly(compiled, tmp_path, stage):
+    marker = tmp_path / "ran"
+    doc = json.loads(dumps(compiled.stages[stage]))
+    where = [path for path, _ in positions(doc) if path]
+    rng = random.Random(8)
+    values = wrong_values(marker)
+    refused = 0
+    for path in rng.sample(where, min(40, len(where))):
+        for value in rng.sample(values, 3):
+            loaded = load_or_error(json.dumps(replaced(doc, path, value)))
+            refused += loaded is None
+            if loaded is not None:
+                use(loaded)
+    assert not marker.exists()
+    assert refused > 60  # most of 120 replacements are type errors
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("[]", "expected an fspyre artifact"),
+        ("42", "expected an fspyre artifact"),
+        ('"text"', "expected an fspyre artifact"),
+        ("null", "expected an fspyre artifact"),
+        ('{"_expr": {"sym": "A"}}', "expected an fspyre artifact"),
+        ('{"a": 1}', "must carry"),
+        ("[" * 100_000 + "]" * 100_000, "deeper than"),
+        ("[" * 500 + "]" * 500, "deeper than"),
+        ('{"_type": "Dim", "name": "A", "size": ' + "9" * 5000 + "}", "not a usable JSON document"),
+        ('{"_type": "Dim", "name": "A", "size": 99999999999999999999}', r"Dim\.size: integer .* beyond"),
+        ('{"_type": "Dim", "name": "A", "size": true}', r"Dim\.size: expected an integer"),
+        ('{"_type": "Scalar", "value": NaN}', "bare NaN"),
+        ('{"_type": "Dim", "name": "A", "name": "B", "size": 2}', "appears twice"),
+        ('{"_type": "Load", "buffer": "x", "index": {"_expr": {"op": "Pow", "args": [3, 10000000]}}}',
+         r"Load\.index\._expr\.args\[1\]: a Pow exponent"),
+        (json.dumps({"_type": "Load", "buffer": "x", "index": {"_expr": {"op": "Pow", "args": [
+            {"op": "Pow", "args": [{"op": "Pow", "args": [3, 64]}, 64]}, 64]}}}), "more than 4096 bits"),
+        (json.dumps({"_type": "OpNode", "op": {"_type": "Dim", "name": "A", "size": 2}}),
+         r"OpNode\.op: expected Pointwise or Reduction, got a Dim"),
+        (json.dumps({"_type": "Loop", "count": 2}), r"Loop: Loop misses the field 'body'"),
+    ],
+)
+def test_malformed_documents_are_refused_quickly(text, match):
+    start = time.perf_counter()
+    with pytest.raises(SerializationError, match=match) as info:
+        loads(text)
+    assert time.perf_counter() - start < TIME_LIMIT
+    assert "\n" not in str(info.value)
+
+
+def test_crafted_sympy_work_is_bounded():
+    """Node kinds whose simplification is slow on crafted input load in bounded time."""
+    wide = {"op": "Add", "args": [{"op": "Mul", "args": [{"rat": [1, i + 2]}, {"sym": f"s{i}"}]} for i in range(300)]}
+    for head, args in (("Mod", [wide, 64]), ("floor", [wide]), ("ceiling", [wide])):
+        text = json.dumps({"_type": "Load", "buffer": "x", "index": {"_expr": {"op": head, "args": args}}})
+        load_or_error(text)
+    too_many = {"op": "Add", "args": [{"sym": f"s{i}"} for i in range(2000)]}
+    with pytest.raises(SerializationError, match="more than 1024 nodes"):
+        loads(json.dumps({"_type": "Load", "buffer": "x", "index": {"_expr": too_many}}))
+
+
+def test_construction_errors_keep_their_class_and_gain_the_path():
+    with pytest.raises(fspyre.errors.TilingError, match=r"^Loop\.body\[0\]: loop count 0"):
+        loads(json.dumps({"_type": "Loop", "count": 3, "body": [{"_type": "Loop", "count": 0, "body": []}]}))
+
+
+def test_index_evaluation_never_parses_text(tmp_path):
+    marker = tmp_path / "ran"
+    with pytest.raises(LoweringError, match="expected an index expression"):
+        compile_index(code(marker)[0], ())
+    assert not marker.exists()
+
+
+def test_loads_takes_text_only():
+    with pytest.raises(SerializationError, match="takes the JSON text as a str"):
+        loads(b'{"_type": "Dim", "name": "A", "size": 2}')
