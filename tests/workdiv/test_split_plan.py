@@ -1,8 +1,8 @@
 """divide_work: stick adjustment, per-core span, span reduction, work distribution, hints.
 
 Expected splits follow the anchor's rules (torch-spyre's ``work_division.py``: stick
-adjustment, span reduction, work distribution); every plan that can run at test size is also run on the interpreter against the
-reference (``fspyre.check``).
+adjustment, span reduction, work distribution); every plan that can run at test size is also
+run on the interpreter against the reference (``fspyre.check``).
 """
 
 from __future__ import annotations
