@@ -25,10 +25,19 @@ KNOWN_FAILING = {
 SEEDS = [s for s in range(62) if s not in KNOWN_FAILING]
 # Representatives of the other known classes, outside the slice (python -m fspyre.testing.campaign --replay N)
 KNOWN_FAILING_ELSEWHERE = {
-    1127: "-inf constant under DLFloat16 becomes NaN: maximum(x, -inf) gives NaN (run and evaluate agree)",
-    1260: "bool buffer keeps raw values: cast(x, 'bool') then float arithmetic sees x, not 1 (run and evaluate agree)",
     1001: "out-of-bounds program: sub-stick tile of a K=320 fp16 matmul operand (memcheck out_of_bounds)",
 }
+# Seeds that found a bug now fixed: each must keep passing.
+FIXED = {
+    1127: "-inf constant under DLFloat16 became NaN: maximum(x, -inf) gave NaN in run and evaluate alike",
+    1260: "bool buffer kept raw values: cast(x, 'bool') then float arithmetic saw x, not 1",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(FIXED))
+def test_seeds_of_fixed_bugs_pass(seed):
+    outcome = run_seed(seed)
+    assert outcome.status == "ok", f"{FIXED[seed]}: {outcome.cls} {outcome.detail}"
 
 
 def test_slice_has_no_failures():
