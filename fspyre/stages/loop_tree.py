@@ -33,9 +33,13 @@ import sympy
 
 from fspyre.errors import TilingError
 from fspyre.ir.dtypes import is_float
-from fspyre.ir.graph import Dim, Graph, Load, Op, Pointwise, Reduction, Scalar, Store, TensorType, iteration_dims
+from fspyre.ir.graph import (
+    Dim, Graph, Load, Op, Pointwise, Reduction, Scalar, Store, TensorType, iteration_dims, sym,
+)
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, walk
 from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.machine.formats import FORMATS
+from fspyre.machine.spyre import Machine
 from fspyre.stages.tiling_plan import verify_plan
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -380,10 +384,79 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             inner.append(OpNode(op=copy, tiling=t.out_steps()))
         else:
             inner.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
+    for node in inner + [n for nodes in fills + finishes for n in nodes]:
+        _check_stick_steps(ctx, node, levels)
     body: tuple[Node, ...] = tuple(inner)
     for d in reversed(range(len(levels))):
         body = tuple(fills[d]) + (Loop(count=levels[d].count, body=body),) + tuple(finishes[d])
     return body
+
+
+# -- whole-stick tiles -----------------------------------------------------------------------
+def elems_per_stick(dtype: str) -> int:
+    """Elements of ``dtype`` in one 128-byte device stick (every fp16 format is 2 bytes, so the
+    machine's choice of format does not change it)."""
+    return FORMATS[Machine().device_format(dtype)].elems_per_stick
+
+
+def _stick_offsets(flat_steps: Sequence[tuple[int, int]], n_last: int, eps: int) -> list[int]:
+    """Where, inside its stick, each tile of a full buffer starts: the tile origins are the sums
+    of ``k * step`` over the levels (``(step, count)`` each, in host elements), and an origin's
+    position in the stick dim is its remainder modulo that dim's size (the default layout
+    sticks the last host dim). Returns the distinct non-zero in-stick offsets."""
+    residues = {0}
+    for step, count in flat_steps:
+        residues = {(r + k * step) % n_last for r in residues for k in range(count)}
+    return sorted({r % eps for r in residues} - {0})
+
+
+def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> None:
+    """Refuse a full buffer whose tiles do not start on a stick boundary.
+
+    A full buffer is addressed per iteration as base + tile_advance; the device moves whole
+    128-byte sticks, so a tile that starts inside a stick either reads and writes the
+    neighbouring tile's elements or, for the last tile, runs past the end of the allocation
+    (an emitted program that ``check_memory`` reports out of bounds). Tails are not done
+    (docs/tiling.md), so such a tiling is refused here, naming counts that keep tiles whole."""
+    op = node.op
+    accesses = [(ld.buffer, ld.index, "reads") for ld in op.loads] + [(op.store.buffer, op.store.index, "writes")]
+    for buffer, index, verb in accesses:
+        if buffer in ctx.replaced or buffer not in ctx.buffers:
+            continue  # a per-tile buffer sits at a fixed address and never advances
+        btype = ctx.buffers[buffer].type
+        n_last = btype.shape[-1] if btype.shape else 1
+        eps = elems_per_stick(btype.dtype)
+        if n_last == 1:
+            continue  # every element of a size-1 stick dim has a stick of its own
+        expr = sympy.expand(index)
+        steps: list[tuple[int, int]] = []
+        moves: list[tuple[int, TileStep, int]] = []  # (level, step, host-element coefficient)
+        for k, level_steps in enumerate(node.tiling):
+            flat = 0
+            for s in level_steps:
+                coef = int(expr.coeff(sym(s.dim)))
+                if coef:
+                    moves.append((k, s, coef))
+                    flat += coef * s.extent
+            steps.append((flat, levels[k].count))
+        bad = _stick_offsets(steps, n_last, eps)
+        if not bad:
+            continue
+        k, s, coef = next(
+            (k, s, c) for k, s, c in moves
+            if _stick_offsets([(c * s.extent, levels[k].count)], n_last, eps)
+        ) if any(_stick_offsets([(c * s.extent, levels[k].count)], n_last, eps) for k, s, c in moves) else moves[-1]
+        span = s.extent * levels[k].count
+        works = [c for c in range(2, span + 1) if span % c == 0
+                 and not _stick_offsets([(coef * (span // c), c)], n_last, eps)]
+        raise TilingError(
+            f"op {op.name} {verb} {buffer} ({btype}) in tiles that do not start on a stick boundary: "
+            f"{_where(k, levels[k])} (count {levels[k].count}) moves dim {s.dim} (range {span}) by {s.extent} "
+            f"elements per iteration, so tiles of {buffer} start {bad[0]} elements into a {eps}-element stick of "
+            f"its last dim {btype.dims[-1]}; the device moves whole 128-byte sticks, and fspyre does not peel "
+            f"tails. Counts of {s.dim} that keep tiles whole sticks: {works[:12] or 'none'}; otherwise tile "
+            f"another dim, or keep {op.name} out of the hint scope."
+        )
 
 
 def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int,
