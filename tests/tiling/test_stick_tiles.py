@@ -123,3 +123,21 @@ def test_a_non_stick_dim_may_be_tiled_at_any_divisor():
     inputs = exact_inputs(graph, 0)
     got = fspyre.run(fspyre.compile(graph, FOUR), inputs)["z"]
     assert np.array_equal(got.astype(np.float64), 2.0 * inputs["a"])
+
+
+def test_check_never_reports_an_unsafe_program_equal():
+    from dataclasses import replace
+
+    from fspyre.machine.memcheck import MemoryIssue
+
+    g = fspyre.GraphBuilder("safe")
+    g.dim("C", 128)
+    x = g.input("x", ["C"], "float16")
+    g.output("y", g.exp(x))
+    report = fspyre.check(g.build())
+    assert report.equal and report.safe
+    fault = MemoryIssue(kind="out_of_bounds", op="buf0", tensor="x", core=-1, memory="hbm", address=0x100,
+                        message="planted")
+    unsafe = replace(report, memory=replace(report.memory, issues=(fault,)))
+    assert all(o.equal for o in unsafe.outputs) and not unsafe.safe
+    assert not unsafe.equal
