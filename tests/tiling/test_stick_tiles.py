@@ -91,7 +91,7 @@ def test_the_issue_example_is_refused_with_the_counts_that_work():
         fspyre.compile(g.build())
     msg = str(err.value)
     for part in ("op buf0 reads x (float16[C=768])", "hint scope 0 slices={'C': 8}) (count 8)",
-                 "moves dim C (range 768) by 96 elements", "start 32 elements into a 64-element stick",
+                 "moves dim C (range 768) by 96 elements", "starts 32 elements into a 64-element stick",
                  "Counts of C that keep tiles whole sticks: [2, 3, 4, 6, 12]"):
         assert part in msg, msg
 
@@ -141,3 +141,31 @@ def test_check_never_reports_an_unsafe_program_equal():
     unsafe = replace(report, memory=replace(report.memory, issues=(fault,)))
     assert all(o.equal for o in unsafe.outputs) and not unsafe.safe
     assert not unsafe.equal
+
+
+def test_reshape_split_then_tiled_reduction_is_refused_not_wrong():
+    """y [C, N=192] read as [C, A=2, B=96] and summed over B, tiled A: 2. Each tile starts 96
+    elements (1.5 sticks) along y's stick dim, and the emitter's advance check, which moves
+    only A (one position) with B at 0, found a "constant" step of 320 bytes: the interpreter
+    then summed the wrong elements (max |diff| 45.5 against numpy) and the memory check saw
+    reads past y. Refused now; tiled by C, the same graph compiles and equals numpy."""
+    def graph(slices):
+        g = fspyre.GraphBuilder("split_sum")
+        g.dim("A", 2)
+        g.dim("B", 96)
+        g.dim("C", 4)
+        g.dim("N", 192)
+        x = g.input("x", ["C", "N"], "float16")
+        y = g.add(x, 1.0)
+        with g.hint(slices=slices):
+            z = g.sum(g.mul(g.reshape(y, ["C", "A", "B"]), 2.0), ["B"])
+        g.output("z", z)
+        return g.build()
+
+    with pytest.raises(TilingError, match=r"reads buf0 \(float16\[C=4, N=192\]\).*moves dim A .*by 1 elements"):
+        fspyre.compile(graph({"A": 2}), FOUR)
+    tiled = graph({"C": 2})
+    inputs = exact_inputs(tiled, 1)
+    want = ((inputs["x"].astype(np.float64) + 1.0).reshape(4, 2, 96) * 2.0).sum(axis=2)
+    got = fspyre.run(fspyre.compile(tiled, FOUR), inputs)["z"].astype(np.float64)
+    assert np.array_equal(got, want)  # quarters: every partial sum is exact in float32

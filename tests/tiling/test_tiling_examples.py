@@ -201,7 +201,7 @@ def test_stick_misaligned_tile_is_refused_by_name():
     with pytest.raises(TilingError) as err:
         fspyre.compile(g.build())
     msg = str(err.value)
-    for part in ("op buf0 reads x (float16[A=64, B=512])", "do not start on a stick boundary",
+    for part in ("op buf0 reads x (float16[A=64, B=512])", "cannot advance by one fixed step of whole sticks",
                  "hint scope 0 slices={'B': 16}) (count 16) moves dim B (range 512) by 32 elements",
                  "64-element stick", "Counts of B that keep tiles whole sticks: [2, 4, 8]"):
         assert part in msg, msg
