@@ -8,6 +8,11 @@ Golden journals: one file per test module, ``tests/golden/<module>.txt``, holdin
 sorted by key. ``golden.check(key, text)`` compares against the entry and fails with a
 unified diff; entries are written only under ``pytest --update-golden``, and the journal is
 then reviewed in the diff like code.
+
+Checked mode: every program any test compiles through ``fspyre.compile`` is run through the
+static memory check (``fspyre.machine.memcheck.check_memory``) as it leaves the pipeline, so the
+program emitter and the memory check can never disagree silently. A test that compiles an
+unsafe program on purpose opts out with ``@pytest.mark.unchecked_memory``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+import fspyre.pipeline
+from fspyre.machine.memcheck import check_memory
 
 pytest_plugins = ["pytester"]  # tests/pretty/test_golden_journal.py runs scratch sessions
 
@@ -36,11 +44,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs_dot: needs graphviz's `dot` binary; skipped when it is not installed")
+    config.addinivalue_line(
+        "markers", "unchecked_memory: programs this test compiles are not memory-checked (it plants faults)"
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("needs_dot") is not None and shutil.which("dot") is None:
         pytest.skip("graphviz `dot` is not installed (Debian package graphviz)")
+
+
+def _memory_checked(emit):
+    """``emit_program`` followed by ``check_memory``: an unsafe program fails the test where it
+    is compiled, with the memory report, instead of being run or returned."""
+
+    def emit_program(tree, splits, allocation, machine):
+        program = emit(tree, splits, allocation, machine)
+        report = check_memory(program)
+        if not report.clean:
+            pytest.fail(f"fspyre.compile emitted a program the memory check rejects:\n{report}", pytrace=False)
+        return program
+
+    return emit_program
+
+
+@pytest.fixture(autouse=True)
+def _checked_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pipeline looks its stages up as module globals at call time, so swapping the last
+    # stage here covers every compile, however the test imported ``compile``. (The stage
+    # callback cannot: it is an argument each caller would have to pass.)
+    if request.node.get_closest_marker("unchecked_memory") is None:
+        monkeypatch.setattr(fspyre.pipeline, "emit_program", _memory_checked(fspyre.pipeline.emit_program))
 
 
 def parse_journal(text: str) -> dict[str, str]:

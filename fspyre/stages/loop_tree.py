@@ -33,9 +33,13 @@ import sympy
 
 from fspyre.errors import TilingError
 from fspyre.ir.dtypes import is_float
-from fspyre.ir.graph import Dim, Graph, Load, Op, Pointwise, Reduction, Scalar, Store, TensorType, iteration_dims
+from fspyre.ir.graph import (
+    Dim, Graph, Load, Op, Pointwise, Reduction, Scalar, Store, TensorType, iteration_dims, sym,
+)
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, walk
 from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.machine.formats import FORMATS
+from fspyre.machine.spyre import Machine
 from fspyre.stages.tiling_plan import verify_plan
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -380,10 +384,106 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             inner.append(OpNode(op=copy, tiling=t.out_steps()))
         else:
             inner.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
+    for node in inner + [n for nodes in fills + finishes for n in nodes]:
+        _check_stick_steps(ctx, node, levels)
     body: tuple[Node, ...] = tuple(inner)
     for d in reversed(range(len(levels))):
         body = tuple(fills[d]) + (Loop(count=levels[d].count, body=body),) + tuple(finishes[d])
     return body
+
+
+# -- whole-stick tiles -----------------------------------------------------------------------
+def elems_per_stick(dtype: str) -> int:
+    """Elements of ``dtype`` in one 128-byte device stick (every fp16 format is 2 bytes, so the
+    machine's choice of format does not change it)."""
+    return FORMATS[Machine().device_format(dtype)].elems_per_stick
+
+
+def _stick_fault(index: sympy.Expr, sizes: Mapping[str, int], moves: Sequence[tuple[str, int, int]],
+                 n_last: int, eps: int) -> str | None:
+    """Why a full buffer read or written at ``index`` cannot advance by one fixed address step
+    per iteration in whole sticks (None when it can).
+
+    ``sizes`` are the op's per-tile sizes; ``moves`` holds, per enclosing level, ``(dim,
+    extent, count)`` for the dim it moves (several entries for one level add up). In the
+    default layout the last host dim (``n_last`` elements) is cut into sticks of ``eps``; a
+    tile origin moved by ``s`` host elements moves by ``s // n_last`` whole rows of that dim,
+    which every layout position follows by one fixed step, plus ``s % n_last`` positions along
+    the stick dim. That part must be whole sticks (the device moves 128-byte sticks), and no
+    element of any tile may be carried past the end of the stick dim into the next row, where
+    its device offset jumps by a different amount: so the tile's largest position in the stick
+    dim plus every shift must stay below ``n_last``. Checking only the moved variable (as the
+    emitter's advance check does) misses views whose other variables wrap, e.g. a reshape
+    splitting the stick dim."""
+    expr = sympy.expand(index)
+    shift = 0
+    for dim, extent, count in moves:
+        flat = int(expr.coeff(sym(dim))) * extent
+        along = flat % n_last
+        if along % eps:
+            return f"starts {along % eps} elements into a {eps}-element stick"
+        shift += (count - 1) * along
+    if shift == 0 or n_last == eps:
+        return None  # one stick per row: the device offset is the host offset, linear everywhere
+    reach = sum((int(c) % n_last) * (sizes.get(str(v), 1) - 1) if v.is_Symbol else int(c) % n_last
+                for v, c in expr.as_coefficients_dict().items())
+    if reach + shift >= n_last:
+        return (f"spans positions up to {min(reach, n_last - 1)} of the stick dim and moves {shift} further along "
+                f"it, past its {n_last} elements into the next row")
+    return None
+
+
+def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> None:
+    """Refuse a full buffer whose tiles do not start on a stick boundary or do not move by one
+    fixed step (``_stick_fault``).
+
+    A full buffer is addressed per iteration as base + tile_advance; the device moves whole
+    128-byte sticks, so a tile that starts inside a stick either reads and writes the
+    neighbouring tile's elements or, for the last tile, runs past the end of the allocation
+    (an emitted program that ``check_memory`` reports out of bounds), and a tile whose elements
+    do not all move by the same step reads the wrong elements. Tails are not done
+    (docs/tiling.md), so such a tiling is refused here, naming counts that keep tiles whole."""
+    op = node.op
+    sizes = {d.name: d.size for d in iteration_dims(op)}
+    accesses = [(ld.buffer, ld.index, "reads") for ld in op.loads] + [(op.store.buffer, op.store.index, "writes")]
+    for buffer, index, verb in accesses:
+        if buffer in ctx.replaced or buffer not in ctx.buffers:
+            continue  # a per-tile buffer sits at a fixed address and never advances
+        btype = ctx.buffers[buffer].type
+        n_last = btype.shape[-1] if btype.shape else 1
+        if n_last == 1:
+            continue  # every element of a size-1 stick dim has a stick of its own
+        eps = elems_per_stick(btype.dtype)
+        moves = [(s.dim, s.extent, levels[k].count) for k, steps in enumerate(node.tiling) for s in steps]
+        fault = _stick_fault(index, sizes, moves, n_last, eps)
+        if fault is None:
+            continue
+        # Name the first level that is wrong on its own (else the innermost moving one).
+        at = len(moves) - 1
+        for j, m in enumerate(moves):
+            if _stick_fault(index, sizes, [m], n_last, eps):
+                at = j
+                break
+        dim, extent, count = moves[at]
+        k = next(k for k, steps in enumerate(node.tiling) for s in steps if (s.dim, s.extent) == (dim, extent))
+        span = extent * count
+        works = []
+        for c in range(2, span + 1):
+            if span % c or (sizes[dim] * count) % c:
+                continue
+            trial = [(d, span // c if j == at else e, c if j == at else n) for j, (d, e, n) in enumerate(moves)]
+            # the tile of ``dim`` grows or shrinks with the count (other levels kept as they are)
+            tile = {**sizes, dim: sizes[dim] * count // c}
+            if _stick_fault(index, tile, trial, n_last, eps) is None:
+                works.append(c)
+        raise TilingError(
+            f"op {op.name} {verb} {buffer} ({btype}) in tiles that cannot advance by one fixed step of whole "
+            f"sticks: {_where(k, levels[k])} (count {count}) moves dim {dim} (range {span}) by {extent} elements "
+            f"per iteration, so a tile of {buffer} {fault} ({eps}-element sticks along its last dim "
+            f"{btype.dims[-1]}); the device moves whole 128-byte sticks, and fspyre does not peel tails. Counts of "
+            f"{dim} that keep tiles whole sticks: {works[:12] or 'none'}; otherwise tile another dim, or keep "
+            f"{op.name} out of the hint scope."
+        )
 
 
 def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int,

@@ -143,7 +143,8 @@ def test_new_names_do_not_clash():
 
 def reduction_graph(fn="sum", slices=({"A": 2}, {"K": 4}), dtype="float16"):
     g = fspyre.GraphBuilder("red")
-    g.dim("A", 64)
+    # 128 rows: the [A] result advances under A: 2, and its tiles must be whole 64-element sticks.
+    g.dim("A", 128)
     g.dim("K", 256)
     x = g.input("x", ["A", "K"], dtype)
     with contextlib.ExitStack() as stack:
@@ -162,14 +163,14 @@ def test_nested_tiled_reduction_layout():
     partial, combine = inner.body
     b = tree.buffer_table()
     for name in ("buf0_acc", "buf0_part"):
-        assert (b[name].scope, b[name].type.dtype, b[name].type.shape) == ("tile", "float32", (32,))
+        assert (b[name].scope, b[name].type.dtype, b[name].type.shape) == ("tile", "float32", (64,))
     assert fill.op.operands[0].value == 0.0 and fill.op.store.buffer == "buf0_acc"
-    assert fill.tiling == ((TileStep(dim="A", extent=32),),)
+    assert fill.tiling == ((TileStep(dim="A", extent=64),),)
     assert partial.op.fn == "sum" and partial.op.store.buffer == "buf0_part"
     assert partial.op.reduction_ranges == (Dim("K", 64),)
-    assert partial.tiling == ((TileStep(dim="A", extent=32),), (TileStep(dim="K", extent=64),))
+    assert partial.tiling == ((TileStep(dim="A", extent=64),), (TileStep(dim="K", extent=64),))
     assert [o.buffer for o in combine.op.operands] == ["buf0_acc", "buf0_part"]
-    assert combine.tiling == ((TileStep(dim="A", extent=32),), ())
+    assert combine.tiling == ((TileStep(dim="A", extent=64),), ())
     assert finish.op.operands[0].buffer == "buf0_acc" and finish.op.store.buffer == "buf0"
     assert b["buf0"].scope == "full"
 
@@ -220,10 +221,10 @@ def refuse(graph, *parts):
 
 
 def test_count_must_divide_the_range():
-    refuse(reduction_graph(slices=({"A": 3},)), "op buf0: dim A has range 64", "count 3 of level 0",
-           "hint scope 0 slices={'A': 3}", "[2, 4, 8, 16, 32, 64]")
-    refuse(reduction_graph(slices=({"A": 4}, {"A": 32})), "dim A has range 16 (of 64, after the outer levels)",
-           "count 32 of level 1")
+    refuse(reduction_graph(slices=({"A": 3},)), "op buf0: dim A has range 128", "count 3 of level 0",
+           "hint scope 0 slices={'A': 3}", "[2, 4, 8, 16, 32, 64, 128]")
+    refuse(reduction_graph(slices=({"A": 4}, {"A": 64})), "dim A has range 32 (of 128, after the outer levels)",
+           "count 64 of level 1")
 
 
 def test_reduction_level_inside_output_level_only():
