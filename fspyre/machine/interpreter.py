@@ -209,8 +209,10 @@ def _core_addresses(arg: TensorArg, spec: OpSpec, syms, sizes, slices, iters) ->
 
 
 def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
-                 cores: Sequence[int], slices: np.ndarray, lx_bytes: int) -> Access:
-    """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``."""
+                 cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool) -> Access:
+    """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``.
+    A load keeps the size-1 axes its addresses do not vary along (numpy broadcasts the values);
+    a store covers the whole grid, as every core stores every element of its slice."""
     fmt = formats.FORMATS[arg.device_dtype]
     nb = fmt.nbytes
     if arg.memory == "hbm":
@@ -218,7 +220,8 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         coords = [compile_index(c, syms)(*grid) for c in arg.device_coordinates]
         strides = row_major_strides(arg.device_size)
         addr = _sum_terms([(c, st * nb) for c, st in zip(coords, strides)], arg.address)
-        return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, tuple(sizes), nb),
+        shape = tuple(sizes) if store else (1,) * (len(sizes) - addr.ndim) + addr.shape
+        return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
                       advance=tuple(arg.tile_advance), core_range=None)
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
     local = [n // s for n, s in zip(sizes, splits)]
@@ -250,13 +253,13 @@ def _plan_op(spec: OpSpec, program: Program) -> OpPlan:
             operands.append(("scalar", v))
         else:
             operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
-                                                    program.lx_bytes)))
+                                                    program.lx_bytes, store=False)))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
     writers = [c for c in all_cores if all(slices[c][i] == 0 for i in red_pos)]
     out_slices = slices[:, list(out_pos)] if out_pos else np.zeros((len(slices), 0), np.int64)
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
-                       tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes)
+                       tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=str(info["fn"]),
                   ctype=np.dtype(str(info["compute"])), red_pos=red_pos, out_pos=out_pos,
                   operands=tuple(operands), out=out)
