@@ -225,15 +225,18 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
                       advance=tuple(arg.tile_advance), core_range=None)
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
     local = [n // s for n, s in zip(sizes, splits)]
-    full = np.zeros(sizes, dtype=np.int64)
     core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
-    for core in cores:
+    per_core = {core: _core_addresses(arg, spec, syms, local, slices[core], ()) for core in cores}
+    # an axis the addresses vary along, or the core does (its own LX), is kept at full size
+    varies = [store or splits[k] > 1 or any(a.ndim == len(sizes) and a.shape[k] > 1 for a in per_core.values())
+              for k in range(len(sizes))]
+    full = np.zeros([n if v else 1 for n, v in zip(sizes, varies)], dtype=np.int64)
+    for core, a in per_core.items():
         sl = slices[core]
-        a = _core_addresses(arg, spec, syms, local, sl, ())
-        box = tuple(slice(s * n, (s + 1) * n) for s, n in zip(sl, local))
-        full[box] = a + core * lx_bytes
+        box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
+        full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
         core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, tuple(sizes), nb),
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
                   advance=(), core_range=core_range)
 
 
