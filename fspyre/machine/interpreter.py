@@ -6,15 +6,33 @@ each core's slice of the iteration space into byte addresses, and values are enc
 decoded from the device formats at those bytes. Nothing is re-derived from the graph, so a
 wrong coordinate, stride, split or allocation shows up as wrong numbers or as an
 ExecutionError naming the op, tensor, core and address.
+
+How it is fast without changing that meaning (docs/semantics.md, "The interpreter"):
+
+- An op's cores read all their operands before any core writes (the rule of the per-core
+  model), so the reads of all cores are one access over the op's whole iteration grid, and the
+  writes another. Core identity only matters for LX (each core has its own LX, stacked here
+  into one array of ``cores * lx_bytes``), for split reductions (partials combined in slice
+  order) and for error reports (recomputed core by core when a check fails).
+- Each tensor access is planned once per (program, op): its byte addresses over the grid are
+  analysed into a strided view (``base + sum(i_k * stride_k)`` after splitting axes at stick
+  and core boundaries), or kept as an index array when they are not affine. A loop iteration
+  only offsets the view by the tensor's ``tile_advance``; bounds are the plan's min/max plus
+  that offset.
+- Written bits stay per byte (exact read-before-write detection) and are set and checked
+  through the same views as the data.
 """
 
 from __future__ import annotations
 
-import functools
+import itertools
+import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Dim, TensorType
@@ -27,65 +45,26 @@ from fspyre.machine.memcheck import core_slices, lx_box
 from fspyre.machine.reference import open_grid
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
-_SHIFT = {1: 0, 2: 1, 4: 2}
+_FULL = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
 
 
 class Memory:
     """A byte space with a written-bit per byte. (The interpreter's own state: mutable by
-    design.) Storage is allocated on first use: most cores' LX stays untouched."""
+    design.) ``data``/``written`` may be slices of a larger space (the stacked LX)."""
 
-    def __init__(self, name: str, size: int) -> None:
+    def __init__(self, name: str, size: int, data: np.ndarray | None = None,
+                 written: np.ndarray | None = None) -> None:
         self.name = name
         self.size = size
-        self._data: np.ndarray | None = None
-        self._written: np.ndarray | None = None
-
-    @property
-    def data(self) -> np.ndarray:
-        if self._data is None:
-            self._data = np.zeros(self.size, dtype=np.uint8)
-            self._written = np.zeros(self.size, dtype=np.uint8)
-        return self._data
-
-    @property
-    def written(self) -> np.ndarray:
-        self.data
-        assert self._written is not None
-        return self._written
-
-    def _index(self, addrs: np.ndarray, nbytes: int, what: str) -> np.ndarray:
-        """Element indices into the ``nbytes``-wide view, after bounds and alignment checks."""
-        if addrs.size == 0:
-            return addrs
-        lo, hi = int(addrs.min()), int(addrs.max()) + nbytes
-        if lo < 0 or hi > self.size:
-            bad = lo if lo < 0 else hi - nbytes
-            raise ExecutionError(f"{what}: address {bad:#x} is outside {self.name} ({self.size} bytes)")
-        if lo % nbytes:
-            raise ExecutionError(f"{what}: address {lo:#x} is not aligned to {nbytes} bytes in {self.name}")
-        return addrs >> _SHIFT[nbytes]
-
-    def read(self, addrs: np.ndarray, fmt: formats.DataFormat, what: str, check_written: bool) -> np.ndarray:
-        idx = self._index(addrs, fmt.nbytes, what)
-        view = _VIEW[fmt.nbytes]
-        if check_written and idx.size:
-            seen = self.written.view(view)[idx]
-            full = np.iinfo(view).max
-            if seen.min() != full:
-                first = int(np.asarray(addrs)[np.nonzero(seen != full)][0])
-                raise ExecutionError(f"{what}: reads {self.name} address {first:#x}, which was never written")
-        return formats.decode(self.data.view(view)[idx], fmt)
-
-    def write(self, addrs: np.ndarray, values: np.ndarray, fmt: formats.DataFormat, what: str) -> None:
-        idx = self._index(addrs, fmt.nbytes, what)
-        view = _VIEW[fmt.nbytes]
-        self.data.view(view)[idx] = formats.encode(values, fmt)
-        self.written.view(view)[idx] = np.iinfo(view).max
+        self.data = np.zeros(size, dtype=np.uint8) if data is None else data
+        self.written = np.zeros(size, dtype=np.uint8) if written is None else written
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
-    check_written: bool = True  # reading a byte nobody wrote is an error, not a silent zero
+    # Reading a byte nobody wrote is an error, not a silent zero. Off (``checks="fast"``), no
+    # written bits are kept at all: same results on every program that passes with it on.
+    check_written: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,85 +75,128 @@ class MachineState:
     lx: tuple[Memory, ...]
 
 
-def _linear(terms: Sequence[tuple[np.ndarray | int, int]], base: int) -> np.ndarray:
-    """``base + sum(coord * weight)`` over broadcast coordinate arrays. Terms of equal shape
-    are summed first so only one add runs at the full grid size."""
+# -- access plans ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """Element positions of one access over a grid, relative to a base element offset: a
+    strided view (``dims``: (size, element stride) per view axis, axes in grid order, each
+    grid axis split into one or more view axes) or an index array (``index``)."""
+
+    shape: tuple[int, ...]  # the grid shape the values have
+    dims: tuple[tuple[int, int], ...] | None
+    index: np.ndarray | None
+    start: int  # element offset of grid point 0 (strided) / added to index (gather)
+    lo: int  # min and max element offset touched, relative to the same base
+    hi: int
+    aligned: bool = True  # False: some address is not a whole element (always reported)
+
+
+def _split_line(line: np.ndarray) -> list[tuple[int, int]] | None:
+    """``line`` as a nest of affine runs: [(size, stride), ...] outermost first, or None."""
+    n = line.size
+    if n == 1:
+        return [(1, 0)]
+    d = np.diff(line)
+    if (d == d[0]).all():
+        return [(n, int(d[0]))]
+    for q in range(n // 2, 1, -1):  # the largest affine inner run first
+        if n % q:
+            continue
+        rows = line.reshape(n // q, q)
+        inner = np.diff(rows, axis=1)
+        if not (inner == inner[0, 0]).all():
+            continue
+        outer = _split_line(rows[:, 0])
+        if outer is not None:
+            return outer + [(q, int(inner[0, 0]))]
+    return None
+
+
+def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
+    """Plan the access whose byte addresses are ``addr`` (broadcastable to ``shape``)."""
+    addr = np.asarray(addr, dtype=np.int64)
+    addr = addr.reshape((1,) * (len(shape) - addr.ndim) + addr.shape)
+    if addr.size == 0:
+        return Pattern(shape=shape, dims=None, index=np.zeros(shape, np.int64), start=0, lo=0, hi=-1)
+    lo, hi = int(addr.min()), int(addr.max())
+    if lo % nbytes:  # addresses then are not whole elements: the per-core pass reports it
+        return Pattern(shape=shape, dims=None, index=None, start=0, lo=0, hi=0, aligned=False)
+    elem = addr // nbytes
+    dims: list[tuple[int, int]] = []
+    for k, size in enumerate(shape):
+        if elem.shape[k] == 1:
+            dims.append((size, 0))
+            continue
+        line = elem[tuple(slice(None) if j == k else 0 for j in range(elem.ndim))]
+        split = _split_line(line)
+        if split is None:
+            dims = []
+            break
+        dims.extend(split)
+    if dims:
+        start = int(elem.reshape(-1)[0])
+        expect = np.full((), start, np.int64)
+        for i, (s, st) in enumerate(dims):
+            expect = expect[..., None] + np.arange(s, dtype=np.int64) * st
+        if np.array_equal(expect, np.broadcast_to(elem, shape).reshape([s for s, _ in dims])):
+            return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes)
+    return Pattern(shape=shape, dims=None, index=np.broadcast_to(elem, shape), start=0,
+                   lo=lo // nbytes, hi=hi // nbytes)
+
+
+def _sum_terms(terms: Sequence[tuple[np.ndarray | int, int]], base: int) -> np.ndarray:
+    """``base + sum(coord * weight)`` over broadcast coordinate arrays; equal shapes first."""
     by_shape: dict[tuple[int, ...], np.ndarray | int] = {}
     for coord, weight in terms:
         c = np.asarray(coord)
         by_shape[c.shape] = by_shape.get(c.shape, 0) + c * weight
-    parts = sorted(by_shape.values(), key=np.size)
     out: np.ndarray | int = base
-    for p in parts:
+    for p in sorted(by_shape.values(), key=np.size):
         out = out + p
     return np.asarray(out)
 
 
-@functools.lru_cache(maxsize=64)
-def _kernel_addresses(arg: KernelArg) -> np.ndarray:
-    """Byte address of every host element (host row-major order) of a kernel argument."""
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One tensor operand of an op, for all cores of the op at once."""
+
+    arg: TensorArg
+    fmt: formats.DataFormat
+    lx: bool
+    pattern: Pattern
+    advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM)
+    core_range: np.ndarray | None  # LX: [cores, 2] local byte min/max per core (bounds per core)
+
+
+@dataclass(frozen=True, slots=True)
+class OpPlan:
+    spec: OpSpec
+    syms: tuple
+    sizes: tuple[int, ...]  # full size per symbol
+    splits: tuple[int, ...]
+    fn: str
+    ctype: np.dtype
+    red_pos: tuple[int, ...]
+    out_pos: tuple[int, ...]
+    operands: tuple  # ("scalar", value) | ("tensor", Access)
+    out: Access
+
+
+def _what(spec: OpSpec, arg: TensorArg, core: int) -> str:
+    return f"op {spec.name or spec.op} tensor {arg.name} core {core}"
+
+
+def _core_addresses(arg: TensorArg, spec: OpSpec, syms, sizes, slices, iters) -> np.ndarray:
+    """Byte addresses one core touches (the per-core model, kept for LX boxes and error reports)."""
     fmt = formats.FORMATS[arg.device_dtype]
-    layout = stick_layout(arg.host_shape, fmt.elems_per_stick)
-    if layout.device_size != arg.device_size:
-        raise ExecutionError(
-            f"kernel arg {arg.name}: device size {list(arg.device_size)} is not the stick layout "
-            f"{list(layout.device_size)} of host shape {list(arg.host_shape)}"
-        )
-    t = TensorType(dims=tuple(Dim(f"h{i}", s) for i, s in enumerate(arg.host_shape)), dtype=arg.dtype)
-    syms = [d.symbol for d in t.dims if d.size > 1]
-    coords = device_coordinates(layout, t.contiguous_index(), {d.symbol: d.size for d in t.dims})
-    grid = open_grid([d.size for d in t.dims if d.size > 1])
-    strides = row_major_strides(layout.device_size)
-    addrs = _linear([(compile_index(c, syms)(*grid), st * fmt.nbytes) for c, st in zip(coords, strides)], arg.address)
-    shape = tuple(d.size for d in t.dims if d.size > 1)
-    out = np.broadcast_to(addrs, shape).reshape(-1)
-    out.setflags(write=False)
-    return out
-
-
-def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
-                ) -> tuple[dict[str, np.ndarray], MachineState]:
-    types = {a.name: TensorType(dims=tuple(Dim(f"h{i}", s) for i, s in enumerate(a.host_shape)), dtype=a.dtype)
-             for a in program.kernel_args if a.is_input}
-    host = check_inputs(types, inputs)
-    state = MachineState(
-        hbm=Memory("HBM", program.hbm_bytes),
-        lx=tuple(Memory(f"LX of core {c}", program.lx_bytes) for c in range(program.cores)),
-    )
-    for arg in program.kernel_args:
-        if arg.is_input:
-            fmt = formats.FORMATS[arg.device_dtype]
-            vals = compute_values(host[arg.name], arg.dtype).reshape(-1)
-            state.hbm.write(_kernel_addresses(arg), vals, fmt, f"copy-in of {arg.name}")
-    _run_body(program.body, (), state, program, options)
-    outs = {}
-    for arg in program.kernel_args:
-        if not arg.is_input:
-            fmt = formats.FORMATS[arg.device_dtype]
-            vals = state.hbm.read(_kernel_addresses(arg), fmt, f"copy-out of {arg.name}", options.check_written)
-            outs[arg.name] = to_host(vals.reshape(arg.host_shape), arg.dtype)
-    return outs, state
-
-
-def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], state: MachineState, program: Program,
-              options: RunOptions) -> None:
-    for spec in body:
-        if isinstance(spec, LoopSpec):
-            for i in range(spec.count):
-                _run_body(spec.body, iters + (i,), state, program, options)
-        else:
-            _run_op(spec, iters, state, program, options)
-
-
-def _addresses(arg: TensorArg, syms, grid, iters: tuple[int, ...], core: int, spec: OpSpec,
-               state: MachineState) -> tuple[Memory, np.ndarray, str]:
-    fmt = formats.FORMATS[arg.device_dtype]
+    grid = open_grid(list(sizes), [sl * n for sl, n in zip(slices, sizes)])
     coords = [np.asarray(compile_index(c, syms)(*grid)) for c in arg.device_coordinates]
-    what = f"op {spec.name or spec.op} tensor {arg.name} core {core}"
     if arg.memory == "hbm":
         strides = row_major_strides(arg.device_size)
         base = arg.address + sum(i * a for i, a in zip(iters, arg.tile_advance))
-        return state.hbm, _linear([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base), what
+        return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
     # LX: each core holds its own slice, laid out row-major over the slice's extent per device
     # dim (whole sticks in the stick dim), at the same LX address on every core.
     box_lo = np.array([[int(c.min()) if c.size else 0 for c in coords]])
@@ -183,65 +205,389 @@ def _addresses(arg: TensorArg, syms, grid, iters: tuple[int, ...], core: int, sp
     lows, extents = lo_arr[0].tolist(), ext_arr[0].tolist()
     strides = row_major_strides(extents)
     base = arg.address - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
-    return state.lx[core], _linear([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base), what
+    return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
 
 
-def _run_op(spec: OpSpec, iters: tuple[int, ...], state: MachineState, program: Program, options: RunOptions) -> None:
-    if spec.cores > program.cores:
-        raise ExecutionError(
-            f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}"
-        )
-    syms = list(spec.iteration_space)
-    sizes = [size // split for size, split in spec.iteration_space.values()]
+def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
+                 cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool) -> Access:
+    """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``.
+    A load keeps the size-1 axes its addresses do not vary along (numpy broadcasts the values);
+    a store covers the whole grid, as every core stores every element of its slice."""
+    fmt = formats.FORMATS[arg.device_dtype]
+    nb = fmt.nbytes
+    if arg.memory == "hbm":
+        grid = open_grid(list(sizes))
+        coords = [compile_index(c, syms)(*grid) for c in arg.device_coordinates]
+        strides = row_major_strides(arg.device_size)
+        addr = _sum_terms([(c, st * nb) for c, st in zip(coords, strides)], arg.address)
+        shape = tuple(sizes) if store else (1,) * (len(sizes) - addr.ndim) + addr.shape
+        return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
+                      advance=tuple(arg.tile_advance), core_range=None)
+    # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
+    local = [n // s for n, s in zip(sizes, splits)]
+    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
+    per_core = {core: _core_addresses(arg, spec, syms, local, slices[core], ()) for core in cores}
+    # an axis the addresses vary along, or the core does (its own LX), is kept at full size
+    varies = [store or splits[k] > 1 or any(a.ndim == len(sizes) and a.shape[k] > 1 for a in per_core.values())
+              for k in range(len(sizes))]
+    full = np.zeros([n if v else 1 for n, v in zip(sizes, varies)], dtype=np.int64)
+    for core, a in per_core.items():
+        sl = slices[core]
+        box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
+        full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
+        core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
+                  advance=(), core_range=core_range)
+
+
+def _plan_op(spec: OpSpec, program: Program) -> OpPlan:
+    syms = tuple(spec.iteration_space)
+    sizes = tuple(size for size, _ in spec.iteration_space.values())
+    splits = tuple(split for _, split in spec.iteration_space.values())
     info = spec.op_info
-    fn = str(info["fn"])
-    ctype = np.dtype(str(info["compute"]))
     reduced = set(info.get("reduced", ()))
-    red_pos = [i for i, s in enumerate(syms) if s in reduced]
-    out_pos = [i for i, s in enumerate(syms) if s not in reduced]
-    out_syms = [syms[i] for i in out_pos]
-    out_arg = spec.args[-1]
-    out_fmt = formats.FORMATS[out_arg.device_dtype]
-    groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], int, np.ndarray, list]]] = {}
-    for core, slices in enumerate(core_slices([split for _, split in spec.iteration_space.values()]).tolist()):
-        starts = [sl * n for sl, n in zip(slices, sizes)]
-        grid = open_grid(sizes, starts)
-        grid_shape = tuple(sizes)
-        operands = []
-        for kind, v in info["operands"]:
-            if kind == "scalar":
-                operands.append(v)
-                continue
-            arg = spec.args[v]
-            mem, addrs, what = _addresses(arg, syms, grid, iters, core, spec, state)
-            operands.append(mem.read(addrs, formats.FORMATS[arg.device_dtype], what, options.check_written))
-        if spec.is_reduction:
-            axes = tuple(red_pos)
-            if red_pos != list(range(len(out_pos), len(syms))):
-                raise ExecutionError(f"op {spec.name}: reduction symbols must follow output symbols")
-            result = np.broadcast_to(
-                numerics.reduce(fn, operands, axes, ctype, int(info["count"]), grid_shape,
-                                int(info.get("correction", 0))),
-                tuple(sizes[i] for i in out_pos),
-            )
+    red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
+    out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
+    slices = core_slices(list(splits))
+    all_cores = range(len(slices))
+    operands = []
+    for kind, v in info["operands"]:
+        if kind == "scalar":
+            operands.append(("scalar", v))
         else:
-            result = numerics.pointwise(fn, operands, ctype, grid_shape)
-        out_grid = [grid[i].reshape([sizes[i] if j == k else 1 for k in range(len(out_pos))])
-                    for j, i in enumerate(out_pos)]
-        key = tuple(slices[i] for i in out_pos)
-        rkey = tuple(slices[i] for i in red_pos)
-        groups.setdefault(key, []).append((rkey, core, result, out_grid))
-    for parts in groups.values():
-        parts.sort(key=lambda p: p[0])
-        _, core, acc, out_grid = parts[0]
-        if len(parts) > 1 and fn == "var":
-            raise ExecutionError(
-                f"op {spec.name}: var cannot combine partial results across cores; do not split its reduction"
-            )
-        for _, _, part, _ in parts[1:]:
-            acc = numerics.combine(fn, acc, part)  # cores sharing an output slice: in slice order
-        if info.get("store") == "bool":
-            acc = numerics.bool_store(acc)
-        mem, addrs, what = _addresses(out_arg, out_syms, out_grid, iters, core, spec, state)
-        addrs = np.broadcast_to(addrs, acc.shape)
-        mem.write(addrs.reshape(-1), np.ascontiguousarray(acc).reshape(-1), out_fmt, what)
+            operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
+                                                    program.lx_bytes, store=False)))
+    # the output: with a split reduction, the core holding slice 0 of every reduced symbol
+    # stores the value combined in slice order
+    writers = [c for c in all_cores if all(slices[c][i] == 0 for i in red_pos)]
+    out_slices = slices[:, list(out_pos)] if out_pos else np.zeros((len(slices), 0), np.int64)
+    out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
+                       tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
+    return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=str(info["fn"]),
+                  ctype=np.dtype(str(info["compute"])), red_pos=red_pos, out_pos=out_pos,
+                  operands=tuple(operands), out=out)
+
+
+def _kernel_type(arg: KernelArg) -> TensorType:
+    return TensorType(dims=tuple(Dim(f"h{i}", s) for i, s in enumerate(arg.host_shape)), dtype=arg.dtype)
+
+
+def _plan_kernel_arg(arg: KernelArg) -> Pattern:
+    """Element positions of every host element (host row-major order) of a kernel argument."""
+    fmt = formats.FORMATS[arg.device_dtype]
+    layout = stick_layout(arg.host_shape, fmt.elems_per_stick)
+    if layout.device_size != arg.device_size:
+        raise ExecutionError(
+            f"kernel arg {arg.name}: device size {list(arg.device_size)} is not the stick layout "
+            f"{list(layout.device_size)} of host shape {list(arg.host_shape)}"
+        )
+    t = _kernel_type(arg)
+    syms = [d.symbol for d in t.dims if d.size > 1]
+    coords = device_coordinates(layout, t.contiguous_index(), {d.symbol: d.size for d in t.dims})
+    shape = tuple(d.size for d in t.dims if d.size > 1)
+    grid = open_grid(list(shape))
+    strides = row_major_strides(layout.device_size)
+    addr = _sum_terms([(compile_index(c, syms)(*grid), st * fmt.nbytes) for c, st in zip(coords, strides)],
+                      arg.address)
+    return _pattern(addr, shape, fmt.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class _ProgramPlan:
+    ops: Mapping[int, OpPlan]  # id(OpSpec) -> plan (the program holds the specs alive)
+    kernel: tuple[Pattern, ...]
+
+
+_PLANS: OrderedDict[int, tuple[Program, _ProgramPlan]] = OrderedDict()
+_PLAN_CACHE_SIZE = 16
+
+
+def _program_plan(program: Program) -> _ProgramPlan:
+    """Plans are a pure function of the (frozen) program: cached for the last few programs,
+    keyed by identity and holding the program so the id stays its own."""
+    hit = _PLANS.get(id(program))
+    if hit is not None and hit[0] is program:
+        _PLANS.move_to_end(id(program))
+        return hit[1]
+    ops: dict[int, OpPlan] = {}
+    kernel = tuple(_plan_kernel_arg(a) for a in program.kernel_args)
+    plan = _ProgramPlan(ops=ops, kernel=kernel)  # op plans fill in lazily, in execution order
+    _PLANS[id(program)] = (program, plan)
+    while len(_PLANS) > _PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return plan
+
+
+# -- execution ---------------------------------------------------------------------------------
+
+
+class _Machine:
+    """HBM and the stacked LX of all cores, with element views per width."""
+
+    def __init__(self, program: Program, check_written: bool) -> None:
+        self.check_written = check_written
+        self.lx_bytes = program.lx_bytes
+        self.hbm = Memory("HBM", program.hbm_bytes)
+        lx = Memory("LX", program.cores * program.lx_bytes)
+        self.lx_all = lx
+        self.lx = tuple(Memory(f"LX of core {c}", program.lx_bytes,
+                               lx.data[c * program.lx_bytes:(c + 1) * program.lx_bytes],
+                               lx.written[c * program.lx_bytes:(c + 1) * program.lx_bytes])
+                        for c in range(program.cores))
+        self._views: dict[tuple[int, int, bool], np.ndarray] = {}
+
+    def view(self, lx: bool, nbytes: int, written: bool) -> np.ndarray:
+        key = (lx, nbytes, written)
+        v = self._views.get(key)
+        if v is None:
+            mem = self.lx_all if lx else self.hbm
+            raw = mem.written if written else mem.data
+            v = raw[: raw.size // nbytes * nbytes].view(_VIEW[nbytes])
+            self._views[key] = v
+        return v
+
+
+def _select(arr: np.ndarray, p: Pattern, offset: int) -> np.ndarray:
+    """The elements of ``arr`` (an element view) at ``p`` + ``offset``: a view when strided."""
+    if p.dims is None:
+        return arr[p.index + offset] if offset else arr[p.index]
+    it = arr.itemsize
+    v = as_strided(arr[p.start + offset:], shape=[s for s, _ in p.dims], strides=[st * it for _, st in p.dims])
+    return v
+
+
+def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
+    p = acc.pattern
+    nb = acc.fmt.nbytes
+    raw = _select(m.view(acc.lx, nb, False), p, offset)
+    if m.check_written and raw.size:
+        seen = _select(m.view(acc.lx, nb, True), p, offset)
+        if seen.min() != _FULL[nb]:
+            raise _Unwritten
+    return formats.decode(raw, acc.fmt).reshape(p.shape)
+
+
+def _write(m: _Machine, acc: Access, offset: int, values: np.ndarray) -> None:
+    p = acc.pattern
+    nb = acc.fmt.nbytes
+    raw = formats.encode(np.reshape(values, -1), acc.fmt)  # flat: the encoders expect arrays, not 0-d
+    if p.dims is None:
+        idx = p.index + offset if offset else p.index
+        m.view(acc.lx, nb, False)[idx] = raw.reshape(idx.shape)
+        if m.check_written:
+            m.view(acc.lx, nb, True)[idx] = _FULL[nb]
+        return
+    view_shape = [s for s, _ in p.dims]
+    _select(m.view(acc.lx, nb, False), p, offset)[...] = raw.reshape(view_shape)
+    if m.check_written:
+        _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
+
+
+class _Unwritten(Exception):
+    """A batched read found an unwritten element: the per-core pass finds which and reports."""
+
+
+def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
+    """Every address of the access (all cores), ``offset`` elements on, is inside its memory."""
+    p = acc.pattern
+    if not p.aligned:
+        return False
+    if p.hi < p.lo:
+        return True
+    nb = acc.fmt.nbytes
+    if acc.lx:
+        r = acc.core_range
+        ok = (r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= m.lx_bytes) & (r[:, 0] % nb == 0))
+        return bool(ok.all())
+    size = m.hbm.size
+    lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
+    return lo >= 0 and hi <= size
+
+
+def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
+                ) -> tuple[dict[str, np.ndarray], MachineState]:
+    types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
+    host = check_inputs(types, inputs)
+    plan = _program_plan(program)
+    m = _Machine(program, options.check_written)
+    for arg, p in zip(program.kernel_args, plan.kernel):
+        if arg.is_input:
+            fmt = formats.FORMATS[arg.device_dtype]
+            vals = compute_values(host[arg.name], arg.dtype).reshape(p.shape)
+            acc = Access(arg=arg, fmt=fmt, lx=False, pattern=p, advance=(), core_range=None)
+            _check_kernel_bounds(m, acc, f"copy-in of {arg.name}")
+            _write(m, acc, 0, vals)
+    _run_body(program.body, (), m, program, plan)
+    outs = {}
+    for arg, p in zip(program.kernel_args, plan.kernel):
+        if not arg.is_input:
+            fmt = formats.FORMATS[arg.device_dtype]
+            acc = Access(arg=arg, fmt=fmt, lx=False, pattern=p, advance=(), core_range=None)
+            what = f"copy-out of {arg.name}"
+            _check_kernel_bounds(m, acc, what)
+            try:
+                vals = _read(m, acc, 0)
+            except _Unwritten:
+                addrs = _select(np.arange(m.hbm.size // fmt.nbytes, dtype=np.int64), p, 0).reshape(-1) * fmt.nbytes
+                _check_written_bytes(m.hbm, addrs, fmt.nbytes, what)
+                raise AssertionError("unreachable: the batched check found an unwritten element") from None
+            outs[arg.name] = to_host(vals.reshape(arg.host_shape), arg.dtype)
+    return outs, MachineState(hbm=m.hbm, lx=m.lx)
+
+
+def _check_kernel_bounds(m: _Machine, acc: Access, what: str) -> None:
+    if not _in_bounds(m, acc, 0):
+        p, nb = acc.pattern, acc.fmt.nbytes
+        _check_bytes(m.hbm, np.array([p.lo * nb, p.hi * nb]), nb, what)
+
+
+def _check_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: str) -> None:
+    """Bounds and alignment of byte addresses: the report the per-core model gives."""
+    if addrs.size == 0:
+        return
+    lo, hi = int(addrs.min()), int(addrs.max()) + nbytes
+    if lo < 0 or hi > mem.size:
+        bad = lo if lo < 0 else hi - nbytes
+        raise ExecutionError(f"{what}: address {bad:#x} is outside {mem.name} ({mem.size} bytes)")
+    if lo % nbytes:
+        raise ExecutionError(f"{what}: address {lo:#x} is not aligned to {nbytes} bytes in {mem.name}")
+
+
+def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: str) -> None:
+    seen = mem.written[:mem.size // nbytes * nbytes].view(_VIEW[nbytes])[addrs >> (nbytes.bit_length() - 1)]
+    bad = np.nonzero(seen != _FULL[nbytes])[0]
+    if bad.size:
+        raise ExecutionError(f"{what}: reads {mem.name} address {int(addrs[bad[0]]):#x}, which was never written")
+
+
+def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, program: Program,
+              plan: _ProgramPlan) -> None:
+    for spec in body:
+        if isinstance(spec, LoopSpec):
+            for i in range(spec.count):
+                _run_body(spec.body, iters + (i,), m, program, plan)
+        else:
+            op = plan.ops.get(id(spec))
+            if op is None:
+                if spec.cores > program.cores:
+                    raise ExecutionError(
+                        f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}"
+                    )
+                op = plan.ops[id(spec)] = _plan_op(spec, program)  # type: ignore[index]
+            _run_op(op, iters, m)
+
+
+def _offset(acc: Access, iters: tuple[int, ...]) -> int | None:
+    """Element offset of the access in this loop iteration; None when not a whole element."""
+    off = sum(i * a for i, a in zip(iters, acc.advance))
+    return None if off % acc.fmt.nbytes else off // acc.fmt.nbytes
+
+
+def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
+    values = []
+    try:
+        for kind, v in op.operands:
+            if kind == "scalar":
+                values.append(v)
+                continue
+            off = _offset(v, iters)
+            if off is None or not _in_bounds(m, v, off):
+                raise _Unwritten
+            values.append(_read(m, v, off))
+    except _Unwritten:
+        _report_reads(op, iters, m)
+        raise AssertionError("unreachable: the batched checks failed, the per-core ones did not") from None
+    if op.spec.is_reduction:
+        result = _reduce(op, values)
+    else:
+        result = numerics.pointwise(op.fn, values, op.ctype, op.sizes)
+    if op.spec.op_info.get("store") == "bool":  # a bool buffer holds 0 or 1 (docs/semantics.md)
+        result = numerics.bool_store(result)
+    off = _offset(op.out, iters)
+    if off is None or not _in_bounds(m, op.out, off):
+        _report_write(op, iters, m)
+    _write(m, op.out, off, np.broadcast_to(result, op.out.pattern.shape))
+
+
+def _reduce(op: OpPlan, values: list) -> np.ndarray:
+    """Each core reduces its slice; cores sharing an output slice combine in slice order."""
+    red_split = [op.splits[i] for i in op.red_pos]
+    if op.fn == "var" and math.prod(red_split) > 1:
+        raise ExecutionError(
+            f"op {op.spec.name}: var cannot combine partial results across cores; do not split its reduction"
+        )
+    if list(op.red_pos) != list(range(len(op.out_pos), len(op.syms))):
+        raise ExecutionError(f"op {op.spec.name}: reduction symbols must follow output symbols")
+    # split each reduced axis (size n, split s > 1) into (s, n / s): axes of the partials
+    grid: list[int] = []
+    axes: list[int] = []
+    shapes_of = []
+    for i, n in enumerate(op.sizes):
+        s = op.splits[i] if i in op.red_pos else 1
+        if s > 1:
+            grid += [s, n // s]
+        else:
+            grid.append(n)
+        if i in op.red_pos:
+            axes.append(len(grid) - 1)
+        shapes_of.append(s)
+
+    def split(v):
+        if not isinstance(v, np.ndarray):
+            return v
+        v = v.reshape((1,) * (len(op.sizes) - v.ndim) + v.shape)
+        shape: list[int] = []
+        for i, n in enumerate(v.shape):
+            s = shapes_of[i]
+            shape += ([s, n // s] if n > 1 else [1, 1]) if s > 1 else [n]
+        return v.reshape(shape)
+
+    ops = [split(v) for v in values]
+    info = op.spec.op_info
+    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, int(info["count"]), tuple(grid),
+                           int(info.get("correction", 0)))
+    out_shape = tuple(op.sizes[i] for i in op.out_pos)
+    nsplit = sum(1 for s in red_split if s > 1)
+    if not nsplit:
+        return np.broadcast_to(part, out_shape)
+    part = np.broadcast_to(part, out_shape + tuple(s for s in red_split if s > 1))
+    acc = None
+    for key in itertools.product(*(range(s) for s in red_split if s > 1)):  # slice order
+        p = part[(..., *key)]
+        acc = p if acc is None else numerics.combine(op.fn, acc, p)
+    return acc
+
+
+# -- error reports: the per-core model, run only when a batched check failed -------------------
+
+
+def _core_list(op: OpPlan) -> list[tuple[int, tuple[int, ...]]]:
+    return list(enumerate(core_slices(list(op.splits)).tolist()))
+
+
+def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
+    local = [n // s for n, s in zip(op.sizes, op.splits)]
+    for core, slices in _core_list(op):
+        for kind, acc in op.operands:
+            if kind == "scalar":
+                continue
+            mem = m.lx[core] if acc.lx else m.hbm
+            what = _what(op.spec, acc.arg, core)
+            addrs = _core_addresses(acc.arg, op.spec, list(op.syms), local, slices, iters).reshape(-1)
+            _check_bytes(mem, addrs, acc.fmt.nbytes, what)
+            if m.check_written:
+                _check_written_bytes(mem, addrs, acc.fmt.nbytes, what)
+
+
+def _report_write(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
+    local = [n // s for n, s in zip(op.sizes, op.splits)]
+    out_syms = [op.syms[i] for i in op.out_pos]
+    for core, slices in _core_list(op):
+        if any(slices[i] for i in op.red_pos):
+            continue
+        acc = op.out
+        mem = m.lx[core] if acc.lx else m.hbm
+        addrs = _core_addresses(acc.arg, op.spec, out_syms, [local[i] for i in op.out_pos],
+                                [slices[i] for i in op.out_pos], iters).reshape(-1)
+        _check_bytes(mem, addrs, acc.fmt.nbytes, _what(op.spec, acc.arg, core))
+    raise AssertionError("unreachable: the batched bounds check failed, the per-core one did not")

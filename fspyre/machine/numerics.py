@@ -7,6 +7,7 @@ Compute precision: float32 when the result or any operand is a float type, else 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -147,30 +148,49 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
 
 
 def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[int, ...]) -> np.ndarray:
-    """sum over ``axes`` of a*b, with a and b broadcast over the grid; einsum avoids
-    materialising the full product grid (BLAS underneath)."""
+    """sum over ``axes`` of a*b, with a and b broadcast over the grid, as one batched BLAS
+    matmul (``np.matmul``: [batch, M, K] @ [batch, K, N]) without materialising the product
+    grid. Float operands accumulate in float64 and round once to the compute dtype."""
     nd = len(grid)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-
-    def subs(x: np.ndarray) -> tuple[np.ndarray, str]:
-        x = x.reshape((1,) * (nd - x.ndim) + x.shape)
-        keep = [i for i in range(nd) if x.shape[i] != 1 or grid[i] == 1]
-        return x.reshape([x.shape[i] for i in keep]), "".join(letters[i] for i in keep)
-
-    (xa, sa), (xb, sb) = subs(a), subs(b)
-    out_axes = [i for i in range(nd) if i not in axes]
-    so = "".join(letters[i] for i in out_axes)
-    res = np.einsum(f"{sa},{sb}->{''.join(c for c in so if c in sa + sb)}", xa, xb, optimize=True)
-    # A reduced axis neither operand varies along still counts its points: sum of n equal terms.
-    repeat = 1
-    for i in axes:
-        if letters[i] not in sa + sb:
-            repeat *= grid[i]
+    a = a.reshape((1,) * (nd - a.ndim) + a.shape)
+    b = b.reshape((1,) * (nd - b.ndim) + b.shape)
+    in_a = [a.shape[i] != 1 for i in range(nd)]
+    in_b = [b.shape[i] != 1 for i in range(nd)]
+    red = set(axes)
+    # A reduced axis only one operand varies along is summed in that operand first; one neither
+    # varies along still counts its points: the sum of n equal terms.
+    only_a = tuple(i for i in red if in_a[i] and not in_b[i])
+    only_b = tuple(i for i in red if in_b[i] and not in_a[i])
+    if only_a:
+        a = np.sum(a, axis=only_a, keepdims=True, dtype=a.dtype)
+    if only_b:
+        b = np.sum(b, axis=only_b, keepdims=True, dtype=b.dtype)
+    repeat = math.prod(grid[i] for i in red if not in_a[i] and not in_b[i])
+    k_ax = [i for i in sorted(red) if in_a[i] and in_b[i]]
+    out_axes = [i for i in range(nd) if i not in red]
+    batch = [i for i in out_axes if in_a[i] and in_b[i]]
+    m_ax = [i for i in out_axes if in_a[i] and not in_b[i]]
+    n_ax = [i for i in out_axes if in_b[i] and not in_a[i]]
+    drop = [i for i in range(nd) if i not in k_ax + batch + m_ax + n_ax]  # size-1 in both
+    size = lambda ax: math.prod(grid[i] for i in ax)  # noqa: E731
+    am = np.transpose(a, batch + m_ax + k_ax + [i for i in range(nd) if i not in batch + m_ax + k_ax])
+    bm = np.transpose(b, batch + k_ax + n_ax + [i for i in range(nd) if i not in batch + k_ax + n_ax])
+    am = am.reshape(size(batch), size(m_ax), size(k_ax))
+    bm = bm.reshape(size(batch), size(k_ax), size(n_ax))
+    if am.dtype.kind == "f":
+        # float32 products are exact in float64 and the K-sum there is far finer than float32,
+        # so the one rounding to float32 afterwards does not depend on how BLAS blocks the
+        # matrices: an M- or N-tile rounds like the same rows of the whole product
+        res = np.matmul(am.astype(np.float64), bm.astype(np.float64)).astype(am.dtype)
+    else:
+        res = np.matmul(am, bm)
     if repeat != 1:
         res = res * res.dtype.type(repeat)
-    # axes that neither operand carries (size 1 in the grid) come back as size-1 axes
-    return np.broadcast_to(res.reshape([grid[i] if letters[i] in sa + sb else 1 for i in out_axes]),
-                           [grid[i] for i in out_axes])
+    # back to grid order over the output axes; axes neither operand carries come back as size 1
+    res = res.reshape([grid[i] for i in batch + m_ax + n_ax] + [1] * len([i for i in drop if i in out_axes]))
+    order = batch + m_ax + n_ax + [i for i in drop if i in out_axes]
+    res = np.transpose(res, [order.index(i) for i in out_axes])
+    return np.broadcast_to(res, [grid[i] for i in out_axes])
 
 
 def combine(fn: str, acc: np.ndarray, part: np.ndarray) -> np.ndarray:

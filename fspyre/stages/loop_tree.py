@@ -34,7 +34,17 @@ import sympy
 from fspyre.errors import TilingError
 from fspyre.ir.dtypes import is_float
 from fspyre.ir.graph import (
-    Dim, Graph, Load, Op, Pointwise, Reduction, Scalar, Store, TensorType, iteration_dims, sym,
+    Dim,
+    Graph,
+    Load,
+    Op,
+    Pointwise,
+    Reduction,
+    Scalar,
+    Store,
+    TensorType,
+    iteration_dims,
+    sym,
 )
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, walk
 from fspyre.ir.plans import Group, Level, TilingPlan

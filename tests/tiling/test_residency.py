@@ -147,7 +147,7 @@ def test_an_accumulator_fill_is_never_hoisted():
     # a reduction tiled over K inside an outer loop over a dim it does not iterate: its fill
     # must run at the start of every outer iteration, even though no outer step moves it
     g = fspyre.GraphBuilder("acc")
-    g.dim("A", 4)
+    g.dim("A", 64)  # 32 fp32 results per tile: whole sticks
     g.dim("K", 256)
     x = g.input("x", ["A", "K"], "float32")
     with g.hint(slices={"A": 2}):

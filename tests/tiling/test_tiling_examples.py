@@ -101,11 +101,6 @@ def test_examples_equal_untiled(name):
         assert fspyre.check(graph, machine=machine, comp=comp).equal
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the interpreter contracts with BLAS (numpy einsum), whose per-element summation order "
-    "depends on the matrix shape: a 32-row tile of a matmul rounds differently from the "
-    "same rows of the 128-row product; fspyre.machine.numerics._contract must be made "
-    "shape-invariant for M/N tiling to be bit-exact"))
 def test_matmul_m_tiling_is_bit_exact_on_one_core():
     graph = matmul_m()
     _, got, want = runs(graph, ONE)

@@ -357,3 +357,83 @@ def test_zero_dimensional_tensors(fn):
 
     ins, ref = agree(build(body), cores=(1, 4))
     assert ref["y"].shape == () and ref["s"] == ins["x"] + np.float32(2)
+
+
+# -- planted bugs: a corrupted program is caught, never silently accepted ------------------------
+
+
+def _tiled(cores=4):
+    g = fspyre.GraphBuilder("planted")
+    A, B = g.dim("A", 8), g.dim("B", 256)
+    a, b = g.input("a", (A, B), "float16"), g.input("b", (A, B), "float16")
+    with g.hint(slices={"A": 2}):
+        y = g.add(a, b)
+        g.output("z", g.mul(y, g.sum(y, ["B"], keepdim=True)))
+    graph = g.build()
+    return graph, fspyre.compile(graph, machine=spyre(cores=cores), tiling="hints").program
+
+
+def _replace_spec(program: Program, old, new) -> Program:
+    def swap(body):
+        return tuple(new if s is old else dataclasses.replace(s, body=swap(s.body)) if isinstance(s, LoopSpec) else s
+                     for s in body)
+
+    return dataclasses.replace(program, body=swap(program.body))
+
+
+def _caught(graph, program) -> bool:
+    """An ExecutionError, or outputs that differ from the reference evaluator."""
+    inputs = inputs_for(graph)
+    try:
+        got, _ = run_program(program, inputs)
+    except ExecutionError:
+        return True
+    ref = fspyre.evaluate(graph, inputs, spyre(cores=program.cores))
+    return any(not np.allclose(got[n], ref[n], rtol=1e-2, atol=1e-2, equal_nan=True) for n in ref)
+
+
+def _plants(program: Program):
+    """(what, corrupted program) for a stride, an address, an advance, a loop count and a split."""
+    loop = next(s for s in program.body if isinstance(s, LoopSpec))
+    yield "loop count - 1", _replace_spec(program, loop, dataclasses.replace(loop, count=loop.count - 1))
+    yield "loop count + 1", _replace_spec(program, loop, dataclasses.replace(loop, count=loop.count + 1))
+    for oi, spec in enumerate(op_specs(program)):
+        for ai, arg in enumerate(spec.args):
+            mem = arg.memory
+            yield f"op {oi} arg {ai} address + 1 stick", with_arg(program, oi, ai,
+                                                                 allocation=FrozenMap({mem: arg.address + 128}))
+            # A longer dim 1: every stride outside it grows. Only for HBM: the interpreter lays
+            # an LX tensor out over each core's box, not over device_size (issue 9, item 4).
+            if mem == "hbm" and len(arg.device_size) > 2:
+                size = (arg.device_size[0], arg.device_size[1] + 1) + tuple(arg.device_size[2:])
+                yield f"op {oi} arg {ai} stride", with_arg(program, oi, ai, device_size=size)
+            if any(arg.tile_advance):
+                adv = tuple(2 * a for a in arg.tile_advance)
+                yield f"op {oi} arg {ai} advance x2", with_arg(program, oi, ai, tile_advance=adv)
+        for sym, (size, split) in spec.iteration_space.items():
+            if split > 1:
+                space = FrozenMap({s: ((n, 1) if s == sym else (n, k)) for s, (n, k) in spec.iteration_space.items()})
+                yield f"op {oi} split of {sym} -> 1", _replace_spec(program, spec,
+                                                                   dataclasses.replace(spec, iteration_space=space))
+
+
+def test_planted_corruptions_are_caught():
+    graph, program = _tiled()
+    assert not _caught(graph, program)
+    plants = list(_plants(program))
+    kinds = {what.split(" ", 2)[-1] if what.startswith("op") else what for what, _ in plants}
+    assert {"loop count - 1", "loop count + 1"} <= kinds and any("stride" in k for k in kinds)
+    assert any("advance" in w for w, _ in plants) and any("split" in w for w, _ in plants)
+    missed = [what for what, bad in plants if not _caught(graph, bad)]
+    assert not missed, missed
+
+
+@pytest.mark.parametrize("tiling", ["none", "hints"])
+def test_fast_checks_give_identical_results_on_valid_programs(tiling):
+    graph, _ = _tiled()
+    for cores in (1, 4):
+        program = fspyre.compile(graph, machine=spyre(cores=cores), tiling=tiling)
+        inputs = inputs_for(graph)
+        full, fast = fspyre.run(program, inputs), fspyre.run(program, inputs, checks="fast")
+        for name in full:
+            assert np.array_equal(full[name], fast[name], equal_nan=True)
