@@ -41,6 +41,7 @@ from fspyre.pipeline import Compilation, StageCallback
 from fspyre.pretty import pretty, render, to_dot
 from fspyre.pretty.memmap import lx_memmap_svg
 from fspyre.stages.allocation import AllocationOptions
+from fspyre.stages.tiling_search import FUSE_MODES
 
 if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
     from fspyre.frontend.files import TorchProgram
@@ -189,7 +190,7 @@ def _allocation_options(args: argparse.Namespace) -> AllocationOptions:
 
 def _compile(graph: Graph, args: argparse.Namespace, callback: StageCallback | None = None) -> Compilation:
     return fspyre.compile(
-        graph, _machine(args.cores), tiling=args.tiling,
+        graph, _machine(args.cores), tiling=args.tiling, fuse=args.fuse, residency=not args.no_residency,
         allocation_options=_allocation_options(args), callback=callback,
     )
 
@@ -443,8 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
     machine = argparse.ArgumentParser(add_help=False)
     machine.add_argument("--cores", type=_cores, default=32, help="cores of the Spyre card, 1..32 (default 32)")
     pipeline = argparse.ArgumentParser(add_help=False, parents=[machine])
-    pipeline.add_argument("--tiling", choices=("none", "hints"), default="hints",
-                          help="hints: tile as the graph's hint scopes say (default); none: no loops")
+    pipeline.add_argument("--tiling", choices=("none", "hints", "auto"), default="hints",
+                          help="hints: tile as the graph's hint scopes say (default); none: no loops; "
+                               "auto: honour the hints and search a tiling for every other op")
+    pipeline.add_argument("--fuse", choices=FUSE_MODES, default="max-producers",
+                          help="with --tiling auto: which producers join a consumer's loop (default max-producers)")
+    pipeline.add_argument("--no-residency", action="store_true",
+                          help="do not copy re-read HBM regions into LX or hoist loop-invariant ops")
     pipeline.add_argument("--lx-solver", choices=("greedy", "firstfit", "bestfit"), default=None,
                           help="LX scratchpad packing (default: the allocation stage's, greedy)")
     pipeline.add_argument("--no-lx", action="store_true", help="keep every tensor in HBM (no LX planning)")

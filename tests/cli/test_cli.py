@@ -488,3 +488,13 @@ def test_demo_and_checks_print_no_numpy_runtime_warnings(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert "RuntimeWarning" not in done.stderr
+
+
+def test_compile_with_the_tiling_search(fspyre_main) -> None:
+    done = fspyre_main("compile", ADD_MUL, "--tiling", "auto", "--fuse", "no-fuse", "--cores", "4")
+    assert done.returncode == 0, done.stderr
+    assert "tiling search (no-fuse)" in done.stdout
+    off = fspyre_main("compile", ADD_MUL, "--no-residency", "--cores", "4", "--emit", "tree")
+    assert off.returncode == 0, off.stderr
+    bad = fspyre_main("compile", ADD_MUL, "--tiling", "auto", "--fuse", "greedy")
+    assert bad.returncode == 2 and "--fuse" in bad.stderr
