@@ -26,6 +26,7 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/compile_time.py
 	$(PY) benchmarks/interpreter_time.py
+	$(PY) benchmarks/tiling.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fspyre tests benchmarks

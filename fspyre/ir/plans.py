@@ -189,3 +189,4 @@ class TilingSearch:
     plan: TilingPlan
     groups: tuple[GroupSearch, ...]
     fuse: str
+    note: str = ""  # why the searched groups were not used, when they were not

@@ -210,6 +210,8 @@ def _tiling_search(s: TilingSearch, detailed: bool) -> Doc:
                  f"{c.time_ns / 1000:.2f} us" if c.time_ns >= 0 else "-",
                  f"{c.hbm_bytes} B" if c.hbm_bytes >= 0 else "-", c.reason] for c in shown]
         out.append(_under(head, _table(rows)))
+    if s.note:
+        out.append(text(f"note: {s.note}"))
     out.append(_tiling_plan(s.plan, detailed))
     return lines(out)
 

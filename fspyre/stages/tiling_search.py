@@ -94,7 +94,28 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
     found = [Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels]
     groups = sorted(hinted.groups + tuple(found), key=lambda g: position[g.ops[0]])
     plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings)
-    return TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse)
+    note = ""
+    if found:
+        # Each group was judged alone; together they share LX and copies differently. The
+        # whole program must not be estimated slower than leaving those ops untiled.
+        mine, base = _whole(ctx, graph, plan), _whole(ctx, graph, hinted)
+        if base is not None and (mine is None or base < mine):
+            note = (f"the searched groups together are estimated at "
+                    f"{'a refusal' if mine is None else f'{mine[0] / 1000:.2f} us'}, the hinted plan alone at "
+                    f"{base[0] / 1000:.2f} us: kept the hinted plan")
+            plan = hinted
+    return TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note)
+
+
+def _whole(ctx: _Search, graph: Graph, plan: TilingPlan) -> tuple[float, int] | None:
+    """(estimated time, HBM bytes) of the whole graph compiled under ``plan``."""
+    try:
+        placed = place_copies(tile(graph, plan), ctx.machine, ResidencyOptions(
+            enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
+        report = traffic_report(emit_program(placed.tree, placed.split, placed.allocation, ctx.machine))
+    except FspyreError:
+        return None
+    return round(report.time_ns, 6), report.hbm_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

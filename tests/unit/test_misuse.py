@@ -139,7 +139,7 @@ def test_misuse_is_a_one_line_fspyre_error(call, cls, words):
 
 def test_numpy_integers_are_accepted_as_sizes_counts_and_axes():
     g = fspyre.GraphBuilder("np_ints")
-    A, B = g.dim("A", np.int64(4)), g.dim("B", np.int32(64))
+    A, B = g.dim("A", np.int64(128)), g.dim("B", np.int32(64))  # A is the permuted result's stick dim
     assert type(A.size) is int and type(B.size) is int
     x = g.input("x", (A, B), "float32")
     with g.hint(slices={"A": np.int64(2)}, work_div={"B": np.int32(2)}) as scope:
