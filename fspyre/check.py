@@ -102,7 +102,7 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
 
 
 def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 0, *,
-          machine: Machine | None = None, tiling: str = "hints", comp: Compilation | None = None) -> CheckReport:
+          machine: Machine | None = None, tiling: str = "auto", comp: Compilation | None = None) -> CheckReport:
     graph = require_graph(graph, "check")
     machine = require_machine(machine, "check")
     if comp is not None and not isinstance(comp, Compilation):

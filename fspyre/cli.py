@@ -312,7 +312,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     machine = _machine(args.cores)
     start = time.perf_counter()
-    comp = fspyre.compile(graph, machine, tiling="hints", callback=show)
+    comp = fspyre.compile(graph, machine, callback=show)
     compile_s = time.perf_counter() - start
 
     files: dict[str, str | Writer] = {
@@ -444,9 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     machine = argparse.ArgumentParser(add_help=False)
     machine.add_argument("--cores", type=_cores, default=32, help="cores of the Spyre card, 1..32 (default 32)")
     pipeline = argparse.ArgumentParser(add_help=False, parents=[machine])
-    pipeline.add_argument("--tiling", choices=("none", "hints", "auto"), default="hints",
-                          help="hints: tile as the graph's hint scopes say (default); none: no loops; "
-                               "auto: honour the hints and search a tiling for every other op")
+    pipeline.add_argument("--tiling", choices=("none", "hints", "auto"), default="auto",
+                          help="auto: honour the hints and search a tiling for every other op (default); "
+                               "hints: tile only as the graph's hint scopes say; none: no loops")
     pipeline.add_argument("--fuse", choices=FUSE_MODES, default="max-producers",
                           help="with --tiling auto: which producers join a consumer's loop (default max-producers)")
     pipeline.add_argument("--no-residency", action="store_true",

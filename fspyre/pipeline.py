@@ -79,7 +79,7 @@ class Compilation:
 def compile(
     graph: Graph,
     machine: Machine | None = None,
-    tiling: str | TilingPlan = "hints",
+    tiling: str | TilingPlan = "auto",
     *,
     fuse: str = "max-producers",
     residency: bool = True,

@@ -3,7 +3,7 @@ into core ATen (the same decompositions as ``from_torch``), fspyre lowers and co
 the compiled program runs on the machine-model interpreter, returning torch tensors.
 
 Options: ``torch.compile(f, backend="fspyre", options={"tiling": "none", "cores": 8})``;
-``tiling`` defaults to ``"hints"`` and ``cores`` to 32; ``on_graph`` is called with each
+``tiling`` defaults to ``"auto"`` and ``cores`` to 32; ``on_graph`` is called with each
 captured fspyre Graph before it is compiled (printing, tests). Inference only: a graph that
 needs a backward pass is refused (call it under ``torch.no_grad()``).
 """
@@ -85,7 +85,7 @@ def _compile_forward(fx_gm: torch.fx.GraphModule, dims: Sequence[tuple[str, ...]
     if options.get("on_graph") is not None:
         options["on_graph"](graph)
     comp = fspyre.compile(graph, machine=spyre(cores=int(options.get("cores", 32))),
-                          tiling=str(options.get("tiling", "hints")))
+                          tiling=str(options.get("tiling", "auto")))
     kinds = [out.meta["val"] for out in outs]
 
     def run(*args: Any) -> list[torch.Tensor]:

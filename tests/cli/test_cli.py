@@ -153,7 +153,7 @@ def test_compile_every_kind_at_once(fspyre_main, tmp_path: Path) -> None:
                 "report": "report.txt", "memmap": "lx_memmap.svg"}
     names = {p.name for p in tmp_path.iterdir()}
     assert {expected[k] for k in kinds if k in expected} <= names
-    assert {"00_graph.txt", "00_graph.json", "06_program.txt", "06_program.json"} <= names
+    assert {"00_graph.txt", "00_graph.json", "07_program.txt", "07_program.json"} <= names
     assert (tmp_path / "loop_tree.txt").read_text().startswith("for A in 0..2:")
     assert "for " not in (tmp_path / "unrolled.txt").read_text()
 
