@@ -108,7 +108,7 @@ def check_generated(gen: Generated, *, run=None, evaluate=None) -> Outcome:
         # in the compilation, not printed once per program
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FspyreWarning)
-            return fspyre.compile(gen.graph, gen.machine, tiling="hints", split_options=gen.split_options,
+            return fspyre.compile(gen.graph, gen.machine, tiling="auto", split_options=gen.split_options,
                                   allocation_options=gen.allocation_options)
 
     try:
