@@ -252,7 +252,7 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
 
 
 # -- index helpers ---------------------------------------------------------------------------
-def _dim_vars(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> list[sympy.Symbol | None] | None:
+def dim_vars(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> list[sympy.Symbol | None] | None:
     """The iteration variable addressing each dim of a contiguous buffer through ``index``
     (None for a dim not walked), or None when ``index`` is not one variable per dim."""
     strides = btype.strides()
@@ -290,7 +290,7 @@ def _tile_type(ctx: _Context, t: _OpTiling) -> tuple[TensorType, list[sympy.Symb
     op = t.op
     full = ctx.buffers[op.store.buffer].type
     sizes = {d.name: d.size for d in iteration_dims(op)}
-    vars_ = _dim_vars(op.store.index, full, sizes)
+    vars_ = dim_vars(op.store.index, full, sizes)
     if vars_ is None:
         if any(t.steps):
             raise TilingError(
@@ -310,7 +310,7 @@ def _read_tile(ctx: _Context, reader: _OpTiling, load: Load, tb: _TileBuffer, le
     if not tb.vars:  # the producer is not tiled: its tile is the whole buffer, same index
         return Load(buffer=tb.name, index=load.index)
     sizes = {d.name: d.size for d in iteration_dims(reader.op)}
-    vars_ = _dim_vars(load.index, full, sizes)
+    vars_ = dim_vars(load.index, full, sizes)
     producer = tb.producer.op.name
     if vars_ is None:
         raise TilingError(

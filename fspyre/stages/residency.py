@@ -38,6 +38,7 @@ from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import STICK_BYTES, Machine
 from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.loop_tree import dim_vars
 from fspyre.stages.program import emit_program
 from fspyre.stages.split_plan import SplitOptions, divide_work
 
@@ -276,20 +277,10 @@ def _sizes(op: Op) -> dict[str, int]:
 def _walked_dims(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> tuple[Dim, ...] | None:
     """The per-tile extent of each buffer dim ``index`` walks with one iteration variable (in
     buffer order), or None when the index is not of that form (the copy would need it)."""
-    strides = btype.strides()
-    by_stride = {st: j for j, (st, d) in enumerate(zip(strides, btype.dims)) if d.size > 1}
-    walked: dict[int, Dim] = {}
-    for term in sympy.Add.make_args(sympy.expand(index)):
-        if term == 0:
-            continue
-        coef, var = term.as_coeff_Mul()
-        if not coef.is_Integer or not var.is_Symbol:
-            return None
-        j = by_stride.get(int(coef))
-        if j is None or j in walked or var.name not in sizes or sizes[var.name] > btype.dims[j].size:
-            return None
-        walked[j] = Dim(var.name, sizes[var.name])
-    return tuple(walked[j] for j in sorted(walked))
+    vars_ = dim_vars(index, btype, sizes)
+    if vars_ is None or any(v is not None and v.name not in sizes for v in vars_):
+        return None
+    return tuple(Dim(v.name, sizes[v.name]) for v in vars_ if v is not None)
 
 
 def _fresh(base: str, taken: set[str]) -> str:
