@@ -41,8 +41,9 @@ from fspyre.machine import formats, numerics
 from fspyre.machine.hostio import check_inputs, compute_values, to_host
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.layout import device_coordinates, row_major_strides, stick_layout
-from fspyre.machine.memcheck import core_slices, lx_box
+from fspyre.machine.memcheck import core_slices, lx_box, program_timeline
 from fspyre.machine.reference import open_grid
+from fspyre.machine.spyre import STICK_BYTES
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _FULL = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
@@ -65,6 +66,29 @@ class RunOptions:
     # Reading a byte nobody wrote is an error, not a silent zero. Off (``checks="fast"``), no
     # written bits are kept at all: same results on every program that passes with it on.
     check_written: bool = True
+    # Record, per op execution, the HBM sticks its accesses touched (the ground truth the
+    # traffic report is checked against). Off by default: it costs a pass over every address.
+    trace_hbm: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HbmTrace:
+    """HBM bytes one op touched, as whole 128-byte sticks: per execution (one per iteration of
+    its enclosing loops, in execution order), each operand access counted on its own and the
+    sticks of one access counted once however many cores touch them."""
+
+    index: int  # the op's position in program order (memcheck.program_timeline)
+    name: str
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+
+    @property
+    def hbm_read(self) -> int:
+        return sum(self.reads)
+
+    @property
+    def hbm_write(self) -> int:
+        return sum(self.writes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +97,7 @@ class MachineState:
 
     hbm: Memory
     lx: tuple[Memory, ...]
+    hbm_trace: tuple[HbmTrace, ...] | None = None  # with ``RunOptions(trace_hbm=True)``, per op in program order
 
 
 # -- access plans ------------------------------------------------------------------------------
@@ -335,6 +360,29 @@ class _Machine:
                                lx.written[c * program.lx_bytes:(c + 1) * program.lx_bytes])
                         for c in range(program.cores))
         self._views: dict[tuple[int, int, bool], np.ndarray] = {}
+        # trace_hbm: id(OpSpec) -> ([read bytes], [written bytes]) per execution
+        self.trace: dict[int, tuple[list[int], list[int]]] | None = None
+        self._stick_counts: dict[tuple[int, int], int] = {}
+
+    def stick_bytes(self, acc: Access, offset: int) -> int:
+        """Bytes of the distinct HBM sticks ``acc`` touches ``offset`` elements on. The count
+        depends on the offset only modulo a stick, so it is computed once per phase."""
+        start = offset * acc.fmt.nbytes
+        key = (id(acc), start % STICK_BYTES)
+        n = self._stick_counts.get(key)
+        if n is None:
+            p = acc.pattern
+            if p.dims is None:
+                elems = np.asarray(p.index).reshape(-1)
+            else:
+                elems = np.full((), p.start, np.int64)
+                for size, stride in p.dims:
+                    elems = (elems[..., None] + np.arange(size, dtype=np.int64) * stride)
+                elems = elems.reshape(-1)
+            sticks = (elems * acc.fmt.nbytes + key[1]) // STICK_BYTES
+            n = int(np.unique(sticks).size) * STICK_BYTES if sticks.size else 0
+            self._stick_counts[key] = n
+        return n
 
     def view(self, lx: bool, nbytes: int, written: bool) -> np.ndarray:
         key = (lx, nbytes, written)
@@ -410,6 +458,8 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
     host = check_inputs(types, inputs)
     plan = _program_plan(program)
     m = _Machine(program, options.check_written)
+    if options.trace_hbm:
+        m.trace = {}
     for arg, p in zip(program.kernel_args, plan.kernel):
         if arg.is_input:
             fmt = formats.FORMATS[arg.device_dtype]
@@ -432,7 +482,12 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
                 _check_written_bytes(m.hbm, addrs, fmt.nbytes, what)
                 raise AssertionError("unreachable: the batched check found an unwritten element") from None
             outs[arg.name] = to_host(vals.reshape(arg.host_shape), arg.dtype)
-    return outs, MachineState(hbm=m.hbm, lx=m.lx)
+    trace = None
+    if m.trace is not None:
+        ops, _ = program_timeline(program)
+        trace = tuple(HbmTrace(index=t, name=spec.name or spec.op, reads=tuple(m.trace.get(id(spec), ([], []))[0]),
+                               writes=tuple(m.trace.get(id(spec), ([], []))[1])) for t, spec, _, _ in ops)
+    return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
 
 
 def _check_kernel_bounds(m: _Machine, acc: Access, what: str) -> None:
@@ -507,6 +562,15 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
     if off is None or not _in_bounds(m, op.out, off):
         _report_write(op, iters, m)
     _write(m, op.out, off, np.broadcast_to(result, op.out.pattern.shape))
+    if m.trace is not None:
+        _trace(op, iters, off, m)
+
+
+def _trace(op: OpPlan, iters: tuple[int, ...], out_offset: int, m: _Machine) -> None:
+    reads, writes = m.trace.setdefault(id(op.spec), ([], []))  # type: ignore[union-attr]
+    reads.append(sum(m.stick_bytes(v, _offset(v, iters)) for kind, v in op.operands
+                     if kind == "tensor" and not v.lx))
+    writes.append(0 if op.out.lx else m.stick_bytes(op.out, out_offset))
 
 
 def _reduce(op: OpPlan, values: list) -> np.ndarray:

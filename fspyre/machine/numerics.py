@@ -7,8 +7,9 @@ Compute precision: float32 when the result or any operand is a float type, else 
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -17,13 +18,29 @@ from fspyre.ir.dtypes import is_float
 Value = np.ndarray | float | int | bool
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    # numpy has no erf; torch (a dependency already) computes it vectorized in float32.
+@contextlib.contextmanager
+def _one_thread() -> Iterator[object]:
+    """torch, on the calling thread only, for the duration. The oracle runs everywhere at once
+    (parallel test workers, fuzz jobs) on hosts with few cores: library thread pools that
+    spin-wait then fight each other and the other processes, and one call that takes 0.1 ms
+    alone took 15 ms (measured: 8 BertLayer matmuls 250-380 ms through numpy's threaded BLAS,
+    13-31 ms single-threaded, same run, load 3 on 2 CPUs). The results do not depend on it."""
     import torch
 
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield torch
+    finally:
+        torch.set_num_threads(n)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # numpy has no erf; torch (a dependency already) computes it vectorized in float32.
     x = np.asarray(x, dtype=np.float32)
-    # ascontiguousarray would turn a 0-d array into 1-d; keep the shape.
-    return torch.special.erf(torch.from_numpy(np.array(x, dtype=np.float32, order="C"))).numpy().reshape(x.shape)
+    with _one_thread() as torch:
+        # ascontiguousarray would turn a 0-d array into 1-d; keep the shape.
+        return torch.special.erf(torch.from_numpy(np.array(x, dtype=np.float32, order="C"))).numpy().reshape(x.shape)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -181,7 +198,10 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[i
         # float32 products are exact in float64 and the K-sum there is far finer than float32,
         # so the one rounding to float32 afterwards does not depend on how BLAS blocks the
         # matrices: an M- or N-tile rounds like the same rows of the whole product
-        res = np.matmul(am.astype(np.float64), bm.astype(np.float64)).astype(am.dtype)
+        # (torch's float64 GEMM, single-threaded: see _one_thread)
+        with _one_thread() as torch:
+            res = torch.matmul(torch.from_numpy(np.ascontiguousarray(am, dtype=np.float64)),
+                               torch.from_numpy(np.ascontiguousarray(bm, dtype=np.float64))).numpy().astype(am.dtype)
     else:
         res = np.matmul(am, bm)
     if repeat != 1:
