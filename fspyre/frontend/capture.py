@@ -175,6 +175,11 @@ def _decompose(gm: torch.fx.GraphModule) -> torch.fx.Graph:
                              tracing_mode="real", record_stack_traces=True)(*vals)
         functional = torch.func.functionalize(torch.fx.Interpreter(decomposed).run, remove="mutations")
         graph = make_fx(functional, tracing_mode="real", record_stack_traces=True)(*vals).graph
+    # `.to(dtype)`, `.float()`, `.type()` leave a metadata assertion on the traced input: it
+    # computes nothing, and torch has already checked it on the example inputs.
+    for node in list(graph.nodes):
+        if node.target is aten._assert_tensor_metadata.default and not node.users:
+            graph.erase_node(node)
     graph.eliminate_dead_code()
     return graph
 

@@ -518,13 +518,15 @@ def lower_permute(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 @rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default, align=align_view)
 def lower_view(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     """A view when the operand is read contiguously (the builder copies it first otherwise).
-    Reshapes that keep the shape, or only insert size-1 dims, are views of any layout."""
+    Reshapes that keep the shape, or only drop and insert size-1 dims, are views of any
+    layout (a squeezed slice or select stays a view)."""
     (x,) = xs
     dims = ctx.dims(node)
     if x.dims == dims:
         return x
-    kept = [d for d in dims if d.size != 1]
-    if all(d.size != 1 for d in x.dims) and tuple(kept) == x.dims:
+    if [d for d in x.dims if d.size != 1] == [d for d in dims if d.size != 1]:
+        for d in [d for d in x.dims if d.size == 1]:
+            x = ctx.g.squeeze(x, d.name)
         for p, d in enumerate(dims):
             if d.size == 1:
                 x = ctx.g.unsqueeze(x, p, d.name)
@@ -554,3 +556,76 @@ def lower_getitem(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 @rule(torch.ops.fspyre.name_dims.default, align=align_name_dims)
 def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return xs[0]  # the operand was already renamed to the user's names
+
+
+# -- slicing: views with an offset ------------------------------------------------------------
+def _slice_range(node: fx.Node) -> tuple[int, int, int, int]:
+    """(axis, start, stop, step) of a ``slice.Tensor`` node, normalized like a Python slice."""
+    b = bind(node)
+    x = shape(node.args[0])
+    d = _norm(b["dim"], len(x))
+    start, stop, step = slice(b["start"], b["end"], b["step"]).indices(x[d])
+    return d, start, stop, step
+
+
+def _sliced(node: fx.Node, axis: int, index: int = 0) -> Alignment:
+    """Every axis but ``axis`` lines up with the operand's; ``axis`` only when its size is kept."""
+    out = out_keys(node, index)
+    keep = shape(node.args[0])[axis] == shape(node, index)[axis]
+    dst = tuple(k if j != axis or keep else None for j, k in enumerate(out))
+    return Alignment(uses=(Use(node.args[0], dst),), outputs=(out,))
+
+
+def align_slice(node: fx.Node) -> Alignment:
+    return _sliced(node, _slice_range(node)[0])
+
+
+@rule(aten.slice.Tensor, align=align_slice)
+def lower_slice(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    (x,) = xs
+    d, start, stop, step = _slice_range(node)
+    if (start, stop, step) == (0, x.dims[d].size, 1):
+        return x
+    return ctx.g.slice(x, x.dims[d].name, start, stop, step, name=ctx.out_names(node)[d])
+
+
+def align_select(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    d = _norm(bind(node)["dim"], len(shape(node.args[0])))
+    return Alignment(uses=(Use(node.args[0], out[:d] + (None,) + out[d:]),), outputs=(out,))
+
+
+@rule(aten.select.int, align=align_select)
+def lower_select(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    (x,) = xs
+    b = bind(node)
+    return ctx.g.select(x, x.dims[_norm(b["dim"], len(x.dims))].name, b["index"])
+
+
+def _split_axis(node: fx.Node) -> int:
+    return _norm(bind(node)["dim"], len(shape(node.args[0])))
+
+
+def align_split(node: fx.Node) -> Alignment:
+    """Results share the operand's other axes; each piece's split axis is its own."""
+    d = _split_axis(node)
+    n = len(val(node))
+    first = out_keys(node, 0)
+    outs = tuple(first[:d] + (("out", node.name, i, d),) + first[d + 1:] for i in range(n))
+    keep = n == 1
+    dst = tuple(k if j != d or keep else None for j, k in enumerate(first))
+    return Alignment(uses=(Use(node.args[0], dst),), outputs=outs)
+
+
+@rule(aten.split_with_sizes.default, aten.split.Tensor, align=align_split)
+def lower_split(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, ...]:
+    (x,) = xs
+    d = _split_axis(node)
+    if len(val(node)) == 1:
+        return (x,)
+    out, start = [], 0
+    for i in range(len(val(node))):
+        size = shape(node, i)[d]
+        out.append(ctx.g.slice(x, x.dims[d].name, start, start + size, name=ctx.out_names(node, i)[d]))
+        start += size
+    return tuple(out)

@@ -1,0 +1,168 @@
+"""Ops real model code needs (issue 11): each is captured with ``from_torch`` and checked
+against torch eager and against a numpy reference written from the op's definition; view and
+selection graphs also run on the machine model (``fspyre.check``: interpreter vs reference).
+
+Tolerances: data movement (slices, selects, splits, cat) is exact. float32 arithmetic uses
+``torch.testing.assert_close``'s float32 tolerances; float16 inputs are drawn as DLFloat16
+values (so copy-in does not round them) and results are held to one DLFloat16 rounding
+(rtol 2^-9) of the float32 computation, as in ``fspyre.frontend.coverage``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fspyre
+from fspyre.frontend import capture
+from fspyre.frontend.coverage import DLF16_TOL, FP32_TOL
+from fspyre.machine import formats
+
+DL16 = formats.FORMATS["SEN169_FP16"]
+MACHINE = fspyre.machine.spyre(cores=4)
+
+
+def dl16(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to DLFloat16, as float32."""
+    return np.asarray(formats.round_to(np.asarray(a, np.float32), DL16), np.float32).reshape(np.shape(a))
+
+
+def stored16(a: np.ndarray) -> np.ndarray:
+    """A float16 result as fspyre returns it: stored as DLFloat16, copied out to float16."""
+    return dl16(a).astype(np.float16).astype(np.float32)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return torch.from_numpy(dl16(x.numpy())).to(dtype) if dtype == torch.float16 else x
+
+
+def run(fn, *args: torch.Tensor, machine: bool = True) -> list[np.ndarray]:
+    """fspyre's results for ``fn(*args)`` (reference evaluator); with ``machine`` the compiled
+    program must also agree with the reference within check's bound."""
+    cap = capture(fn, args)
+    inputs = cap.inputs(*args)
+    out = fspyre.evaluate(cap.graph, inputs)
+    if machine:
+        report = fspyre.check(cap.graph, inputs, machine=MACHINE)
+        assert report.equal, str(report)
+    return [out[n] for n in cap.output_names]
+
+
+def close(got: np.ndarray, want: np.ndarray, dtype: torch.dtype) -> None:
+    rtol, atol = DLF16_TOL if dtype == torch.float16 else FP32_TOL
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=atol)
+
+
+def eager(fn, *args: torch.Tensor) -> list[np.ndarray]:
+    with torch.no_grad():
+        out = fn(*args)
+    return [o.numpy() for o in (out if isinstance(out, (tuple, list)) else (out,))]
+
+
+# -- .to(dtype): torch.export's metadata assertion is dropped ---------------------------------
+class RMSNorm(torch.nn.Module):
+    """LlamaRMSNorm's forward, as transformers writes it."""
+
+    def __init__(self, hidden: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(hidden, generator=torch.Generator().manual_seed(7)))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + self.eps)
+        return self.weight * h.to(input_dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rmsnorm_with_dtype_casts(dtype) -> None:
+    m = RMSNorm(64).to(dtype)
+    x = randn(2, 8, 64, dtype=dtype)
+    (got,) = run(m, x)
+    # numpy, from the definition: float32 compute, the cast back rounds, the weight product rounds
+    xf = x.float().numpy().astype(np.float64)
+    h = (xf / np.sqrt((xf**2).mean(-1, keepdims=True) + 1e-6)).astype(np.float32)
+    w = m.weight.detach().float().numpy()
+    want = stored16(w * dl16(h)) if dtype == torch.float16 else w * h
+    close(got, want, dtype)
+    if dtype == torch.float32:
+        close(got, eager(m, x)[0], dtype)
+    else:
+        # Both round twice (the cast back, the weight product): DLFloat16 by at most 2^-10
+        # relative each, eager's IEEE float16 by 2^-11 each: 2 * 2^-10 + 2 * 2^-11 apart.
+        np.testing.assert_allclose(got.astype(np.float64), eager(m, x)[0].astype(np.float64),
+                                   rtol=2 * 2**-10 + 2 * 2**-11, atol=1e-5)
+
+
+def test_float_and_type_casts_capture() -> None:
+    def f(x):
+        return x.float().exp().type(torch.float16)
+
+    x = randn(4, 64, dtype=torch.float16)
+    (got,) = run(f, x)
+    close(got, stored16(np.exp(x.float().numpy())), torch.float16)
+
+
+# -- slices, selects, splits: views with an offset --------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_slices_selects_and_splits_are_exact(dtype) -> None:
+    def f(x):
+        q, k, v, w = x.split(16, dim=-1)
+        a, b, c = x.split_with_sizes([3, 1, 4], dim=1)
+        return (x[..., :32] * x[..., 32:], x.narrow(1, 1, 2), x[:, 1], q - v, x[:, :, 3:50:3], x[:, -1],
+                torch.unbind(x, 1)[2], a.sum(1), c[:, 1:, 5:37], x[1, 2:4, -7])
+
+    x = randn(2, 8, 64, dtype=dtype)
+    got = run(f, x)
+    n = x.float().numpy()
+    d16 = stored16 if dtype == torch.float16 else (lambda a: a)
+    want = [d16(n[..., :32] * n[..., 32:]), n[:, 1:3], n[:, 1], d16(n[..., :16] - n[..., 32:48]), n[:, :, 3:50:3],
+            n[:, -1], n[:, 2], None, n[:, 4:8][:, 1:, 5:37], n[1, 2:4, -7]]
+    for i, (g, w, e) in enumerate(zip(got, want, eager(f, x))):
+        if w is None:  # a reduction: float32 order differs
+            close(g, d16(n[:, :3].sum(1)), dtype)
+            continue
+        assert g.shape == w.shape, i
+        np.testing.assert_array_equal(g.astype(np.float32), w, err_msg=f"output {i}")
+        if dtype == torch.float32:
+            np.testing.assert_array_equal(g, e, err_msg=f"output {i} vs eager")
+
+
+@pytest.mark.parametrize("start", [0, 1, 31, 32, 33])
+def test_slice_starting_mid_stick_runs_on_the_machine(start) -> None:
+    """A float16 stick holds 64 elements; any start (mid-stick included) addresses correctly."""
+    x = randn(4, 128, dtype=torch.float16)
+    (got,) = run(lambda x: x[:, start:start + 40] + 1, x)
+    np.testing.assert_array_equal(got.astype(np.float32), stored16(x.float().numpy()[:, start:start + 40] + 1))
+
+
+class GPT2Attention(torch.nn.Module):
+    """GPT-2's fused qkv projection split three ways, then one head of eager attention."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.c_attn = torch.nn.Linear(d, 3 * d)
+        self.d = d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.c_attn(x).split(self.d, dim=2)
+        s = torch.softmax(q @ k.transpose(-1, -2) / self.d**0.5, dim=-1)
+        return s @ v
+
+
+def test_gpt2_qkv_split() -> None:
+    m = GPT2Attention(32)
+    x = randn(2, 8, 32)
+    (got,) = run(m, x)
+    close(got, eager(m, x)[0], torch.float32)
+    with torch.no_grad():
+        qkv = (x.numpy().astype(np.float64) @ m.c_attn.weight.numpy().T.astype(np.float64)
+               + m.c_attn.bias.numpy())
+    q, k, v = qkv[..., :32], qkv[..., 32:64], qkv[..., 64:]
+    s = q @ k.transpose(0, 2, 1) / 32**0.5
+    p = np.exp(s - s.max(-1, keepdims=True))
+    close(got, (p / p.sum(-1, keepdims=True)) @ v, torch.float32)
