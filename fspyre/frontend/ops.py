@@ -329,6 +329,7 @@ _UNARY = {
     aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal",
     aten.relu.default: "relu", aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh",
     aten.silu.default: "silu", aten.logical_not.default: "logical_not",
+    aten.sin.default: "sin", aten.cos.default: "cos",
 }
 _BINARY = {
     aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
@@ -468,6 +469,41 @@ def _var(ctx: Lowering, node: fx.Node, x: Tensor) -> Tensor:
 def lower_reduce(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     fn = _REDUCE[node.target]
     return _var(ctx, node, xs[0]) if fn == "var" else _reduce(ctx, node, fn, xs[0])
+
+
+@rule(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims,
+      align=align_reduction)
+def lower_any_all(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``any`` is the maximum, ``all`` the minimum, of ``x != 0`` stored as bool (0/1)."""
+    fn = "amax" if node.target in (aten.any.default, aten.any.dim, aten.any.dims) else "amin"
+    return _reduce(ctx, node, fn, xs[0])
+
+
+_LOGICAL = {aten.logical_and.default: "mul", aten.logical_or.default: "add", aten.logical_xor.default: "ne"}
+
+
+@rule(*_LOGICAL, align=align_pointwise)
+def lower_logical(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """On operands cast to bool (``x != 0``): and is the product, or the sum (a bool store
+    keeps ``!= 0``), xor is ``!=`` (docs/semantics.md, rule 3)."""
+    a, b = (x if x.dtype == "bool" else ctx.g.cast(x, "bool") for x in xs)
+    return ctx.g.pointwise(_LOGICAL[node.target], a, b, dtype=ctx.dtype(node))
+
+
+_BITWISE = {aten.bitwise_and.Tensor: "mul", aten.bitwise_or.Tensor: "add", aten.bitwise_xor.Tensor: "ne",
+            aten.bitwise_not.default: "logical_not"}
+
+
+@rule(*_BITWISE, align=align_pointwise)
+def lower_bitwise(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``~mask``, ``a & b``, ``a | b``, ``a ^ b`` on bool tensors are the logical ops; on
+    integers they need bit operations fspyre does not have."""
+    if any(x.dtype != "bool" for x in xs) or len(xs) != len(node.args):
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre has bitwise ops on bool tensors only (masks); "
+            f"for integers, rewrite with arithmetic or comparisons"
+        )
+    return ctx.g.pointwise(_BITWISE[node.target], *xs, dtype="bool")
 
 
 @rule(aten.var_mean.correction, align=align_reduction)

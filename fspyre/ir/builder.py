@@ -313,6 +313,8 @@ class GraphBuilder:
     def tanh(self, x: Tensor) -> Tensor: return self._float_result("tanh", x)
     def gelu(self, x: Tensor) -> Tensor: return self._float_result("gelu", x)
     def silu(self, x: Tensor) -> Tensor: return self._float_result("silu", x)
+    def sin(self, x: Tensor) -> Tensor: return self._float_result("sin", x)
+    def cos(self, x: Tensor) -> Tensor: return self._float_result("cos", x)
     def logical_not(self, x: Tensor) -> Tensor: return self.pointwise("logical_not", x, dtype="bool")
     def copy(self, x: Tensor) -> Tensor: return self.pointwise("copy", x)
 
