@@ -64,6 +64,8 @@ CLAIMED: tuple[str, ...] = (
     # views with an offset
     "narrow", "select", "split", "split.list_args", "split_with_sizes", "unbind", "chunk", "tensor_split",
     "hsplit", "vsplit", "dsplit",
+    # concatenation (equal pieces; column_stack's samples concatenate unequal ones: refused)
+    "cat", "stack", "hstack", "vstack", "dstack",
 )
 
 DTYPES = (torch.float16, torch.float32)

@@ -28,6 +28,7 @@ from fspyre.errors import FrontendError
 from fspyre.frontend import annotations  # noqa: F401  (registers fspyre::name_dims)
 from fspyre.ir.builder import Tensor
 from fspyre.ir.dtypes import is_float
+from fspyre.ir.graph import Dim
 
 if TYPE_CHECKING:
     from fspyre.frontend.lowering import Lowering
@@ -665,3 +666,46 @@ def lower_split(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor,
         out.append(ctx.g.slice(x, x.dims[d].name, start, start + size, name=ctx.out_names(node, i)[d]))
         start += size
     return tuple(out)
+
+
+# -- concatenation ----------------------------------------------------------------------------
+def _cat_axis(node: fx.Node) -> int:
+    return _norm(bind(node)["dim"], len(shape(node)))
+
+
+def align_cat(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    d = _cat_axis(node)
+    uses = []
+    for t in bind(node)["tensors"]:
+        keep = shape(t)[d] == shape(node)[d]
+        uses.append(Use(t, tuple(k if j != d or keep else None for j, k in enumerate(out))))
+    return Alignment(uses=tuple(uses), outputs=(out,))
+
+
+@rule(aten.cat.default, align=align_cat)
+def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """Pieces of equal size n along the axis: a ``where`` chain over ``k`` (an iota of the
+    piece count N) selects piece k, giving ``[..., N, n, ...]``, whose contiguous reshape is the
+    result. Every load stays in its piece's bounds, which a select by position (``i < n``)
+    would not; pieces of different sizes have no such form in the index IR and are refused."""
+    d = _cat_axis(node)
+    out = ctx.dims(node)
+    if len(xs) == 1:
+        return xs[0]
+    sizes = [x.dims[d].size for x in xs]
+    if len(set(sizes)) != 1:
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre concatenates pieces of equal size only; these have sizes {sizes} "
+            f"along dim {d}. Split the larger pieces so all are equal, or keep the cat outside the graph"
+        )
+    g = ctx.g
+    k = g.dim(f"{out[d].name}_k", len(xs))
+    inner = g.dim(f"{out[d].name}_n", sizes[0]) if sizes[0] != 1 else Dim(f"{out[d].name}_n", 1)
+    pieces = [g.unsqueeze(g.rename(x, {x.dims[d].name: inner.name}), d, k.name) for x in xs]
+    iota = ctx.iota(k)
+    dtype = ctx.dtype(node)
+    result = pieces[-1]
+    for j in range(len(xs) - 2, -1, -1):
+        result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
+    return g.reshape(result, out)

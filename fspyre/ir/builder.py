@@ -166,6 +166,13 @@ class GraphBuilder:
         self._inputs.append(name)
         return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)
 
+    def input_handle(self, name: str) -> Tensor:
+        """The handle of input ``name`` declared before."""
+        if name not in self._inputs:
+            raise GraphError(f"input_handle: {name!r} is not an input (inputs are {self._inputs})")
+        t = self._buffers[name].type
+        return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)
+
     def _resolve_dims(self, dims: Sequence[Dim | str], where: str) -> tuple[Dim, ...]:
         if isinstance(dims, (str, Dim)) or not isinstance(dims, Sequence):
             raise GraphError(f"{where}: dims {dims!r} must be a list of dim names or Dims, e.g. ['A', 'B']")

@@ -223,3 +223,56 @@ def test_sin_cos(dtype) -> None:
         close(g, stored16(w) if dtype == torch.float16 else w, dtype)
         if dtype == torch.float32:
             close(g, e, dtype)
+
+
+# -- cat / stack: equal pieces, a where over an iota of the piece index -----------------------
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(q, k, inv_freq_t):
+    """Llama's rotary embedding: cos/sin of cat(freqs, freqs), rotate_half, on q and k."""
+    emb = torch.cat((inv_freq_t, inv_freq_t), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rotary_embedding(dtype) -> None:
+    q, k = randn(2, 4, 8, 32, dtype=dtype, seed=1), randn(2, 4, 8, 32, dtype=dtype, seed=2)
+    t = torch.arange(8, dtype=torch.float32)[:, None] * (1e4 ** (-torch.arange(0, 32, 2) / 32))[None]
+    t = t.to(dtype)
+    got = run(apply_rotary, q, k, t)
+    f16 = dtype == torch.float16
+    r = dl16 if f16 else (lambda a: a)  # intermediates are stored as DLFloat16
+    tf = r(t.float().numpy()).astype(np.float64)  # copy-in rounds the float16 input
+    emb = np.concatenate([tf, tf], -1)
+    cos, sin = r(np.cos(emb)), r(np.sin(emb))
+    for g, x, e in zip(got, (q, k), eager(apply_rotary, q, k, t)):
+        n = x.float().numpy()
+        rot = np.concatenate([-n[..., 16:], n[..., :16]], -1)
+        want = r(n * cos) + r(rot * sin)
+        close(g, stored16(want) if f16 else want, dtype)
+        if not f16:
+            close(g, e, dtype)
+
+
+def test_cat_and_stack_are_exact() -> None:
+    def f(x):
+        return (rotate_half(x), torch.stack([x, x * 2, -x], 1), torch.cat([x, x], 0),
+                torch.stack([x[:, 0], x[:, 1]], -1), torch.cat([x], 1))
+
+    x = randn(2, 4, 32)
+    got = run(f, x)
+    n = x.numpy()
+    want = [np.concatenate([-n[..., 16:], n[..., :16]], -1), np.stack([n, n * 2, -n], 1), np.concatenate([n, n], 0),
+            np.stack([n[:, 0], n[:, 1]], -1), n]
+    for i, (g, w, e) in enumerate(zip(got, want, eager(f, x))):
+        np.testing.assert_array_equal(g, w, err_msg=f"output {i}")
+        np.testing.assert_array_equal(g, e, err_msg=f"output {i} vs eager")
+
+
+def test_cat_of_unequal_pieces_is_refused() -> None:
+    with pytest.raises(fspyre.errors.FrontendError, match=r"aten.cat.default.*equal size only.*sizes \[3, 5\]"):
+        capture(lambda x: torch.cat([x[:, :3], x[:, 3:]], 1) * 2, (randn(2, 8),))
