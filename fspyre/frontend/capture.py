@@ -25,7 +25,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from fspyre.errors import FrontendError
 from fspyre.frontend.annotations import preserve_hints, tensor_dim_names
 from fspyre.frontend.dimnames import Placeholder
-from fspyre.frontend.lowering import FxProgram, fspyre_dtype, lower
+from fspyre.frontend.lowering import FxProgram, fspyre_dtype, lower_with_constants
 from fspyre.frontend.ops import source_line
 from fspyre.ir.graph import Graph
 
@@ -129,7 +129,9 @@ def capture(fn_or_module: Callable | torch.nn.Module, example_inputs: Sequence[A
     n_out = len(sig.output_specs)
     output_names = ("out",) if n_out == 1 else tuple(f"out{i}" for i in range(n_out))
     program = FxProgram(name=gname, graph=graph, placeholders=tuple(placeholders), output_names=output_names)
-    return TorchCapture(graph=lower(program), arg_names=tuple(user), params=params, output_names=output_names,
+    lowered, constants = lower_with_constants(program)
+    params.update(constants)
+    return TorchCapture(graph=lowered, arg_names=tuple(user), params=params, output_names=output_names,
                         out_spec=ep.call_spec.out_spec)
 
 
@@ -175,6 +177,11 @@ def _decompose(gm: torch.fx.GraphModule) -> torch.fx.Graph:
                              tracing_mode="real", record_stack_traces=True)(*vals)
         functional = torch.func.functionalize(torch.fx.Interpreter(decomposed).run, remove="mutations")
         graph = make_fx(functional, tracing_mode="real", record_stack_traces=True)(*vals).graph
+    # `.to(dtype)`, `.float()`, `.type()` leave a metadata assertion on the traced input: it
+    # computes nothing, and torch has already checked it on the example inputs.
+    for node in list(graph.nodes):
+        if node.target is aten._assert_tensor_metadata.default and not node.users:
+            graph.erase_node(node)
     graph.eliminate_dead_code()
     return graph
 

@@ -40,25 +40,32 @@ from fspyre.errors import FspyreError
 #   sign, ...);
 # - max.reduction_with_dim, min.reduction_with_dim: they return int64 argmax indices;
 # - float_power, softmax.with_dtype, log_softmax.with_dtype: float64;
-# - glu (slices), einsum (a repeated index is a diagonal: no strided view in the builder);
+# - narrow_copy (aten.narrow_copy has no lowering yet); einsum (a repeated index is a diagonal:
+#   no strided view in the builder);
 # - addmm, baddbmm, nn.functional.linear: the builder's matmul stores its product in the
 #   operands' dtype, so with a bias float16 rounds twice (product, then sum) where torch rounds
 #   once; fails one float16 sample in four. Needs a float32 product (GraphBuilder.matmul(dtype=)).
 CLAIMED: tuple[str, ...] = (
     # elementwise unary
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "square", "logical_not",
-    "positive", "logit", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
+    "positive", "logit", "sin", "cos", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
     "nn.functional.hardtanh", "nn.functional.leaky_relu", "nn.functional.relu6", "nn.functional.hardsigmoid",
-    "nn.functional.hardswish", "nn.functional.threshold", "clamp", "clamp_min", "clamp_max",
+    "nn.functional.hardswish", "nn.functional.threshold", "nn.functional.glu", "clamp", "clamp_min", "clamp_max",
     # elementwise binary and ternary
     "add", "sub", "rsub", "mul", "div.no_rounding_mode", "true_divide", "maximum", "minimum", "max.binary",
     "min.binary", "pow", "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "addcmul", "addcdiv", "lerp",
+    "logical_and", "logical_or", "logical_xor",
     # reductions
     "sum", "mean", "amax", "amin", "prod", "var", "var.unbiased", "std", "std.unbiased", "var_mean", "std_mean",
-    "max.reduction_no_dim", "min.reduction_no_dim", "logsumexp", "softmax", "log_softmax",
+    "any", "all", "max.reduction_no_dim", "min.reduction_no_dim", "logsumexp", "softmax", "log_softmax",
     "nn.functional.softmin", "nn.functional.layer_norm", "nn.functional.rms_norm", "nn.functional.mse_loss",
     # contractions
     "mm", "bmm", "mv", "matmul",
+    # views with an offset
+    "narrow", "select", "split", "split.list_args", "split_with_sizes", "unbind", "chunk", "tensor_split",
+    "hsplit", "vsplit", "dsplit",
+    # concatenation (equal pieces; column_stack's samples concatenate unequal ones: refused)
+    "cat", "stack", "hstack", "vstack", "dstack",
 )
 
 DTYPES = (torch.float16, torch.float32)

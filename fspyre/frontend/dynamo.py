@@ -20,7 +20,7 @@ from fspyre.errors import FrontendError
 from fspyre.frontend.annotations import tensor_dim_names
 from fspyre.frontend.capture import decompositions, to_numpy
 from fspyre.frontend.dimnames import Placeholder
-from fspyre.frontend.lowering import FxProgram, lower
+from fspyre.frontend.lowering import FxProgram, lower_with_constants
 
 BACKEND_NAME = "fspyre"
 _OPTIONS = ("tiling", "cores", "on_graph")
@@ -81,7 +81,8 @@ def _compile_forward(fx_gm: torch.fx.GraphModule, dims: Sequence[tuple[str, ...]
     out_node = next(n for n in fx_gm.graph.nodes if n.op == "output")
     outs = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
     output_names = tuple(f"out{i}" for i in range(len(outs)))
-    graph = lower(FxProgram(name=name, graph=fx_gm.graph, placeholders=placeholders, output_names=output_names))
+    graph, constants = lower_with_constants(
+        FxProgram(name=name, graph=fx_gm.graph, placeholders=placeholders, output_names=output_names))
     if options.get("on_graph") is not None:
         options["on_graph"](graph)
     comp = fspyre.compile(graph, machine=spyre(cores=int(options.get("cores", 32))),
@@ -89,7 +90,7 @@ def _compile_forward(fx_gm: torch.fx.GraphModule, dims: Sequence[tuple[str, ...]
     kinds = [out.meta["val"] for out in outs]
 
     def run(*args: Any) -> list[torch.Tensor]:
-        host = {p.name: to_numpy(a) for p, a in zip(placeholders, args)}
+        host = {p.name: to_numpy(a) for p, a in zip(placeholders, args)} | constants
         got = fspyre.run(comp, host)
         return [_to_torch(got[n], v) for n, v in zip(output_names, kinds)]
 

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -61,6 +62,17 @@ class Lowering:
     def __init__(self, g: GraphBuilder, names: DimNames) -> None:
         self.g = g
         self.names = names
+        self.constants: dict[str, np.ndarray] = {}
+
+    def iota(self, dim: Dim) -> Tensor:
+        """``0, 1, ..., dim.size - 1`` (int32) along ``dim``. The graph IR has no op whose value
+        depends on its position, so this is a constant computed here and passed as a graph
+        input, like the constants torch.export lifts; its value travels with the capture."""
+        name = f"iota_{dim.name}"
+        if name not in self.constants:
+            self.constants[name] = np.arange(dim.size, dtype=np.int32)
+            return self.g.input(name, [dim], "int32")
+        return self.g.input_handle(name)
 
     def out_names(self, node: fx.Node, index: int = 0) -> tuple[str, ...]:
         return self.names.of(node.name, index)
@@ -84,7 +96,17 @@ class Lowering:
 
 
 def lower(program: FxProgram) -> Graph:
-    """Build the fspyre graph of ``program``. Raises FrontendError naming the node on any failure."""
+    """Build the fspyre graph of ``program``. Raises FrontendError naming the node on any
+    failure, and if the graph needs constant inputs (``lower_with_constants`` returns them)."""
+    graph, constants = lower_with_constants(program)
+    if constants:
+        raise FrontendError(f"{program.name}: the graph needs constant inputs {sorted(constants)}; "
+                            f"use lower_with_constants")
+    return graph
+
+
+def lower_with_constants(program: FxProgram) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The graph of ``program`` and the values of the constant inputs the lowering added."""
     placeholders = {p.node: p for p in program.placeholders}
     _check_types(program.graph, placeholders)
     names = name_dims(program.graph, placeholders)
@@ -119,7 +141,7 @@ def lower(program: FxProgram) -> Graph:
                 f"{program.name}: FX node {node.name} has kind {node.op}; fspyre takes ATen call graphs"
             )
     try:
-        return g.build()
+        return g.build(), ctx.constants
     except FspyreError as e:
         raise FrontendError(f"{program.name}: {e}") from e
 

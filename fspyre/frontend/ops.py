@@ -28,6 +28,7 @@ from fspyre.errors import FrontendError
 from fspyre.frontend import annotations  # noqa: F401  (registers fspyre::name_dims)
 from fspyre.ir.builder import Tensor
 from fspyre.ir.dtypes import is_float
+from fspyre.ir.graph import Dim
 
 if TYPE_CHECKING:
     from fspyre.frontend.lowering import Lowering
@@ -329,6 +330,7 @@ _UNARY = {
     aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal",
     aten.relu.default: "relu", aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh",
     aten.silu.default: "silu", aten.logical_not.default: "logical_not",
+    aten.sin.default: "sin", aten.cos.default: "cos",
 }
 _BINARY = {
     aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
@@ -470,6 +472,41 @@ def lower_reduce(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return _var(ctx, node, xs[0]) if fn == "var" else _reduce(ctx, node, fn, xs[0])
 
 
+@rule(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims,
+      align=align_reduction)
+def lower_any_all(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``any`` is the maximum, ``all`` the minimum, of ``x != 0`` stored as bool (0/1)."""
+    fn = "amax" if node.target in (aten.any.default, aten.any.dim, aten.any.dims) else "amin"
+    return _reduce(ctx, node, fn, xs[0])
+
+
+_LOGICAL = {aten.logical_and.default: "mul", aten.logical_or.default: "add", aten.logical_xor.default: "ne"}
+
+
+@rule(*_LOGICAL, align=align_pointwise)
+def lower_logical(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """On operands cast to bool (``x != 0``): and is the product, or the sum (a bool store
+    keeps ``!= 0``), xor is ``!=`` (docs/semantics.md, rule 3)."""
+    a, b = (x if x.dtype == "bool" else ctx.g.cast(x, "bool") for x in xs)
+    return ctx.g.pointwise(_LOGICAL[node.target], a, b, dtype=ctx.dtype(node))
+
+
+_BITWISE = {aten.bitwise_and.Tensor: "mul", aten.bitwise_or.Tensor: "add", aten.bitwise_xor.Tensor: "ne",
+            aten.bitwise_not.default: "logical_not"}
+
+
+@rule(*_BITWISE, align=align_pointwise)
+def lower_bitwise(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``~mask``, ``a & b``, ``a | b``, ``a ^ b`` on bool tensors are the logical ops; on
+    integers they need bit operations fspyre does not have."""
+    if any(x.dtype != "bool" for x in xs) or len(xs) != len(node.args):
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre has bitwise ops on bool tensors only (masks); "
+            f"for integers, rewrite with arithmetic or comparisons"
+        )
+    return ctx.g.pointwise(_BITWISE[node.target], *xs, dtype="bool")
+
+
 @rule(aten.var_mean.correction, align=align_reduction)
 def lower_var_mean(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, Tensor]:
     return (_var(ctx, node, xs[0]), _reduce(ctx, node, "mean", xs[0]))
@@ -518,13 +555,15 @@ def lower_permute(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 @rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default, align=align_view)
 def lower_view(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     """A view when the operand is read contiguously (the builder copies it first otherwise).
-    Reshapes that keep the shape, or only insert size-1 dims, are views of any layout."""
+    Reshapes that keep the shape, or only drop and insert size-1 dims, are views of any
+    layout (a squeezed slice or select stays a view)."""
     (x,) = xs
     dims = ctx.dims(node)
     if x.dims == dims:
         return x
-    kept = [d for d in dims if d.size != 1]
-    if all(d.size != 1 for d in x.dims) and tuple(kept) == x.dims:
+    if [d for d in x.dims if d.size != 1] == [d for d in dims if d.size != 1]:
+        for d in [d for d in x.dims if d.size == 1]:
+            x = ctx.g.squeeze(x, d.name)
         for p, d in enumerate(dims):
             if d.size == 1:
                 x = ctx.g.unsqueeze(x, p, d.name)
@@ -554,3 +593,119 @@ def lower_getitem(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 @rule(torch.ops.fspyre.name_dims.default, align=align_name_dims)
 def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return xs[0]  # the operand was already renamed to the user's names
+
+
+# -- slicing: views with an offset ------------------------------------------------------------
+def _slice_range(node: fx.Node) -> tuple[int, int, int, int]:
+    """(axis, start, stop, step) of a ``slice.Tensor`` node, normalized like a Python slice."""
+    b = bind(node)
+    x = shape(node.args[0])
+    d = _norm(b["dim"], len(x))
+    start, stop, step = slice(b["start"], b["end"], b["step"]).indices(x[d])
+    return d, start, stop, step
+
+
+def _sliced(node: fx.Node, axis: int, index: int = 0) -> Alignment:
+    """Every axis but ``axis`` lines up with the operand's; ``axis`` only when its size is kept."""
+    out = out_keys(node, index)
+    keep = shape(node.args[0])[axis] == shape(node, index)[axis]
+    dst = tuple(k if j != axis or keep else None for j, k in enumerate(out))
+    return Alignment(uses=(Use(node.args[0], dst),), outputs=(out,))
+
+
+def align_slice(node: fx.Node) -> Alignment:
+    return _sliced(node, _slice_range(node)[0])
+
+
+@rule(aten.slice.Tensor, align=align_slice)
+def lower_slice(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    (x,) = xs
+    d, start, stop, step = _slice_range(node)
+    if (start, stop, step) == (0, x.dims[d].size, 1):
+        return x
+    return ctx.g.slice(x, x.dims[d].name, start, stop, step, name=ctx.out_names(node)[d])
+
+
+def align_select(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    d = _norm(bind(node)["dim"], len(shape(node.args[0])))
+    return Alignment(uses=(Use(node.args[0], out[:d] + (None,) + out[d:]),), outputs=(out,))
+
+
+@rule(aten.select.int, align=align_select)
+def lower_select(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    (x,) = xs
+    b = bind(node)
+    return ctx.g.select(x, x.dims[_norm(b["dim"], len(x.dims))].name, b["index"])
+
+
+def _split_axis(node: fx.Node) -> int:
+    return _norm(bind(node)["dim"], len(shape(node.args[0])))
+
+
+def align_split(node: fx.Node) -> Alignment:
+    """Results share the operand's other axes; each piece's split axis is its own."""
+    d = _split_axis(node)
+    n = len(val(node))
+    first = out_keys(node, 0)
+    outs = tuple(first[:d] + (("out", node.name, i, d),) + first[d + 1:] for i in range(n))
+    keep = n == 1
+    dst = tuple(k if j != d or keep else None for j, k in enumerate(first))
+    return Alignment(uses=(Use(node.args[0], dst),), outputs=outs)
+
+
+@rule(aten.split_with_sizes.default, aten.split.Tensor, align=align_split)
+def lower_split(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, ...]:
+    (x,) = xs
+    d = _split_axis(node)
+    if len(val(node)) == 1:
+        return (x,)
+    out, start = [], 0
+    for i in range(len(val(node))):
+        size = shape(node, i)[d]
+        out.append(ctx.g.slice(x, x.dims[d].name, start, start + size, name=ctx.out_names(node, i)[d]))
+        start += size
+    return tuple(out)
+
+
+# -- concatenation ----------------------------------------------------------------------------
+def _cat_axis(node: fx.Node) -> int:
+    return _norm(bind(node)["dim"], len(shape(node)))
+
+
+def align_cat(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    d = _cat_axis(node)
+    uses = []
+    for t in bind(node)["tensors"]:
+        keep = shape(t)[d] == shape(node)[d]
+        uses.append(Use(t, tuple(k if j != d or keep else None for j, k in enumerate(out))))
+    return Alignment(uses=tuple(uses), outputs=(out,))
+
+
+@rule(aten.cat.default, align=align_cat)
+def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """Pieces of equal size n along the axis: a ``where`` chain over ``k`` (an iota of the
+    piece count N) selects piece k, giving ``[..., N, n, ...]``, whose contiguous reshape is the
+    result. Every load stays in its piece's bounds, which a select by position (``i < n``)
+    would not; pieces of different sizes have no such form in the index IR and are refused."""
+    d = _cat_axis(node)
+    out = ctx.dims(node)
+    if len(xs) == 1:
+        return xs[0]
+    sizes = [x.dims[d].size for x in xs]
+    if len(set(sizes)) != 1:
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre concatenates pieces of equal size only; these have sizes {sizes} "
+            f"along dim {d}. Split the larger pieces so all are equal, or keep the cat outside the graph"
+        )
+    g = ctx.g
+    k = g.dim(f"{out[d].name}_k", len(xs))
+    inner = g.dim(f"{out[d].name}_n", sizes[0]) if sizes[0] != 1 else Dim(f"{out[d].name}_n", 1)
+    pieces = [g.unsqueeze(g.rename(x, {x.dims[d].name: inner.name}), d, k.name) for x in xs]
+    iota = ctx.iota(k)
+    dtype = ctx.dtype(node)
+    result = pieces[-1]
+    for j in range(len(xs) - 2, -1, -1):
+        result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
+    return g.reshape(result, out)

@@ -166,6 +166,13 @@ class GraphBuilder:
         self._inputs.append(name)
         return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)
 
+    def input_handle(self, name: str) -> Tensor:
+        """The handle of input ``name`` declared before."""
+        if name not in self._inputs:
+            raise GraphError(f"input_handle: {name!r} is not an input (inputs are {self._inputs})")
+        t = self._buffers[name].type
+        return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)
+
     def _resolve_dims(self, dims: Sequence[Dim | str], where: str) -> tuple[Dim, ...]:
         if isinstance(dims, (str, Dim)) or not isinstance(dims, Sequence):
             raise GraphError(f"{where}: dims {dims!r} must be a list of dim names or Dims, e.g. ['A', 'B']")
@@ -313,6 +320,8 @@ class GraphBuilder:
     def tanh(self, x: Tensor) -> Tensor: return self._float_result("tanh", x)
     def gelu(self, x: Tensor) -> Tensor: return self._float_result("gelu", x)
     def silu(self, x: Tensor) -> Tensor: return self._float_result("silu", x)
+    def sin(self, x: Tensor) -> Tensor: return self._float_result("sin", x)
+    def cos(self, x: Tensor) -> Tensor: return self._float_result("cos", x)
     def logical_not(self, x: Tensor) -> Tensor: return self.pointwise("logical_not", x, dtype="bool")
     def copy(self, x: Tensor) -> Tensor: return self.pointwise("copy", x)
 
@@ -547,6 +556,48 @@ class GraphBuilder:
         if missing:
             raise GraphError(f"expand: target dims {[d.name for d in target]} drop {sorted(missing)}")
         return self._view(x, out, x.index.subs(subs))
+
+    def _dim_of(self, x: Tensor, dim: Dim | str, where: str) -> Dim:
+        name = dim.name if isinstance(dim, Dim) else dim
+        d = next((d for d in x.dims if d.name == name), None)
+        if d is None:
+            raise GraphError(f"{where}: {name!r} is not a dim of {x.type} (its dims are {list(x.type.names)})")
+        return d
+
+    def slice(self, x: Tensor, dim: Dim | str, start: int, stop: int, step: int = 1,
+              name: str | None = None) -> Tensor:
+        """Elements ``start, start + step, ... < stop`` of ``dim`` (a view): the read index of
+        the new dim ``name`` (default: ``dim``'s name when the size is unchanged, else
+        ``<dim>_<start>_<stop>``) is ``start + step * i``. Whether the device can address a
+        slice that begins mid-stick is decided where an op reads it (``device_coordinates``)."""
+        x = self._own(x, "slice")
+        d = self._dim_of(x, dim, "slice")
+        start, stop, step = (as_int(v, f"slice: {k}") for k, v in (("start", start), ("stop", stop), ("step", step)))
+        if step < 1 or not 0 <= start < stop <= d.size:
+            raise GraphError(
+                f"slice: {d.name}[{start}:{stop}:{step}] is empty or outside the dim's 0..{d.size}; "
+                f"give 0 <= start < stop <= {d.size} and step >= 1"
+            )
+        size = -(-(stop - start) // step)
+        if name is None:
+            name = d.name if size == d.size else f"{d.name}_{start}_{stop}"
+        new = Dim(name, size)
+        if name != d.name and name in x.type.names:
+            raise GraphError(f"slice: the new dim name {name!r} is already a dim of {x.type}")
+        if size != 1:
+            self.dim(name, size)
+        dims = tuple(new if e.name == d.name else e for e in x.dims)
+        return self._view(x, dims, sympy.expand(x.index.xreplace({d.symbol: start + step * new.symbol})))
+
+    def select(self, x: Tensor, dim: Dim | str, index: int) -> Tensor:
+        """Element ``index`` of ``dim`` (negative from the end), which is dropped (a view)."""
+        x = self._own(x, "select")
+        d = self._dim_of(x, dim, "select")
+        index = as_int(index, "select: index")
+        if not -d.size <= index < d.size:
+            raise GraphError(f"select: index {index} is out of range for dim {d} (use {-d.size}..{d.size - 1})")
+        dims = tuple(e for e in x.dims if e.name != d.name)
+        return self._view(x, dims, sympy.expand(x.index.xreplace({d.symbol: index % d.size})))
 
     def broadcast(self, x: Tensor, dims: Sequence[Dim | str]) -> Tensor:
         return self.expand(x, dims)

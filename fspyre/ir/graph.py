@@ -24,7 +24,7 @@ from fspyre.ir.frozen import FrozenMap
 # The op vocabulary: name -> arity. Semantics live in fspyre/machine/numerics.py.
 UNARY = (
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "relu", "sigmoid",
-    "tanh", "gelu", "silu", "copy", "cast", "logical_not",
+    "tanh", "gelu", "silu", "copy", "cast", "logical_not", "sin", "cos",
 )
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")

@@ -71,6 +71,8 @@ POINTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relu": lambda x: np.maximum(x, x.dtype.type(0)),
     "sigmoid": _sigmoid,
     "tanh": np.tanh,
+    "sin": np.sin,
+    "cos": np.cos,
     "gelu": _gelu,
     "silu": lambda x: x * _sigmoid(x),
     "copy": lambda x: x,
@@ -228,7 +230,7 @@ UNIT_ROUNDOFF = 2.0**-24  # float32, round to nearest
 # a numpy/torch float32 library function is within a few ulps of exact; both sides evaluate it
 # on different operands, so each contributes its own error once
 _FN_ULPS = 4.0
-_LIPSCHITZ = {"neg": 1.0, "abs": 1.0, "relu": 1.0, "copy": 1.0, "cast": 1.0,
+_LIPSCHITZ = {"neg": 1.0, "abs": 1.0, "relu": 1.0, "copy": 1.0, "cast": 1.0, "sin": 1.0, "cos": 1.0,
               "gelu": 1.13,  # max |d/dx x·Φ(x)| = 1.1289 at x = √2
               "silu": 1.10}  # max |d/dx x·σ(x)| = 1.0998 at x ≈ 2.4
 _COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}

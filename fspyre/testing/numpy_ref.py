@@ -36,7 +36,8 @@ F32 = 2.0**-24
 UNIT = {"SEN169_FP16": 2.0**-10, "IEEE_FP16": 2.0**-11, "BF16": 2.0**-9, "IEEE_FP32": 2.0**-24}
 TINY = {"SEN169_FP16": 2.0**-30, "IEEE_FP16": 2.0**-24, "BF16": 2.0**-126, "IEEE_FP32": 2.0**-126}
 SAFETY = 2.0
-TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu", "pow", "reciprocal", "div")
+TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu", "pow", "reciprocal", "div",
+                  "sin", "cos")
 
 
 def device_format(dtype: str, fp16_format: str) -> str:
@@ -105,10 +106,10 @@ def _sigmoid(x):
 UNARY = {
     "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0.0), "copy": lambda x: x,
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "reciprocal": lambda x: 1.0 / x, "sigmoid": _sigmoid, "tanh": np.tanh,
+    "reciprocal": lambda x: 1.0 / x, "sigmoid": _sigmoid, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))), "silu": lambda x: x * _sigmoid(x),
 }
-LIPSCHITZ = {"abs": 1.0, "relu": 1.0, "gelu": 1.13, "silu": 1.1}  # not monotone: |f'| <= L
+LIPSCHITZ = {"abs": 1.0, "relu": 1.0, "gelu": 1.13, "silu": 1.1, "sin": 1.0, "cos": 1.0}  # not monotone: |f'| <= L
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "maximum": np.maximum, "minimum": np.minimum, "pow": np.power,
