@@ -111,7 +111,8 @@ def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray 
     out[sidx] = result
     if bound is not None:
         err = np.zeros(out_type.numel)
-        err[sidx] = np.broadcast_to(bound, result.shape)
+        # an undefined error (inf - inf in a fully masked row) bounds nothing: infinite, not NaN
+        err[sidx] = np.broadcast_to(np.where(np.isnan(bound), np.inf, bound), result.shape)
         bound = numerics.store_bound(out, err, fmt, out_type.dtype)
     if out_type.dtype == "bool":
         out = numerics.bool_store(out)
