@@ -60,6 +60,13 @@ def main() -> int:
                 [[s, ms(t), f"{t / total:.0%}"] for s, t in stages.items() if s != "graph"]))
     flat = per_op[1000] / per_op[10]
     print(f"\nms/op at 1000 ops is {flat:.2f}x ms/op at 10 ops (1.0 = linear)")
+
+    # the tiling search compiles candidate groups with the real stages: side by side, one run
+    graph = chain(1000)
+    times = {mode: timed(lambda m=mode: fspyre.compile(graph, fspyre.machine.spyre(cores=32), tiling=m), 3)
+             for mode in ("hints", "auto")}
+    print(f"\n1000-op chain: hints {ms(times['hints'].best)} ms, auto {ms(times['auto'].best)} ms "
+          f"({times['auto'].best / times['hints'].best:.1f}x)")
     return 0
 
 
