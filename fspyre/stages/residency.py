@@ -36,9 +36,9 @@ from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorTy
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
 from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
 from fspyre.machine.report import traffic_report
-from fspyre.machine.spyre import STICK_BYTES, Machine
+from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate
-from fspyre.stages.loop_tree import dim_vars
+from fspyre.stages.loop_tree import dim_vars, elems_per_stick
 from fspyre.stages.program import emit_program
 from fspyre.stages.split_plan import SplitOptions, divide_work
 
@@ -236,19 +236,15 @@ def _regions(tree: LoopTree) -> list[_Region]:
     taken = {b.name for b in tree.buffers} | set(order)
     for (buffer, index, walked, steps, outer), uses in found.items():
         readers = tuple(dict.fromkeys(name for _, name, _ in uses))
-        reads = sum(1 for _ in uses)
         deeper = any(d > len(outer) for _, _, d in uses)
-        if reads < 2 and not deeper:
+        if len(uses) < 2 and not deeper:
             continue  # read once per iteration of the loops that move it: nothing to save
         anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
-        first = min(order[r] for r in readers)
         if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
-            continue  # written inside the span the copy would hoist over
-        if written_at.get(buffer, -1) >= first:
-            continue
+            continue  # written at or after the place the copy would go
         name = _fresh(f"{buffer}_lx", taken)
-        stick = STICK_BYTES // (4 if table[buffer].type.dtype in ("float32", "int32") else 2)
-        regions.append(_Region(name=name, buffer=buffer, index=index, dims=walked, stick=stick, steps=steps,
+        regions.append(_Region(name=name, buffer=buffer, index=index, dims=walked,
+                               stick=elems_per_stick(table[buffer].type.dtype), steps=steps,
                                anchor=anchor, readers=readers))
     return regions
 

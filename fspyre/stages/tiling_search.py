@@ -40,16 +40,15 @@ from fspyre.errors import FspyreError, TilingError
 from fspyre.ir.graph import Buffer, Graph, Op, Output, Reduction
 from fspyre.ir.plans import Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.report import traffic_report
-from fspyre.machine.spyre import STICK_BYTES, Machine
+from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
-from fspyre.stages.loop_tree import tile
+from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.program import emit_program
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 
 FUSE_MODES = ("max-producers", "max-size", "only-patterns", "no-fuse")
-_ITEM_BYTES = {"float16": 2, "bfloat16": 2, "bool": 2, "float32": 4, "int32": 4}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,7 +272,7 @@ def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
         for access in (*op.loads, op.store):
             btype = ctx.buffers[access.buffer].type
             if btype.dims and btype.dims[-1].size > 1 and access.index.coeff(var) == 1:
-                stick = max(stick, STICK_BYTES // _ITEM_BYTES[btype.dtype])
+                stick = max(stick, elems_per_stick(btype.dtype))
     return [c for c in range(2, size + 1) if size % c == 0 and (size // c) % stick == 0]
 
 
