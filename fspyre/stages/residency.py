@@ -163,8 +163,9 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
     kept: list[_Region] = []
     for r in regions:
         names = [d.name for d in r.dims]
-        wanted = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
-        if any(w is None for w in wanted):
+        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
+        wanted = [w for w in found if w is not None]
+        if len(wanted) != len(found):
             continue
         common = {d: k for d, k in wanted[0].items() if d in names}
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
