@@ -115,5 +115,5 @@ def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 
     comp = comp or compile(graph, machine, tiling=tiling)
     ref, bounds = evaluate_with_bounds(graph, inputs, machine)
     report = compare(graph, run(comp, inputs), ref, bounds)
-    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program, machine),
+    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program),
                    warnings=comp.warnings)

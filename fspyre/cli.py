@@ -237,7 +237,7 @@ def _memmap_svg(comp: Compilation) -> str:
 
 
 def _report_text(comp: Compilation) -> str:
-    return str(traffic_report(comp.program, comp.machine)).rstrip("\n")
+    return str(traffic_report(comp.program)).rstrip("\n")
 
 
 def _sdsc_files(comp: Compilation) -> dict[str, str]:

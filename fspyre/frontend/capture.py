@@ -98,7 +98,9 @@ def capture(fn_or_module: Callable | torch.nn.Module, example_inputs: Sequence[A
     renamed = dict(zip((n.name for n in ep.graph.nodes if n.op == "placeholder"),
                        (n.name for n in graph.nodes if n.op == "placeholder")))
     used: set[str] = set()
-    placeholders, params, user = [], {}, []
+    placeholders: list[Placeholder] = []
+    params: dict[str, np.ndarray] = {}
+    user: list[str] = []
     state = {**ep.state_dict, **ep.constants}
     for spec in sig.input_specs:
         node = renamed[spec.arg.name]

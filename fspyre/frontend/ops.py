@@ -17,15 +17,15 @@ import math
 import operator
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.fx as fx
 
+import fspyre.frontend.annotations  # noqa: F401  (registers fspyre::name_dims)
 from fspyre.errors import FrontendError
-from fspyre.frontend import annotations  # noqa: F401  (registers fspyre::name_dims)
 from fspyre.ir.builder import Tensor
 from fspyre.ir.dtypes import is_float
 from fspyre.ir.graph import Dim
@@ -118,6 +118,12 @@ def val(node: fx.Node, index: int | None = None) -> Any:
     return v[index] if index is not None and isinstance(v, (tuple, list)) else v
 
 
+def node_args(node: fx.Node) -> tuple[Any, ...]:
+    """``node.args``, read by position. FX types each as the union of every argument kind; which
+    kind sits at a position is fixed by the op's schema, and the rule reading it knows that schema."""
+    return node.args
+
+
 def shape(node: fx.Node, index: int = 0) -> tuple[int, ...]:
     v = val(node)
     if isinstance(v, (tuple, list)):
@@ -131,7 +137,7 @@ def bind(node: fx.Node) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for i, a in enumerate(schema.arguments):
         if i < len(node.args) and not a.kwarg_only:
-            out[a.name] = node.args[i]
+            out[a.name] = node_args(node)[i]
         elif a.name in node.kwargs:
             out[a.name] = node.kwargs[a.name]
         elif a.has_default_value():
@@ -141,7 +147,7 @@ def bind(node: fx.Node) -> dict[str, Any]:
     return out
 
 
-def is_tensor_node(x: Any) -> bool:
+def is_tensor_node(x: Any) -> TypeGuard[fx.Node]:
     return isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor)
 
 
@@ -166,7 +172,7 @@ def align_pointwise(node: fx.Node) -> Alignment:
 
 def align_identity(node: fx.Node) -> Alignment:
     out = out_keys(node)
-    return Alignment(uses=(Use(node.args[0], out),), outputs=(out,))
+    return Alignment(uses=(Use(node_args(node)[0], out),), outputs=(out,))
 
 
 def align_none(node: fx.Node) -> Alignment:
@@ -175,33 +181,34 @@ def align_none(node: fx.Node) -> Alignment:
 
 def align_getitem(node: fx.Node) -> Alignment:
     out = out_keys(node)
-    return Alignment(uses=(Use(node.args[0], out, index=node.args[1]),), outputs=(out,))
+    return Alignment(uses=(Use(node_args(node)[0], out, index=node_args(node)[1]),), outputs=(out,))
 
 
 def align_permute(node: fx.Node) -> Alignment:
     out = out_keys(node)
-    perm = [_norm(p, len(out)) for p in node.args[1]]
-    dst = [None] * len(out)
+    perm = [_norm(p, len(out)) for p in node_args(node)[1]]
+    dst: list[Key | None] = [None] * len(out)
     for i, p in enumerate(perm):
         dst[p] = out[i]
-    return Alignment(uses=(Use(node.args[0], tuple(dst)),), outputs=(out,))
+    return Alignment(uses=(Use(node_args(node)[0], tuple(dst)),), outputs=(out,))
 
 
 def align_unsqueeze(node: fx.Node) -> Alignment:
     out = out_keys(node)
-    d = _norm(node.args[1], len(out))
-    return Alignment(uses=(Use(node.args[0], out[:d] + out[d + 1:]),), outputs=(out,))
+    d = _norm(node_args(node)[1], len(out))
+    return Alignment(uses=(Use(node_args(node)[0], out[:d] + out[d + 1:]),), outputs=(out,))
 
 
 def squeezed_axes(node: fx.Node) -> tuple[int, ...]:
     """The input axes a squeeze removes (only size-1 ones, as torch does)."""
-    x = shape(node.args[0])
+    x = shape(node_args(node)[0])
+    dims: Sequence[int]
     if node.target is aten.squeeze.default:
         dims = range(len(x))
     elif node.target is aten.squeeze.dim:
-        dims = [node.args[1]]
+        dims = [node_args(node)[1]]
     else:
-        dims = node.args[1]
+        dims = node_args(node)[1]
     return tuple(sorted({_norm(d, len(x)) for d in dims if x and x[_norm(d, len(x))] == 1}))
 
 
@@ -209,14 +216,14 @@ def align_squeeze(node: fx.Node) -> Alignment:
     out = out_keys(node)
     gone = squeezed_axes(node)
     it = iter(out)
-    dst = tuple(None if j in gone else next(it) for j in range(len(shape(node.args[0]))))
-    return Alignment(uses=(Use(node.args[0], dst),), outputs=(out,))
+    dst = tuple(None if j in gone else next(it) for j in range(len(shape(node_args(node)[0]))))
+    return Alignment(uses=(Use(node_args(node)[0], dst),), outputs=(out,))
 
 
 def align_view(node: fx.Node) -> Alignment:
     """A reshape keeps the axes of its common leading and trailing sizes; the rest are new."""
     out = out_keys(node)
-    src, dst_shape = shape(node.args[0]), shape(node)
+    src, dst_shape = shape(node_args(node)[0]), shape(node)
     dst: list[Key | None] = [None] * len(src)
     p = 0
     while p < min(len(src), len(dst_shape)) and src[p] == dst_shape[p]:
@@ -226,19 +233,19 @@ def align_view(node: fx.Node) -> Alignment:
     while s <= min(len(src), len(dst_shape)) - p and src[-s] == dst_shape[-s]:
         dst[len(src) - s] = out[len(dst_shape) - s]
         s += 1
-    return Alignment(uses=(Use(node.args[0], tuple(dst)),), outputs=(out,))
+    return Alignment(uses=(Use(node_args(node)[0], tuple(dst)),), outputs=(out,))
 
 
 def align_expand(node: fx.Node) -> Alignment:
     out = out_keys(node)
-    r = len(shape(node.args[0]))
-    return Alignment(uses=(Use(node.args[0], out[len(out) - r:], stretch=True),), outputs=(out,))
+    r = len(shape(node_args(node)[0]))
+    return Alignment(uses=(Use(node_args(node)[0], out[len(out) - r:], stretch=True),), outputs=(out,))
 
 
 def reduction_axes(node: fx.Node) -> tuple[tuple[int, ...], bool]:
     """(reduced input axes, keepdim) of a reduction node; an empty or absent dim list means all."""
     b = bind(node)
-    rank = len(shape(node.args[0]))
+    rank = len(shape(node_args(node)[0]))
     dims = b.get("dim")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         dims = range(rank)
@@ -249,7 +256,7 @@ def reduction_axes(node: fx.Node) -> tuple[tuple[int, ...], bool]:
 
 def align_reduction(node: fx.Node) -> Alignment:
     axes, keepdim = reduction_axes(node)
-    x = node.args[0]
+    x = node_args(node)[0]
     xs = shape(x)
     nout = len(val(node)) if isinstance(val(node), (tuple, list)) else 1
     out = out_keys(node)
@@ -267,7 +274,7 @@ def align_reduction(node: fx.Node) -> Alignment:
 
 
 def align_mm(node: fx.Node) -> Alignment:
-    a, b = node.args[:2]
+    a, b = node_args(node)[:2]
     out = out_keys(node)
     k = ("red", node.name, 0)
     return Alignment(uses=(Use(a, (out[0], k)), Use(b, (k, out[1]))), outputs=(out,), reduced=((k, shape(a)[-1]),))
@@ -285,7 +292,7 @@ def align_addmm(node: fx.Node) -> Alignment:
 
 
 def align_bmm(node: fx.Node) -> Alignment:
-    a, b = node.args
+    a, b = node_args(node)
     out = out_keys(node)
     k = ("red", node.name, 0)
     return Alignment(
@@ -294,7 +301,7 @@ def align_bmm(node: fx.Node) -> Alignment:
 
 
 def align_mv(node: fx.Node) -> Alignment:
-    a, b = node.args
+    a, b = node_args(node)
     out = out_keys(node)
     k = ("red", node.name, 0)
     return Alignment(uses=(Use(a, (out[0], k)), Use(b, (k,))), outputs=(out,), reduced=((k, shape(a)[-1]),))
@@ -302,7 +309,8 @@ def align_mv(node: fx.Node) -> Alignment:
 
 def align_name_dims(node: fx.Node) -> Alignment:
     out = out_keys(node)
-    return Alignment(uses=(Use(node.args[0], out),), outputs=(out,), user_names=dict(zip(out, node.args[1].split(","))))
+    x, names = node_args(node)[:2]
+    return Alignment(uses=(Use(x, out),), outputs=(out,), user_names=dict(zip(out, names.split(","))))
 
 
 # -- lowering helpers -------------------------------------------------------------------------
@@ -325,14 +333,14 @@ def _scalar(x: Any, node: fx.Node) -> Any:
 
 
 # -- pointwise --------------------------------------------------------------------------------
-_UNARY = {
+_UNARY: dict[object, str] = {
     aten.neg.default: "neg", aten.abs.default: "abs", aten.exp.default: "exp", aten.log.default: "log",
     aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal",
     aten.relu.default: "relu", aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh",
     aten.silu.default: "silu", aten.logical_not.default: "logical_not",
     aten.sin.default: "sin", aten.cos.default: "cos",
 }
-_BINARY = {
+_BINARY: dict[object, str] = {
     aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
     aten.maximum.default: "maximum", aten.minimum.default: "minimum",
     aten.pow.Tensor_Tensor: "pow", aten.pow.Tensor_Scalar: "pow", aten.pow.Scalar: "pow",
@@ -434,7 +442,7 @@ def lower_full(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 
 
 # -- reductions -------------------------------------------------------------------------------
-_REDUCE = {
+_REDUCE: dict[object, str] = {
     aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.mean.default: "mean",
     aten.amax.default: "amax", aten.amin.default: "amin", aten.prod.dim_int: "prod", aten.prod.default: "prod",
     aten.max.default: "amax", aten.min.default: "amin", aten.var.correction: "var",
@@ -459,7 +467,7 @@ def _var(ctx: Lowering, node: fx.Node, x: Tensor) -> Tensor:
     if c == int(c):
         return _reduce(ctx, node, "var", x, correction=int(c))
     axes, _ = reduction_axes(node)
-    n = math.prod(shape(node.args[0])[j] for j in axes) if axes else 1
+    n = math.prod(shape(node_args(node)[0])[j] for j in axes) if axes else 1
     out = ctx.dtype(node, 0)
     wide = _reduce(ctx, node, "var", ctx.g.cast(x, _wide(out)) if x.dtype != _wide(out) else x, correction=0,
                    dtype=_wide(out))
@@ -480,7 +488,9 @@ def lower_any_all(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return _reduce(ctx, node, fn, xs[0])
 
 
-_LOGICAL = {aten.logical_and.default: "mul", aten.logical_or.default: "add", aten.logical_xor.default: "ne"}
+_LOGICAL: dict[object, str] = {
+    aten.logical_and.default: "mul", aten.logical_or.default: "add", aten.logical_xor.default: "ne",
+}
 
 
 @rule(*_LOGICAL, align=align_pointwise)
@@ -491,8 +501,10 @@ def lower_logical(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return ctx.g.pointwise(_LOGICAL[node.target], a, b, dtype=ctx.dtype(node))
 
 
-_BITWISE = {aten.bitwise_and.Tensor: "mul", aten.bitwise_or.Tensor: "add", aten.bitwise_xor.Tensor: "ne",
-            aten.bitwise_not.default: "logical_not"}
+_BITWISE: dict[object, str] = {
+    aten.bitwise_and.Tensor: "mul", aten.bitwise_or.Tensor: "add", aten.bitwise_xor.Tensor: "ne",
+    aten.bitwise_not.default: "logical_not",
+}
 
 
 @rule(*_BITWISE, align=align_pointwise)
@@ -576,7 +588,7 @@ rule(aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default, align=align_sque
 
 @rule(aten.unsqueeze.default, align=align_unsqueeze)
 def lower_unsqueeze(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
-    d = _norm(node.args[1], len(shape(node)))
+    d = _norm(node_args(node)[1], len(shape(node)))
     return ctx.g.unsqueeze(xs[0], d, ctx.out_names(node)[d])
 
 
@@ -599,7 +611,7 @@ def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 def _slice_range(node: fx.Node) -> tuple[int, int, int, int]:
     """(axis, start, stop, step) of a ``slice.Tensor`` node, normalized like a Python slice."""
     b = bind(node)
-    x = shape(node.args[0])
+    x = shape(node_args(node)[0])
     d = _norm(b["dim"], len(x))
     start, stop, step = slice(b["start"], b["end"], b["step"]).indices(x[d])
     return d, start, stop, step
@@ -608,9 +620,9 @@ def _slice_range(node: fx.Node) -> tuple[int, int, int, int]:
 def _sliced(node: fx.Node, axis: int, index: int = 0) -> Alignment:
     """Every axis but ``axis`` lines up with the operand's; ``axis`` only when its size is kept."""
     out = out_keys(node, index)
-    keep = shape(node.args[0])[axis] == shape(node, index)[axis]
+    keep = shape(node_args(node)[0])[axis] == shape(node, index)[axis]
     dst = tuple(k if j != axis or keep else None for j, k in enumerate(out))
-    return Alignment(uses=(Use(node.args[0], dst),), outputs=(out,))
+    return Alignment(uses=(Use(node_args(node)[0], dst),), outputs=(out,))
 
 
 def align_slice(node: fx.Node) -> Alignment:
@@ -628,8 +640,8 @@ def lower_slice(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 
 def align_select(node: fx.Node) -> Alignment:
     out = out_keys(node)
-    d = _norm(bind(node)["dim"], len(shape(node.args[0])))
-    return Alignment(uses=(Use(node.args[0], out[:d] + (None,) + out[d:]),), outputs=(out,))
+    d = _norm(bind(node)["dim"], len(shape(node_args(node)[0])))
+    return Alignment(uses=(Use(node_args(node)[0], out[:d] + (None,) + out[d:]),), outputs=(out,))
 
 
 @rule(aten.select.int, align=align_select)
@@ -640,7 +652,7 @@ def lower_select(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 
 
 def _split_axis(node: fx.Node) -> int:
-    return _norm(bind(node)["dim"], len(shape(node.args[0])))
+    return _norm(bind(node)["dim"], len(shape(node_args(node)[0])))
 
 
 def align_split(node: fx.Node) -> Alignment:
@@ -651,7 +663,7 @@ def align_split(node: fx.Node) -> Alignment:
     outs = tuple(first[:d] + (("out", node.name, i, d),) + first[d + 1:] for i in range(n))
     keep = n == 1
     dst = tuple(k if j != d or keep else None for j, k in enumerate(first))
-    return Alignment(uses=(Use(node.args[0], dst),), outputs=outs)
+    return Alignment(uses=(Use(node_args(node)[0], dst),), outputs=outs)
 
 
 @rule(aten.split_with_sizes.default, aten.split.Tensor, align=align_split)

@@ -58,6 +58,3 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenMap, (self._items,))
 
-
-def fmap(items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> FrozenMap[K, V]:
-    return items if isinstance(items, FrozenMap) else FrozenMap(items)

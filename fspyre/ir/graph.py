@@ -30,7 +30,7 @@ BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
 TERNARY = ("where",)
 POINTWISE_FNS: FrozenMap[str, int] = FrozenMap(
-    [(f, 1) for f in UNARY] + [(f, 2) for f in BINARY + COMPARISONS] + [("where", 3), ("full", 1)]
+    [(f, 1) for f in UNARY] + [(f, 2) for f in BINARY + COMPARISONS] + [(f, 3) for f in TERNARY] + [("full", 1)]
 )
 REDUCTION_FNS = ("sum", "amax", "amin", "mean", "prod", "var", "matmul")
 

@@ -128,8 +128,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise SerializationError(f"document: key {_short(dup)} appears twice in one object")
+        for k, _ in pairs:
+            if k in seen:
+                raise SerializationError(f"document: key {_short(k)} appears twice in one object")
+            seen.add(k)
     return out
 
 

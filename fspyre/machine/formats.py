@@ -71,7 +71,7 @@ import numpy as np
 from fspyre.errors import ExecutionError, MachineError
 
 # A stick is the 128-byte unit the Spyre data path moves; elements per stick follow from it.
-STICK_BYTES = 128
+STICK_BYTES = 128  # BYTES_IN_STICK (torch-spyre csrc/spyre_tensor_impl.cpp)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,12 +38,12 @@ from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Dim, TensorType
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats, numerics
+from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, compute_values, to_host
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.layout import device_coordinates, row_major_strides, stick_layout
 from fspyre.machine.memcheck import core_slices, lx_box, program_timeline
 from fspyre.machine.reference import open_grid
-from fspyre.machine.spyre import STICK_BYTES
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _FULL = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
@@ -213,7 +213,7 @@ def _what(spec: OpSpec, arg: TensorArg, core: int) -> str:
     return f"op {spec.name or spec.op} tensor {arg.name} core {core}"
 
 
-def _core_addresses(arg: TensorArg, spec: OpSpec, syms, sizes, slices, iters) -> np.ndarray:
+def _core_addresses(arg: TensorArg, syms, sizes, slices, iters) -> np.ndarray:
     """Byte addresses one core touches (the per-core model, kept for LX boxes and error reports)."""
     fmt = formats.FORMATS[arg.device_dtype]
     grid = open_grid(list(sizes), [sl * n for sl, n in zip(slices, sizes)])
@@ -251,7 +251,7 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
     local = [n // s for n, s in zip(sizes, splits)]
     core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
-    per_core = {core: _core_addresses(arg, spec, syms, local, slices[core], ()) for core in cores}
+    per_core = {core: _core_addresses(arg, syms, local, slices[core], ()) for core in cores}
     # an axis the addresses vary along, or the core does (its own LX), is kept at full size
     varies = [store or splits[k] > 1 or any(a.ndim == len(sizes) and a.shape[k] > 1 for a in per_core.values())
               for k in range(len(sizes))]
@@ -637,7 +637,7 @@ def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
                 continue
             mem = m.lx[core] if acc.lx else m.hbm
             what = _what(op.spec, acc.arg, core)
-            addrs = _core_addresses(acc.arg, op.spec, list(op.syms), local, slices, iters).reshape(-1)
+            addrs = _core_addresses(acc.arg, list(op.syms), local, slices, iters).reshape(-1)
             _check_bytes(mem, addrs, acc.fmt.nbytes, what)
             if m.check_written:
                 _check_written_bytes(mem, addrs, acc.fmt.nbytes, what)
@@ -651,7 +651,7 @@ def _report_write(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             continue
         acc = op.out
         mem = m.lx[core] if acc.lx else m.hbm
-        addrs = _core_addresses(acc.arg, op.spec, out_syms, [local[i] for i in op.out_pos],
+        addrs = _core_addresses(acc.arg, out_syms, [local[i] for i in op.out_pos],
                                 [slices[i] for i in op.out_pos], iters).reshape(-1)
         _check_bytes(mem, addrs, acc.fmt.nbytes, _what(op.spec, acc.arg, core))
     raise AssertionError("unreachable: the batched bounds check failed, the per-core one did not")

@@ -37,10 +37,10 @@ import sympy
 from fspyre.errors import ExecutionError
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
+from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.indexing import as_expr, compile_index
 from fspyre.machine.layout import row_major_strides
 from fspyre.machine.reference import open_grid
-from fspyre.machine.spyre import STICK_BYTES
 
 # -- the shared rules ---------------------------------------------------------------------------
 
@@ -302,7 +302,7 @@ def check_memory(program: Program, *, run: bool = False, inputs: Mapping[str, ob
             _check_bounds(program, acc, issue, lx_bytes)
         _check_dataflow(name, accs, name in kernel_inputs, issue)
 
-    issues += _overlaps(program, accesses, live, where, lx_bytes)
+    issues += _overlaps(accesses, live, where, lx_bytes)
     if run:
         issues += _run(program, inputs, seed)
     high = np.zeros(program.cores, dtype=np.int64)
@@ -403,7 +403,7 @@ def _in_place(a: str, b: str, live: Mapping[str, tuple[int, int]], accesses_at: 
                for x in loads)
 
 
-def _overlaps(program: Program, accesses: list[_Access], live: Mapping[str, tuple[int, int]],
+def _overlaps(accesses: list[_Access], live: Mapping[str, tuple[int, int]],
               where: Mapping[str, tuple[str, int, int]], lx_bytes: Mapping[str, np.ndarray]) -> list[MemoryIssue]:
     accesses_at: dict[int, list[_Access]] = {}
     for acc in accesses:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fspyre.ir.program import Program
+from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.memcheck import (
     box_bytes,
     coord_bounds,
@@ -31,8 +32,6 @@ from fspyre.machine.spyre import (
     HBM_BYTES_PER_NS,
     HBM_TURNAROUND_NS_PER_BYTE,
     MACS_PER_NS_PER_CORE,
-    STICK_BYTES,
-    Machine,
 )
 
 ASSUMPTIONS = (
@@ -155,8 +154,8 @@ def _stick_box_bytes(lows: np.ndarray, highs: np.ndarray) -> int:
     return int(np.prod(ext[:-1])) * STICK_BYTES
 
 
-def traffic_report(program: Program, machine: Machine | None = None) -> TrafficReport:
-    """``machine`` is accepted for symmetry with the stages; the program carries its sizes."""
+def traffic_report(program: Program) -> TrafficReport:
+    """The program carries every size the report needs, so no machine is passed."""
     ops, _ = program_timeline(program)
     out: list[OpTraffic] = []
     kernels: dict[int, list[OpTraffic]] = {}

@@ -1,10 +1,9 @@
 """The Spyre machine model: the numbers every stage plans against.
 
 Sources, all in torch-spyre (the anchor) unless said otherwise:
-torch-spyre ``_inductor/config.py`` (SENCORES), ``scratchpad/allocator.py`` (LX window),
-``csrc/spyre_tensor_impl.cpp`` (BYTES_IN_STICK), the device allocator's 16 GiB segments and
-the card's 128 GB LPDDR5 less 16 GB ECC (HBM_BYTES), ``work_division.py`` (MAX_SPAN_BYTES, #3162),
-``cost_model.py`` (fitted bandwidth and MAC rates).
+torch-spyre ``_inductor/config.py`` (SENCORES), ``scratchpad/allocator.py`` (LX window), the
+device allocator's 16 GiB segments and the card's 128 GB LPDDR5 less 16 GB ECC (HBM_BYTES),
+``work_division.py`` (MAX_SPAN_BYTES, #3162), ``cost_model.py`` (fitted bandwidth and MAC rates).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from fspyre.errors import MachineError
 
 MAX_CORES = 32  # cores per card; SENCORES must be 1..32 (config.py, work_division.py)
-STICK_BYTES = 128  # BYTES_IN_STICK (spyre_tensor_impl.cpp)
 LX_PHYSICAL_BYTES = 2 << 20  # 2 MiB SRAM per core (allocator.py _LX_PHYSICAL_CAPACITY_BYTES)
 LX_RESERVED_BYTES = 64 << 10  # program/debug reservation (allocator.py)
 LX_BACKEND_FRACTION = 0.2  # DXP_LX_FRAC_AVAIL default: the backend's share of LX
@@ -47,7 +45,6 @@ class Machine:
 
     cores: int = MAX_CORES
     lx_bytes: int = lx_window()
-    stick_bytes: int = STICK_BYTES
     span_limit: int = SPAN_LIMIT_BYTES
     fp16_format: str = "SEN169_FP16"
     hbm_bytes: int = HBM_BYTES  # device memory for kernel arguments and intermediates

@@ -35,11 +35,10 @@ import numpy as np
 
 from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import Pointwise, TensorType
+from fspyre.ir.graph import Pointwise
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, loop_counts
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
-from fspyre.machine import formats
-from fspyre.machine.layout import StickLayout, stick_layout
+from fspyre.machine.layout import StickLayout
 from fspyre.machine.memcheck import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.split_plan import Access, buffer_layout, op_accesses, op_dims
@@ -60,12 +59,6 @@ class AllocationOptions:
 
 def _align(n: int, a: int = HBM_ALIGN) -> int:
     return -(-n // a) * a
-
-
-def device_bytes(buffer_type: TensorType, machine: Machine) -> int:
-    """Device bytes of a whole tensor of ``buffer_type`` (its HBM size), padded sticks included."""
-    fmt = formats.FORMATS[machine.device_format(buffer_type.dtype)]
-    return stick_layout(buffer_type.shape, fmt.elems_per_stick).nbytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,7 +145,7 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
     lx_items: list[LiveBuffer] = []
     footprint: dict[str, int] = {}
     for name in intermediates:
-        why, nbytes = _lx_verdict(name, uses.get(name, []), options, machine)
+        why, nbytes = _lx_verdict(uses.get(name, []), options, machine)
         if why:
             reasons[name] = why
             continue
@@ -214,7 +207,7 @@ def _refuse_hbm(tree: LoopTree, layouts: Mapping[str, StickLayout], pool_base: i
     )
 
 
-def _lx_verdict(name: str, us: Sequence[_Use], options: AllocationOptions, machine: Machine) -> tuple[str, int]:
+def _lx_verdict(us: Sequence[_Use], options: AllocationOptions, machine: Machine) -> tuple[str, int]:
     """(reason it stays in HBM, 0) or ("", per-core LX footprint). The first write fixes
     each core's box; every later access (reads, and the writes of an accumulator) must use
     the same box on the same cores."""

@@ -35,6 +35,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
 from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
+from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate
@@ -162,8 +163,9 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
     kept: list[_Region] = []
     for r in regions:
         names = [d.name for d in r.dims]
-        wanted = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
-        if any(w is None for w in wanted):
+        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
+        wanted = [w for w in found if w is not None]
+        if len(wanted) != len(found):
             continue
         common = {d: k for d, k in wanted[0].items() if d in names}
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):

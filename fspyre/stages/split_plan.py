@@ -254,10 +254,10 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
             blocked[n] = "partial variances cannot be combined across cores"
 
     spans = [_Span(acc, size) for acc in accesses]
-    committed = _span_reduction(op, spans, names, adjusted, blocked, reduction, budget, limit, notes)
+    committed = _span_reduction(op, spans, adjusted, blocked, reduction, budget, limit, notes)
 
     if hint:
-        split = _apply_hint(op, hint, names, size, adjusted, blocked, reduction, committed, budget, notes, warnings)
+        split = _apply_hint(op, hint, adjusted, blocked, reduction, committed, budget, notes, warnings)
     elif distribute:
         split = _distribute(names, adjusted, blocked, reduction, committed, budget)
     else:
@@ -285,7 +285,7 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
     )
 
 
-def _span_reduction(op: Op, spans: Sequence[_Span], names: Sequence[str], adjusted: Mapping[str, int],
+def _span_reduction(op: Op, spans: Sequence[_Span], adjusted: Mapping[str, int],
                     blocked: Mapping[str, str], reduction: set[str], budget: int, limit: int,
                     notes: list[str]) -> dict[str, int]:
     """Pass 1: the minimum splits that bring every tensor's per-core span under ``limit``."""
@@ -339,9 +339,9 @@ def _span_reduction(op: Op, spans: Sequence[_Span], names: Sequence[str], adjust
     return acc
 
 
-def _apply_hint(op: Op, hint: Mapping[str, object], names: Sequence[str], size: Mapping[str, int],
-                adjusted: Mapping[str, int], blocked: Mapping[str, str], reduction: set[str],
-                committed: Mapping[str, int], budget: int, notes: list[str], warnings: list[str]) -> dict[str, int]:
+def _apply_hint(op: Op, hint: Mapping[str, object], adjusted: Mapping[str, int], blocked: Mapping[str, str],
+                reduction: set[str], committed: Mapping[str, int], budget: int, notes: list[str],
+                warnings: list[str]) -> dict[str, int]:
     all_dims = {d.name: d.size for d in iteration_dims(op)}
     split = dict(committed)
     for name, k in hint.items():

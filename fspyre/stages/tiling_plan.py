@@ -54,7 +54,7 @@ def _plan_from_hints(graph: Graph) -> TilingPlan:
     _check_scopes(graph, scopes)
     slicing = {h.id for h in graph.hints if h.slices}
     keys = {op.name: tuple(sorted(h for h in op.hints if h in slicing)) for op in graph.ops}
-    ops = _reorder_interlopers(graph.ops, keys, scopes)
+    ops = _reorder_interlopers(graph.ops, keys)
     groups: list[Group] = []
     warnings: list[str] = []
     i = 0
@@ -128,8 +128,7 @@ def _listing(names, limit: int = 6) -> str:
     return "[" + ", ".join(names[:limit]) + f", ... {len(names) - limit} more]"
 
 
-def _reorder_interlopers(ops: Sequence[Op], keys: Mapping[str, tuple[int, ...]],
-                         scopes: Mapping[int, HintScope]) -> tuple[Op, ...]:
+def _reorder_interlopers(ops: Sequence[Op], keys: Mapping[str, tuple[int, ...]]) -> tuple[Op, ...]:
     """Move each unhinted op that sits inside a run of same-key ops out of it (before wins)."""
     writer = {op.store.buffer: i for i, op in enumerate(ops)}
     readers: dict[str, list[int]] = {}

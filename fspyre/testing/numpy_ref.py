@@ -206,7 +206,7 @@ def reduce(fn: str, x: Ref, over: Sequence[str], out_names: Sequence[str], keepd
 
 
 def matmul(a: Ref, b: Ref, k: str, out_names: Sequence[str], dtype: str, fp16_format: str) -> Ref:
-    letters = {}
+    letters: dict[str, str] = {}
     for nm in list(a.names) + list(b.names):
         letters.setdefault(nm, "abcdefghijklmnopqrstuvwxyz"[len(letters)])
     sa = "".join(letters[n] for n in a.names)

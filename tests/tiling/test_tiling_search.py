@@ -5,12 +5,10 @@ from the traffic report of the program that was emitted."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from workloads import add_mul, softmax
 
 import fspyre
 from fspyre.errors import TilingError
@@ -22,9 +20,6 @@ from fspyre.pretty import pretty
 from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling
 from fspyre.testing import examples, inputs_for, programs
 from fspyre.testing.machines import core_counts, lx_capacities
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "workdiv"))
-from workloads import add_mul, softmax  # noqa: E402
 
 SMALL_LX = spyre(cores=4, lx_bytes=64 * 1024)
 

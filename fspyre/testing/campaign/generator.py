@@ -263,7 +263,7 @@ class _Gen:
             if b is a:
                 return True
             names = list(dict.fromkeys(list(a.names) + list(b.names)))
-            sizes = {}
+            sizes: dict[str, int] = {}
             for v in (a, b):
                 for d in v.t.dims:
                     if sizes.get(d.name, 1) not in (1, d.size) and d.size != 1:

@@ -4,6 +4,9 @@
 add_mul [1024, 4096] fp16 tiled A:2 / B:4; softmax tiled over rows). ``compile`` passes the
 graph's hint scopes to ``divide_work`` (the LoopTree does not carry them) and takes the
 allocation options by keyword.
+
+Tests in any directory import it as ``workloads``: pytest puts ``tests/`` (the directory of the
+root conftest.py) on ``sys.path``.
 """
 
 from __future__ import annotations
