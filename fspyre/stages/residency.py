@@ -35,7 +35,6 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
 from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
-from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate

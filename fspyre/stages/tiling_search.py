@@ -39,7 +39,6 @@ import sympy
 from fspyre.errors import FspyreError, TilingError
 from fspyre.ir.graph import Buffer, Graph, Op, Output, Reduction
 from fspyre.ir.plans import Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
-from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
