@@ -96,8 +96,12 @@ REDUCE_COMBINE: dict[str, str] = {
 }
 
 
-def compute_dtype(out_dtype: str, operand_dtypes: Sequence[str]) -> np.dtype:
-    if is_float(out_dtype) or any(is_float(d) for d in operand_dtypes):
+def compute_dtype(out_dtype: str, operand_dtypes: Sequence[str], scalars: Sequence[object] = ()) -> np.dtype:
+    """float32 when the result, a tensor operand or a scalar operand is a float; else int32.
+    A float scalar counts (as torch promotes it): ``int_tensor < 2.5`` compares in float32,
+    not against a truncated 2."""
+    if (is_float(out_dtype) or any(is_float(d) for d in operand_dtypes)
+            or any(isinstance(v, float) for v in scalars)):
         return np.dtype(np.float32)
     return np.dtype(np.int32)
 

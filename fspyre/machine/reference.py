@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fspyre.ir.graph import Graph, Load, Op, Reduction, iteration_dims
+from fspyre.ir.graph import Graph, Load, Op, Reduction, Scalar, iteration_dims
 from fspyre.machine import formats, numerics
 from fspyre.machine.hostio import check_inputs, device_values, to_host
 from fspyre.machine.indexing import compile_index
@@ -88,7 +88,7 @@ def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray 
             operands.append(o.value)
             errs.append(None)
     out_type = buffers[op.store.buffer].type
-    ctype = numerics.compute_dtype(out_type.dtype, dtypes)
+    ctype = numerics.compute_dtype(out_type.dtype, dtypes, [o.value for o in op.operands if isinstance(o, Scalar)])
     bound = None
     if isinstance(op, Reduction):
         nout = len(op.ranges)

@@ -174,7 +174,8 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
     info: dict[str, object] = {
         "fn": op.fn,
         "operands": tuple(operands),
-        "compute": str(numerics.compute_dtype(out_dtype, dtypes)),
+        "compute": str(numerics.compute_dtype(out_dtype, dtypes,
+                                              [o.value for o in op.operands if isinstance(o, Scalar)])),
     }
     if out_dtype == "bool":
         info["store"] = "bool"  # the device keeps value != 0 (docs/semantics.md); bytes alone cannot say so

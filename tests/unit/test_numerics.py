@@ -158,3 +158,23 @@ def test_minus_inf_mask_softmax_equals_torch(constant_fill):
         # each stored intermediate is DLFloat16: a few 2^-9 relative roundings of e, sum and y
         assert np.all(np.abs(y - want) <= 4 * 2.0**-9 * want + 2.0**-24)
     assert fspyre.check(graph, inputs, machine=spyre(cores=8)).equal
+
+
+# --- a float scalar promotes an int comparison to float32, as in torch ---------------------------
+
+def test_int_tensor_compared_with_a_float_scalar_compares_in_float():
+    g = fspyre.GraphBuilder("int_vs_float")
+    A = g.dim("A", 64)
+    x = g.input("x", (A,), "int32")
+    g.output("lt", g.lt(x, 2.5))
+    g.output("eq", g.eq(x, 2.0))
+    g.output("ne", g.ne(x, 0.25))
+    graph = g.build()
+    xs = np.arange(-32, 32, dtype=np.int32)
+    inputs = {"x": xs}
+    want = {"lt": xs < 2.5, "eq": xs == 2.0, "ne": xs != 0.25}  # numpy, from the definitions
+    assert fspyre.check(graph, inputs).equal
+    got = fspyre.run(fspyre.compile(graph, machine=spyre(cores=4)), inputs)
+    ref = fspyre.evaluate(graph, inputs)
+    for name, w in want.items():
+        assert np.array_equal(got[name], w) and np.array_equal(ref[name], w), name
