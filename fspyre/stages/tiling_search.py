@@ -228,8 +228,7 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
         best_rank = min(t.rank for t in judge.tried)
         for c in (c for c in counts[first] if c > chosen.get(first, 1)):
             trial = {**chosen, first: c}
-            judge(members, levels(trial))
-            rank = judge.tried[-1].rank
+            rank = _rank(judge(members, levels(trial)))
             if rank >= best_rank:
                 break
             best_rank = rank
@@ -277,6 +276,12 @@ def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
 
 
 # -- judging one candidate ------------------------------------------------------------------------
+def _rank(cand: Candidate) -> tuple[int, float, int, int]:
+    """Refused last, then estimated time (equal to a femtosecond is a tie: such times differ
+    only by float summation order), HBM bytes, iterations."""
+    return int(cand.verdict == "refused"), round(cand.time_ns, 6), cand.hbm_bytes, cand.iterations
+
+
 @dataclass(frozen=True, slots=True)
 class _Tried:
     candidate: Candidate
@@ -297,10 +302,7 @@ class _Judge:
         if key not in self._memo:
             cand = _judge(self.ctx, members, levels)
             self._memo[key] = cand
-            refused = cand.verdict == "refused"
-            # times equal to a femtosecond are a tie (they differ only by float summation order)
-            self.tried.append(_Tried(candidate=cand, rank=(int(refused), round(cand.time_ns, 6), cand.hbm_bytes,
-                                                           cand.iterations)))
+            self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
         return self._memo[key]
 
 
