@@ -154,20 +154,32 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
         if fn == "matmul":
             return _contract(x[0], x[1], axes, grid).astype(ctype, copy=False)
         v = x[0]
-        if fn in ("sum", "mean"):
-            out = np.sum(v, axis=axes, dtype=ctype)
-            return (out * ctype.type(1.0 / count)).astype(ctype) if fn == "mean" else out
-        if fn == "prod":
-            return np.prod(v, axis=axes, dtype=ctype)
         if fn == "amax":
             return np.max(v, axis=axes)
         if fn == "amin":
             return np.min(v, axis=axes)
+        # numpy's summation order follows the operand's memory layout (pairwise along a
+        # contiguous axis, sequential across strided ones), so the same values summed from a
+        # tile and from the whole tensor could round differently. One contiguous flattened
+        # reduced axis makes the order a function of the values alone.
+        flat = _reduced_last(v, axes)
+        if fn in ("sum", "mean"):
+            out = np.sum(flat, axis=-1, dtype=ctype)
+            return (out * ctype.type(1.0 / count)).astype(ctype) if fn == "mean" else out
+        if fn == "prod":
+            return np.prod(flat, axis=-1, dtype=ctype)
         if fn == "var":
-            mean = np.sum(v, axis=axes, dtype=ctype, keepdims=True) * ctype.type(1.0 / count)
-            sq = np.sum((v - mean) ** 2, axis=axes, dtype=ctype)
+            mean = np.sum(flat, axis=-1, dtype=ctype, keepdims=True) * ctype.type(1.0 / count)
+            sq = np.sum((flat - mean) ** 2, axis=-1, dtype=ctype)
             return (sq / ctype.type(max(count - correction, 0))).astype(ctype)
     raise KeyError(fn)
+
+
+def _reduced_last(v: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """``v`` with the reduced ``axes`` moved last and flattened into one contiguous axis."""
+    kept = [i for i in range(v.ndim) if i not in axes]
+    moved = np.ascontiguousarray(np.transpose(v, kept + list(axes)))
+    return moved.reshape(tuple(v.shape[i] for i in kept) + (math.prod(v.shape[i] for i in axes),))
 
 
 def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[int, ...]) -> np.ndarray:
