@@ -28,6 +28,8 @@ intermediates; with ``hbm_reuse`` buffers whose lifetimes do not overlap share p
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -282,16 +284,71 @@ def solve(items: Sequence[LiveBuffer], capacity: int, solver: str = "greedy") ->
     raise AllocationError(f"lx_solver={solver!r}: use one of {list(SOLVERS)}")
 
 
-def _first_gap(spans: Sequence[tuple[int, int]], size: int, capacity: int | None) -> int | None:
-    """Lowest aligned address where ``size`` bytes fit between the (address, size) spans."""
-    cur = 0
-    for a, s in sorted(spans):
-        start = _align(cur, LX_ALIGN)
-        if start + size <= a:
-            return start
-        cur = max(cur, a + s)
-    start = _align(cur, LX_ALIGN)
-    return start if capacity is None or start + size <= capacity else None
+class _Free:
+    """The free address ranges around the live buffers, as sorted gaps, so each placement
+    looks at the holes rather than re-sorting every live buffer (wide DAGs keep thousands
+    alive). The last gap is open-ended: its start is the top of everything live.
+
+    Live buffers overlap only as in-place chains: a child takes its parent's slot at the same
+    address and is no larger, so buffers are kept per address and a dying one frees only the
+    part of its span no other buffer at its address still covers."""
+
+    __slots__ = ("starts", "ends", "at")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = [0]
+        self.ends: list[float] = [math.inf]
+        self.at: dict[int, dict[str, int]] = {}  # address -> {live buffer: size}
+
+    def top(self) -> int:
+        return self.starts[-1]
+
+    def low_gap_end(self) -> float:
+        """End of the free space starting at address 0 (0 when address 0 is taken)."""
+        return self.ends[0] if self.starts[0] == 0 else 0
+
+    def first_fit(self, size: int, capacity: int | None) -> int | None:
+        """Lowest 128-byte aligned address where ``size`` bytes are free."""
+        for start, end in zip(self.starts, self.ends):
+            a = _align(start, LX_ALIGN)
+            if a + size <= end:
+                return a if capacity is None or a + size <= capacity else None
+        return None  # unreachable: the last gap is open-ended
+
+    def take(self, name: str, addr: int, size: int) -> None:
+        owners = self.at.setdefault(addr, {})
+        covered = max(owners.values(), default=0)
+        owners[name] = size
+        if size > covered:
+            self._carve(addr + covered, addr + size)
+
+    def release(self, name: str, addr: int) -> None:
+        owners = self.at[addr]
+        size = owners.pop(name)
+        covered = max(owners.values(), default=0)
+        if not owners:
+            del self.at[addr]
+        if size > covered:
+            self._free(addr + covered, addr + size)
+
+    def _carve(self, lo: int, hi: int) -> None:
+        i = bisect.bisect_right(self.starts, lo) - 1
+        start, end = self.starts[i], self.ends[i]
+        assert start <= lo and hi <= end, (lo, hi, start, end)
+        pieces = [(a, b) for a, b in ((start, lo), (hi, end)) if b > a]
+        self.starts[i:i + 1] = [a for a, _ in pieces]
+        self.ends[i:i + 1] = [b for _, b in pieces]
+
+    def _free(self, lo: int, hi: int) -> None:
+        i = bisect.bisect_left(self.starts, lo)
+        if i < len(self.starts) and self.starts[i] == hi:  # joins the gap above
+            hi = self.ends[i]
+            del self.starts[i], self.ends[i]
+        if i > 0 and self.ends[i - 1] == lo:  # joins the gap below
+            self.ends[i - 1] = hi
+        else:
+            self.starts.insert(i, lo)
+            self.ends.insert(i, hi)
 
 
 def _greedy(items: Sequence[LiveBuffer], capacity: int | None, prefer_gaps: bool = False) -> dict[str, tuple[int, str]]:
@@ -299,18 +356,22 @@ def _greedy(items: Sequence[LiveBuffer], capacity: int | None, prefer_gaps: bool
     ending there, then place those starting there in input order: (1) in place of a live,
     not yet taken over parent at least as large; (2) address 0 when everything live lies
     above it; (3) just above the highest live buffer; (4) the first gap that fits. With
-    ``prefer_gaps`` (the HBM pool) the gap search comes before (3)."""
+    ``prefer_gaps`` (the HBM pool) the gap search comes before (3). A zero-size buffer
+    occupies nothing and goes at address 0."""
     starts: dict[int, list[LiveBuffer]] = {}
     ends: dict[int, list[str]] = {}
     for it in items:
         starts.setdefault(it.start, []).append(it)
         ends.setdefault(it.end, []).append(it.name)
     live: dict[str, tuple[int, int]] = {}
+    free = _Free()
     taken: set[str] = set()
     out: dict[str, tuple[int, str]] = {}
     for t in sorted(set(starts) | set(ends)):
         for n in ends.get(t, ()):
-            live.pop(n, None)
+            span = live.pop(n, None)
+            if span is not None and span[1]:
+                free.release(n, span[0])
         for it in starts.get(t, ()):
             if capacity is not None and it.size > capacity:
                 continue
@@ -321,18 +382,19 @@ def _greedy(items: Sequence[LiveBuffer], capacity: int | None, prefer_gaps: bool
                     taken.add(p)
                     break
             if addr is None:
-                spans = list(live.values())
-                if not spans or min(a for a, _ in spans) >= it.size:
+                if free.low_gap_end() >= it.size:
                     addr = 0
                 elif prefer_gaps:
-                    addr = _first_gap(spans, it.size, capacity)
+                    addr = free.first_fit(it.size, capacity)
                 else:
-                    top = _align(max(a + s for a, s in spans), LX_ALIGN)
+                    top = _align(free.top(), LX_ALIGN)
                     fits = capacity is None or top + it.size <= capacity
-                    addr = top if fits else _first_gap(spans, it.size, capacity)
+                    addr = top if fits else free.first_fit(it.size, capacity)
             if addr is None:
                 continue
             live[it.name] = (addr, it.size)
+            if it.size:
+                free.take(it.name, addr, it.size)
             out[it.name] = (addr, parent)
     return out
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from workloads import add_mul, compile, softmax
 
 import fspyre
@@ -15,7 +17,7 @@ from fspyre.errors import AllocationError
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.memcheck import check_memory, live_intervals
 from fspyre.machine.report import traffic_report
-from fspyre.stages.allocation import AllocationOptions, LiveBuffer, solve
+from fspyre.stages.allocation import AllocationOptions, LiveBuffer, _greedy, solve
 from fspyre.testing.graphs import inputs_for
 
 SOLVERS = ("greedy", "firstfit", "bestfit")
@@ -315,3 +317,87 @@ def test_the_default_hbm_is_the_cards_seven_16_gib_segments_and_fits_the_workloa
 def test_hbm_capacity_is_validated(bad):
     with pytest.raises(fspyre.errors.MachineError, match=f"hbm_bytes={bad!r}"):
         fspyre.machine.spyre(hbm_bytes=bad)
+
+
+# -- the greedy solver against its plain statement -------------------------------------------
+
+
+def _plain_greedy(items, capacity, prefer_gaps=False):
+    """The greedy rule as written in its docstring, re-sorting every live span per placement."""
+    def first_gap(spans, size):
+        cur = 0
+        for a, s in sorted(spans):
+            start = -(-cur // 128) * 128
+            if start + size <= a:
+                return start
+            cur = max(cur, a + s)
+        start = -(-cur // 128) * 128
+        return start if capacity is None or start + size <= capacity else None
+
+    live, taken, out = {}, set(), {}
+    for t in sorted({it.start for it in items} | {it.end for it in items}):
+        for it in items:
+            if it.end == t:
+                live.pop(it.name, None)
+        for it in (it for it in items if it.start == t):
+            if capacity is not None and it.size > capacity:
+                continue
+            addr, parent = None, ""
+            for p in it.parents:
+                if p in live and p not in taken and it.size <= live[p][1]:
+                    addr, parent = live[p][0], p
+                    taken.add(p)
+                    break
+            if addr is None:
+                spans = list(live.values())
+                if not spans or min(a for a, _ in spans) >= it.size:
+                    addr = 0
+                elif prefer_gaps:
+                    addr = first_gap(spans, it.size)
+                else:
+                    top = -(-max(a + s for a, s in spans) // 128) * 128
+                    fits = capacity is None or top + it.size <= capacity
+                    addr = top if fits else first_gap(spans, it.size)
+            if addr is not None:
+                live[it.name] = (addr, it.size)
+                out[it.name] = (addr, parent)
+    return out
+
+
+@st.composite
+def live_buffers(draw):
+    items = []
+    for i in range(draw(st.integers(1, 40))):
+        start = draw(st.integers(0, 30))
+        end = start + draw(st.integers(1, 12))
+        # in-place parents: earlier buffers ending where this one starts + 1 (a child is born at
+        # its parent's last use)
+        earlier = [b.name for b in items if b.end == start + 1]
+        parents = tuple(draw(st.lists(st.sampled_from(earlier), max_size=2, unique=True))) if earlier else ()
+        items.append(LiveBuffer(name=f"b{i}", size=draw(st.integers(1, 8)) * draw(st.sampled_from([1, 100, 128])),
+                                start=start, end=end, parents=parents))
+    return items
+
+
+@settings(max_examples=300, deadline=None)
+@given(live_buffers(), st.sampled_from([None, 512, 1024, 4096]), st.booleans())
+def test_greedy_places_exactly_as_the_plain_rule(items, capacity, prefer_gaps):
+    got = _greedy(items, capacity, prefer_gaps)
+    assert got == _plain_greedy(items, capacity, prefer_gaps)
+    # and what it places never overlaps a live buffer other than the slot it took over
+    by = {it.name: it for it in items}
+    chain = {n: p for n, (_, p) in got.items() if p}
+
+    def root(n):
+        while n in chain:
+            n = chain[n]
+        return n
+
+    for x in got:
+        for y in got:
+            a, b = by[x], by[y]
+            if x < y and a.start < b.end and b.start < a.end and root(x) != root(y):
+                (ax, _), (ay, _) = got[x], got[y]
+                assert ax + a.size <= ay or ay + b.size <= ax, (x, y, got[x], got[y])
+    if capacity is not None:
+        assert all(got[n][0] + by[n].size <= capacity for n in got)
