@@ -1,7 +1,11 @@
-"""Compile time of chains of 10, 100 and 1000 pointwise ops: total, per op, and how it grows.
+"""Compile time per op of five graph families at 100, 1,000 and 10,000 ops, and how it grows.
 
-A linear pipeline keeps the time per op flat, so each tenfold longer chain takes about ten
-times as long (growth ~10x); quadratic work in graph size would show as ~100x."""
+A linear pipeline keeps the time per op flat, so each tenfold larger graph takes about ten
+times as long (growth ~10x); quadratic work in graph size would show as ~100x. The families:
+a chain of pointwise ops; a fan-out/fan-in (one input read by n/2 ops whose results are all
+alive until a chain of adds joins them: thousands of buffers live at once, the allocator's
+worst case); reductions (sum then broadcast subtract); matmuls; and the chain under two
+nested hint scopes (tiling="hints"). The last lines compare tiling="auto" with "hints"."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from timing import machine_line, ms, table, timed
 import fspyre
 
 FNS = ("add", "mul", "sub", "maximum")
-SIZES = ((10, 20), (100, 5), (1000, 3))  # (ops in the chain, repeats)
+SIZES = ((100, 5), (1000, 3), (10000, 1))  # (ops, repeats)
 
 
 def chain(n: int):
@@ -40,31 +44,87 @@ def stage_times(graph) -> dict[str, float]:
     return out
 
 
+def fan(n: int):
+    """a read by n/2 ops (a + b_i cycling the pointwise fns with b), all joined by a chain of adds."""
+    g = fspyre.GraphBuilder(f"fan{n}")
+    M, N = g.dim("M", 256), g.dim("N", 1024)
+    a, b = g.input("a", (M, N), "float16"), g.input("b", (M, N), "float16")
+    outs = [getattr(g, FNS[i % len(FNS)])(a, b) for i in range(n // 2)]
+    x = outs[0]
+    for y in outs[1:]:
+        x = g.add(x, y)
+    g.output("y", x)
+    return g.build()
+
+
+def reductions(n: int):
+    """x <- x - sum(x over N), n/2 times: a reduction and a broadcast op per step."""
+    g = fspyre.GraphBuilder(f"reductions{n}")
+    M, N = g.dim("M", 256), g.dim("N", 1024)
+    x = g.input("a", (M, N), "float16")
+    for _ in range(n // 2):
+        x = g.sub(x, g.sum(x, ["N"], keepdim=True))
+    g.output("y", x)
+    return g.build()
+
+
+def matmuls(n: int):
+    """x <- x @ w, n times, x [256, 256] and w [256, 256]."""
+    g = fspyre.GraphBuilder(f"matmul{n}")
+    M, K = g.dim("M", 256), g.dim("K", 256)
+    x = g.input("a", (M, K), "float16")
+    w = g.input("w", (K, g.dim("J", 256)), "float16")
+    for _ in range(n):
+        x = g.rename(g.matmul(x, w, "K"), {"J": "K"})
+    g.output("y", x)
+    return g.build()
+
+
+def nested(n: int):
+    """The chain inside nested hint scopes M:2 and N:4 (each level whole 64-element sticks)."""
+    g = fspyre.GraphBuilder(f"nested{n}")
+    M, N = g.dim("M", 256), g.dim("N", 1024)
+    a, b = g.input("a", (M, N), "float16"), g.input("b", (M, N), "float16")
+    x = a
+    with g.hint(slices={"M": 2}), g.hint(slices={"N": 4}):
+        for i in range(n):
+            x = getattr(g, FNS[i % len(FNS)])(x, b)
+    g.output("y", x)
+    return g.build()
+
+
+FAMILIES = {"chain": (chain, "none"), "fan-out/fan-in": (fan, "none"), "reductions": (reductions, "none"),
+            "matmul": (matmuls, "none"), "nested hints": (nested, "hints")}
+
+
 def main() -> int:
-    print(f"compile time of pointwise chains ({machine_line()})\n")
-    rows, per_op, previous = [], {}, None
-    for n, repeats in SIZES:
-        build = timed(lambda: chain(n), repeats)
-        graph = chain(n)
-        t = timed(lambda: fspyre.compile(graph, fspyre.machine.spyre(cores=32), tiling="none"), repeats)
-        per_op[n] = t.best / n
-        growth = f"{t.best / previous:.1f}x" if previous else "-"
-        rows.append([str(n), ms(build.best), ms(t.best), ms(t.median), ms(t.cpu), f"{t.best / n * 1e3:.2f}", growth])
-        previous = t.best
-    print(table(["ops", "build ms", "compile ms (best)", "median", "cpu ms", "ms/op", "growth vs 10x fewer"], rows))
+    print(f"compile time per op, 32 cores ({machine_line()})\n")
+    machine = fspyre.machine.spyre(cores=32)
+    rows, per_op = [], {}
+    for family, (build, tiling) in FAMILIES.items():
+        previous = None
+        for n, repeats in SIZES:
+            graph = build(n)
+            ops = len(graph.ops)
+            t = timed(lambda: fspyre.compile(graph, machine, tiling=tiling), repeats)
+            per_op[family, n] = t.best / ops
+            growth = f"{t.best / previous:.1f}x" if previous else "-"
+            rows.append([family, tiling, str(ops), ms(t.best), ms(t.cpu), f"{t.best / ops * 1e3:.2f}", growth])
+            previous = t.best
+    print(table(["family", "tiling", "ops", "compile ms (best)", "cpu ms", "ms/op", "growth vs 10x fewer"], rows))
+    big = SIZES[-1][0]
+    print("\nms/op at the largest size against the chain's: " + ", ".join(
+        f"{f} {per_op[f, big] / per_op['chain', big]:.2f}x" for f in FAMILIES if f != "chain"))
 
     stages = stage_times(chain(1000))
     total = sum(stages.values())
-    print("\nwhere the 1000-op compile goes (one run):\n")
+    print("\nwhere the 1000-op chain's compile goes (one run):\n")
     print(table(["stage", "ms", "share"],
                 [[s, ms(t), f"{t / total:.0%}"] for s, t in stages.items() if s != "graph"]))
-    flat = per_op[1000] / per_op[10]
-    print(f"\nms/op at 1000 ops is {flat:.2f}x ms/op at 10 ops (1.0 = linear)")
 
     # the tiling search compiles candidate groups with the real stages: side by side, one run
     graph = chain(1000)
-    times = {mode: timed(lambda m=mode: fspyre.compile(graph, fspyre.machine.spyre(cores=32), tiling=m), 3)
-             for mode in ("hints", "auto")}
+    times = {mode: timed(lambda m=mode: fspyre.compile(graph, machine, tiling=m), 3) for mode in ("hints", "auto")}
     print(f"\n1000-op chain: hints {ms(times['hints'].best)} ms, auto {ms(times['auto'].best)} ms "
           f"({times['auto'].best / times['hints'].best:.1f}x)")
     return 0
