@@ -1,0 +1,84 @@
+"""The model zoo: layers from HuggingFace ``transformers`` and ``torch.nn`` as their authors
+wrote them, built from small configs with random weights (nothing is downloaded).
+
+Each case is a ``Case``: a module taking float hidden states ``[B, S, D]`` (and the inputs
+the layer's own model would hand it), and a factory of example inputs. Layers that return a
+tuple are wrapped to return the hidden states only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+B, S, D, HEADS, FF = 2, 16, 64, 4, 128
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[], torch.nn.Module]  # float32, eval mode, seeded
+    inputs: Callable[[], tuple[torch.Tensor, ...]]  # float32
+
+
+class FirstOutput(torch.nn.Module):
+    """``layer(x)[0]`` for layers that return (hidden_states, ...)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layer(x)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _seeded(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return make().eval()
+    return build
+
+
+def _hidden() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(B, S, D, generator=torch.Generator().manual_seed(1)),)
+
+
+def _gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    cfg = GPT2Config(n_embd=D, n_head=HEADS, n_layer=1, n_positions=S, vocab_size=128, bos_token_id=0,
+                     eos_token_id=0, attn_implementation="eager")
+    return FirstOutput(GPT2Block(cfg, 0))
+
+
+def _bert() -> torch.nn.Module:
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    cfg = BertConfig(hidden_size=D, intermediate_size=FF, num_attention_heads=HEADS, num_hidden_layers=1,
+                     attn_implementation="eager")
+    return FirstOutput(BertLayer(cfg))
+
+
+class _MHA(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(D, HEADS, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+def _encoder() -> torch.nn.Module:
+    return torch.nn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, batch_first=True)
+
+
+CASES = {c.name: c for c in (
+    Case("gpt2_block", _seeded(_gpt2), _hidden),
+    Case("bert_layer", _seeded(_bert), _hidden),
+    Case("nn_multihead_attention", _seeded(_MHA), _hidden),
+    Case("nn_transformer_encoder_layer", _seeded(_encoder), _hidden),
+)}
