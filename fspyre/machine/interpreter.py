@@ -33,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Dim, TensorType
@@ -127,6 +126,21 @@ class Pattern:
     lo: int  # min and max element offset touched, relative to the same base
     hi: int
     aligned: bool = True  # False: some address is not a whole element (always reported)
+    # strided: the view's shape and byte strides (``dims`` as numpy takes them, elements of
+    # ``nbytes``), so a view costs one constructor call per access
+    view_shape: tuple[int, ...] = ()
+    view_strides: tuple[int, ...] = ()
+    nbytes: int = 1
+
+
+def _positions(p: Pattern) -> np.ndarray:
+    """Element offsets of every grid point of ``p`` (grid order, flat), relative to its base."""
+    if p.dims is None:
+        return np.asarray(p.index).reshape(-1)
+    elems = np.full((), p.start, np.int64)
+    for size, stride in p.dims:
+        elems = elems[..., None] + np.arange(size, dtype=np.int64) * stride
+    return elems.reshape(-1)
 
 
 def _split_line(line: np.ndarray) -> list[tuple[int, int]] | None:
@@ -177,7 +191,9 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
         for i, (s, st) in enumerate(dims):
             expect = expect[..., None] + np.arange(s, dtype=np.int64) * st
         if np.array_equal(expect, np.broadcast_to(elem, shape).reshape([s for s, _ in dims])):
-            return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes)
+            return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes,
+                           view_shape=tuple(s for s, _ in dims), view_strides=tuple(st * nbytes for _, st in dims),
+                           nbytes=nbytes)
     return Pattern(shape=shape, dims=None, index=np.broadcast_to(elem, shape), start=0,
                    lo=lo // nbytes, hi=hi // nbytes)
 
@@ -388,15 +404,7 @@ class _Machine:
         key = (id(acc), start % STICK_BYTES)
         n = self._stick_counts.get(key)
         if n is None:
-            p = acc.pattern
-            if p.dims is None:
-                elems = np.asarray(p.index).reshape(-1)
-            else:
-                elems = np.full((), p.start, np.int64)
-                for size, stride in p.dims:
-                    elems = (elems[..., None] + np.arange(size, dtype=np.int64) * stride)
-                elems = elems.reshape(-1)
-            sticks = (elems * acc.fmt.nbytes + key[1]) // STICK_BYTES
+            sticks = (_positions(acc.pattern) * acc.fmt.nbytes + key[1]) // STICK_BYTES
             n = int(np.unique(sticks).size) * STICK_BYTES if sticks.size else 0
             self._stick_counts[key] = n
         return n
@@ -413,12 +421,11 @@ class _Machine:
 
 
 def _select(arr: np.ndarray, p: Pattern, offset: int) -> np.ndarray:
-    """The elements of ``arr`` (an element view) at ``p`` + ``offset``: a view when strided."""
+    """The elements of ``arr`` (an element view of ``p.nbytes``) at ``p`` + ``offset``: a view
+    when strided (numpy refuses one reaching outside ``arr``)."""
     if p.dims is None:
         return arr[p.index + offset] if offset else arr[p.index]
-    it = arr.itemsize
-    v = as_strided(arr[p.start + offset:], shape=[s for s, _ in p.dims], strides=[st * it for _, st in p.dims])
-    return v
+    return np.ndarray(p.view_shape, arr.dtype, arr, (p.start + offset) * p.nbytes, p.view_strides)
 
 
 def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
@@ -448,7 +455,7 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         if m.check_written:
             m.view(acc.lx, nb, True)[idx] = _FULL[nb]
         return
-    _select(m.view(acc.lx, nb, False), p, offset)[...] = raw.reshape([s for s, _ in p.dims])
+    _select(m.view(acc.lx, nb, False), p, offset)[...] = raw.reshape(p.view_shape)
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
 
@@ -502,7 +509,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
             try:
                 raw = _load(m, acc, 0)
             except _Unwritten:
-                addrs = _select(np.arange(m.hbm.size // fmt.nbytes, dtype=np.int64), p, 0).reshape(-1) * fmt.nbytes
+                addrs = _positions(p) * fmt.nbytes
                 _check_written_bytes(m.hbm, addrs, fmt.nbytes, what)
                 raise AssertionError("unreachable: the batched check found an unwritten element") from None
             outs[arg.name] = host_array(raw, fmt, arg.dtype).reshape(arg.host_shape)
