@@ -5,7 +5,10 @@ float32 (float formats) or int32 (integer formats); a store to memory keeps
 ``round_to(value, fmt)`` and writes the bit pattern ``encode(value, fmt)``.
 
 Every conversion is whole-array integer arithmetic on the float32 bit pattern: no per-element
-Python, so 4M elements convert in a few milliseconds.
+Python. That arithmetic is the definition; the hot paths read tables built from it (decoding a
+2-byte format: one entry per bit pattern; encoding DLFloat16: one entry per top 19 bits of a
+float32, see ``_dlf16_encode_table``), and large arrays go block by block so each step's
+temporaries stay in the CPU cache (4M values: DLFloat16 encode 25 -> 6 ms, decode 10 -> 4 ms).
 
 SEN169_FP16 = IBM DLFloat16
 ---------------------------
@@ -62,7 +65,8 @@ The other formats
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -164,8 +168,9 @@ def _as_f32_bits(values: np.ndarray) -> np.ndarray:
     return np.array(values, dtype=np.float32).view(np.uint32)
 
 
-def _encode_dlf16(values: np.ndarray) -> np.ndarray:
-    # In-place steps on one private uint32 copy: this runs on every store of a large tensor.
+def _encode_dlf16_bits(values: np.ndarray) -> np.ndarray:
+    """The rule, as arithmetic on the float32 bits (the table below is built from it)."""
+    # In-place steps on one private uint32 copy.
     mag = _as_f32_bits(values)
     sign = mag >> 16
     sign &= 0x8000
@@ -185,6 +190,26 @@ def _encode_dlf16(values: np.ndarray) -> np.ndarray:
     np.copyto(mag, DLF16_NAN_INF, where=is_nan)
     mag |= sign
     return mag.astype(np.uint16)
+
+
+@functools.lru_cache(maxsize=None)
+def _dlf16_encode_table() -> np.ndarray:
+    """DLFloat16 bits of every float32 bit pattern ``i << 13``. Rounding ties away from zero
+    looks at one dropped bit (the half ulp), and the overflow and underflow limits are whole
+    multiples of 2^13, so a float32's encoding is a function of its top 19 bits -- except
+    that +-inf shares its index with the NaNs whose payload lies only in the low 13 bits
+    (``_encode_dlf16`` sends any NaN to the arithmetic)."""
+    table = _encode_dlf16_bits((np.arange(1 << 19, dtype=np.uint32) << _DROP - 1).view(np.float32))
+    table.setflags(write=False)
+    return table
+
+
+def _encode_dlf16(values: np.ndarray) -> np.ndarray:
+    f = np.asarray(values, dtype=np.float32)
+    if np.isnan(f).any():
+        return _encode_dlf16_bits(f)
+    index = np.right_shift(f.view(np.uint32), _DROP - 1, dtype=np.intp)
+    return np.asarray(np.take(_dlf16_encode_table(), index, mode="clip"))
 
 
 def _decode_dlf16(raw: np.ndarray) -> np.ndarray:
@@ -287,21 +312,68 @@ def _codec(fmt: DataFormat) -> _Codec:
     return codec
 
 
+# Elements per block of a large conversion: a block's temporaries (uint32 or intp) stay in the
+# CPU cache. Each conversion makes several whole-array passes; over memory-sized arrays every
+# pass would pay for memory traffic and fresh pages.
+_BLOCK = 1 << 15
+
+
+def _blocks(shape: tuple[int, ...]) -> Iterator[tuple[int | slice, ...]]:
+    """Index tuples cutting an array of ``shape`` into pieces of at most ``_BLOCK`` elements
+    (or one row of the last axis), each whole along the axes after the one it is cut along,
+    so a piece of a C-contiguous array is C-contiguous."""
+    inner, ax = 1, len(shape)
+    while ax > 0 and inner * shape[ax - 1] <= _BLOCK:
+        ax -= 1
+        inner *= shape[ax]
+    if ax == 0:
+        yield (...,)
+        return
+    ax -= 1  # cut along this axis, ``step`` at a time
+    step = max(1, _BLOCK // inner)
+    for outer in itertools.product(*(range(n) for n in shape[:ax])):
+        for start in range(0, shape[ax], step):
+            yield (*outer, slice(start, start + step))
+
+
+def _blockwise(fn: Callable[[np.ndarray], np.ndarray], values: np.ndarray, dtype: str | type) -> np.ndarray:
+    """``fn`` (elementwise, returning ``dtype``) over ``values`` block by block, C-contiguous."""
+    if values.size <= _BLOCK:
+        out = fn(values)
+        return out if out.flags.c_contiguous else np.array(out, order="C")
+    out = np.empty(values.shape, dtype)
+    for b in _blocks(values.shape):
+        out[b] = fn(values[b])
+    return out
+
+
 def encode(values: np.ndarray, fmt: DataFormat) -> np.ndarray:
     """Compute values -> raw bit patterns of ``fmt`` (unsigned, ``fmt.storage``), same shape.
 
     Float formats first take the values as float32, the machine's compute type.
     """
-    return _codec(fmt)[0](values)
+    return _blockwise(_codec(fmt)[0], np.asarray(values), fmt.storage)
 
 
 def decode(raw: np.ndarray, fmt: DataFormat) -> np.ndarray:
-    """Raw bit patterns of ``fmt`` -> float32 (float formats) or int32 (integer formats)."""
+    """Raw bit patterns of ``fmt`` -> float32 (float formats) or int32 (integer formats),
+    C-contiguous whatever the layout of ``raw`` (a strided view of a memory, say)."""
     if fmt.nbytes == 2:
         # 65,536 patterns: one gather from a 256 KiB table beats the bit arithmetic (the
         # interpreter decodes every element it reads).
-        return _decode_table(fmt)[np.asarray(raw, dtype=np.uint16)]
-    return _codec(fmt)[1](raw)
+        return lookup16(_decode_table(fmt), np.asarray(raw, dtype=np.uint16))
+    return _blockwise(_codec(fmt)[1], np.asarray(raw), np.float32 if fmt.is_float else np.int32)
+
+
+def lookup16(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """``table[raw]`` for a table with an entry for each of the 65,536 patterns of ``raw``
+    (uint16), C-contiguous. numpy converts a whole index array to intp before it gathers;
+    block by block that copy stays in the cache."""
+    if table.shape != (1 << 16,) or raw.dtype != np.uint16:
+        raise MachineError(f"lookup16: needs a table of 65536 entries and uint16 patterns, "
+                           f"got {table.shape} and {raw.dtype}")
+    # mode="clip" only skips the bounds check: every uint16 is an index of the table
+    return _blockwise(lambda r: np.asarray(np.take(table, r.astype(np.intp), mode="clip")), raw, table.dtype)
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,7 @@ turning device values back into host arrays. Shared by the evaluator and the int
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -75,6 +76,40 @@ def to_host(values: np.ndarray, dtype: str) -> np.ndarray:
         return values != 0
     with np.errstate(over="ignore"):  # DLFloat16 values past float16's range become +-inf (semantics.md)
         return values.astype(HOST_NUMPY[dtype])
+
+
+# A float16 host array has 65,536 bit patterns and a 2-byte device format as many: copy-in and
+# copy-out of such tensors are one table lookup per element, the tables being the copy rules
+# above applied once to every pattern.
+
+
+def device_bits(host: np.ndarray, dtype: str, fmt: formats.DataFormat) -> np.ndarray:
+    """The bit patterns a copy-in stores: ``encode(compute_values(host, dtype), fmt)``."""
+    if host.dtype == np.float16:
+        return formats.lookup16(_copy_in_table(dtype, fmt), host.view(np.uint16))
+    return formats.encode(compute_values(host, dtype), fmt)
+
+
+def host_array(raw: np.ndarray, fmt: formats.DataFormat, dtype: str) -> np.ndarray:
+    """What a copy-out of the bit patterns ``raw`` gives back: ``to_host(decode(raw, fmt), dtype)``."""
+    if fmt.nbytes == 2 and HOST_NUMPY[dtype] == np.float16:
+        return formats.lookup16(_copy_out_table(fmt, dtype), np.asarray(raw, dtype=np.uint16)).view(np.float16)
+    return to_host(formats.decode(raw, fmt), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_in_table(dtype: str, fmt: formats.DataFormat) -> np.ndarray:
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    table = formats.encode(compute_values(every, dtype), fmt)
+    table.setflags(write=False)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_out_table(fmt: formats.DataFormat, dtype: str) -> np.ndarray:
+    table = to_host(formats.decode(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16), fmt), dtype).view(np.uint16)
+    table.setflags(write=False)
+    return table
 
 
 def random_inputs(types: Mapping[str, TensorType], seed: int = 0) -> dict[str, np.ndarray]:

@@ -27,19 +27,19 @@ from __future__ import annotations
 
 import itertools
 import math
+import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Dim, TensorType
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
-from fspyre.machine.hostio import check_inputs, compute_values, to_host
+from fspyre.machine.hostio import check_inputs, device_bits, host_array
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.layout import device_coordinates, row_major_strides, stick_layout
 from fspyre.machine.memcheck import core_slices, lx_box, program_timeline
@@ -47,6 +47,16 @@ from fspyre.machine.reference import open_grid
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _FULL = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
+
+
+def _zeros(size: int) -> np.ndarray:
+    """``size`` zero bytes whose pages are zeroed on first touch, 4 KiB at a time. (numpy asks
+    for transparent huge pages on a large array, and the first touch of each 2 MiB page then
+    zeroes all of it: the LX of 32 cores is 52 MB, of which a small graph touches a few KB
+    per core -- 10 ms per run, a sixth of a BertLayer's.)"""
+    if size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
 
 
 class Memory:
@@ -116,6 +126,21 @@ class Pattern:
     lo: int  # min and max element offset touched, relative to the same base
     hi: int
     aligned: bool = True  # False: some address is not a whole element (always reported)
+    # strided: the view's shape and byte strides (``dims`` as numpy takes them, elements of
+    # ``nbytes``), so a view costs one constructor call per access
+    view_shape: tuple[int, ...] = ()
+    view_strides: tuple[int, ...] = ()
+    nbytes: int = 1
+
+
+def _positions(p: Pattern) -> np.ndarray:
+    """Element offsets of every grid point of ``p`` (grid order, flat), relative to its base."""
+    if p.dims is None:
+        return np.asarray(p.index).reshape(-1)
+    elems = np.full((), p.start, np.int64)
+    for size, stride in p.dims:
+        elems = elems[..., None] + np.arange(size, dtype=np.int64) * stride
+    return elems.reshape(-1)
 
 
 def _split_line(line: np.ndarray) -> list[tuple[int, int]] | None:
@@ -166,7 +191,9 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
         for i, (s, st) in enumerate(dims):
             expect = expect[..., None] + np.arange(s, dtype=np.int64) * st
         if np.array_equal(expect, np.broadcast_to(elem, shape).reshape([s for s, _ in dims])):
-            return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes)
+            return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes,
+                           view_shape=tuple(s for s, _ in dims), view_strides=tuple(st * nbytes for _, st in dims),
+                           nbytes=nbytes)
     return Pattern(shape=shape, dims=None, index=np.broadcast_to(elem, shape), start=0,
                    lo=lo // nbytes, hi=hi // nbytes)
 
@@ -193,6 +220,9 @@ class Access:
     pattern: Pattern
     advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM)
     core_range: np.ndarray | None  # LX: [cores, 2] local byte min/max per core (bounds per core)
+    # LX: every core's addresses inside its LX and aligned (LX accesses do not move with the
+    # loops, so this is known when the access is planned)
+    lx_ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +291,10 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
         full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
         core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
+    r = core_range
+    lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
     return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
-                  advance=(), core_range=core_range)
+                  advance=(), core_range=core_range, lx_ok=lx_ok)
 
 
 def _plan_op(spec: OpSpec, program: Program) -> OpPlan:
@@ -353,7 +385,8 @@ class _Machine:
         self.check_written = check_written
         self.lx_bytes = program.lx_bytes
         self.hbm = Memory("HBM", program.hbm_bytes)
-        lx = Memory("LX", program.cores * program.lx_bytes)
+        n = program.cores * program.lx_bytes
+        lx = Memory("LX", n, _zeros(n), _zeros(n))
         self.lx_all = lx
         self.lx = tuple(Memory(f"LX of core {c}", program.lx_bytes,
                                lx.data[c * program.lx_bytes:(c + 1) * program.lx_bytes],
@@ -371,15 +404,7 @@ class _Machine:
         key = (id(acc), start % STICK_BYTES)
         n = self._stick_counts.get(key)
         if n is None:
-            p = acc.pattern
-            if p.dims is None:
-                elems = np.asarray(p.index).reshape(-1)
-            else:
-                elems = np.full((), p.start, np.int64)
-                for size, stride in p.dims:
-                    elems = (elems[..., None] + np.arange(size, dtype=np.int64) * stride)
-                elems = elems.reshape(-1)
-            sticks = (elems * acc.fmt.nbytes + key[1]) // STICK_BYTES
+            sticks = (_positions(acc.pattern) * acc.fmt.nbytes + key[1]) // STICK_BYTES
             n = int(np.unique(sticks).size) * STICK_BYTES if sticks.size else 0
             self._stick_counts[key] = n
         return n
@@ -396,15 +421,15 @@ class _Machine:
 
 
 def _select(arr: np.ndarray, p: Pattern, offset: int) -> np.ndarray:
-    """The elements of ``arr`` (an element view) at ``p`` + ``offset``: a view when strided."""
+    """The elements of ``arr`` (an element view of ``p.nbytes``) at ``p`` + ``offset``: a view
+    when strided (numpy refuses one reaching outside ``arr``)."""
     if p.dims is None:
         return arr[p.index + offset] if offset else arr[p.index]
-    it = arr.itemsize
-    v = as_strided(arr[p.start + offset:], shape=[s for s, _ in p.dims], strides=[st * it for _, st in p.dims])
-    return v
+    return np.ndarray(p.view_shape, arr.dtype, arr, (p.start + offset) * p.nbytes, p.view_strides)
 
 
-def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
+def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
+    """The bit patterns at the access, once every byte of them was written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
     raw = _select(m.view(acc.lx, nb, False), p, offset)
@@ -412,23 +437,32 @@ def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
         seen = _select(m.view(acc.lx, nb, True), p, offset)
         if seen.min() != _FULL[nb]:
             raise _Unwritten
-    return formats.decode(raw, acc.fmt).reshape(p.shape)
+    return raw
 
 
-def _write(m: _Machine, acc: Access, offset: int, values: np.ndarray) -> None:
+def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
+    return formats.decode(_load(m, acc, offset), acc.fmt).reshape(acc.pattern.shape)  # decode: C order
+
+
+def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
+    """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    raw = formats.encode(np.reshape(values, -1), acc.fmt)  # flat: the encoders expect arrays, not 0-d
+    raw = np.broadcast_to(raw, p.shape)
     if p.dims is None:
         idx = p.index + offset if offset else p.index
-        m.view(acc.lx, nb, False)[idx] = raw.reshape(idx.shape)
+        m.view(acc.lx, nb, False)[idx] = raw
         if m.check_written:
             m.view(acc.lx, nb, True)[idx] = _FULL[nb]
         return
-    view_shape = [s for s, _ in p.dims]
-    _select(m.view(acc.lx, nb, False), p, offset)[...] = raw.reshape(view_shape)
+    _select(m.view(acc.lx, nb, False), p, offset)[...] = raw.reshape(p.view_shape)
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
+
+
+def _write(m: _Machine, acc: Access, offset: int, values: np.ndarray) -> None:
+    # encoding is elementwise: encode the values as computed, broadcast the bits
+    _store(m, acc, offset, formats.encode(values, acc.fmt))
 
 
 class _Unwritten(Exception):
@@ -444,9 +478,7 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
         return True
     nb = acc.fmt.nbytes
     if acc.lx:
-        r = acc.core_range
-        ok = (r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= m.lx_bytes) & (r[:, 0] % nb == 0))
-        return bool(ok.all())
+        return acc.lx_ok
     size = m.hbm.size
     lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
     return lo >= 0 and hi <= size
@@ -463,10 +495,9 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
     for arg, p in zip(program.kernel_args, plan.kernel):
         if arg.is_input:
             fmt = formats.FORMATS[arg.device_dtype]
-            vals = compute_values(host[arg.name], arg.dtype).reshape(p.shape)
             acc = Access(arg=arg, fmt=fmt, lx=False, pattern=p, advance=(), core_range=None)
             _check_kernel_bounds(m, acc, f"copy-in of {arg.name}")
-            _write(m, acc, 0, vals)
+            _store(m, acc, 0, device_bits(host[arg.name], arg.dtype, fmt).reshape(p.shape))
     _run_body(program.body, (), m, program, plan)
     outs = {}
     for arg, p in zip(program.kernel_args, plan.kernel):
@@ -476,12 +507,12 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
             what = f"copy-out of {arg.name}"
             _check_kernel_bounds(m, acc, what)
             try:
-                vals = _read(m, acc, 0)
+                raw = _load(m, acc, 0)
             except _Unwritten:
-                addrs = _select(np.arange(m.hbm.size // fmt.nbytes, dtype=np.int64), p, 0).reshape(-1) * fmt.nbytes
+                addrs = _positions(p) * fmt.nbytes
                 _check_written_bytes(m.hbm, addrs, fmt.nbytes, what)
                 raise AssertionError("unreachable: the batched check found an unwritten element") from None
-            outs[arg.name] = to_host(vals.reshape(arg.host_shape), arg.dtype)
+            outs[arg.name] = host_array(raw, fmt, arg.dtype).reshape(arg.host_shape)
     trace = None
     if m.trace is not None:
         ops, _ = program_timeline(program)
@@ -561,7 +592,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
     off = _offset(op.out, iters)
     if off is None or not _in_bounds(m, op.out, off):
         _report_write(op, iters, m)
-    _write(m, op.out, off, np.broadcast_to(result, op.out.pattern.shape))
+    _write(m, op.out, off, result)
     if m.trace is not None:
         _trace(op, iters, off, m)
 

@@ -161,6 +161,41 @@ def test_dlf16_overflow_and_infinity_saturate_nan_stays_nan():
     assert np.isnan(round_to(nan_bits, SEN169_FP16)).all()
 
 
+def test_dlf16_encode_table_is_the_arithmetic_on_every_19_bit_prefix():
+    """The fast encoder reads a table indexed by a float32's top 19 bits; it must equal the
+    arithmetic rule for every prefix with any low 13 bits, and for the NaNs and infinities
+    that share an index."""
+    rng = np.random.default_rng(0)
+    prefix = np.arange(1 << 19, dtype=np.uint32) << 13
+    for low in (0, 0x1000, 0x1FFF, 0x0FFF):
+        bits = (prefix | low).view(np.float32)
+        assert np.array_equal(encode(bits, SEN169_FP16), F._encode_dlf16_bits(bits)), hex(low)
+    bits = (prefix | rng.integers(0, 1 << 13, prefix.size, dtype=np.uint32)).view(np.float32)
+    assert np.array_equal(encode(bits, SEN169_FP16), F._encode_dlf16_bits(bits))
+    # inf next to the NaNs on its table index, in one array, both signs
+    tricky = np.array([0x7F800000, 0x7F800001, 0x7F801FFF, 0xFF800000, 0xFF800001, 0x3F800000],
+                      np.uint32).view(np.float32)
+    assert encode(tricky, SEN169_FP16).tolist() == [0x7FFE, 0x7FFF, 0x7FFF, 0xFFFE, 0xFFFF, 0x3E00]
+
+
+@pytest.mark.parametrize("fmt", MODELLED, ids=lambda f: f.name)
+def test_block_by_block_conversion_keeps_values_shape_and_layout(fmt):
+    """Large arrays convert in cache-sized blocks; strided, broadcast and oddly shaped inputs
+    give what one whole-array conversion gives, C-contiguous."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-100, 100, (3, 200, 131)).astype(np.float32)
+    if not fmt.is_float:
+        x = np.rint(x).astype(np.int32)
+    for v in (x, x.transpose(2, 0, 1), x[:, ::3, :], np.broadcast_to(x[:1], (70, 200, 131)),
+              x.reshape(-1), x.reshape(1, 1, -1)):
+        raw = encode(v, fmt)
+        assert raw.shape == v.shape and raw.dtype == np.dtype(fmt.storage)
+        assert np.array_equal(raw, F._codec(fmt)[0](np.ascontiguousarray(v)))
+        back = decode(raw.transpose(*reversed(range(raw.ndim))), fmt)
+        assert back.flags.c_contiguous
+        assert np.array_equal(back, F._codec(fmt)[1](np.ascontiguousarray(raw.T)))
+
+
 def test_dlf16_underflow_flushes_to_signed_zero():
     assert dl(1e-30, -1e-30, 1e-45) == [0x0000, 0x8000, 0x0000]
     # 2^-31 would be e=0, f=0 -- the zero pattern -- so it and everything rounding onto it is 0.
