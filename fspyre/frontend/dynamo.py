@@ -266,7 +266,8 @@ def _refusal(node: fx.Node) -> str | None:
     """Why fspyre cannot take ``node`` whatever surrounds it, or None."""
     if node.target not in RULES:
         return "no fspyre lowering"
-    if _is_getitem(node) and node.args[0].op == "call_function" and _refusal(node.args[0]):
+    source = node.args[0] if _is_getitem(node) else None
+    if isinstance(source, fx.Node) and source.op == "call_function" and _refusal(source):
         return "a result of an op in eager"
     for v in [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]:
         for t in v if isinstance(v, (tuple, list)) else (v,):
@@ -290,6 +291,7 @@ def _lower_part(sub: fx.GraphModule, name: str, module: str, outer_inputs: Seque
         for j, (p, o) in enumerate(zip(sub_inputs, outer_inputs))
     )
     outs = sub.graph.output_node().args[0]
+    assert isinstance(outs, tuple)  # fused with always_return_tuple
     output_names = tuple(f"out{i}" for i in range(len(outs)))
     graph, constants = lower_with_constants(
         FxProgram(name=name, graph=sub.graph, placeholders=placeholders, output_names=output_names))
