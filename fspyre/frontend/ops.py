@@ -441,6 +441,19 @@ def lower_full(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return ctx.g.constant(_scalar(value, node), ctx.dtype(node), ctx.dims(node))
 
 
+@rule(aten.arange.start_step, aten.arange.start, aten.arange.default, align=align_none)
+def lower_arange(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """A constant input holding torch's own ``arange`` values (its definition: the sizes and
+    float steps round as torch rounds them), like ``iota``; they enter the device as any
+    input does, rounded to its format."""
+    b = bind(node)
+    start = 0 if node.target is aten.arange.default else _scalar(b["start"], node)
+    step = _scalar(b.get("step", 1), node)
+    values = torch.arange(start, _scalar(b["end"], node), step, dtype=val(node).dtype)
+    host = values.float() if values.dtype == torch.bfloat16 else values  # numpy has no bfloat16
+    return ctx.constant_input(f"{node.name}_values", ctx.dims(node), host.numpy(), ctx.dtype(node))
+
+
 # -- reductions -------------------------------------------------------------------------------
 _REDUCE: dict[object, str] = {
     aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.mean.default: "mean",

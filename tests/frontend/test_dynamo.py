@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fspyre
-from fspyre.errors import FrontendError, FspyreWarning
+from fspyre.errors import FrontendError, FspyreError, FspyreWarning
 from fspyre.frontend import explain, name_tensor_dims, spyre_hint
 from fspyre.frontend.coverage import FP32_TOL
 from fspyre.frontend.dynamo import BACKEND_NAME, PartitionReport, fspyre_backend, register_backend
@@ -151,16 +151,16 @@ def test_an_unsupported_op_falls_back_to_eager_between_two_fspyre_subgraphs() ->
     assert report.summary().count("\n") == 0
 
 
-def test_an_int64_result_stays_in_eager_and_says_why() -> None:
+def test_a_float64_result_stays_in_eager_and_says_why() -> None:
     def f(x):
-        return (x * 4).to(torch.int64) + 1, x.exp()
+        return (x * 4).to(torch.float64) + 1, x.exp()
 
     x = torch.randn(4, 8)
     fn, reports, _ = compiled(f)
-    with torch.no_grad(), pytest.warns(FspyreWarning, match="dtype int64"):
+    with torch.no_grad(), pytest.warns(FspyreWarning, match="dtype float64"):
         got = fn(x)
     assert_eager(got, f(x))
-    assert {e.reason for e in reports[0].eager} == {"dtype int64"}
+    assert {e.reason for e in reports[0].eager} == {"dtype float64"}
 
 
 def test_a_graph_fully_on_fspyre_does_not_warn() -> None:
@@ -244,3 +244,20 @@ def _captured(module, *args):
 
     cap = capture(module, args)
     return cap.graph, cap.inputs(*args)
+
+
+def test_int64_ids_and_positions_round_trip_as_int64() -> None:
+    def f(ids, x):
+        return ids + torch.arange(ids.shape[-1]), x + torch.arange(x.shape[-1]).float()
+
+    ids, x = torch.randint(0, 1000, (2, 6)), torch.randn(2, 6)
+    fn, reports, _ = compiled(f)
+    with torch.no_grad():
+        got = fn(ids, x)
+    assert got[0].dtype == torch.int64 and torch.equal(got[0], f(ids, x)[0])
+    assert_eager(got, f(ids, x))
+    assert not reports[0].eager
+    big = ids.clone()
+    big[0, 0] = -(2**33)
+    with torch.no_grad(), pytest.raises(FspyreError, match=r"value -8589934592 does not fit int32"):
+        fn(big, x)

@@ -274,3 +274,30 @@ def test_cat_and_stack_are_exact() -> None:
 def test_cat_of_unequal_pieces_is_refused() -> None:
     with pytest.raises(fspyre.errors.FrontendError, match=r"aten.cat.default.*equal size only.*sizes \[3, 5\]"):
         capture(lambda x: torch.cat([x[:, :3], x[:, 3:]], 1) * 2, (randn(2, 8),))
+
+
+# -- int64 (narrowed to int32) and arange -------------------------------------------------------
+def positions(ids, x):
+    pos = torch.arange(ids.shape[1])
+    scale = torch.arange(1, 2 * ids.shape[1] + 1, 2, dtype=torch.float32)
+    return ids + pos, x * scale, (ids * 3).sum(-1), torch.arange(0.5, 3.0, 0.25)
+
+
+def test_int64_and_arange_are_exact() -> None:
+    """int64 is held as int32 on the device; token ids, positions and their sums fit, so every
+    result equals eager exactly (returned as int32 arrays); float aranges are torch's values."""
+    ids = torch.randint(0, 50_000, (2, 6), generator=torch.Generator().manual_seed(0))
+    x = randn(2, 6)
+    got = run(positions, ids, x)
+    want = eager(positions, ids, x)
+    assert [g.dtype for g in got] == [np.int32, np.float32, np.int32, np.float32]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_an_int64_value_outside_int32_is_refused_when_passed_in() -> None:
+    ids = torch.zeros(2, 6, dtype=torch.int64)
+    ids[1, 2] = 2**40
+    cap = capture(positions, (ids, randn(2, 6)))
+    with pytest.raises(fspyre.FspyreError, match=r"input ids: value 1099511627776 does not fit int32"):
+        fspyre.evaluate(cap.graph, cap.inputs(ids, randn(2, 6)))
