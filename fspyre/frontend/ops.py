@@ -708,29 +708,45 @@ def align_cat(node: fx.Node) -> Alignment:
     return Alignment(uses=tuple(uses), outputs=(out,))
 
 
+# A cat of unequal pieces is a cat of their gcd-sized chunks: one ``where`` per chunk, each
+# over the whole result, so the cost grows with the square of the chunk count. Past this many
+# chunks the lowering refuses rather than silently emitting a quadratic graph.
+MAX_CAT_CHUNKS = 64
+
+
 @rule(aten.cat.default, align=align_cat)
 def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     """Pieces of equal size n along the axis: a ``where`` chain over ``k`` (an iota of the
     piece count N) selects piece k, giving ``[..., N, n, ...]``, whose contiguous reshape is the
     result. Every load stays in its piece's bounds, which a select by position (``i < n``)
-    would not; pieces of different sizes have no such form in the index IR and are refused."""
+    would not. Pieces of different sizes are first cut into chunks of the sizes' gcd (slices:
+    views), which are equal pieces."""
     d = _cat_axis(node)
     out = ctx.dims(node)
     if len(xs) == 1:
         return xs[0]
-    sizes = [x.dims[d].size for x in xs]
-    if len(set(sizes)) != 1:
-        raise FrontendError(
-            f"{describe_node(node)}: fspyre concatenates pieces of equal size only; these have sizes {sizes} "
-            f"along dim {d}. Split the larger pieces so all are equal, or keep the cat outside the graph"
-        )
     g = ctx.g
-    k = g.dim(f"{out[d].name}_k", len(xs))
-    inner = g.dim(f"{out[d].name}_n", sizes[0]) if sizes[0] != 1 else Dim(f"{out[d].name}_n", 1)
-    pieces = [g.unsqueeze(g.rename(x, {x.dims[d].name: inner.name}), d, k.name) for x in xs]
+    sizes = [x.dims[d].size for x in xs]
+    n = math.gcd(*sizes)
+    if sum(sizes) // n > MAX_CAT_CHUNKS:
+        raise FrontendError(
+            f"{describe_node(node)}: pieces of sizes {sizes} along dim {d} concatenate as {sum(sizes) // n} chunks "
+            f"of their gcd {n}, over fspyre's limit of {MAX_CAT_CHUNKS} (each chunk is a pass over the result); "
+            f"make the sizes share a larger factor, or keep the cat outside the graph"
+        )
+    inner = g.dim(f"{out[d].name}_n", n) if n != 1 else Dim(f"{out[d].name}_n", 1)
+    chunks = []
+    for x in xs:
+        name = x.dims[d].name
+        if x.dims[d].size == n:
+            chunks.append(g.rename(x, {name: inner.name}))
+        else:
+            chunks += [g.slice(x, name, s, s + n, name=inner.name) for s in range(0, x.dims[d].size, n)]
+    k = g.dim(f"{out[d].name}_k", len(chunks))
+    pieces = [g.unsqueeze(c, d, k.name) for c in chunks]
     iota = ctx.iota(k)
     dtype = ctx.dtype(node)
     result = pieces[-1]
-    for j in range(len(xs) - 2, -1, -1):
+    for j in range(len(pieces) - 2, -1, -1):
         result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
     return g.reshape(result, out)

@@ -271,9 +271,20 @@ def test_cat_and_stack_are_exact() -> None:
         np.testing.assert_array_equal(g, e, err_msg=f"output {i} vs eager")
 
 
-def test_cat_of_unequal_pieces_is_refused() -> None:
-    with pytest.raises(fspyre.errors.FrontendError, match=r"aten.cat.default.*equal size only.*sizes \[3, 5\]"):
-        capture(lambda x: torch.cat([x[:, :3], x[:, 3:]], 1) * 2, (randn(2, 8),))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cat_of_unequal_pieces_is_exact(dtype) -> None:
+    def f(x, cache, new):
+        return torch.cat([x[:, :3], x[:, 3:]], 1) * 2, torch.cat([x[:, 2:4], x[:, :6], x[:, 4:]], 1), \
+            torch.cat([cache, new], 1)
+
+    x, cache, new = randn(2, 8, dtype=dtype), randn(2, 5, 4, dtype=dtype, seed=1), randn(2, 1, 4, dtype=dtype, seed=2)
+    for g, w in zip(run(f, x, cache, new), eager(f, x, cache, new)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_cat_of_too_many_gcd_chunks_is_refused() -> None:
+    with pytest.raises(fspyre.errors.FrontendError, match=r"aten.cat.default.*sizes \[64, 1\].*65 chunks"):
+        capture(lambda x, y: torch.cat([x, y], 0) * 2, (randn(64, 4), randn(1, 4)))
 
 
 # -- int64 (narrowed to int32) and arange -------------------------------------------------------
