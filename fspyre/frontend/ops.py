@@ -620,6 +620,87 @@ def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return xs[0]  # the operand was already renamed to the user's names
 
 
+# -- gathering: embedding, index_select, x[idx], torch.gather ---------------------------------
+# Each is the builder's ``gather`` over one axis of the values, with an iota of that axis as
+# the positions; the gathered axis is a reduction axis (it leaves the result).
+def _gathers_from_a_dim(node: fx.Node, x: fx.Node) -> None:
+    if not shape(x):
+        raise FrontendError(f"{describe_node(node)}: fspyre gathers along a dim, and this tensor has none; "
+                            f"index it before the graph, or give it a dim of size 1")
+
+
+def _index_arg(node: fx.Node) -> tuple[int, fx.Node]:
+    """(axis, index tensor) of ``aten.index.Tensor`` with a single index tensor."""
+    idx = bind(node)["indices"]
+    tensors = [(j, t) for j, t in enumerate(idx) if t is not None]
+    if len(tensors) != 1 or val(tensors[0][1]).dtype == torch.bool:
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre indexes one dim by one integer tensor (x[:, ids]); this indexes "
+            f"{len(tensors)} dims{' by a mask' if tensors and val(tensors[0][1]).dtype == torch.bool else ''}. "
+            f"Index one dim at a time"
+        )
+    return tensors[0]
+
+
+def _take_args(node: fx.Node) -> tuple[fx.Node, int, fx.Node]:
+    """(values, axis, index) of an op that replaces one axis of the values by the index's axes."""
+    b = bind(node)
+    _gathers_from_a_dim(node, b.get("weight", b.get("self")))
+    if node.target is aten.embedding.default:
+        return b["weight"], 0, b["indices"]
+    if node.target is aten.index.Tensor:
+        d, t = _index_arg(node)
+        return b["self"], d, t
+    x = b["self"]
+    return x, _norm(b["dim"], len(shape(x))), b["index"]
+
+
+def align_take(node: fx.Node) -> Alignment:
+    x, d, idx = _take_args(node)
+    out = out_keys(node)
+    n = len(shape(idx))
+    k = ("red", node.name, 0)
+    return Alignment(uses=(Use(x, out[:d] + (k,) + out[d + n:]), Use(idx, out[d:d + n])), outputs=(out,),
+                     reduced=((k, shape(x)[d]),))
+
+
+@rule(aten.embedding.default, aten.index_select.default, aten.index.Tensor, align=align_take)
+def lower_take(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """The builder's gather puts the index's dims first; a permute (a view) moves them to
+    where the gathered axis was."""
+    x, idx = xs
+    _, d, _ = _take_args(node)
+    k = ctx.red_names(node)[0]
+    out = ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
+    n, rank = len(idx.dims), len(out.dims)
+    order = list(range(n, n + d)) + list(range(n)) + list(range(n + d, rank))
+    return out if order == list(range(rank)) else ctx.g.permute(out, order)
+
+
+def align_gather(node: fx.Node) -> Alignment:
+    """torch.gather: ``out[i][j][k] = x[i][index[i][j][k]][k]`` (dim 1); the index may be
+    shorter than ``x`` in the other dims, which then read ``x``'s first elements."""
+    b = bind(node)
+    x, idx = b["self"], b["index"]
+    _gathers_from_a_dim(node, x)
+    d = _norm(b["dim"], len(shape(x)))
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    dst = tuple(k if j == d else (out[j] if shape(x)[j] == shape(idx)[j] else None) for j in range(len(out)))
+    return Alignment(uses=(Use(x, dst), Use(idx, out)), outputs=(out,), reduced=((k, shape(x)[d]),))
+
+
+@rule(aten.gather.default, align=align_gather)
+def lower_gather(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    x, idx = xs
+    d = _norm(bind(node)["dim"], len(x.dims))
+    k = ctx.red_names(node)[0]
+    for j, (a, i) in enumerate(zip(x.dims, idx.dims)):
+        if j != d and a.size != i.size:  # the index covers x's first i.size elements of this dim
+            x = ctx.g.slice(x, a.name, 0, i.size, name=i.name)
+    return ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
+
+
 # -- slicing: views with an offset ------------------------------------------------------------
 def _slice_range(node: fx.Node) -> tuple[int, int, int, int]:
     """(axis, start, stop, step) of a ``slice.Tensor`` node, normalized like a Python slice."""
