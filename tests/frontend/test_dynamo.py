@@ -261,3 +261,15 @@ def test_int64_ids_and_positions_round_trip_as_int64() -> None:
     big[0, 0] = -(2**33)
     with torch.no_grad(), pytest.raises(FspyreError, match=r"value -8589934592 does not fit int32"):
         fn(big, x)
+
+
+def test_tiny_lm_compiles_whole_for_each_sequence_length() -> None:
+    from tests.frontend.test_model_ops import TinyLM
+
+    model = TinyLM().eval()
+    fn, reports, _ = compiled(model)
+    with torch.no_grad():
+        for seq in (8, 5):
+            ids = torch.randint(0, 48, (2, seq), generator=torch.Generator().manual_seed(seq))
+            assert_eager(fn(ids), model(ids))
+    assert [len(r.on_fspyre) for r in reports] == [1, 1] and not any(r.eager for r in reports)
