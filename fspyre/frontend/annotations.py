@@ -119,7 +119,17 @@ def spyre_hint(
     }
     if not spec["slices"] and not spec["work_div"]:
         raise FrontendError("spyre_hint: give slices={dim: count} (or num_tiles_per_dim=) and/or work_div={dim: cores}")
-    return fx_traceback.annotate({f"fspyre_hint_{next(_hint_ids)}": spec})
+    return fx_traceback.annotate({f"fspyre_hint_{_next_hint_id()}": spec})
+
+
+# Dynamo would otherwise guard on the counter's state, and every call, which opens a scope and
+# moves the counter, would fail the guard and recompile (until Dynamo's recompile limit, after
+# which it stops calling the backend). A constant result needs no guard: one compiled graph
+# serves every call, its scopes keep the ids they had when it was traced, and eager calls still
+# take a fresh id each time.
+@torch.compiler.assume_constant_result
+def _next_hint_id() -> int:
+    return next(_hint_ids)
 
 
 @dataclass(frozen=True, slots=True)

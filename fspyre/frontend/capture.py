@@ -44,9 +44,54 @@ def _decompositions() -> dict[Any, Callable]:
 
     table = dict(core_aten_decompositions())  # materializing it costs ~0.5 s: done once
     table.update(get_decompositions([aten._softmax, aten._log_softmax, aten.native_layer_norm]))
+    table[aten._transformer_encoder_layer_fwd.default] = _encoder_layer
     for keep in (aten.silu.default,):
         table.pop(keep, None)
     return table
+
+
+def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first,
+                   eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1,
+                   ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+    """``nn.TransformerEncoderLayer``'s inference fast path (one fused ATen op with no
+    decomposition of its own, taken under ``torch.no_grad()`` in eval mode) as the layer's
+    slow path computes it. ``mask`` is the merged mask of ``MultiheadAttention.merge_masks``:
+    type 0 is [L, L], 1 a key padding mask [B, L], 2 [B, H, L, L]; additive when float,
+    True = masked out when bool (the fused kernel's convention)."""
+    import torch.nn.functional as F
+
+    B, L, _ = src.shape
+
+    def heads(t):
+        return t.reshape(B, L, num_heads, embed_dim // num_heads).transpose(1, 2)
+
+    attn_mask = None
+    if mask is not None:
+        attn_mask = {0: (1, 1, L, L), 1: (B, 1, 1, L), 2: (B, num_heads, L, L)}[mask_type]
+        attn_mask = mask.reshape(attn_mask)
+        if attn_mask.dtype == torch.bool:  # SDPA's bool mask says which keys take part
+            attn_mask = ~attn_mask
+
+    def self_attention(x):
+        q, k, v = F.linear(x, qkv_weight, qkv_bias).chunk(3, -1)
+        o = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=attn_mask)
+        return F.linear(o.transpose(1, 2).reshape(B, L, embed_dim), proj_weight, proj_bias)
+
+    def feed_forward(x):
+        h = F.linear(x, ffn_weight_1, ffn_bias_1)
+        return F.linear(F.gelu(h) if use_gelu else F.relu(h), ffn_weight_2, ffn_bias_2)
+
+    def norm1(x):
+        return F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
+
+    def norm2(x):
+        return F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
+
+    if norm_first:
+        x = src + self_attention(norm1(src))
+        return x + feed_forward(norm2(x))
+    x = norm1(src + self_attention(src))
+    return norm2(x + feed_forward(x))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -149,7 +194,8 @@ def export(module: torch.nn.Module, args: tuple, name: str) -> tuple[torch.expor
         with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecation noise
             ep = torch.export.export(module, args)
-            return ep, _decompose(ep.graph_module)
+            gm = ep.graph_module
+            return ep, decompose(gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]).graph
     except FrontendError:
         raise
     except Exception as e:  # torch's tracing errors are the user's program, not fspyre
@@ -160,9 +206,11 @@ def export(module: torch.nn.Module, args: tuple, name: str) -> tuple[torch.expor
         ) from e
 
 
-def _decompose(gm: torch.fx.GraphModule) -> torch.fx.Graph:
-    """What ``ExportedProgram.run_decompositions(decompositions())`` computes for fspyre's
-    programs (an input written in place is refused), by re-tracing the exported
+def decompose(gm: torch.fx.GraphModule, example_values: Sequence[Any]) -> torch.fx.GraphModule:
+    """The functional core-ATen graph of ``gm`` called on ``example_values`` (fake tensors, or
+    the ints Dynamo passes for symbolic sizes, which the trace specialises on). For an exported
+    graph this is what ``ExportedProgram.run_decompositions(decompositions())`` computes for
+    fspyre's programs (capture refuses an input written in place), by re-tracing the
     graph through ``make_fx`` with the decomposition table. run_decompositions re-enumerates
     every CompositeImplicit op of every namespace on each call, about 1 s against 0.1 s for
     the trace itself; that cost would dominate capture. ``fx.Interpreter`` under
@@ -170,7 +218,7 @@ def _decompose(gm: torch.fx.GraphModule) -> torch.fx.Graph:
     its decomposition makes, as run_decompositions does."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = list(example_values)
     fake_mode = next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         # Decompose, then functionalize: the exported graph may write in place, and so may
@@ -178,14 +226,16 @@ def _decompose(gm: torch.fx.GraphModule) -> torch.fx.Graph:
         decomposed = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=decompositions(),
                              tracing_mode="real", record_stack_traces=True)(*vals)
         functional = torch.func.functionalize(torch.fx.Interpreter(decomposed).run, remove="mutations")
-        graph = make_fx(functional, tracing_mode="real", record_stack_traces=True)(*vals).graph
+        out = make_fx(functional, tracing_mode="real", record_stack_traces=True)(*vals)
+    graph = out.graph
     # `.to(dtype)`, `.float()`, `.type()` leave a metadata assertion on the traced input: it
     # computes nothing, and torch has already checked it on the example inputs.
     for node in list(graph.nodes):
         if node.target is aten._assert_tensor_metadata.default and not node.users:
             graph.erase_node(node)
     graph.eliminate_dead_code()
-    return graph
+    out.recompile()
+    return out
 
 
 class _Function(torch.nn.Module):

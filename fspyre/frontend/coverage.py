@@ -12,7 +12,8 @@ machine model. The reference each result is held to:
   float32 on those rounded inputs, rounded to DLFloat16: a correct lowering is then within one
   DLFloat16 rounding of it (rtol 2^-9, atol 1e-5). Comparing with eager float16 instead would
   measure the format, not the lowering (exp(9) moves 1% when its input moves by 2^-10).
-- bool and int32 results: equal.
+- bool and int32 results: equal. int64 index tensors (embedding, gather) are drawn as OpInfo
+  draws them; fspyre holds them as int32.
 
     python -m fspyre.frontend.coverage [--samples N] [--ops add,exp] [--run K] [-v]
 """
@@ -38,7 +39,8 @@ from fspyre.errors import FspyreError
 #   log2/exp2 from log/exp loses the precision torch keeps; softplus, elu, mish, xlogy,
 #   nan_to_num, fmax, fmin, norm and normalize decompose into such ops (log1p, expm1, isnan,
 #   sign, ...);
-# - max.reduction_with_dim, min.reduction_with_dim: they return int64 argmax indices;
+# - max.reduction_with_dim, min.reduction_with_dim, argmax, argmin: fspyre computes no argmax
+#   indices; arange: its OpInfo samples have no tensor input, which the harness needs;
 # - float_power, softmax.with_dtype, log_softmax.with_dtype: float64;
 # - narrow_copy (aten.narrow_copy has no lowering yet); einsum (a repeated index is a diagonal:
 #   no strided view in the builder);
@@ -64,8 +66,10 @@ CLAIMED: tuple[str, ...] = (
     # views with an offset
     "narrow", "select", "split", "split.list_args", "split_with_sizes", "unbind", "chunk", "tensor_split",
     "hsplit", "vsplit", "dsplit",
-    # concatenation (equal pieces; column_stack's samples concatenate unequal ones: refused)
-    "cat", "stack", "hstack", "vstack", "dstack",
+    # concatenation
+    "cat", "stack", "hstack", "vstack", "dstack", "column_stack",
+    # gathering (take_along_dim: its negative-index wrap is aten.remainder, which fspyre lacks)
+    "nn.functional.embedding", "index_select", "gather",
 )
 
 DTYPES = (torch.float16, torch.float32)
@@ -184,7 +188,8 @@ def _eligible(sample: Any, dtype: torch.dtype, max_numel: int) -> bool:
     if any(isinstance(x, complex) for x in leaves):
         return False
     return bool(tensors) and all(
-        t.dtype in (dtype, torch.bool) and 0 < t.numel() <= max_numel and t.layout == torch.strided for t in tensors
+        t.dtype in (dtype, torch.bool, torch.int64) and 0 < t.numel() <= max_numel and t.layout == torch.strided
+        for t in tensors
     )
 
 

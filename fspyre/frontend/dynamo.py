@@ -1,29 +1,101 @@
-"""``torch.compile(f, backend="fspyre")``: Dynamo hands over an FX graph, AOTAutograd turns it
-into core ATen (the same decompositions as ``from_torch``), fspyre lowers and compiles it, and
-the compiled program runs on the machine-model interpreter, returning torch tensors.
+"""``torch.compile(f, backend="fspyre")``: Dynamo hands over an FX graph; fspyre traces it to
+core ATen (the same decompositions as ``from_torch``) for the input shapes of each call,
+splits it into the largest subgraphs fspyre can lower, compiles each, and runs them on the
+machine-model interpreter; every other op runs in eager PyTorch between them.
+
+- **Fallback.** ``CapabilityBasedPartitioner`` groups the ops fspyre has a rule for (with
+  dtypes and sizes fspyre can hold) into maximal subgraphs without cycles; a subgraph the
+  lowering still refuses falls back whole, with the lowering's message as its reason. Anything
+  left in eager is reported in one line (``PartitionReport.summary``), warned once per
+  compiled shape, and printed by ``explain(model, inputs)``. Views and ``getitem`` alone are
+  not worth a trip to the device: a subgraph with nothing else stays in eager, unreported.
+- **Static shapes.** fspyre compiles for static shapes. The backend specialises itself: each
+  call looks its input shapes (and the values of the ints Dynamo passes for symbolic sizes)
+  up in a cache and traces and compiles on a miss. Dynamo's own default (``dynamic=None``)
+  recompiles once, with symbolic sizes, at the second shape; from then on the cache does the
+  work, so a model fed many sequence lengths stays under Dynamo's recompile limit.
+- **Inference only.** A call that needs gradients (grad mode on and an input, parameters
+  included, that requires grad) is refused: run it under ``torch.no_grad()``.
 
 Options: ``torch.compile(f, backend="fspyre", options={"tiling": "none", "cores": 8})``;
 ``tiling`` defaults to ``"auto"`` and ``cores`` to 32; ``on_graph`` is called with each
-captured fspyre Graph before it is compiled (printing, tests). Inference only: a graph that
-needs a backward pass is refused (call it under ``torch.no_grad()``).
+fspyre Graph before it is compiled (printing, tests); ``on_report`` with each
+``PartitionReport``.
 """
 
 from __future__ import annotations
 
+import operator
+import sys
+import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import numpy as np
 import torch
+import torch.fx as fx
 
-from fspyre.errors import FrontendError
-from fspyre.frontend.annotations import tensor_dim_names
-from fspyre.frontend.capture import decompositions, to_numpy
+from fspyre.errors import FrontendError, FspyreError, FspyreWarning
+from fspyre.frontend.annotations import preserve_hints, tensor_dim_names
+from fspyre.frontend.capture import decompose, to_numpy
 from fspyre.frontend.dimnames import Placeholder
-from fspyre.frontend.lowering import FxProgram, lower_with_constants
+from fspyre.frontend.lowering import TORCH_DTYPES, FxProgram, lower_with_constants
+from fspyre.frontend.ops import RULES
 
 BACKEND_NAME = "fspyre"
-_OPTIONS = ("tiling", "cores", "on_graph")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendOptions:
+    """The ``options=`` of ``torch.compile(..., backend="fspyre")``."""
+
+    tiling: str = "auto"
+    cores: int = 32
+    on_graph: Callable[[Any], None] | None = None
+    on_report: Callable[[PartitionReport], None] | None = None
+
+    @staticmethod
+    def parse(options: Mapping[str, Any] | None) -> BackendOptions:
+        options = dict(options or {})
+        known = ("tiling", "cores", "on_graph", "on_report")
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise FrontendError(
+                f"torch.compile(backend='fspyre'): unknown options {unknown}; fspyre takes {list(known)}"
+            )
+        return BackendOptions(**options)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fallback:
+    """An op left to eager PyTorch, and why."""
+
+    op: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionReport:
+    """How one Dynamo graph, specialised to one set of input shapes, was split."""
+
+    name: str
+    shapes: tuple[tuple[int, ...] | int | None, ...]  # per graph input: a tensor's shape, an int's value
+    on_fspyre: tuple[int, ...]  # ops per fspyre subgraph
+    eager: tuple[Fallback, ...]  # ops that compute in eager PyTorch
+
+    def summary(self) -> str:
+        """One line: what ran where, and every distinct reason an op fell back."""
+        total = sum(self.on_fspyre) + len(self.eager)
+        n = len(self.on_fspyre)
+        head = (f"{self.name}: {sum(self.on_fspyre)} of {total} ops on fspyre "
+                f"in {n} subgraph{'' if n == 1 else 's'}")
+        if not self.eager:
+            return f"{head}; none in eager"
+        groups = Counter((f.op, f.reason) for f in self.eager)
+        parts = [f"{op}{f' x{k}' if k > 1 else ''} ({reason})" for (op, reason), k in groups.items()]
+        return f"{head}; {len(self.eager)} in eager: {', '.join(parts)}"
 
 
 def register_backend() -> None:
@@ -40,63 +112,231 @@ def register_backend() -> None:
         register(compiler_fn=fspyre_backend, name=BACKEND_NAME)
 
 
-def fspyre_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+def fspyre_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                    options: Mapping[str, Any] | None = None, mode: str | None = None) -> Callable:
     """The Dynamo backend (``mode`` is accepted and ignored: fspyre has one)."""
-    from torch._dynamo.backends.common import aot_autograd
+    return _specialising(gm, example_inputs, BackendOptions.parse(options), compile_parts=True)
 
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise FrontendError(
-            f"torch.compile(backend='fspyre'): unknown options {unknown}; fspyre takes {list(_OPTIONS)}"
-        )
+
+def explain(fn: Callable | torch.nn.Module, example_inputs: Sequence[Any], *,
+            file: TextIO | None = None) -> tuple[PartitionReport, ...]:
+    """Print, one line per graph Dynamo captures from ``fn(*example_inputs)``, which ops would
+    run on fspyre and which fall back to eager, and why; return the reports. Nothing is
+    compiled for the machine: the subgraphs are lowered to fspyre graphs (so a refusal of the
+    lowering shows) and then run in eager."""
+    reports: list[PartitionReport] = []
+
+    def backend(gm: fx.GraphModule, inputs: Sequence[Any]) -> Callable:
+        return _specialising(gm, inputs, BackendOptions(on_report=reports.append), compile_parts=False)
+
+    with torch.no_grad():
+        torch.compile(fn, backend=backend)(*example_inputs)
+    for r in reports:
+        print(r.summary(), file=file or sys.stdout)
+    return tuple(reports)
+
+
+def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: BackendOptions, *,
+                  compile_parts: bool) -> Callable:
+    """A callable for ``gm`` that traces and splits it once per input signature."""
     # Dynamo's inputs are the real tensors (parameters included), in graph-input order:
-    # name_tensor_dims names are looked up on them before AOTAutograd fakes them.
-    dims = [tensor_dim_names(x) if isinstance(x, torch.Tensor) else None for x in example_inputs]
-    name = "torch_compiled"
+    # name_tensor_dims names are looked up on them here, while their identity is known.
+    dims = tuple(tensor_dim_names(x) if isinstance(x, torch.Tensor) else None for x in example_inputs)
+    shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in example_inputs)
+    cache: dict[tuple, Callable] = {}
 
-    def forward(fx_gm: torch.fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable:
-        return _compile_forward(fx_gm, dims, name, options)
-
-    def backward(fx_gm: torch.fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable:
-        raise FrontendError(
-            f"{name}: fspyre compiles inference only, and this call needs gradients; "
-            f"run it under torch.no_grad() or torch.inference_mode()"
-        )
-
-    return aot_autograd(fw_compiler=forward, bw_compiler=backward, decompositions=decompositions())(gm, example_inputs)
-
-
-def _compile_forward(fx_gm: torch.fx.GraphModule, dims: Sequence[tuple[str, ...] | None], name: str,
-                     options: Mapping[str, Any]) -> Callable:
-    import fspyre
-    from fspyre.machine.spyre import spyre
-
-    inputs = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
-    placeholders = tuple(
-        Placeholder(node=n.name, name=f"in{i}", dims=dims[i] if len(dims) == len(inputs) else None)
-        for i, n in enumerate(inputs)
-    )
-    out_node = next(n for n in fx_gm.graph.nodes if n.op == "output")
-    outs = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
-    output_names = tuple(f"out{i}" for i in range(len(outs)))
-    graph, constants = lower_with_constants(
-        FxProgram(name=name, graph=fx_gm.graph, placeholders=placeholders, output_names=output_names))
-    if options.get("on_graph") is not None:
-        options["on_graph"](graph)
-    comp = fspyre.compile(graph, machine=spyre(cores=int(options.get("cores", 32))),
-                          tiling=str(options.get("tiling", "auto")))
-    kinds = [out.meta["val"] for out in outs]
-
-    def run(*args: Any) -> list[torch.Tensor]:
-        host = {p.name: to_numpy(a) for p, a in zip(placeholders, args)} | constants
-        got = fspyre.run(comp, host)
-        return [_to_torch(got[n], v) for n, v in zip(output_names, kinds)]
+    def run(*args: Any) -> Any:
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            raise FrontendError(
+                "torch_compiled: fspyre compiles inference only, and this call needs gradients; "
+                "run it under torch.no_grad() or torch.inference_mode()"
+            )
+        key = tuple(_signature(a) for a in args)
+        if key not in cache:
+            names = tuple(
+                tensor_dim_names(a) or (d if isinstance(a, torch.Tensor) and tuple(a.shape) == s else None)
+                if isinstance(a, torch.Tensor) else None
+                for a, d, s in zip(args, dims, shapes)
+            )
+            cache[key] = _specialise(gm, args, names, options, compile_parts=compile_parts)
+        with torch.no_grad():
+            return cache[key](*args)
 
     return run
+
+
+def _signature(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type)
+    return (type(a).__name__, a)
+
+
+def _specialise(gm: fx.GraphModule, args: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
+                options: BackendOptions, *, compile_parts: bool) -> fx.GraphModule:
+    """The core-ATen graph of ``gm`` for these arguments, with each fspyre subgraph replaced by
+    a module that runs it on the interpreter (or, with ``compile_parts=False``, by its ATen
+    subgraph, lowered but run in eager)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Fake tensors with static shapes: the trace specialises on these sizes, whatever Dynamo
+    # made symbolic. Non-fake tensors (constants the graph holds) are allowed in.
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    vals = [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        aten_gm = decompose(gm, vals)
+    name = "torch_compiled"
+    report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
+    for part in parts:
+        if options.on_graph is not None:
+            options.on_graph(part.graph)
+        if compile_parts:
+            aten_gm.add_submodule(part.module, _OnFspyre(part, options))
+    if options.on_report is not None:
+        options.on_report(report)
+    if report.eager and compile_parts:
+        warnings.warn(FspyreWarning(f"torch.compile(backend='fspyre'): {report.summary()}"), stacklevel=2)
+    return aten_gm
+
+
+def _shape_of(a: Any) -> tuple[int, ...] | int | None:
+    if isinstance(a, torch.Tensor):
+        return tuple(a.shape)
+    return a if isinstance(a, int) else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Part:
+    """One fspyre subgraph: the submodule it replaces, its graph and constant inputs, and
+    the torch type of each of its results."""
+
+    module: str
+    graph: Any  # fspyre.ir.graph.Graph
+    inputs: tuple[str, ...]
+    constants: Mapping[str, np.ndarray]
+    outputs: tuple[tuple[str, torch.Tensor], ...]  # (fspyre output name, torch value it stands for)
+
+
+def _split(gm: fx.GraphModule, name: str, dims: Sequence[tuple[str, ...] | None],
+           shapes: tuple[tuple[int, ...] | int | None, ...]) -> tuple[PartitionReport, tuple[_Part, ...]]:
+    """Fuse each maximal supported subgraph of ``gm`` into a submodule (in place: ``gm`` is
+    the trace ``_specialise`` just made). Returns the report and the lowered subgraphs."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import create_op_support
+    from torch.fx.passes.tools_common import stable_topological_sort
+    from torch.fx.passes.utils.fuser_utils import erase_nodes, fuse_as_graphmodule, insert_subgm, topo_sort
+
+    refused = {n: r for n in gm.graph.nodes if n.op == "call_function" and (r := _refusal(n)) is not None}
+    support = create_op_support(lambda _, n: n.op == "call_function" and n not in refused)
+    proposed = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True).propose_partitions()
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    eager: dict[fx.Node, str] = dict(refused)
+    parts: list[_Part] = []
+    on_fspyre: list[int] = []
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for partition in sorted(proposed, key=lambda p: min(position[n] for n in p.nodes)):
+        nodes = topo_sort(list(partition.nodes))
+        if all(_computes_nothing(n) for n in nodes):
+            continue
+        module = f"fspyre_{len(parts)}"
+        sub, outer_inputs, outer_outputs = fuse_as_graphmodule(gm, nodes, module, partition.nodes,
+                                                               always_return_tuple=True)
+        try:
+            part = _lower_part(sub, f"{name}_{len(parts)}", module, outer_inputs, inputs, dims)
+        except FspyreError as e:
+            eager.update((n, _first_line(e)) for n in nodes if not _computes_nothing(n))
+            continue
+        insert_subgm(gm, sub, outer_inputs, outer_outputs, nodes[-1])
+        erase_nodes(gm, nodes)
+        parts.append(part)
+        on_fspyre.append(sum(not _is_getitem(n) for n in nodes))
+    report = PartitionReport(
+        name=name, shapes=shapes, on_fspyre=tuple(on_fspyre),
+        eager=tuple(Fallback(op=_op_name(n), reason=eager[n]) for n in gm.graph.nodes if n in eager),
+    )
+    # A fused call sits where its subgraph's last op was; eager users of its earlier ops move
+    # after it. (The sort rebuilds the graph: its nodes are new objects.)
+    stable_topological_sort(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return report, tuple(parts)
+
+
+def _refusal(node: fx.Node) -> str | None:
+    """Why fspyre cannot take ``node`` whatever surrounds it, or None."""
+    if node.target not in RULES:
+        return "no fspyre lowering"
+    source = node.args[0] if _is_getitem(node) else None
+    if isinstance(source, fx.Node) and source.op == "call_function" and _refusal(source):
+        return "a result of an op in eager"
+    for v in [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]:
+        for t in v if isinstance(v, (tuple, list)) else (v,):
+            if not isinstance(t, torch.Tensor):
+                continue
+            if t.dtype not in TORCH_DTYPES:
+                return f"dtype {str(t.dtype).removeprefix('torch.')}"
+            if 0 in t.shape:
+                return "a zero-size tensor"
+    return None
+
+
+def _lower_part(sub: fx.GraphModule, name: str, module: str, outer_inputs: Sequence[fx.Node],
+                inputs: Sequence[fx.Node], dims: Sequence[tuple[str, ...] | None]) -> _Part:
+    """Lower one subgraph; its inputs that are graph inputs keep their user dim names."""
+    index = {n: i for i, n in enumerate(inputs)}
+    sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    placeholders = tuple(
+        Placeholder(node=p.name, name=f"in{j}_{p.name}",
+                    dims=dims[index[o]] if o in index and index[o] < len(dims) else None)
+        for j, (p, o) in enumerate(zip(sub_inputs, outer_inputs))
+    )
+    outs = sub.graph.output_node().args[0]
+    assert isinstance(outs, tuple)  # fused with always_return_tuple
+    output_names = tuple(f"out{i}" for i in range(len(outs)))
+    graph, constants = lower_with_constants(
+        FxProgram(name=name, graph=sub.graph, placeholders=placeholders, output_names=output_names))
+    return _Part(module=module, graph=graph, inputs=tuple(p.name for p in placeholders), constants=constants,
+                 outputs=tuple((n, o.meta["val"]) for n, o in zip(output_names, outs)))
+
+
+class _OnFspyre(torch.nn.Module):
+    """A subgraph compiled by fspyre, run on the machine-model interpreter."""
+
+    def __init__(self, part: _Part, options: BackendOptions) -> None:
+        import fspyre
+        from fspyre.machine.spyre import spyre
+
+        super().__init__()
+        self.part = part
+        self.compiled = fspyre.compile(part.graph, machine=spyre(cores=int(options.cores)),
+                                       tiling=str(options.tiling))
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        import fspyre
+
+        host = {n: to_numpy(a) for n, a in zip(self.part.inputs, args)} | dict(self.part.constants)
+        got = fspyre.run(self.compiled, host)
+        return tuple(_to_torch(got[n], like) for n, like in self.part.outputs)
 
 
 def _to_torch(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(values))
     return t.to(like.dtype).reshape(like.shape)
+
+
+def _is_getitem(node: fx.Node) -> bool:
+    return node.target is operator.getitem
+
+
+def _computes_nothing(node: fx.Node) -> bool:
+    """A view or a ``getitem``: free in eager, and no reason to leave it."""
+    return _is_getitem(node) or bool(getattr(node.target, "is_view", False))
+
+
+def _op_name(node: fx.Node) -> str:
+    return str(node.target)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

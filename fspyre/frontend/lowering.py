@@ -29,19 +29,28 @@ TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.bfloat16: "bfloat16",
     torch.float32: "float32",
     torch.int32: "int32",
+    torch.int64: "int32",  # narrowed: see below
     torch.bool: "bool",
 }
+"""Each torch dtype fspyre takes, and the fspyre dtype that holds it. int64 (token ids,
+positions, what ``arange`` and integer reductions make) is narrowed to int32: the device
+has no 64-bit integer format, and ids and positions fit in 31 bits. Narrowing is checked
+where values enter: a host array with a value outside int32 is an ExecutionError when it is
+passed in (``fspyre.machine.hostio``), an int scalar or constant outside int32 a GraphError
+when the graph is built. Arithmetic on the narrowed values wraps at 32 bits where torch's
+would not (docs/semantics.md, rule 2; docs/deviations.md); results return to torch as int64
+under ``torch.compile`` and as int32 arrays from ``fspyre.evaluate`` / ``fspyre.run``."""
 
 
 def fspyre_dtype(dtype: torch.dtype, where: str) -> str:
     try:
         return TORCH_DTYPES[dtype]
     except KeyError:
-        hint = " (use int32)" if dtype in (torch.int64, torch.int16, torch.int8, torch.uint8) else (
+        hint = " (use int32)" if dtype in (torch.int16, torch.int8, torch.uint8) else (
             " (use float32)" if dtype == torch.float64 else "")
         raise FrontendError(
             f"{where}: dtype {str(dtype).removeprefix('torch.')} is not an fspyre dtype{hint}; "
-            f"fspyre has {', '.join(TORCH_DTYPES.values())}"
+            f"fspyre takes {', '.join(str(t).removeprefix('torch.') for t in TORCH_DTYPES)}"
         ) from None
 
 
@@ -68,10 +77,14 @@ class Lowering:
         """``0, 1, ..., dim.size - 1`` (int32) along ``dim``. The graph IR has no op whose value
         depends on its position, so this is a constant computed here and passed as a graph
         input, like the constants torch.export lifts; its value travels with the capture."""
-        name = f"iota_{dim.name}"
+        return self.constant_input(f"iota_{dim.name}", (dim,), np.arange(dim.size, dtype=np.int32), "int32")
+
+    def constant_input(self, name: str, dims: Sequence[Dim], values: np.ndarray, dtype: str) -> Tensor:
+        """A graph input named ``name`` whose value, ``values``, travels with the capture
+        (the first call with a name defines it)."""
         if name not in self.constants:
-            self.constants[name] = np.arange(dim.size, dtype=np.int32)
-            return self.g.input(name, [dim], "int32")
+            self.constants[name] = values
+            return self.g.input(name, list(dims), dtype)
         return self.g.input_handle(name)
 
     def out_names(self, node: fx.Node, index: int = 0) -> tuple[str, ...]:

@@ -441,6 +441,19 @@ def lower_full(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return ctx.g.constant(_scalar(value, node), ctx.dtype(node), ctx.dims(node))
 
 
+@rule(aten.arange.start_step, aten.arange.start, aten.arange.default, align=align_none)
+def lower_arange(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """A constant input holding torch's own ``arange`` values (its definition: the sizes and
+    float steps round as torch rounds them), like ``iota``; they enter the device as any
+    input does, rounded to its format."""
+    b = bind(node)
+    start = 0 if node.target is aten.arange.default else _scalar(b["start"], node)
+    step = _scalar(b.get("step", 1), node)
+    values = torch.arange(start, _scalar(b["end"], node), step, dtype=val(node).dtype)
+    host = values.float() if values.dtype == torch.bfloat16 else values  # numpy has no bfloat16
+    return ctx.constant_input(f"{node.name}_values", ctx.dims(node), host.numpy(), ctx.dtype(node))
+
+
 # -- reductions -------------------------------------------------------------------------------
 _REDUCE: dict[object, str] = {
     aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.mean.default: "mean",
@@ -607,6 +620,87 @@ def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return xs[0]  # the operand was already renamed to the user's names
 
 
+# -- gathering: embedding, index_select, x[idx], torch.gather ---------------------------------
+# Each is the builder's ``gather`` over one axis of the values, with an iota of that axis as
+# the positions; the gathered axis is a reduction axis (it leaves the result).
+def _gathers_from_a_dim(node: fx.Node, x: fx.Node) -> None:
+    if not shape(x):
+        raise FrontendError(f"{describe_node(node)}: fspyre gathers along a dim, and this tensor has none; "
+                            f"index it before the graph, or give it a dim of size 1")
+
+
+def _index_arg(node: fx.Node) -> tuple[int, fx.Node]:
+    """(axis, index tensor) of ``aten.index.Tensor`` with a single index tensor."""
+    idx = bind(node)["indices"]
+    tensors = [(j, t) for j, t in enumerate(idx) if t is not None]
+    if len(tensors) != 1 or val(tensors[0][1]).dtype == torch.bool:
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre indexes one dim by one integer tensor (x[:, ids]); this indexes "
+            f"{len(tensors)} dims{' by a mask' if tensors and val(tensors[0][1]).dtype == torch.bool else ''}. "
+            f"Index one dim at a time"
+        )
+    return tensors[0]
+
+
+def _take_args(node: fx.Node) -> tuple[fx.Node, int, fx.Node]:
+    """(values, axis, index) of an op that replaces one axis of the values by the index's axes."""
+    b = bind(node)
+    _gathers_from_a_dim(node, b.get("weight", b.get("self")))
+    if node.target is aten.embedding.default:
+        return b["weight"], 0, b["indices"]
+    if node.target is aten.index.Tensor:
+        d, t = _index_arg(node)
+        return b["self"], d, t
+    x = b["self"]
+    return x, _norm(b["dim"], len(shape(x))), b["index"]
+
+
+def align_take(node: fx.Node) -> Alignment:
+    x, d, idx = _take_args(node)
+    out = out_keys(node)
+    n = len(shape(idx))
+    k = ("red", node.name, 0)
+    return Alignment(uses=(Use(x, out[:d] + (k,) + out[d + n:]), Use(idx, out[d:d + n])), outputs=(out,),
+                     reduced=((k, shape(x)[d]),))
+
+
+@rule(aten.embedding.default, aten.index_select.default, aten.index.Tensor, align=align_take)
+def lower_take(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """The builder's gather puts the index's dims first; a permute (a view) moves them to
+    where the gathered axis was."""
+    x, idx = xs
+    _, d, _ = _take_args(node)
+    k = ctx.red_names(node)[0]
+    out = ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
+    n, rank = len(idx.dims), len(out.dims)
+    order = list(range(n, n + d)) + list(range(n)) + list(range(n + d, rank))
+    return out if order == list(range(rank)) else ctx.g.permute(out, order)
+
+
+def align_gather(node: fx.Node) -> Alignment:
+    """torch.gather: ``out[i][j][k] = x[i][index[i][j][k]][k]`` (dim 1); the index may be
+    shorter than ``x`` in the other dims, which then read ``x``'s first elements."""
+    b = bind(node)
+    x, idx = b["self"], b["index"]
+    _gathers_from_a_dim(node, x)
+    d = _norm(b["dim"], len(shape(x)))
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    dst = tuple(k if j == d else (out[j] if shape(x)[j] == shape(idx)[j] else None) for j in range(len(out)))
+    return Alignment(uses=(Use(x, dst), Use(idx, out)), outputs=(out,), reduced=((k, shape(x)[d]),))
+
+
+@rule(aten.gather.default, align=align_gather)
+def lower_gather(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    x, idx = xs
+    d = _norm(bind(node)["dim"], len(x.dims))
+    k = ctx.red_names(node)[0]
+    for j, (a, i) in enumerate(zip(x.dims, idx.dims)):
+        if j != d and a.size != i.size:  # the index covers x's first i.size elements of this dim
+            x = ctx.g.slice(x, a.name, 0, i.size, name=i.name)
+    return ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
+
+
 # -- slicing: views with an offset ------------------------------------------------------------
 def _slice_range(node: fx.Node) -> tuple[int, int, int, int]:
     """(axis, start, stop, step) of a ``slice.Tensor`` node, normalized like a Python slice."""
@@ -695,29 +789,45 @@ def align_cat(node: fx.Node) -> Alignment:
     return Alignment(uses=tuple(uses), outputs=(out,))
 
 
+# A cat of unequal pieces is a cat of their gcd-sized chunks: one ``where`` per chunk, each
+# over the whole result, so the cost grows with the square of the chunk count. Past this many
+# chunks the lowering refuses rather than silently emitting a quadratic graph.
+MAX_CAT_CHUNKS = 64
+
+
 @rule(aten.cat.default, align=align_cat)
 def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     """Pieces of equal size n along the axis: a ``where`` chain over ``k`` (an iota of the
     piece count N) selects piece k, giving ``[..., N, n, ...]``, whose contiguous reshape is the
     result. Every load stays in its piece's bounds, which a select by position (``i < n``)
-    would not; pieces of different sizes have no such form in the index IR and are refused."""
+    would not. Pieces of different sizes are first cut into chunks of the sizes' gcd (slices:
+    views), which are equal pieces."""
     d = _cat_axis(node)
     out = ctx.dims(node)
     if len(xs) == 1:
         return xs[0]
-    sizes = [x.dims[d].size for x in xs]
-    if len(set(sizes)) != 1:
-        raise FrontendError(
-            f"{describe_node(node)}: fspyre concatenates pieces of equal size only; these have sizes {sizes} "
-            f"along dim {d}. Split the larger pieces so all are equal, or keep the cat outside the graph"
-        )
     g = ctx.g
-    k = g.dim(f"{out[d].name}_k", len(xs))
-    inner = g.dim(f"{out[d].name}_n", sizes[0]) if sizes[0] != 1 else Dim(f"{out[d].name}_n", 1)
-    pieces = [g.unsqueeze(g.rename(x, {x.dims[d].name: inner.name}), d, k.name) for x in xs]
+    sizes = [x.dims[d].size for x in xs]
+    n = math.gcd(*sizes)
+    if sum(sizes) // n > MAX_CAT_CHUNKS:
+        raise FrontendError(
+            f"{describe_node(node)}: pieces of sizes {sizes} along dim {d} concatenate as {sum(sizes) // n} chunks "
+            f"of their gcd {n}, over fspyre's limit of {MAX_CAT_CHUNKS} (each chunk is a pass over the result); "
+            f"make the sizes share a larger factor, or keep the cat outside the graph"
+        )
+    inner = g.dim(f"{out[d].name}_n", n) if n != 1 else Dim(f"{out[d].name}_n", 1)
+    chunks = []
+    for x in xs:
+        name = x.dims[d].name
+        if x.dims[d].size == n:
+            chunks.append(g.rename(x, {name: inner.name}))
+        else:
+            chunks += [g.slice(x, name, s, s + n, name=inner.name) for s in range(0, x.dims[d].size, n)]
+    k = g.dim(f"{out[d].name}_k", len(chunks))
+    pieces = [g.unsqueeze(c, d, k.name) for c in chunks]
     iota = ctx.iota(k)
     dtype = ctx.dtype(node)
     result = pieces[-1]
-    for j in range(len(xs) - 2, -1, -1):
+    for j in range(len(pieces) - 2, -1, -1):
         result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
     return g.reshape(result, out)

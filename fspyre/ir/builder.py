@@ -479,6 +479,38 @@ class GraphBuilder:
             dtype,
         )
 
+    def gather(self, values: Tensor, over: Dim | str, index: Tensor, positions: Tensor) -> Tensor:
+        """``values`` with its dim ``over`` replaced by ``index``'s dims: each point of the result
+        takes the element of ``values`` at the position along ``over`` that equals ``index``
+        there, ``positions`` (int32 over ``over`` alone; the front end passes an iota) giving
+        each position's number. Dims ``index`` shares with ``values`` by name are batch dims
+        (torch.gather); the result has ``index``'s dims, then ``values``' other dims."""
+        values, index, positions = (self._own(x, "gather") for x in (values, index, positions))
+        k = over.name if isinstance(over, Dim) else over
+        if not isinstance(k, str) or k not in values.type.names:
+            raise GraphError(f"gather: over={over!r} must name a dim of values {list(values.type.names)}")
+        kd = next(d for d in values.dims if d.name == k)
+        if positions.type.names != (k,) or positions.dtype != "int32":
+            raise GraphError(f"gather: positions must be int32 over [{k}] alone, got {positions.type}")
+        if index.dtype != "int32" or k in index.type.names:
+            raise GraphError(f"gather: index must be an int32 tensor without dim {k!r}, got {index.type}")
+        for d in index.dims:
+            other = next((e for e in values.dims if e.name == d.name), None)
+            if other is not None and other.size != d.size:
+                raise GraphError(f"gather: batch dim {d.name} has size {d.size} in index and {other.size} in values")
+        out = tuple(index.dims) + tuple(d for d in values.dims if d.name != k and d.name not in index.type.names)
+        iter_dims = out + (kd,)
+        operands = (_load(index, iter_dims), _load(positions, iter_dims), _load(values, iter_dims))
+        hints = tuple(self._active)
+        return self._emit(
+            lambda name, store: Reduction(
+                name=name, fn="gather", operands=operands, ranges=out, reduction_ranges=(kd,), store=store,
+                hints=hints,
+            ),
+            out,
+            values.dtype,
+        )
+
     # views: a new handle, no op
     def permute(self, x: Tensor, order: Sequence[Dim | str | int]) -> Tensor:
         """``order`` lists every dim of ``x`` once: by name, Dim, or position (negative from the end)."""

@@ -32,7 +32,8 @@ TERNARY = ("where",)
 POINTWISE_FNS: FrozenMap[str, int] = FrozenMap(
     [(f, 1) for f in UNARY] + [(f, 2) for f in BINARY + COMPARISONS] + [(f, 3) for f in TERNARY] + [("full", 1)]
 )
-REDUCTION_FNS = ("sum", "amax", "amin", "mean", "prod", "var", "matmul")
+REDUCTION_FNS = ("sum", "amax", "amin", "mean", "prod", "var", "matmul", "gather")
+REDUCTION_OPERANDS: FrozenMap[str, int] = FrozenMap([(f, {"matmul": 2, "gather": 3}.get(f, 1)) for f in REDUCTION_FNS])
 
 
 def _prod(xs: tuple[int, ...]) -> int:
@@ -166,6 +167,10 @@ class Reduction:
 
     ``matmul`` reduces the product of its two operands with sum. ``var`` uses ``correction``
     (1 = unbiased, like torch). ``mean`` and ``var`` divide by the full reduction extent.
+    ``gather`` takes (index, positions, values) and selects: the result is the one value whose
+    position along the reduced dim equals the index there (embedding, index_select,
+    torch.gather); an index no position equals, or more than one does, is an ExecutionError
+    when the op runs (docs/semantics.md, "Gather").
     """
 
     name: str
@@ -180,7 +185,7 @@ class Reduction:
     def __post_init__(self) -> None:
         if self.fn not in REDUCTION_FNS:
             raise GraphError(f"op {self.name}: unknown reduction fn {self.fn!r}")
-        want = 2 if self.fn == "matmul" else 1
+        want = REDUCTION_OPERANDS[self.fn]
         if len(self.operands) != want:
             raise GraphError(f"op {self.name}: {self.fn} takes {want} operands, got {len(self.operands)}")
         if not self.reduction_ranges:

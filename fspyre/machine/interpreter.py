@@ -638,6 +638,10 @@ def _reduce(op: OpPlan, values: list) -> np.ndarray:
         return v.reshape(shape)
 
     ops = [split(v) for v in values]
+    if op.fn == "gather":  # over every core's part at once: each index names one position in all
+        every = tuple(i for i in range(len(grid)) if i >= len(op.out_pos))
+        if miss := numerics.gather_misses(ops, every, tuple(grid)):
+            raise ExecutionError(f"op {op.spec.name} (gather): {miss}")
     info = op.spec.op_info
     part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, int(info["count"]), tuple(grid),
                            int(info.get("correction", 0)))

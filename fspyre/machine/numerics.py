@@ -88,11 +88,13 @@ POINTWISE: dict[str, Callable[..., np.ndarray]] = {
 }
 
 # identity element and pairwise combine of each reduction (used across cores and tiles)
+# (gather: every part but the one holding the selected position contributes 0)
 REDUCE_IDENTITY: dict[str, float] = {
-    "sum": 0.0, "mean": 0.0, "matmul": 0.0, "prod": 1.0, "amax": -np.inf, "amin": np.inf,
+    "sum": 0.0, "mean": 0.0, "matmul": 0.0, "prod": 1.0, "amax": -np.inf, "amin": np.inf, "gather": 0.0,
 }
 REDUCE_COMBINE: dict[str, str] = {
     "sum": "add", "mean": "add", "matmul": "add", "prod": "mul", "amax": "maximum", "amin": "minimum",
+    "gather": "add",
 }
 
 
@@ -147,6 +149,10 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
     """Reduce over ``axes`` (the trailing axes of the iteration ``grid``) in ``ctype``.
 
     ``count`` is the number of elements the full reduction covers (mean, var divide by it)."""
+    if fn == "gather":
+        hit = _gather_hits(operands, grid)
+        with np.errstate(all="ignore"):
+            return np.sum(np.where(hit, _as(operands[2], ctype), ctype.type(0)), axis=axes, dtype=ctype)
     x = [_as(v, ctype) for v in operands]
     if fn != "matmul":
         x = [np.broadcast_to(v, grid) for v in x]
@@ -229,6 +235,27 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[i
     order = batch + m_ax + n_ax + [i for i in drop if i in out_axes]
     res = np.transpose(res, [order.index(i) for i in out_axes])
     return np.broadcast_to(res, [grid[i] for i in out_axes])
+
+
+def _gather_hits(operands: Sequence[Value], grid: tuple[int, ...]) -> np.ndarray:
+    """Where a gather's index equals the position (compared as integers, not in the compute
+    dtype: float32 would merge indices past 2^24), broadcast over ``grid``."""
+    index, positions = (np.asarray(v).astype(np.int64) for v in operands[:2])
+    return np.broadcast_to(index == positions, grid)
+
+
+def gather_misses(operands: Sequence[Value], axes: tuple[int, ...], grid: tuple[int, ...]) -> str | None:
+    """None when every index of a gather equals exactly one position over ``axes`` (all of
+    the reduced axes, across every core's part); else what is wrong, for the ExecutionError."""
+    hits = np.sum(_gather_hits(operands, grid), axis=axes)
+    if np.all(hits == 1):
+        return None
+    # the reduced axes trail the grid (both callers order it so): an output point is a prefix
+    index = np.broadcast_to(np.asarray(operands[0]).astype(np.int64), grid)
+    pos = np.asarray(operands[1]).astype(np.int64)
+    bad = tuple(int(i[0]) for i in np.nonzero(hits != 1))
+    return (f"index {int(index[bad + (0,) * len(axes)])} at {list(bad)} matches {int(hits[bad])} of the "
+            f"positions {int(pos.min())}..{int(pos.max())}; every index must name exactly one")
 
 
 def combine(fn: str, acc: np.ndarray, part: np.ndarray) -> np.ndarray:
@@ -321,6 +348,16 @@ def reduce_bound(fn: str, operands: Sequence[np.ndarray], errors: Sequence[np.nd
     g2 = 0.0 if exact_ints else 2 * _gamma(count)
     absr = np.abs(np.asarray(result, dtype=np.float64))
     with np.errstate(all="ignore"):
+        if fn == "gather":
+            # the selected value itself: its own error, unless the index or a position is
+            # uncertain (another row could be selected: anything goes)
+            if any(er is not None and np.any(er) for er in errors[:2]):
+                return np.full(np.shape(result), np.inf)
+            if errors[2] is None:
+                return None
+            hit = _gather_hits(operands, grid)
+            return np.sum(np.where(hit, np.broadcast_to(np.asarray(errors[2], dtype=np.float64), grid), 0.0),
+                          axis=axes)
         if fn == "matmul":
             a, b = (np.abs(np.asarray(v, dtype=np.float64)) for v in operands)
             ea, eb = (np.zeros(()) if er is None else np.asarray(er, dtype=np.float64) for er in errors)

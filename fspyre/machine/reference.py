@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Graph, Load, Op, Reduction, Scalar, iteration_dims
 from fspyre.machine import formats, numerics
 from fspyre.machine.hostio import check_inputs, device_values, to_host
@@ -94,6 +95,8 @@ def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray 
         nout = len(op.ranges)
         axes = tuple(range(nout, len(dims)))
         count = int(np.prod([d.size for d in op.reduction_ranges]))
+        if op.fn == "gather" and (miss := numerics.gather_misses(operands, axes, grid_shape)):
+            raise ExecutionError(f"op {op.name} (gather): {miss}")
         result = numerics.reduce(op.fn, operands, axes, ctype, count, grid_shape, op.correction)
         result = np.broadcast_to(result, grid_shape[:nout])
         if errors is not None:

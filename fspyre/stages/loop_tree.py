@@ -65,6 +65,13 @@ TILED_REDUCTIONS: Mapping[str, tuple[str, str, float, int]] = {
 }
 
 
+# Why each reduction missing from TILED_REDUCTIONS has no tile-by-tile form.
+_UNTILED: Mapping[str, str] = {
+    "var": "var needs the mean of the whole range first",
+    "gather": "each index is checked to name exactly one position of the whole range",
+}
+
+
 def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
     verify_plan(graph, plan)
     ops = graph.op_table()
@@ -222,8 +229,8 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
     if op.fn not in TILED_REDUCTIONS:
         raise TilingError(
             f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {t.per_level[r]}, but {op.fn} has no "
-            f"tile-by-tile combine (var needs the mean of the whole range first). Tile another dim of "
-            f"{op.name}, or write var as mean((x - mean(x))**2) and tile that."
+            f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}"
+            + (", or write var as mean((x - mean(x))**2) and tile that." if op.fn == "var" else ".")
         )
     for k in range(r + 1, len(levels)):
         d = t.per_level[k]

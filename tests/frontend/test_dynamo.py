@@ -1,16 +1,21 @@
-"""torch.compile(backend="fspyre"): registration, the entry point, options and refusals.
-(The gallery test runs every example through it.)"""
+"""torch.compile(backend="fspyre"): registration, the entry point, options and refusals;
+fallback to eager around what fspyre cannot lower, specialisation per input shape, hint scopes
+without recompiles, and torch.nn attention layers. (The gallery test runs every example
+through it.)"""
 
 from __future__ import annotations
 
+import warnings
 from importlib.metadata import entry_points
 
 import pytest
 import torch
 
-from fspyre.errors import FrontendError
-from fspyre.frontend import name_tensor_dims, spyre_hint
-from fspyre.frontend.dynamo import BACKEND_NAME, fspyre_backend, register_backend
+import fspyre
+from fspyre.errors import FrontendError, FspyreError, FspyreWarning
+from fspyre.frontend import explain, name_tensor_dims, spyre_hint
+from fspyre.frontend.coverage import FP32_TOL
+from fspyre.frontend.dynamo import BACKEND_NAME, PartitionReport, fspyre_backend, register_backend
 
 
 def test_register_backend_is_idempotent() -> None:
@@ -98,3 +103,173 @@ def test_backend_name_works_in_a_fresh_process_in_every_import_order(order: str)
     assert done.returncode == 0, done.stderr[-2000:]
     # The fspyre under test, not another installed copy, answered the call.
     assert Path(done.stdout.strip().splitlines()[-1]).resolve().is_relative_to(root)
+
+
+# -- partitioning, specialisation, hint scopes, nn modules ----------------------------------------
+# Tolerance: both sides compute in float32 and differ only in the order of reduction and matmul
+# sums (fspyre's tiles and cores), so torch.testing.assert_close's float32 default (FP32_TOL,
+# the coverage table's) applies unchanged.
+
+
+def compiled(fn, **options):
+    """``fn`` under torch.compile(backend="fspyre"), and the list its reports and the list its
+    Dynamo graphs are appended to."""
+    reports: list[PartitionReport] = []
+    graphs: list[object] = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return fspyre_backend(gm, example_inputs,
+                              options={"tiling": "none", "cores": 4, "on_report": reports.append, **options})
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend), reports, graphs
+
+
+def assert_eager(got, want) -> None:
+    rtol, atol = FP32_TOL
+    def flat(x):
+        return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+    for g, w in zip(flat(got), flat(want), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+
+
+def test_an_unsupported_op_falls_back_to_eager_between_two_fspyre_subgraphs() -> None:
+    def f(x, w):
+        y = torch.relu(x @ w)
+        return torch.softmax(torch.cumsum(y, -1), -1) * 2
+
+    x, w = torch.randn(4, 8), torch.randn(8, 16)
+    fn, reports, _ = compiled(f)
+    with torch.no_grad(), pytest.warns(FspyreWarning, match=r"1 in eager: aten.cumsum.default \(no fspyre lowering\)"):
+        got = fn(x, w)
+    assert_eager(got, f(x, w))
+    (report,) = reports
+    assert len(report.on_fspyre) == 2 and [e.op for e in report.eager] == ["aten.cumsum.default"]
+    assert report.summary().count("\n") == 0
+
+
+def test_a_float64_result_stays_in_eager_and_says_why() -> None:
+    def f(x):
+        return (x * 4).to(torch.float64) + 1, x.exp()
+
+    x = torch.randn(4, 8)
+    fn, reports, _ = compiled(f)
+    with torch.no_grad(), pytest.warns(FspyreWarning, match="dtype float64"):
+        got = fn(x)
+    assert_eager(got, f(x))
+    assert {e.reason for e in reports[0].eager} == {"dtype float64"}
+
+
+def test_a_graph_fully_on_fspyre_does_not_warn() -> None:
+    fn, reports, _ = compiled(lambda x: torch.tanh(x) + 1)
+    x = torch.randn(4, 8)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FspyreWarning)
+        assert_eager(fn(x), torch.tanh(x) + 1)
+    assert reports[0].summary().endswith("2 of 2 ops on fspyre in 1 subgraph; none in eager")
+
+
+def test_new_shapes_specialise_through_the_cache_not_dynamo() -> None:
+    lin = torch.nn.Linear(8, 4).eval()
+    fn, reports, graphs = compiled(lin)  # dynamic=None: Dynamo's default
+    with torch.no_grad():
+        for rows in (2, 3, 5, 7, 3):
+            x = torch.randn(rows, 8)
+            assert_eager(fn(x), lin(x))
+    # Dynamo: a static graph, then one with symbolic sizes at the second shape; fspyre: one
+    # specialisation per distinct shape, the repeated shape from the cache.
+    assert len(graphs) == 2
+    rows = [next(s[0] for s in r.shapes if isinstance(s, tuple) and s != (4, 8) and len(s) == 2) for r in reports]
+    assert rows == [2, 3, 5, 7]
+
+
+def test_hint_scopes_do_not_make_dynamo_recompile() -> None:
+    def f(x):
+        with spyre_hint(slices={"R": 2}):
+            return torch.softmax(x, -1) * 3
+
+    x = name_tensor_dims(torch.randn(8, 16), ["R", "C"])
+    seen = []
+    fn, _, graphs = compiled(f, on_graph=seen.append)
+    with torch.no_grad():
+        for _ in range(10):
+            assert_eager(fn(x), f(x))
+    assert len(graphs) == 1 and len(seen) == 1
+    assert [dict(h.slices) for h in seen[0].hints] == [{"R": 2}]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_layer_fast_path(norm_first: bool) -> None:
+    """In eval mode under no_grad torch runs the layer as one fused op; fspyre decomposes it
+    into what the layer's slow path computes (and eager, the reference here, runs the fused op)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    x = torch.randn(2, 4, 16)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    fn, reports, _ = compiled(layer)
+    with torch.no_grad():
+        assert_eager(fn(x), layer(x))
+        assert_eager(fn(x, src_mask=causal), layer(x, src_mask=causal))
+    assert all(not r.eager for r in reports)
+    with torch.no_grad():
+        got = fspyre.evaluate(*_captured(layer, x))
+    torch.testing.assert_close(torch.from_numpy(got["out"]), layer(x).detach(), rtol=FP32_TOL[0], atol=FP32_TOL[1])
+
+
+def test_multihead_attention() -> None:
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(2, 4, 16)
+    fn, reports, _ = compiled(mha)
+    with torch.no_grad():
+        assert_eager(fn(x, x, x), mha(x, x, x))
+    assert all(not r.eager for r in reports)
+
+
+def test_explain_prints_one_line_per_graph(capsys) -> None:
+    def f(x):
+        return torch.cumsum(x.exp(), 0).sin()
+
+    (report,) = explain(f, (torch.randn(4, 8),))
+    out = capsys.readouterr().out.splitlines()
+    assert out == [report.summary()]
+    assert "2 of 3 ops on fspyre in 2 subgraphs; 1 in eager: aten.cumsum.default (no fspyre lowering)" in out[0]
+
+
+def _captured(module, *args):
+    from fspyre.frontend import capture
+
+    cap = capture(module, args)
+    return cap.graph, cap.inputs(*args)
+
+
+def test_int64_ids_and_positions_round_trip_as_int64() -> None:
+    def f(ids, x):
+        return ids + torch.arange(ids.shape[-1]), x + torch.arange(x.shape[-1]).float()
+
+    ids, x = torch.randint(0, 1000, (2, 6)), torch.randn(2, 6)
+    fn, reports, _ = compiled(f)
+    with torch.no_grad():
+        got = fn(ids, x)
+    assert got[0].dtype == torch.int64 and torch.equal(got[0], f(ids, x)[0])
+    assert_eager(got, f(ids, x))
+    assert not reports[0].eager
+    big = ids.clone()
+    big[0, 0] = -(2**33)
+    with torch.no_grad(), pytest.raises(FspyreError, match=r"value -8589934592 does not fit int32"):
+        fn(big, x)
+
+
+def test_tiny_lm_compiles_whole_for_each_sequence_length() -> None:
+    from tests.frontend.test_model_ops import TinyLM
+
+    model = TinyLM().eval()
+    fn, reports, _ = compiled(model)
+    with torch.no_grad():
+        for seq in (8, 5):
+            ids = torch.randint(0, 48, (2, seq), generator=torch.Generator().manual_seed(seq))
+            assert_eager(fn(ids), model(ids))
+    assert [len(r.on_fspyre) for r in reports] == [1, 1] and not any(r.eager for r in reports)

@@ -271,6 +271,98 @@ def test_cat_and_stack_are_exact() -> None:
         np.testing.assert_array_equal(g, e, err_msg=f"output {i} vs eager")
 
 
-def test_cat_of_unequal_pieces_is_refused() -> None:
-    with pytest.raises(fspyre.errors.FrontendError, match=r"aten.cat.default.*equal size only.*sizes \[3, 5\]"):
-        capture(lambda x: torch.cat([x[:, :3], x[:, 3:]], 1) * 2, (randn(2, 8),))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cat_of_unequal_pieces_is_exact(dtype) -> None:
+    def f(x, cache, new):
+        return torch.cat([x[:, :3], x[:, 3:]], 1) * 2, torch.cat([x[:, 2:4], x[:, :6], x[:, 4:]], 1), \
+            torch.cat([cache, new], 1)
+
+    x, cache, new = randn(2, 8, dtype=dtype), randn(2, 5, 4, dtype=dtype, seed=1), randn(2, 1, 4, dtype=dtype, seed=2)
+    for g, w in zip(run(f, x, cache, new), eager(f, x, cache, new)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_cat_of_too_many_gcd_chunks_is_refused() -> None:
+    with pytest.raises(fspyre.errors.FrontendError, match=r"aten.cat.default.*sizes \[64, 1\].*65 chunks"):
+        capture(lambda x, y: torch.cat([x, y], 0) * 2, (randn(64, 4), randn(1, 4)))
+
+
+# -- int64 (narrowed to int32) and arange -------------------------------------------------------
+def positions(ids, x):
+    pos = torch.arange(ids.shape[1])
+    scale = torch.arange(1, 2 * ids.shape[1] + 1, 2, dtype=torch.float32)
+    return ids + pos, x * scale, (ids * 3).sum(-1), torch.arange(0.5, 3.0, 0.25)
+
+
+def test_int64_and_arange_are_exact() -> None:
+    """int64 is held as int32 on the device; token ids, positions and their sums fit, so every
+    result equals eager exactly (returned as int32 arrays); float aranges are torch's values."""
+    ids = torch.randint(0, 50_000, (2, 6), generator=torch.Generator().manual_seed(0))
+    x = randn(2, 6)
+    got = run(positions, ids, x)
+    want = eager(positions, ids, x)
+    assert [g.dtype for g in got] == [np.int32, np.float32, np.int32, np.float32]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_an_int64_value_outside_int32_is_refused_when_passed_in() -> None:
+    ids = torch.zeros(2, 6, dtype=torch.int64)
+    ids[1, 2] = 2**40
+    cap = capture(positions, (ids, randn(2, 6)))
+    with pytest.raises(fspyre.FspyreError, match=r"input ids: value 1099511627776 does not fit int32"):
+        fspyre.evaluate(cap.graph, cap.inputs(ids, randn(2, 6)))
+
+
+# -- embedding, index_select, gather ------------------------------------------------------------
+class TinyLM(torch.nn.Module):
+    """Token and position embeddings, an RMSNorm, a Llama MLP, and logits through the tied
+    embedding: the shape of a causal LM's ends, with no attention."""
+
+    def __init__(self, vocab: int = 48, hidden: int = 32, inner: int = 64) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.tok = torch.nn.Embedding(vocab, hidden)
+        self.pos = torch.nn.Embedding(16, hidden)
+        self.norm = RMSNorm(hidden)
+        self.gate = torch.nn.Linear(hidden, inner, bias=False)
+        self.up = torch.nn.Linear(hidden, inner, bias=False)
+        self.down = torch.nn.Linear(inner, hidden, bias=False)
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=gen) * 0.3
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[-1]))
+        x = self.norm(h)
+        h = h + self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+        return h @ self.tok.weight.T
+
+
+def test_tiny_lm_from_input_ids_to_logits() -> None:
+    """The embedding rows are exact selections; the rest is float32 arithmetic, held to the
+    float32 tolerances of the coverage table."""
+    model = TinyLM().eval()
+    ids = torch.randint(0, 48, (2, 8), generator=torch.Generator().manual_seed(0))
+    (got,) = run(model, ids)
+    (want,) = eager(model, ids)
+    close(got, want, torch.float32)
+
+
+def test_embedding_index_select_gather_are_exact() -> None:
+    def f(table, ids, x, idx, rows, cols):
+        return (torch.nn.functional.embedding(ids, table), torch.index_select(x, 1, idx),
+                torch.gather(x, 1, cols), x[:, rows], x[idx[:2]])
+
+    table, x = randn(10, 16), randn(4, 8, seed=1)
+    ids = torch.tensor([[1, 9, 0, 4], [3, 3, 7, 2]])
+    idx, rows = torch.tensor([3, 0, 2]), torch.tensor([[7, 1], [1, 6]])
+    cols = torch.tensor([[0, 7, 7], [2, 2, 5]])  # 2 rows of x's 4: torch.gather reads the first two
+    for g, w in zip(run(f, table, ids, x, idx, rows, cols), eager(f, table, ids, x, idx, rows, cols)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_an_embedding_id_out_of_range_is_refused_when_it_runs() -> None:
+    table = randn(10, 16)
+    cap = capture(torch.nn.functional.embedding, (torch.tensor([1, 2]), table))
+    with pytest.raises(fspyre.FspyreError, match=r"gather\): index 10 at \[1, 0\] matches 0 of the positions 0..9"):
+        fspyre.evaluate(cap.graph, cap.inputs(torch.tensor([1, 10]), table))
