@@ -19,6 +19,7 @@ import sympy
 from fspyre.errors import GraphError
 from fspyre.ir.dtypes import check_dtype
 from fspyre.ir.frozen import FrozenMap
+from fspyre.machine.rules import row_major_strides
 
 # ---------------------------------------------------------------------------------------
 # The op vocabulary: name -> arity. Semantics live in fspyre/machine/numerics.py.
@@ -90,11 +91,7 @@ class TensorType:
 
     def strides(self) -> tuple[int, ...]:
         """Contiguous row-major host strides."""
-        out, acc = [], 1
-        for size in reversed(self.shape):
-            out.append(acc)
-            acc *= size
-        return tuple(reversed(out))
+        return row_major_strides(self.shape)
 
     def contiguous_index(self) -> sympy.Expr:
         """Flat host index of element (d0, d1, ...) in terms of the dims' variables."""

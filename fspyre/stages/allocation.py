@@ -2,7 +2,7 @@
 
 **LX planning** (following torch-spyre's ``scratchpad/``). Program time is the index of an
 op in program order, loop bodies counted once; lifetimes follow
-``fspyre.machine.memcheck.live_intervals`` (a per-tile buffer lives within one iteration; a
+``fspyre.machine.rules.live_intervals`` (a per-tile buffer lives within one iteration; a
 buffer used inside a loop and outside it lives across the whole loop). An intermediate may
 live in LX when
 
@@ -11,7 +11,7 @@ live in LX when
 - its producer does not split a reduction across cores (the combined value exists on one
   core only), and
 - every consumer slices it exactly as the producer did on every core: the same LX box per
-  core (``memcheck.lx_box``), on cores the producer wrote. That is the condition the
+  core (``rules.lx_box``), on cores the producer wrote. That is the condition the
   interpreter's per-core LX addressing needs, so nothing placed in LX can read another
   core's data.
 
@@ -39,7 +39,7 @@ from fspyre.ir.graph import Pointwise
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, loop_counts
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
-from fspyre.machine.memcheck import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
+from fspyre.machine.rules import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.split_plan import Access, buffer_layout, op_accesses, op_dims
 

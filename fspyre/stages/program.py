@@ -15,31 +15,17 @@ import sympy
 from fspyre.errors import TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Load, Reduction, Scalar, iteration_dims
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, SplitPlan
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
-from fspyre.machine import formats, numerics
+from fspyre.machine import numerics
 from fspyre.machine.indexing import compile_index
-from fspyre.machine.layout import StickLayout, device_coordinates, row_major_strides, stick_layout
+from fspyre.machine.layout import StickLayout, device_coordinates
+from fspyre.machine.rules import row_major_strides
 from fspyre.machine.spyre import Machine
+from fspyre.stages.split_plan import buffer_layout, full_sizes
 
 PROGRAM_OP_NAMES = {"matmul": "batchmatmul"}  # the anchor's name for every matmul
-
-
-def buffer_layout(buffer: TreeBuffer, machine: Machine) -> StickLayout:
-    fmt = formats.FORMATS[machine.device_format(buffer.type.dtype)]
-    return stick_layout(buffer.type.shape, fmt.elems_per_stick)
-
-
-def full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
-    """Each iteration dim's size before tiling: the per-tile size times the count of every
-    enclosing loop that tiles it (a dim tiled at two levels was divided twice)."""
-    sizes = {d.name: d.size for d in iteration_dims(node.op)}
-    for level, count in zip(node.tiling, counts):
-        for step in level:
-            if step.dim in sizes:
-                sizes[step.dim] *= count
-    return sizes
 
 
 def tile_advance(

@@ -26,7 +26,7 @@ anchor's iteration space leaves them out). The final splits must keep every tens
 the span limit.
 
 Core -> slice: cores enumerate the slices of ``OpSplit.splits`` in iteration-space order,
-the first dim fastest (``fspyre.machine.memcheck.core_slices``; the anchor's
+the first dim fastest (``fspyre.machine.rules.core_slices``; the anchor's
 ``core_to_slice_mapping``): with splits ``{M: 2, N: 3}`` cores 0..5 take
 ``(0,0) (1,0) (0,1) (1,1) (0,2) (1,2)``.
 """
@@ -47,7 +47,7 @@ from fspyre.ir.looptree import LoopTree, OpNode, TreeBuffer, loop_counts, op_nod
 from fspyre.ir.plans import OpSplit, SplitPlan
 from fspyre.machine import formats
 from fspyre.machine.layout import StickLayout, device_coordinates, stick_layout
-from fspyre.machine.memcheck import coord_terms, term_extremes
+from fspyre.machine.rules import coord_terms, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
 
 
@@ -87,7 +87,9 @@ def op_dims(op: Op) -> tuple[Dim, ...]:
     return tuple(d for d in iteration_dims(op) if d.size > 1)
 
 
-def _full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
+def full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
+    """Each iteration dim's size before tiling: the per-tile size times the count of every
+    enclosing loop that tiles it (a dim tiled at two levels was divided twice)."""
     sizes = {d.name: d.size for d in iteration_dims(node.op)}
     for level, count in zip(node.tiling, counts):
         for step in level:
@@ -102,7 +104,7 @@ def op_accesses(node: OpNode, counts: Sequence[int], table: Mapping[str, TreeBuf
     op = node.op
     dims = op_dims(op)
     unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
-    full = _full_sizes(node, counts)
+    full = full_sizes(node, counts)
     moving = {sympy.Symbol(s.dim, integer=True, nonnegative=True) for level in node.tiling for s in level}
     out = []
     refs = [(o.buffer, o.index, False) for o in op.operands if isinstance(o, Load)] + [
