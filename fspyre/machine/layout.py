@@ -172,8 +172,10 @@ def device_coordinates(
 def _device_coordinates(
     layout: StickLayout, index: sympy.Expr, key: tuple[tuple[sympy.Symbol, int], ...]
 ) -> tuple[sympy.Expr, ...]:
-    # Cached: every stage (work division, allocation, emission, reports) asks for the same
-    # tensors' coordinates, and ops in a chain share them; sympy work is the compile's cost.
+    # Cached: divide_work analyzes each tree once (allocate and emit_program read its record),
+    # but keep_resident and the tiling search analyze rewritten trees and candidate subgraphs
+    # whose ops mostly repeat, and ops in a chain share coordinates; without the cache a
+    # 300-op chain compiles 2x slower and 3x slower with tiling="auto".
     ranges = dict(key)
     _check_index(layout, index, ranges)
     try:

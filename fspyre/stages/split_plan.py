@@ -42,13 +42,12 @@ import sympy
 
 from fspyre.errors import HintError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import Dim, HintScope, Load, Op, Reduction, iteration_dims
-from fspyre.ir.looptree import LoopTree, OpNode, TreeBuffer, loop_counts, op_nodes
+from fspyre.ir.graph import HintScope, Op, Reduction, iteration_dims
+from fspyre.ir.looptree import LoopTree, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
-from fspyre.machine import formats
-from fspyre.machine.layout import StickLayout, device_coordinates, stick_layout
 from fspyre.machine.rules import coord_terms, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
+from fspyre.stages.access import Access, analyze_accesses, op_dims
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,65 +60,6 @@ class SplitOptions:
     max_cores: int | None = None
     use_hints: bool = True
     distribute: bool = True
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Access:
-    """One tensor operand of an op as the program will address it: the buffer's stick layout
-    and the device coordinates of its index (full-size buffers over the full ranges, tile
-    buffers over the tile), exactly as ``emit_program`` derives them."""
-
-    buffer: str
-    is_write: bool
-    index: sympy.Expr
-    layout: StickLayout
-    coords: tuple[sympy.Expr, ...]
-    advances: bool  # a full buffer whose address moves with an enclosing loop
-
-
-def buffer_layout(buffer: TreeBuffer, machine: Machine) -> StickLayout:
-    fmt = formats.FORMATS[machine.device_format(buffer.type.dtype)]
-    return stick_layout(buffer.type.shape, fmt.elems_per_stick)
-
-
-def op_dims(op: Op) -> tuple[Dim, ...]:
-    """The op's iteration space as the program lists it: dims of size > 1, in order."""
-    return tuple(d for d in iteration_dims(op) if d.size > 1)
-
-
-def full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
-    """Each iteration dim's size before tiling: the per-tile size times the count of every
-    enclosing loop that tiles it (a dim tiled at two levels was divided twice)."""
-    sizes = {d.name: d.size for d in iteration_dims(node.op)}
-    for level, count in zip(node.tiling, counts):
-        for step in level:
-            if step.dim in sizes:
-                sizes[step.dim] *= count
-    return sizes
-
-
-def op_accesses(node: OpNode, counts: Sequence[int], table: Mapping[str, TreeBuffer], machine: Machine,
-                layouts: Mapping[str, StickLayout] | None = None) -> tuple[Access, ...]:
-    """Loads in operand order, then the store."""
-    op = node.op
-    dims = op_dims(op)
-    unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
-    full = full_sizes(node, counts)
-    moving = {sympy.Symbol(s.dim, integer=True, nonnegative=True) for level in node.tiling for s in level}
-    out = []
-    refs = [(o.buffer, o.index, False) for o in op.operands if isinstance(o, Load)] + [
-        (op.store.buffer, op.store.index, True)]
-    for name, index, is_write in refs:
-        b = table[name]
-        lay = layouts[name] if layouts is not None else buffer_layout(b, machine)
-        # A dim tiled down to one element per tile leaves the iteration space but still moves
-        # the address, so the advance is judged on the index before size-1 dims are dropped.
-        advances = b.scope == "full" and bool(index.free_symbols & moving)
-        index = index.subs(unit) if unit else index
-        ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
-        coords = device_coordinates(lay, index, ranges)
-        out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, advances=advances))
-    return tuple(out)
 
 
 def divisors(n: int, at_most: int | None = None) -> list[int]:
@@ -140,21 +80,19 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
             f"{machine.cores} cores; a Spyre card at most {MAX_CORES}); pass max_cores in that range"
         )
     scopes = {h.id: h for h in tree.hints}
-    counts = loop_counts(tree)
-    table = tree.buffer_table()
-    layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
+    analysis = analyze_accesses(tree, machine)
     plans: dict[str, OpSplit] = {}
     notes: list[str] = []
     warnings: list[str] = []
     nodes = op_nodes(tree)
     for node in nodes:
-        accesses = op_accesses(node, counts[node.name], table, machine, layouts)
+        accesses = analysis.ops[node.name].tensors
         hint = _merged_hint(node.op, scopes) if options.use_hints else {}
         plans[node.name] = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
                                       notes, warnings)
     if options.use_hints:
         warnings[:0] = _uniterated_work_div(tree.hints, [n.op for n in nodes])
-    return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes), warnings=tuple(warnings))
+    return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes), warnings=tuple(warnings), accesses=analysis)
 
 
 def _uniterated_work_div(hints: Sequence[HintScope], ops: Sequence[Op]) -> list[str]:

@@ -18,10 +18,10 @@ from fspyre.ir.looptree import loop_counts, op_nodes
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.rules import core_slices
 from fspyre.machine.spyre import Machine
+from fspyre.stages.access import op_accesses
 from fspyre.stages.split_plan import (
     SplitOptions,
     divide_work,
-    op_accesses,
     per_core_span,
     splits_from_index_coeffs,
 )
