@@ -10,7 +10,7 @@ copies. Everything here is frozen and hashable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import lru_cache, reduce
 from operator import mul
 from typing import Union
 
@@ -61,8 +61,11 @@ class Dim:
         return f"{self.name}={self.size}"
 
 
+@lru_cache(maxsize=None)
 def sym(name: str) -> sympy.Symbol:
-    """The iteration variable of a dim. Integer and nonnegative so floor/Mod simplify."""
+    """The iteration variable of a dim. Integer and nonnegative so floor/Mod simplify.
+    Cached: sympy returns the same Symbol for the same name and assumptions anyway, but
+    building it costs an assumptions lookup, and every dim asks for its symbol often."""
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 

@@ -27,7 +27,7 @@ import sympy
 
 from fspyre.errors import ExecutionError, GraphError, LoweringError
 from fspyre.machine.formats import STICK_BYTES
-from fspyre.machine.indexing import as_expr, compile_index
+from fspyre.machine.indexing import as_expr, compile_index, free_names
 from fspyre.machine.rules import device_bytes, row_major_strides
 
 # torch-spyre: host rank <= 6 (a sparse dim_order adds the trailing -1, so up to 7 entries).
@@ -163,8 +163,8 @@ def device_coordinates(
     (``exact_coordinates``: floor/Mod of host digits) is used, which is always right.
     """
     index = as_expr(index, "device_coordinates")
-    used = ((s, int(n)) for s, n in ranges.items() if s in index.free_symbols)
-    key = tuple(sorted(used, key=lambda p: str(p[0])))
+    free = free_names(index)
+    key = tuple(sorted(((s, int(n)) for s, n in ranges.items() if s.name in free), key=lambda p: p[0].name))
     return _device_coordinates(layout, index, key)
 
 
@@ -221,7 +221,7 @@ def _matches_digits(coords: Sequence[sympy.Expr], layout: StickLayout, index: sy
                     ranges: Mapping[sympy.Symbol, int]) -> bool:
     """Check ``coords`` against the true device position of each host element, computed in
     numpy from host digits, on every single-var sweep (others 0) and 257 fixed random points."""
-    syms = sorted(index.free_symbols | {s for e in coords for s in e.free_symbols}, key=str)
+    syms = sorted(index.free_symbols | {s for e in coords for s in e.free_symbols}, key=lambda s: s.name)
     size = [int(ranges.get(s, 1)) for s in syms]
     rng = np.random.default_rng(0)
     points = [np.concatenate([np.zeros(sum(size), np.int64), rng.integers(0, n, 257)]) for n in size]

@@ -77,14 +77,22 @@ def box_bytes(extents: np.ndarray, elem_bytes: int) -> np.ndarray:
 
 
 def core_slices(splits: Sequence[int]) -> np.ndarray:
-    """``[cores, len(splits)]``: the slice index of each core per symbol, first symbol fastest."""
+    """``[cores, len(splits)]``: the slice index of each core per symbol, first symbol fastest
+    (read-only: cached per splits)."""
+    return _core_slices(tuple(int(s) for s in splits))
+
+
+@lru_cache(maxsize=1024)
+def _core_slices(splits: tuple[int, ...]) -> np.ndarray:
     cores = math.prod(splits)
     c = np.arange(cores, dtype=np.int64)
     cols, stride = [], 1
     for s in splits:
         cols.append((c // stride) % s)
         stride *= s
-    return np.stack(cols, axis=1) if cols else np.zeros((cores, 0), dtype=np.int64)
+    out = np.stack(cols, axis=1) if cols else np.zeros((cores, 0), dtype=np.int64)
+    out.setflags(write=False)
+    return out
 
 
 def writing_cores(splits: Sequence[int], reduced: Sequence[bool]) -> np.ndarray:
@@ -119,7 +127,7 @@ def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[tuple[sympy.Symbol, 
         for g in joined:
             groups.remove(g)
         groups.append((free.union(*(g[0] for g in joined)), sympy.Add(term, *(g[1] for g in joined))))
-    return const, tuple((tuple(sorted(v, key=str)), e) for v, e in groups)
+    return const, tuple((tuple(sorted(v, key=lambda s: s.name)), e) for v, e in groups)
 
 
 @lru_cache(maxsize=8192)
@@ -133,13 +141,24 @@ def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...], sizes: tuple
     blocks = [x for s, n in zip(splits, sizes) for x in (s, n // s)]
     vals = vals.reshape(blocks)
     inner = tuple(range(1, len(blocks), 2))
-    return vals.min(axis=inner), vals.max(axis=inner)
+    lo, hi = vals.min(axis=inner), vals.max(axis=inner)
+    lo.setflags(write=False)  # cached: shared by every caller
+    hi.setflags(write=False)
+    return lo, hi
 
 
 def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol], sizes: Sequence[int],
                  splits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """``lows, highs`` of shape ``[cores, len(coords)]``: each device coordinate's min and max
-    over each core's slice of the iteration grid (``sizes`` are whole per-tile sizes)."""
+    over each core's slice of the iteration grid (``sizes`` are whole per-tile sizes).
+    Read-only arrays, cached: the ops of a chain or of a candidate tiling repeat the same
+    coordinates over the same splits, and the allocator, checker and report all ask."""
+    return _coord_bounds(tuple(coords), tuple(syms), tuple(int(n) for n in sizes), tuple(int(s) for s in splits))
+
+
+@lru_cache(maxsize=4096)
+def _coord_bounds(coords: tuple[sympy.Expr, ...], syms: tuple[sympy.Symbol, ...], sizes: tuple[int, ...],
+                  splits: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     slices = core_slices(splits)
     pos = {s: i for i, s in enumerate(syms)}
     lows = np.zeros((len(slices), len(coords)), dtype=np.int64)
@@ -159,6 +178,8 @@ def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol], siz
             at = tuple(slices[:, i] for i in idx)
             lows[:, d] += lo[at]
             highs[:, d] += hi[at]
+    lows.setflags(write=False)
+    highs.setflags(write=False)
     return lows, highs
 
 

@@ -24,6 +24,7 @@ from fspyre.ir.graph import Dim, Load, Op, iteration_dims
 from fspyre.ir.looptree import LoopTree, OpNode, TreeBuffer, loop_counts, op_nodes
 from fspyre.ir.plans import SplitPlan
 from fspyre.machine import formats
+from fspyre.machine.indexing import free_names
 from fspyre.machine.layout import StickLayout, device_coordinates, stick_layout
 from fspyre.machine.spyre import Machine
 
@@ -98,7 +99,7 @@ def _op_access(node: OpNode, counts: tuple[int, ...], table: Mapping[str, TreeBu
     dims = op_dims(op)
     unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
     full = full_sizes(node, counts)
-    moving = {sympy.Symbol(s.dim, integer=True, nonnegative=True) for level in node.tiling for s in level}
+    moving = {s.dim for level in node.tiling for s in level}
     out = []
     refs = [(o.buffer, o.index, False) for o in op.operands if isinstance(o, Load)] + [
         (op.store.buffer, op.store.index, True)]
@@ -107,7 +108,7 @@ def _op_access(node: OpNode, counts: tuple[int, ...], table: Mapping[str, TreeBu
         lay = layouts[name] if layouts is not None else buffer_layout(b, machine)
         # A dim tiled down to one element per tile leaves the iteration space but still moves
         # the address, so the advance is judged on the index before size-1 dims are dropped.
-        advances = b.scope == "full" and bool(index.free_symbols & moving)
+        advances = b.scope == "full" and bool(free_names(index) & moving)
         index = index.subs(unit) if unit else index
         ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
         coords = device_coordinates(lay, index, ranges)

@@ -40,7 +40,7 @@ def tile_advance(
     still moves the address)."""
     strides = np.array(row_major_strides(layout.device_size), dtype=np.int64)
     fns = [compile_index(c, syms) for c in coords]
-    names = [str(s) for s in syms]
+    names = [s.name for s in syms]
     out = []
     for level, (steps, count) in enumerate(zip(tiling, counts)):
         moved = [s for s in steps if s.dim in names]
@@ -172,7 +172,7 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         info["count"] = int(np.prod([d.size for d in op.reduction_ranges]))
         if op.fn == "var":
             info["correction"] = op.correction
-    names = [str(s) for s in syms]
+    names = [s.name for s in syms]
     tiled = tuple(tuple(sympy.Symbol(s.dim, integer=True, nonnegative=True) for s in level if s.dim in names)
                   for level in node.tiling)
     return OpSpec(

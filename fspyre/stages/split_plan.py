@@ -37,6 +37,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import sympy
 
@@ -45,6 +46,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import HintScope, Op, Reduction, iteration_dims
 from fspyre.ir.looptree import LoopTree, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
+from fspyre.machine.indexing import free_names
 from fspyre.machine.rules import coord_terms, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
 from fspyre.stages.access import Access, analyze_accesses, op_dims
@@ -136,14 +138,16 @@ class _Span:
         self.acc = acc
         self.sizes = sizes
         self.coords = [coord_terms(c) for c in acc.coords[:-1]]
+        # each group's variable names, looked up per candidate split (a name, not str(Symbol))
+        self.names = [[tuple(v.name for v in syms) for syms, _ in groups] for _, groups in self.coords]
         ds = acc.layout.device_size
         self.below = [math.prod(ds[d + 1:]) * acc.layout.elem_bytes for d in range(len(ds) - 1)]
 
     def extent(self, d: int, split: Mapping[str, int]) -> int:
         _, groups = self.coords[d]
         ext = 1
-        for syms, term in groups:
-            per = tuple(self.sizes[str(v)] // split.get(str(v), 1) for v in syms)
+        for names, (syms, term) in zip(self.names[d], groups):
+            per = tuple(self.sizes[v] // split.get(v, 1) for v in names)
             if math.prod(per) > _MAX_GRID:
                 return self.acc.layout.device_size[d]  # too large to sweep: assume the whole dim
             lo, hi = term_extremes(term, syms, per, (1,) * len(per))
@@ -158,7 +162,7 @@ class _Span:
         return self.acc.layout.elem_bytes
 
     def vars(self, d: int) -> list[str]:
-        return [str(v) for syms, _ in self.coords[d][1] for v in syms]
+        return [v for names in self.names[d] for v in names]
 
 
 def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, int]) -> int:
@@ -176,16 +180,16 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
 
     eps: dict[str, int] = {}
     for acc in accesses:
-        free = acc.coords[-1].free_symbols
-        if len(free) == 1 and str(next(iter(free))) in size:
-            v = str(next(iter(free)))
+        free = free_names(acc.coords[-1])
+        if len(free) == 1 and next(iter(free)) in size:
+            v = next(iter(free))
             eps[v] = max(eps.get(v, 0), acc.layout.elems_per_stick)
     adjusted = {n: -(-size[n] // eps[n]) if n in eps else size[n] for n in names}
     blocked: dict[str, str] = {}
     for n, e in eps.items():
         if size[n] % e:
             blocked[n] = f"{size[n]} elements are not a whole number of {e}-element sticks"
-    used = {str(v) for acc in accesses for v in acc.index.free_symbols}
+    used = set().union(*(free_names(acc.index) for acc in accesses))
     for n in names:
         if n not in used:  # the anchor's iteration space holds only vars some index uses
             blocked[n] = "no tensor index uses it: every core would read the same elements"
@@ -345,7 +349,9 @@ def _distribute(names: Sequence[str], adjusted: Mapping[str, int], blocked: Mapp
     return split
 
 
+@lru_cache(maxsize=8192)
 def _coeff(index: sympy.Expr, var: sympy.Symbol) -> int:
+    # cached: ops of a chain share their indices, and expand() is the costly part
     return int(sympy.expand(index).coeff(var))
 
 
