@@ -9,9 +9,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from fspyre.errors import ExecutionError
-from fspyre.ir.graph import Graph, Reduction
+from fspyre.ir.graph import Dim, Graph, Reduction, TensorType
+from fspyre.ir.program import Program
 from fspyre.machine.hostio import random_inputs
-from fspyre.machine.memcheck import MemoryReport, check_memory
+from fspyre.machine.interpreter import run_program
+from fspyre.machine.memcheck import MemoryReport, check_memory, execution_issue
 from fspyre.machine.reference import evaluate_with_bounds
 from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.spyre import Machine
@@ -117,3 +119,21 @@ def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 
     report = compare(graph, run(comp, inputs), ref, bounds)
     return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program),
                    warnings=comp.warnings)
+
+
+def check_memory_and_run(program: Program, inputs: Mapping[str, object] | None = None, seed: int = 0) -> MemoryReport:
+    """``check_memory`` plus a run on the interpreter (random inputs unless given) whose first
+    ExecutionError becomes an issue: it catches reads of never-written bytes the static rules
+    cannot see. It lives here, not in memcheck, so the checker and the interpreter stay
+    independent of each other."""
+    report = check_memory(program)
+    if inputs is None:
+        types = {a.name: TensorType(dims=tuple(Dim(f"h{i}", s) for i, s in enumerate(a.host_shape)), dtype=a.dtype)
+                 for a in program.kernel_args if a.is_input}
+        inputs = random_inputs(types, seed)
+    try:
+        run_program(program, inputs)
+    except ExecutionError as err:
+        return replace(report, issues=report.issues + (execution_issue(err),))
+    return report
+

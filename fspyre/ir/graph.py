@@ -10,7 +10,7 @@ copies. Everything here is frozen and hashable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import lru_cache, reduce
 from operator import mul
 from typing import Union
 
@@ -19,6 +19,7 @@ import sympy
 from fspyre.errors import GraphError
 from fspyre.ir.dtypes import check_dtype
 from fspyre.ir.frozen import FrozenMap
+from fspyre.machine.rules import row_major_strides
 
 # ---------------------------------------------------------------------------------------
 # The op vocabulary: name -> arity. Semantics live in fspyre/machine/numerics.py.
@@ -61,8 +62,11 @@ class Dim:
         return f"{self.name}={self.size}"
 
 
+@lru_cache(maxsize=None)
 def sym(name: str) -> sympy.Symbol:
-    """The iteration variable of a dim. Integer and nonnegative so floor/Mod simplify."""
+    """The iteration variable of a dim. Integer and nonnegative so floor/Mod simplify.
+    Cached: sympy returns the same Symbol for the same name and assumptions anyway, but
+    building it costs an assumptions lookup, and every dim asks for its symbol often."""
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
@@ -91,11 +95,7 @@ class TensorType:
 
     def strides(self) -> tuple[int, ...]:
         """Contiguous row-major host strides."""
-        out, acc = [], 1
-        for size in reversed(self.shape):
-            out.append(acc)
-            acc *= size
-        return tuple(reversed(out))
+        return row_major_strides(self.shape)
 
     def contiguous_index(self) -> sympy.Expr:
         """Flat host index of element (d0, d1, ...) in terms of the dims' variables."""

@@ -101,6 +101,10 @@ class SplitPlan:
     ops: FrozenMap[str, OpSplit]
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # dropped work_div hints (docs/tiling.md, "Hint warnings")
+    # The per-op access analysis divide_work made (fspyre.stages.access.AccessPlan), handed on
+    # to allocate and emit_program. Derived from the tree and machine alone, so it is neither
+    # compared, printed nor serialized; a stage recomputes it when it is absent.
+    accesses: object = field(default=None, compare=False, repr=False, metadata={"derived": True})
 
 
 # -- allocation -----------------------------------------------------------------------------

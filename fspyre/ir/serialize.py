@@ -87,7 +87,8 @@ def to_json(obj: Any) -> Any:
             raise SerializationError(f"{name} is not an fspyre IR class")
         out = {"_type": name}
         for f in dataclasses.fields(obj):
-            out[f.name] = to_json(getattr(obj, f.name))
+            if not f.metadata.get("derived"):  # recomputed by the stage that needs it
+                out[f.name] = to_json(getattr(obj, f.name))
         return out
     raise SerializationError(f"cannot serialize a {type(obj).__name__}: {obj!r}")
 
@@ -253,7 +254,7 @@ def _decode_class(data: Any, classes: tuple[type, ...], path: str, depth: int) -
         raise SerializationError(f"{path}: unknown artifact type {_short(name)}; known: {sorted(_CLASSES)}")
     where = name if path == "document" else path
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
     unknown = [k for k in data if k != "_type" and k not in fields]
     if unknown:
         raise SerializationError(f"{where}: {name} has no field {_short(unknown[0])}; its fields are {list(fields)}")

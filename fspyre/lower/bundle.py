@@ -30,7 +30,6 @@ the operands, says which symbol each operand binds. OpSpec ``idx`` (depth-first)
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -38,6 +37,7 @@ from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
+from fspyre.machine.rules import device_bytes
 
 POOL_ALIGN = 128  # the pool is handed out in whole sticks, like every HBM allocation
 INPUT_ARG_TYPE = "!sdscbundle.input_arg<index>"
@@ -148,7 +148,7 @@ class BundlePlan:
 
 
 def device_nbytes(arg_dtype: str, device_size: tuple[int, ...]) -> int:
-    return math.prod(device_size) * formats.FORMATS[arg_dtype].nbytes
+    return device_bytes(device_size, formats.FORMATS[arg_dtype].nbytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

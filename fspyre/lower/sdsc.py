@@ -28,6 +28,7 @@ from fspyre.lower.bundle import (
 )
 from fspyre.machine import formats
 from fspyre.machine.indexing import compile_index
+from fspyre.machine.rules import core_slices, device_bytes, row_major_strides
 
 SCHEMA = "fspyre.sdsc/1"
 
@@ -42,18 +43,6 @@ def sdsc_json(program: Program) -> dict[str, dict]:
     }
 
 
-def core_slices(spec: OpSpec) -> np.ndarray:
-    """``[core, symbol]`` -> slice index, symbols in iteration-space order, the first fastest."""
-    splits = [split for _, split in spec.iteration_space.values()]
-    cores = np.arange(spec.cores, dtype=np.int64)
-    out = np.zeros((spec.cores, len(splits)), dtype=np.int64)
-    stride = 1
-    for j, s in enumerate(splits):
-        out[:, j] = (cores // stride) % s
-        stride *= s
-    return out
-
-
 def core_offsets(spec: OpSpec, t: TensorArg, slices: np.ndarray) -> list[int]:
     """Bytes from the tensor's base to the first element of each core's slice.
 
@@ -64,11 +53,7 @@ def core_offsets(spec: OpSpec, t: TensorArg, slices: np.ndarray) -> list[int]:
     syms = list(spec.iteration_space)
     per_core = np.array([size // split for size, split in spec.iteration_space.values()], dtype=np.int64)
     starts = slices * per_core  # [core, symbol]
-    strides, acc = [], 1
-    for n in reversed(t.device_size):
-        strides.append(acc)
-        acc *= n
-    strides.reverse()
+    strides = row_major_strides(t.device_size)
     offset = np.zeros(spec.cores, dtype=np.int64)
     for coord, stride in zip(t.device_coordinates, strides):
         offset = offset + np.asarray(compile_index(coord, syms)(*starts.T), dtype=np.int64) * stride
@@ -76,7 +61,7 @@ def core_offsets(spec: OpSpec, t: TensorArg, slices: np.ndarray) -> list[int]:
 
 
 def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int]) -> dict:
-    slices = core_slices(spec)
+    slices = core_slices([split for _, split in spec.iteration_space.values()])
     depth = len(ex.loops)
     tensors = []
     for i, t in enumerate(spec.args):
@@ -98,7 +83,7 @@ def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int])
             },
             "core_offsets": core_offsets(spec, t, slices),
             "tile_advance": list(level_advance(spec, t, depth)),
-            "bytes": math.prod(t.device_size) * formats.FORMATS[t.device_dtype].nbytes,
+            "bytes": device_bytes(t.device_size, formats.FORMATS[t.device_dtype].nbytes),
         })
     tiled = list(spec.tiled_symbols) or [()] * depth
     if len(tiled) != depth:

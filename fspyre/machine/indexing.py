@@ -37,6 +37,13 @@ def as_expr(expr: sympy.Basic | int, where: str) -> sympy.Basic:
     )
 
 
+@lru_cache(maxsize=16384)
+def free_names(expr: sympy.Basic) -> frozenset[str]:
+    """Names of the symbols ``expr`` uses. Cached and keyed by name: sympy recomputes
+    ``free_symbols`` on every access, and printing a Symbol to get its name is slower still."""
+    return frozenset(s.name for s in expr.free_symbols)
+
+
 def compile_index(expr: sympy.Expr | int, symbols: Sequence[sympy.Symbol]) -> IndexFn:
     """A function of ``symbols`` (positionally) that evaluates ``expr`` exactly in integers."""
     return _compile(as_expr(expr, "compile_index"), tuple(symbols))
@@ -53,7 +60,8 @@ def _compile(expr: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> IndexFn:
     # Generated source is one expression: one Python call per evaluation and no per-node
     # closure overhead, which matters when the interpreter evaluates per element in scalar mode.
     source = f"lambda {', '.join(names.values())}: {body}"
-    return eval(compile(source, f"<fspyre index {expr}>", "eval"), {"__builtins__": {}})
+    # (the filename stays constant: printing the expression for it cost more than compiling)
+    return eval(compile(source, "<fspyre index>", "eval"), {"__builtins__": {}})
 
 
 def _emit(node: sympy.Expr, whole: sympy.Expr, names: dict[sympy.Symbol, str]) -> str:

@@ -41,9 +41,8 @@ from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
 from fspyre.machine.indexing import compile_index
-from fspyre.machine.layout import device_coordinates, row_major_strides, stick_layout
-from fspyre.machine.memcheck import core_slices, lx_box, program_timeline
-from fspyre.machine.reference import open_grid
+from fspyre.machine.layout import device_coordinates, stick_layout
+from fspyre.machine.rules import core_slices, lx_box, open_grid, program_timeline, row_major_strides
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _FULL = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}

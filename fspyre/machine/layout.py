@@ -27,7 +27,8 @@ import sympy
 
 from fspyre.errors import ExecutionError, GraphError, LoweringError
 from fspyre.machine.formats import STICK_BYTES
-from fspyre.machine.indexing import as_expr
+from fspyre.machine.indexing import as_expr, compile_index, free_names
+from fspyre.machine.rules import device_bytes, row_major_strides
 
 # torch-spyre: host rank <= 6 (a sparse dim_order adds the trailing -1, so up to 7 entries).
 MAX_HOST_RANK = 6
@@ -80,7 +81,7 @@ class StickLayout:
     @property
     def nbytes(self) -> int:
         """Bytes the tensor occupies on the device, padded sticks included."""
-        return math.prod(self.device_size[:-1]) * STICK_BYTES
+        return device_bytes(self.device_size, self.elem_bytes)
 
     @property
     def elem_bytes(self) -> int:
@@ -94,18 +95,7 @@ class StickLayout:
     @property
     def device_strides(self) -> tuple[int, ...]:
         """Row-major element strides of the device dims."""
-        strides = [1] * len(self.device_size)
-        for i in range(len(self.device_size) - 2, -1, -1):
-            strides[i] = strides[i + 1] * self.device_size[i + 1]
-        return tuple(strides)
-
-
-def row_major_strides(host_size: Sequence[int]) -> tuple[int, ...]:
-    """Contiguous row-major strides of a shape (host tensors, device sizes, LX slices)."""
-    strides = [1] * len(host_size)
-    for i in range(len(host_size) - 2, -1, -1):
-        strides[i] = strides[i + 1] * int(host_size[i + 1])
-    return tuple(strides)
+        return row_major_strides(self.device_size)
 
 
 def stick_layout(host_size: Sequence[int], elems_per_stick: int, dim_order: Sequence[int] | None = None) -> StickLayout:
@@ -173,8 +163,8 @@ def device_coordinates(
     (``exact_coordinates``: floor/Mod of host digits) is used, which is always right.
     """
     index = as_expr(index, "device_coordinates")
-    used = ((s, int(n)) for s, n in ranges.items() if s in index.free_symbols)
-    key = tuple(sorted(used, key=lambda p: str(p[0])))
+    free = free_names(index)
+    key = tuple(sorted(((s, int(n)) for s, n in ranges.items() if s.name in free), key=lambda p: p[0].name))
     return _device_coordinates(layout, index, key)
 
 
@@ -182,8 +172,10 @@ def device_coordinates(
 def _device_coordinates(
     layout: StickLayout, index: sympy.Expr, key: tuple[tuple[sympy.Symbol, int], ...]
 ) -> tuple[sympy.Expr, ...]:
-    # Cached: every stage (work division, allocation, emission, reports) asks for the same
-    # tensors' coordinates, and ops in a chain share them; sympy work is the compile's cost.
+    # Cached: divide_work analyzes each tree once (allocate and emit_program read its record),
+    # but keep_resident and the tiling search analyze rewritten trees and candidate subgraphs
+    # whose ops mostly repeat, and ops in a chain share coordinates; without the cache a
+    # 300-op chain compiles 2x slower and 3x slower with tiling="auto".
     ranges = dict(key)
     _check_index(layout, index, ranges)
     try:
@@ -229,9 +221,7 @@ def _matches_digits(coords: Sequence[sympy.Expr], layout: StickLayout, index: sy
                     ranges: Mapping[sympy.Symbol, int]) -> bool:
     """Check ``coords`` against the true device position of each host element, computed in
     numpy from host digits, on every single-var sweep (others 0) and 257 fixed random points."""
-    from fspyre.machine.indexing import compile_index
-
-    syms = sorted(index.free_symbols | {s for e in coords for s in e.free_symbols}, key=str)
+    syms = sorted(index.free_symbols | {s for e in coords for s in e.free_symbols}, key=lambda s: s.name)
     size = [int(ranges.get(s, 1)) for s in syms]
     rng = np.random.default_rng(0)
     points = [np.concatenate([np.zeros(sum(size), np.int64), rng.integers(0, n, 257)]) for n in size]

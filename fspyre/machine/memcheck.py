@@ -2,174 +2,34 @@
 accesses, LX slices a consumer reads differently from how its producer wrote them, and reads
 of never-written bytes.
 
-The rules it checks against are the interpreter's, restated here as data so the ``allocate``
-stage plans with the very same rules (whatever it puts in LX passes this check):
-
-- **Core -> slice** (``core_slices``): the splits of an op's iteration space, first symbol
-  fastest: ``slice[i] = (core // prod(splits[:i])) % splits[i]`` (the anchor's
-  ``core_to_slice_mapping``).
-- **LX box** (``coord_bounds`` / ``lx_box``): a core holds an LX tensor as the box spanned by
-  its slice's device coordinates, row-major, whole sticks in the stick dim, at the tensor's
-  LX address. A consumer finds the right bytes only if its slice spans the same box on that
-  core as the producer's did.
-- **Lifetime** (``live_intervals``): program time is the index of an op in program order,
-  loop bodies included once. A buffer lives from its first use to its last; a use inside a
-  loop that does not hold every use of the buffer stretches over that whole loop (the value
-  crosses iterations); a buffer used only inside one loop body lives within one iteration.
-
-A coordinate is a sum of terms; grouped so that no two groups share a variable, its min and
-max over a core's box of the iteration grid is the sum of each group's min and max over the
-box of that group's variables: exact, and linear in the iteration sizes when every group has
-one variable (the stick rule's forms; the exact floor/Mod forms of odd views have more).
+It checks against the machine's rules in ``fspyre.machine.rules`` (core slices, coordinate
+bounds, LX boxes, lifetimes), the ones the ``allocate`` stage plans with, so whatever the
+allocator puts in LX passes this check. It only reads programs: it neither plans nor runs
+them (``fspyre.check.check_memory_and_run`` adds an interpreter run).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
-import sympy
 
 from fspyre.errors import ExecutionError
-from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.program import OpSpec, Program, TensorArg
 from fspyre.machine import formats
-from fspyre.machine.formats import STICK_BYTES
-from fspyre.machine.indexing import as_expr, compile_index
-from fspyre.machine.layout import row_major_strides
-from fspyre.machine.reference import open_grid
-
-# -- the shared rules ---------------------------------------------------------------------------
-
-
-def core_slices(splits: Sequence[int]) -> np.ndarray:
-    """``[cores, len(splits)]``: the slice index of each core per symbol, first symbol fastest."""
-    cores = math.prod(splits)
-    c = np.arange(cores, dtype=np.int64)
-    cols, stride = [], 1
-    for s in splits:
-        cols.append((c // stride) % s)
-        stride *= s
-    return np.stack(cols, axis=1) if cols else np.zeros((cores, 0), dtype=np.int64)
-
-
-@lru_cache(maxsize=8192)
-def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[tuple[sympy.Symbol, ...], sympy.Expr], ...]]:
-    """A coordinate as ``const + sum(group)``: its terms grouped so that no two groups share a
-    variable (``floor(c1/64) + Mod(c2, 4)`` has two groups; ``floor((2*P1 + P2)/64)`` one of
-    two variables). Over a box of the iteration grid, each group ranges independently."""
-    const = 0
-    groups: list[tuple[frozenset, sympy.Expr]] = []
-    for term in sympy.Add.make_args(as_expr(expr, "coord_terms")):
-        free = frozenset(term.free_symbols)
-        if not free:
-            const += int(term)
-            continue
-        joined = [g for g in groups if g[0] & free]
-        for g in joined:
-            groups.remove(g)
-        groups.append((free.union(*(g[0] for g in joined)), sympy.Add(term, *(g[1] for g in joined))))
-    return const, tuple((tuple(sorted(v, key=str)), e) for v, e in groups)
-
-
-@lru_cache(maxsize=8192)
-def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...], sizes: tuple[int, ...],
-                  splits: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Min and max of ``term`` over each slice block: arrays of shape ``splits`` (block
-    ``(k1, k2, ...)`` holds ``syms[i]`` in ``[k_i * n_i, (k_i + 1) * n_i)``, ``n_i = sizes[i] // splits[i]``).
-    Evaluated on the whole grid of the term's own variables."""
-    grid = open_grid(list(sizes))
-    vals = np.broadcast_to(np.asarray(compile_index(term, syms)(*grid)), sizes)
-    blocks = [x for s, n in zip(splits, sizes) for x in (s, n // s)]
-    vals = vals.reshape(blocks)
-    inner = tuple(range(1, len(blocks), 2))
-    return vals.min(axis=inner), vals.max(axis=inner)
-
-
-def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol], sizes: Sequence[int],
-                 splits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``lows, highs`` of shape ``[cores, len(coords)]``: each device coordinate's min and max
-    over each core's slice of the iteration grid (``sizes`` are whole per-tile sizes)."""
-    slices = core_slices(splits)
-    pos = {s: i for i, s in enumerate(syms)}
-    lows = np.zeros((len(slices), len(coords)), dtype=np.int64)
-    highs = np.zeros_like(lows)
-    for d, expr in enumerate(coords):
-        const, groups = coord_terms(expr)
-        lows[:, d] = highs[:, d] = const
-        for group_syms, term in groups:
-            missing = [str(v) for v in group_syms if v not in pos]
-            if missing:
-                raise ExecutionError(
-                    f"device coordinate {expr} uses {missing}, which are not among {list(map(str, syms))}"
-                )
-            idx = [pos[v] for v in group_syms]
-            lo, hi = term_extremes(term, group_syms, tuple(int(sizes[i]) for i in idx),
-                                   tuple(int(splits[i]) for i in idx))
-            at = tuple(slices[:, i] for i in idx)
-            lows[:, d] += lo[at]
-            highs[:, d] += hi[at]
-    return lows, highs
-
-
-def lx_box(lows: np.ndarray, highs: np.ndarray, device_size: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The interpreter's LX box per core: (lows, extents), the stick dim whole."""
-    lows = lows.copy()
-    ext = highs - lows + 1
-    lows[:, -1] = 0
-    ext[:, -1] = device_size[-1]
-    return lows, ext
-
-
-def box_bytes(extents: np.ndarray, elem_bytes: int) -> np.ndarray:
-    return np.prod(extents, axis=1) * elem_bytes
-
-
-def tensor_bytes(device_size: Sequence[int]) -> int:
-    """Device bytes of a whole tensor, padded sticks included."""
-    return math.prod(device_size[:-1]) * STICK_BYTES
-
-
-def writing_cores(splits: Sequence[int], reduced: Sequence[bool]) -> np.ndarray:
-    """Cores that store an op's result: with a split reduction only the core holding slice 0
-    of every reduced symbol writes the combined value (the interpreter's rule)."""
-    slices = core_slices(splits)
-    red = [i for i, r in enumerate(reduced) if r]
-    if not red:
-        return np.ones(len(slices), dtype=bool)
-    return np.all(slices[:, red] == 0, axis=1)
-
-
-def reduced_symbols(spec: OpSpec) -> set[sympy.Symbol]:
-    reduced = spec.op_info.get("reduced", ()) if spec.is_reduction else ()
-    assert isinstance(reduced, tuple)
-    return set(reduced)
-
-
-def live_intervals(uses: Mapping[str, Sequence[tuple[int, tuple[int, ...]]]],
-                   loop_spans: Mapping[int, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-    """``[start, end)`` per buffer from its uses ``(time, enclosing loop ids outermost first)``."""
-    out = {}
-    for name, us in uses.items():
-        if not us:
-            continue
-        chains = [c for _, c in us]
-        common = 0
-        while all(len(c) > common for c in chains) and len({c[common] for c in chains}) == 1:
-            common += 1
-        lo, hi = math.inf, -math.inf
-        for t, chain in us:
-            if len(chain) > common:
-                s, e = loop_spans[chain[common]]
-            else:
-                s, e = t, t + 1
-            lo, hi = min(lo, s), max(hi, e)
-        out[name] = (int(lo), int(hi))
-    return out
-
+from fspyre.machine.rules import (
+    box_bytes,
+    coord_bounds,
+    device_bytes,
+    live_intervals,
+    lx_box,
+    program_timeline,
+    reduced_symbols,
+    row_major_strides,
+    writing_cores,
+)
 
 # -- the report --------------------------------------------------------------------------------
 
@@ -222,26 +82,6 @@ class _Access:
     counts: tuple[int, ...]
 
 
-def program_timeline(program: Program) -> tuple[list[tuple[int, OpSpec, tuple[int, ...], tuple[int, ...]]],
-                                                dict[int, tuple[int, int]]]:
-    """``(time, spec, loop ids, loop counts)`` per op in program order, and each loop's span."""
-    ops: list[tuple[int, OpSpec, tuple[int, ...], tuple[int, ...]]] = []
-    spans: dict[int, tuple[int, int]] = {}
-
-    def visit(body: tuple[Spec, ...], chain: tuple[int, ...], counts: tuple[int, ...]) -> None:
-        for spec in body:
-            if isinstance(spec, LoopSpec):
-                lid, start = len(spans), len(ops)
-                spans[lid] = (start, start)
-                visit(spec.body, chain + (lid,), counts + (spec.count,))
-                spans[lid] = (start, len(ops))
-            else:
-                ops.append((len(ops), spec, chain, counts))
-
-    visit(program.body, (), ())
-    return ops, spans
-
-
 def program_accesses(program: Program) -> tuple[list[_Access], dict[str, tuple[int, int]], int]:
     """Every tensor access of the program with its per-core coordinate bounds, the lifetime
     of every tensor, and the number of ops (program time runs over ``range(n)``)."""
@@ -264,15 +104,17 @@ def program_accesses(program: Program) -> tuple[list[_Access], dict[str, tuple[i
     return accesses, live_intervals(uses, spans), len(ops)
 
 
+def _elem(arg: TensorArg) -> int:
+    return formats.FORMATS[arg.device_dtype].nbytes
+
+
 def _name(spec: OpSpec) -> str:
     return spec.name or spec.op
 
 
-def check_memory(program: Program, *, run: bool = False, inputs: Mapping[str, object] | None = None,
-                 seed: int = 0) -> MemoryReport:
-    """Check every allocation and access of ``program`` statically; with ``run=True`` also run
-    the interpreter (random inputs unless given) and report its first ExecutionError, which
-    catches reads of never-written bytes the static rules cannot see."""
+def check_memory(program: Program) -> MemoryReport:
+    """Check every allocation and access of ``program`` statically (reads of never-written
+    bytes need a run: ``fspyre.check.check_memory_and_run``)."""
     accesses, live, nops = program_accesses(program)
     issues: list[MemoryIssue] = []
     whole = (0, max(nops, 1))
@@ -292,7 +134,7 @@ def check_memory(program: Program, *, run: bool = False, inputs: Mapping[str, ob
 
     for name, accs in by_tensor.items():
         first = accs[0].arg
-        where[name] = (first.memory, first.address, tensor_bytes(first.device_size))
+        where[name] = (first.memory, first.address, device_bytes(first.device_size, _elem(first)))
         for acc in accs:
             arg = acc.arg
             if (arg.memory, arg.address) != (first.memory, first.address):
@@ -303,8 +145,6 @@ def check_memory(program: Program, *, run: bool = False, inputs: Mapping[str, ob
         _check_dataflow(name, accs, name in kernel_inputs, issue)
 
     issues += _overlaps(accesses, live, where, lx_bytes)
-    if run:
-        issues += _run(program, inputs, seed)
     high = np.zeros(program.cores, dtype=np.int64)
     for name, per_core in lx_bytes.items():
         used = per_core > 0
@@ -324,7 +164,7 @@ def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.
               f"device coordinates span {acc.lows[c].tolist()}..{acc.highs[c].tolist()} outside device size "
               f"{list(arg.device_size)}")
         return
-    elem = formats.FORMATS[arg.device_dtype].nbytes
+    elem = _elem(arg)
     if arg.memory == "hbm":
         strides = np.array(row_major_strides(arg.device_size), dtype=np.int64)
         lo = int((acc.lows[cores] @ strides).min()) * elem
@@ -332,7 +172,7 @@ def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.
         moves = [(n - 1) * a for n, a in zip(acc.counts, arg.tile_advance)]
         lo += sum(m for m in moves if m < 0)
         hi += sum(m for m in moves if m > 0)
-        end = arg.address + tensor_bytes(arg.device_size)
+        end = arg.address + device_bytes(arg.device_size, elem)
         if lo < 0 or arg.address + hi > end:
             issue("out_of_bounds", acc, -1, arg.address + hi - elem,
                   f"accesses bytes [{arg.address + lo:#x}, {arg.address + hi:#x}) over all loop iterations, outside "
@@ -447,22 +287,11 @@ _WHAT = re.compile(r"op (\S+) tensor (\S+) core (\d+)")
 _ADDR = re.compile(r"address (0x[0-9a-f]+)")
 
 
-def _run(program: Program, inputs: Mapping[str, object] | None, seed: int) -> list[MemoryIssue]:
-    from fspyre.ir.graph import Dim, TensorType
-    from fspyre.machine.hostio import random_inputs
-    from fspyre.machine.interpreter import run_program
-
-    if inputs is None:
-        types = {a.name: TensorType(dims=tuple(Dim(f"h{i}", s) for i, s in enumerate(a.host_shape)), dtype=a.dtype)
-                 for a in program.kernel_args if a.is_input}
-        inputs = random_inputs(types, seed)
-    try:
-        run_program(program, inputs)
-    except ExecutionError as err:
-        text = str(err)
-        m, addr = _WHAT.search(text), _ADDR.search(text)
-        memory = "lx" if " LX" in text else "hbm"
-        return [MemoryIssue(kind="execution", op=m.group(1) if m else "?", tensor=m.group(2) if m else "?",
-                            core=int(m.group(3)) if m else -1, memory=memory,
-                            address=int(addr.group(1), 16) if addr else 0, message=text)]
-    return []
+def execution_issue(err: ExecutionError) -> MemoryIssue:
+    """An interpreter's ExecutionError as a finding (op, tensor, core and address from its text)."""
+    text = str(err)
+    m, addr = _WHAT.search(text), _ADDR.search(text)
+    memory = "lx" if " LX" in text else "hbm"
+    return MemoryIssue(kind="execution", op=m.group(1) if m else "?", tensor=m.group(2) if m else "?",
+                       core=int(m.group(3)) if m else -1, memory=memory,
+                       address=int(addr.group(1), 16) if addr else 0, message=text)

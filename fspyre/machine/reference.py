@@ -15,17 +15,8 @@ from fspyre.ir.graph import Graph, Load, Op, Reduction, Scalar, iteration_dims
 from fspyre.machine import formats, numerics
 from fspyre.machine.hostio import check_inputs, device_values, to_host
 from fspyre.machine.indexing import compile_index
+from fspyre.machine.rules import open_grid
 from fspyre.machine.spyre import Machine
-
-
-def open_grid(sizes: list[int], starts: list[int] | None = None) -> list[np.ndarray]:
-    """One int64 arange per axis, shaped to broadcast against the others (like np.ix_)."""
-    n = len(sizes)
-    starts = starts or [0] * n
-    return [
-        (np.arange(size, dtype=np.int64) + start).reshape([size if i == j else 1 for j in range(n)])
-        for i, (size, start) in enumerate(zip(sizes, starts))
-    ]
 
 
 def evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine | None = None) -> dict[str, np.ndarray]:

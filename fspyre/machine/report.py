@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fspyre.ir.program import Program
-from fspyre.machine.formats import STICK_BYTES
-from fspyre.machine.memcheck import (
+from fspyre.ir.program import KernelArg, Program
+from fspyre.machine.formats import FORMATS
+from fspyre.machine.rules import (
     box_bytes,
     coord_bounds,
+    device_bytes,
     lx_box,
     program_timeline,
     reduced_symbols,
-    tensor_bytes,
     writing_cores,
 )
 from fspyre.machine.spyre import (
@@ -149,9 +149,13 @@ class TrafficReport:
         return "\n".join(lines)
 
 
-def _stick_box_bytes(lows: np.ndarray, highs: np.ndarray) -> int:
-    ext = highs - lows + 1
-    return int(np.prod(ext[:-1])) * STICK_BYTES
+def _stick_box_bytes(lows: np.ndarray, highs: np.ndarray, device_size: tuple[int, ...], elem_bytes: int) -> int:
+    """Bytes of the box from ``lows`` to ``highs``, whole sticks in the stick dim."""
+    return device_bytes([int(n) for n in highs[:-1] - lows[:-1] + 1] + [device_size[-1]], elem_bytes)
+
+
+def _arg_bytes(arg: KernelArg) -> int:
+    return device_bytes(arg.device_size, FORMATS[arg.device_dtype].nbytes)
 
 
 def traffic_report(program: Program) -> TrafficReport:
@@ -171,18 +175,19 @@ def traffic_report(program: Program) -> TrafficReport:
         hr = hw = lr = lw = 0
         for k, arg in enumerate(spec.args):
             is_write = k == len(spec.args) - 1
+            elem = FORMATS[arg.device_dtype].nbytes
             lows, highs = coord_bounds(arg.device_coordinates, syms, sizes, splits)
             cores = writers if is_write else np.ones(len(writers), dtype=bool)
             if arg.memory == "hbm":
                 lo, hi = lows[cores].min(axis=0), highs[cores].max(axis=0)
-                nbytes = _stick_box_bytes(lo, hi) * iters
+                nbytes = _stick_box_bytes(lo, hi, arg.device_size, elem) * iters
                 if is_write:
                     hw += nbytes
                 else:
                     hr += nbytes
             else:
                 low, ext = lx_box(lows, highs, arg.device_size)
-                per_core = box_bytes(ext, STICK_BYTES // arg.device_size[-1]) * cores
+                per_core = box_bytes(ext, elem) * cores
                 n = min(len(per_core), program.cores)
                 lx_peak[:n] = np.maximum(lx_peak[:n], (arg.address + per_core[:n]) * (per_core[:n] > 0))
                 moved = int(per_core.sum()) * iters
@@ -209,8 +214,8 @@ def traffic_report(program: Program) -> TrafficReport:
         compute = sum(o.macs / o.cores / MACS_PER_NS_PER_CORE for o in rows if o.macs)
         estimates.append(KernelEstimate(index=index, ops=tuple(o.name for o in rows), hbm_read=r, hbm_write=w,
                                         macs=sum(o.macs for o in rows), memory_ns=mem, compute_ns=compute))
-    comp_r = sum(tensor_bytes(a.device_size) for a in program.kernel_args if a.is_input)
-    comp_w = sum(tensor_bytes(a.device_size) for a in {a.buffer: a for a in program.kernel_args
+    comp_r = sum(_arg_bytes(a) for a in program.kernel_args if a.is_input)
+    comp_w = sum(_arg_bytes(a) for a in {a.buffer: a for a in program.kernel_args
                                                        if not a.is_input}.values())
     return TrafficReport(
         program=program.name, ops=tuple(out), kernels=tuple(estimates), compulsory_read=comp_r,

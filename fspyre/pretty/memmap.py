@@ -12,7 +12,9 @@ from __future__ import annotations
 from html import escape
 
 from fspyre.ir.program import Program
-from fspyre.machine.memcheck import box_bytes, lx_box, program_accesses, program_timeline
+from fspyre.machine.formats import FORMATS
+from fspyre.machine.memcheck import program_accesses
+from fspyre.machine.rules import box_bytes, lx_box, program_timeline
 
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
             "#bab0ac")
@@ -42,7 +44,7 @@ def lx_memmap_svg(program: Program | object) -> str:
         if acc.arg.memory != "lx":
             continue
         _, ext = lx_box(acc.lows, acc.highs, acc.arg.device_size)
-        nbytes = box_bytes(ext, 128 // acc.arg.device_size[-1])
+        nbytes = box_bytes(ext, FORMATS[acc.arg.device_dtype].nbytes)
         per = boxes.setdefault(acc.arg.name, {})
         for c in range(len(nbytes)):
             if acc.cores[c]:

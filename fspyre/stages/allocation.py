@@ -2,7 +2,7 @@
 
 **LX planning** (following torch-spyre's ``scratchpad/``). Program time is the index of an
 op in program order, loop bodies counted once; lifetimes follow
-``fspyre.machine.memcheck.live_intervals`` (a per-tile buffer lives within one iteration; a
+``fspyre.machine.rules.live_intervals`` (a per-tile buffer lives within one iteration; a
 buffer used inside a loop and outside it lives across the whole loop). An intermediate may
 live in LX when
 
@@ -11,7 +11,7 @@ live in LX when
 - its producer does not split a reduction across cores (the combined value exists on one
   core only), and
 - every consumer slices it exactly as the producer did on every core: the same LX box per
-  core (``memcheck.lx_box``), on cores the producer wrote. That is the condition the
+  core (``rules.lx_box``), on cores the producer wrote. That is the condition the
   interpreter's per-core LX addressing needs, so nothing placed in LX can read another
   core's data.
 
@@ -38,12 +38,12 @@ import numpy as np
 from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, loop_counts
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
-from fspyre.machine.memcheck import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
+from fspyre.machine.rules import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
-from fspyre.stages.split_plan import Access, buffer_layout, op_accesses, op_dims
+from fspyre.stages.access import Access, access_plan
 
 SOLVERS = ("greedy", "firstfit", "bestfit")
 
@@ -90,9 +90,8 @@ class _Use:
 
 def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
              options: AllocationOptions = AllocationOptions()) -> Allocation:
-    table = tree.buffer_table()
-    layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
-    counts = loop_counts(tree)
+    analysis = access_plan(tree, splits, machine)
+    layouts = analysis.layouts
 
     timeline: list[tuple[int, OpNode, tuple[int, ...]]] = []
     spans: dict[int, tuple[int, int]] = {}
@@ -113,13 +112,14 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
     times: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
     for t, node, chain in timeline:
         split = splits.ops[node.name]
-        dims = op_dims(node.op)
+        record = analysis.ops[node.name]
+        dims = record.dims
         syms = [d.symbol for d in dims]
         sizes = [d.size for d in dims]
         cuts = [split.splits.get(d.name, 1) for d in dims]
         red = {d.name for d in node.op.reduction_ranges}
         writers = writing_cores(cuts, [d.name in red for d in dims])
-        for acc in op_accesses(node, counts[node.name], table, machine, layouts):
+        for acc in record.tensors:
             lows, highs = coord_bounds(acc.coords, syms, sizes, cuts)
             cores = writers if acc.is_write else np.ones(len(writers), dtype=bool)
             uses.setdefault(acc.buffer, []).append(

@@ -442,7 +442,7 @@ def _stick_fault(index: sympy.Expr, sizes: Mapping[str, int], moves: Sequence[tu
         shift += (count - 1) * along
     if shift == 0 or n_last == eps:
         return None  # one stick per row: the device offset is the host offset, linear everywhere
-    reach = sum((int(c) % n_last) * (sizes.get(str(v), 1) - 1) if v.is_Symbol else int(c) % n_last
+    reach = sum((int(c) % n_last) * (sizes.get(v.name, 1) - 1) if v.is_Symbol else int(c) % n_last
                 for v, c in expr.as_coefficients_dict().items())
     if reach + shift >= n_last:
         return (f"spans positions up to {min(reach, n_last - 1)} of the stick dim and moves {shift} further along "

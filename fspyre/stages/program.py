@@ -15,31 +15,17 @@ import sympy
 from fspyre.errors import TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Load, Reduction, Scalar, iteration_dims
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, SplitPlan
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
-from fspyre.machine import formats, numerics
+from fspyre.machine import numerics
 from fspyre.machine.indexing import compile_index
-from fspyre.machine.layout import StickLayout, device_coordinates, row_major_strides, stick_layout
+from fspyre.machine.layout import StickLayout, device_coordinates
+from fspyre.machine.rules import row_major_strides
 from fspyre.machine.spyre import Machine
+from fspyre.stages.access import AccessPlan, access_plan
 
 PROGRAM_OP_NAMES = {"matmul": "batchmatmul"}  # the anchor's name for every matmul
-
-
-def buffer_layout(buffer: TreeBuffer, machine: Machine) -> StickLayout:
-    fmt = formats.FORMATS[machine.device_format(buffer.type.dtype)]
-    return stick_layout(buffer.type.shape, fmt.elems_per_stick)
-
-
-def full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
-    """Each iteration dim's size before tiling: the per-tile size times the count of every
-    enclosing loop that tiles it (a dim tiled at two levels was divided twice)."""
-    sizes = {d.name: d.size for d in iteration_dims(node.op)}
-    for level, count in zip(node.tiling, counts):
-        for step in level:
-            if step.dim in sizes:
-                sizes[step.dim] *= count
-    return sizes
 
 
 def tile_advance(
@@ -54,7 +40,7 @@ def tile_advance(
     still moves the address)."""
     strides = np.array(row_major_strides(layout.device_size), dtype=np.int64)
     fns = [compile_index(c, syms) for c in coords]
-    names = [str(s) for s in syms]
+    names = [s.name for s in syms]
     out = []
     for level, (steps, count) in enumerate(zip(tiling, counts)):
         moved = [s for s in steps if s.dim in names]
@@ -91,7 +77,8 @@ def tile_advance(
 
 def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, machine: Machine) -> Program:
     table = tree.buffer_table()
-    layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
+    analysis = access_plan(tree, splits, machine)
+    layouts = analysis.layouts
 
     def emit(body: tuple[Node, ...], counts: tuple[int, ...]) -> tuple[Spec, ...]:
         out: list[Spec] = []
@@ -99,7 +86,7 @@ def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, mach
             if isinstance(node, Loop):
                 out.append(LoopSpec(count=node.count, body=emit(node.body, counts + (node.count,))))
             else:
-                out.append(_op_spec(node, counts, table, layouts, splits, allocation, machine))
+                out.append(_op_spec(node, counts, table, analysis, splits, allocation, machine))
         return tuple(out)
 
     kernel_args = []
@@ -126,12 +113,14 @@ def _kernel_arg(name, buffer, is_input, table, layouts, allocation, machine) -> 
     )
 
 
-def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation: Allocation, machine) -> OpSpec:
+def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPlan, allocation: Allocation,
+             machine) -> OpSpec:
     op = node.op
-    dims = [d for d in iteration_dims(op) if d.size > 1]
+    record = analysis.ops[op.name]
+    layouts = analysis.layouts
+    dims = record.dims
     syms = [d.symbol for d in dims]
-    unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
-    full = full_sizes(node, counts)
+    full = record.full
     split = splits.ops[op.name].splits
 
     # A dim tiled down to one element per tile leaves the iteration space but still moves the
@@ -140,17 +129,16 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
     squeezed = [d for d in iteration_dims(op) if d.size == 1 and d.name in moving]
     fixed = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1 and d.name not in moving}
 
-    def arg(buffer: str, index: sympy.Expr, is_input: bool) -> TensorArg:
+    def arg(k: int, index: sympy.Expr, is_input: bool) -> TensorArg:
+        buffer, coords = record.tensors[k].buffer, record.tensors[k].coords
         b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
-        ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
-        coords = device_coordinates(lay, index.subs(unit) if unit else index, ranges)
         advance = (0,) * len(counts)
         if b.scope == "full" and any(node.tiling):
             adv_syms = syms + [d.symbol for d in squeezed]
-            adv_coords = (
-                device_coordinates(lay, index.subs(fixed), {**ranges, **{d.symbol: full[d.name] for d in squeezed}})
-                if squeezed else coords
-            )
+            adv_coords = coords
+            if squeezed:
+                ranges = {d.symbol: full[d.name] for d in dims} | {d.symbol: full[d.name] for d in squeezed}
+                adv_coords = device_coordinates(lay, index.subs(fixed), ranges)
             advance = tile_advance(buffer, op.name, lay, adv_coords, adv_syms, node.tiling, counts, full)
         return TensorArg(
             name=buffer, is_input=is_input, arg_index=place.arg_index, device_dtype=machine.device_format(b.type.dtype),
@@ -164,13 +152,13 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
     for o in op.operands:
         if isinstance(o, Load):
             operands.append(("arg", len(args)))
-            args.append(arg(o.buffer, o.index, True))
+            args.append(arg(len(args), o.index, True))
             dtypes.append(table[o.buffer].type.dtype)
         else:
             assert isinstance(o, Scalar)
             operands.append(("scalar", o.value))
     out_dtype = table[op.store.buffer].type.dtype
-    args.append(arg(op.store.buffer, op.store.index, False))
+    args.append(arg(len(args), op.store.index, False))
     info: dict[str, object] = {
         "fn": op.fn,
         "operands": tuple(operands),
@@ -184,7 +172,7 @@ def _op_spec(node: OpNode, counts, table, layouts, splits: SplitPlan, allocation
         info["count"] = int(np.prod([d.size for d in op.reduction_ranges]))
         if op.fn == "var":
             info["correction"] = op.correction
-    names = [str(s) for s in syms]
+    names = [s.name for s in syms]
     tiled = tuple(tuple(sympy.Symbol(s.dim, integer=True, nonnegative=True) for s in level if s.dim in names)
                   for level in node.tiling)
     return OpSpec(

@@ -35,6 +35,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
 from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
+from fspyre.machine.indexing import free_names
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate
@@ -227,7 +228,7 @@ def _regions(tree: LoopTree) -> list[_Region]:
             walked = _walked_dims(ld.index, buf.type, _sizes(node.op))
             if walked is None:
                 continue
-            names = {v.name for v in ld.index.free_symbols}
+            names = free_names(ld.index)
             moving = [k for k, level in enumerate(node.tiling) if any(s.dim in names for s in level)]
             depth = (moving[-1] + 1) if moving else 0
             steps = tuple(tuple(s for s in level if s.dim in names) for level in node.tiling[:depth])

@@ -26,7 +26,7 @@ anchor's iteration space leaves them out). The final splits must keep every tens
 the span limit.
 
 Core -> slice: cores enumerate the slices of ``OpSplit.splits`` in iteration-space order,
-the first dim fastest (``fspyre.machine.memcheck.core_slices``; the anchor's
+the first dim fastest (``fspyre.machine.rules.core_slices``; the anchor's
 ``core_to_slice_mapping``): with splits ``{M: 2, N: 3}`` cores 0..5 take
 ``(0,0) (1,0) (0,1) (1,1) (0,2) (1,2)``.
 """
@@ -37,18 +37,19 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import sympy
 
 from fspyre.errors import HintError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import Dim, HintScope, Load, Op, Reduction, iteration_dims
-from fspyre.ir.looptree import LoopTree, OpNode, TreeBuffer, loop_counts, op_nodes
+from fspyre.ir.graph import HintScope, Op, Reduction, iteration_dims
+from fspyre.ir.looptree import LoopTree, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
-from fspyre.machine import formats
-from fspyre.machine.layout import StickLayout, device_coordinates, stick_layout
-from fspyre.machine.memcheck import coord_terms, term_extremes
+from fspyre.machine.indexing import free_names
+from fspyre.machine.rules import coord_terms, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
+from fspyre.stages.access import Access, analyze_accesses, op_dims
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,63 +62,6 @@ class SplitOptions:
     max_cores: int | None = None
     use_hints: bool = True
     distribute: bool = True
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Access:
-    """One tensor operand of an op as the program will address it: the buffer's stick layout
-    and the device coordinates of its index (full-size buffers over the full ranges, tile
-    buffers over the tile), exactly as ``emit_program`` derives them."""
-
-    buffer: str
-    is_write: bool
-    index: sympy.Expr
-    layout: StickLayout
-    coords: tuple[sympy.Expr, ...]
-    advances: bool  # a full buffer whose address moves with an enclosing loop
-
-
-def buffer_layout(buffer: TreeBuffer, machine: Machine) -> StickLayout:
-    fmt = formats.FORMATS[machine.device_format(buffer.type.dtype)]
-    return stick_layout(buffer.type.shape, fmt.elems_per_stick)
-
-
-def op_dims(op: Op) -> tuple[Dim, ...]:
-    """The op's iteration space as the program lists it: dims of size > 1, in order."""
-    return tuple(d for d in iteration_dims(op) if d.size > 1)
-
-
-def _full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
-    sizes = {d.name: d.size for d in iteration_dims(node.op)}
-    for level, count in zip(node.tiling, counts):
-        for step in level:
-            if step.dim in sizes:
-                sizes[step.dim] *= count
-    return sizes
-
-
-def op_accesses(node: OpNode, counts: Sequence[int], table: Mapping[str, TreeBuffer], machine: Machine,
-                layouts: Mapping[str, StickLayout] | None = None) -> tuple[Access, ...]:
-    """Loads in operand order, then the store."""
-    op = node.op
-    dims = op_dims(op)
-    unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
-    full = _full_sizes(node, counts)
-    moving = {sympy.Symbol(s.dim, integer=True, nonnegative=True) for level in node.tiling for s in level}
-    out = []
-    refs = [(o.buffer, o.index, False) for o in op.operands if isinstance(o, Load)] + [
-        (op.store.buffer, op.store.index, True)]
-    for name, index, is_write in refs:
-        b = table[name]
-        lay = layouts[name] if layouts is not None else buffer_layout(b, machine)
-        # A dim tiled down to one element per tile leaves the iteration space but still moves
-        # the address, so the advance is judged on the index before size-1 dims are dropped.
-        advances = b.scope == "full" and bool(index.free_symbols & moving)
-        index = index.subs(unit) if unit else index
-        ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
-        coords = device_coordinates(lay, index, ranges)
-        out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, advances=advances))
-    return tuple(out)
 
 
 def divisors(n: int, at_most: int | None = None) -> list[int]:
@@ -138,21 +82,19 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
             f"{machine.cores} cores; a Spyre card at most {MAX_CORES}); pass max_cores in that range"
         )
     scopes = {h.id: h for h in tree.hints}
-    counts = loop_counts(tree)
-    table = tree.buffer_table()
-    layouts = {b.name: buffer_layout(b, machine) for b in tree.buffers}
+    analysis = analyze_accesses(tree, machine)
     plans: dict[str, OpSplit] = {}
     notes: list[str] = []
     warnings: list[str] = []
     nodes = op_nodes(tree)
     for node in nodes:
-        accesses = op_accesses(node, counts[node.name], table, machine, layouts)
+        accesses = analysis.ops[node.name].tensors
         hint = _merged_hint(node.op, scopes) if options.use_hints else {}
         plans[node.name] = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
                                       notes, warnings)
     if options.use_hints:
         warnings[:0] = _uniterated_work_div(tree.hints, [n.op for n in nodes])
-    return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes), warnings=tuple(warnings))
+    return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes), warnings=tuple(warnings), accesses=analysis)
 
 
 def _uniterated_work_div(hints: Sequence[HintScope], ops: Sequence[Op]) -> list[str]:
@@ -196,14 +138,16 @@ class _Span:
         self.acc = acc
         self.sizes = sizes
         self.coords = [coord_terms(c) for c in acc.coords[:-1]]
+        # each group's variable names, looked up per candidate split (a name, not str(Symbol))
+        self.names = [[tuple(v.name for v in syms) for syms, _ in groups] for _, groups in self.coords]
         ds = acc.layout.device_size
         self.below = [math.prod(ds[d + 1:]) * acc.layout.elem_bytes for d in range(len(ds) - 1)]
 
     def extent(self, d: int, split: Mapping[str, int]) -> int:
         _, groups = self.coords[d]
         ext = 1
-        for syms, term in groups:
-            per = tuple(self.sizes[str(v)] // split.get(str(v), 1) for v in syms)
+        for names, (syms, term) in zip(self.names[d], groups):
+            per = tuple(self.sizes[v] // split.get(v, 1) for v in names)
             if math.prod(per) > _MAX_GRID:
                 return self.acc.layout.device_size[d]  # too large to sweep: assume the whole dim
             lo, hi = term_extremes(term, syms, per, (1,) * len(per))
@@ -218,7 +162,7 @@ class _Span:
         return self.acc.layout.elem_bytes
 
     def vars(self, d: int) -> list[str]:
-        return [str(v) for syms, _ in self.coords[d][1] for v in syms]
+        return [v for names in self.names[d] for v in names]
 
 
 def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, int]) -> int:
@@ -236,16 +180,16 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
 
     eps: dict[str, int] = {}
     for acc in accesses:
-        free = acc.coords[-1].free_symbols
-        if len(free) == 1 and str(next(iter(free))) in size:
-            v = str(next(iter(free)))
+        free = free_names(acc.coords[-1])
+        if len(free) == 1 and next(iter(free)) in size:
+            v = next(iter(free))
             eps[v] = max(eps.get(v, 0), acc.layout.elems_per_stick)
     adjusted = {n: -(-size[n] // eps[n]) if n in eps else size[n] for n in names}
     blocked: dict[str, str] = {}
     for n, e in eps.items():
         if size[n] % e:
             blocked[n] = f"{size[n]} elements are not a whole number of {e}-element sticks"
-    used = {str(v) for acc in accesses for v in acc.index.free_symbols}
+    used = set().union(*(free_names(acc.index) for acc in accesses))
     for n in names:
         if n not in used:  # the anchor's iteration space holds only vars some index uses
             blocked[n] = "no tensor index uses it: every core would read the same elements"
@@ -405,7 +349,9 @@ def _distribute(names: Sequence[str], adjusted: Mapping[str, int], blocked: Mapp
     return split
 
 
+@lru_cache(maxsize=8192)
 def _coeff(index: sympy.Expr, var: sympy.Symbol) -> int:
+    # cached: ops of a chain share their indices, and expand() is the costly part
     return int(sympy.expand(index).coeff(var))
 
 

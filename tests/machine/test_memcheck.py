@@ -9,6 +9,7 @@ import pytest
 from workloads import add_mul, compile, softmax
 
 import fspyre
+from fspyre.check import check_memory_and_run
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec
@@ -33,7 +34,7 @@ def kinds(report):
 def test_correct_programs_are_clean():
     for comp in (compile(add_mul(256, 512)), compile(softmax(128, 256, row_tiles=2)),
                  compile(add_mul(256, 512, tiled=False), tiling="none", lx_planning=False)):
-        report = check_memory(comp.program, run=True)
+        report = check_memory_and_run(comp.program)
         assert report.clean, str(report)
         assert "CLEAN" in str(report)
 
@@ -122,7 +123,7 @@ def test_a_consumer_slicing_an_lx_buffer_differently_is_caught():
 def test_reads_before_writes_are_caught_statically_and_by_running():
     comp = compile(add_mul(64, 128, tiled=False), tiling="none", lx_planning=False)
     program = replace(comp.program, body=tuple(reversed(comp.program.body)))
-    report = check_memory(program, run=True)
+    report = check_memory_and_run(program)
     assert ("unwritten_read", "buf1", "buf0", "hbm") in kinds(report)
     run = next(i for i in report.issues if i.kind == "execution")
     assert run.op == "buf1" and run.tensor == "buf0" and "never written" in run.message

@@ -15,8 +15,9 @@ from workloads import add_mul, compile, softmax
 import fspyre
 from fspyre.errors import AllocationError
 from fspyre.ir.serialize import dumps, loads
-from fspyre.machine.memcheck import check_memory, live_intervals
+from fspyre.machine.memcheck import check_memory
 from fspyre.machine.report import traffic_report
+from fspyre.machine.rules import live_intervals
 from fspyre.stages.allocation import AllocationOptions, LiveBuffer, _greedy, solve
 from fspyre.testing.graphs import inputs_for
 

@@ -24,8 +24,8 @@ from fspyre.errors import LoweringError, TilingError
 from fspyre.ir.program import op_specs
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.indexing import compile_index
-from fspyre.machine.memcheck import check_memory, coord_bounds, core_slices
-from fspyre.machine.reference import open_grid
+from fspyre.machine.memcheck import check_memory
+from fspyre.machine.rules import coord_bounds, core_slices, open_grid
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.split_plan import SplitOptions, splits_from_index_coeffs

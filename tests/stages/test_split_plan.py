@@ -16,12 +16,12 @@ import fspyre
 from fspyre.errors import HintError, MachineError, WorkDivisionError
 from fspyre.ir.looptree import loop_counts, op_nodes
 from fspyre.ir.serialize import dumps, loads
-from fspyre.machine.memcheck import core_slices
+from fspyre.machine.rules import core_slices
 from fspyre.machine.spyre import Machine
+from fspyre.stages.access import op_accesses
 from fspyre.stages.split_plan import (
     SplitOptions,
     divide_work,
-    op_accesses,
     per_core_span,
     splits_from_index_coeffs,
 )
@@ -347,7 +347,7 @@ def test_split_plans_round_trip_and_are_deterministic():
 
 
 def test_coordinate_terms_group_by_shared_variables():
-    from fspyre.machine.memcheck import coord_bounds, coord_terms
+    from fspyre.machine.rules import coord_bounds, coord_terms
 
     c1, c2, c3 = sympy.symbols("c1 c2 c3", integer=True, nonnegative=True)
     const, groups = coord_terms(sympy.floor(c1 / 64) + 3 + sympy.Mod(c2, 4) + sympy.floor((2 * c2 + c3) / 8))

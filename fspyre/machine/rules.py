@@ -1,0 +1,237 @@
+"""The machine's shared rules: how an op's iteration space is sliced across cores, which device
+coordinates each core touches, the LX box a core holds, how long a buffer lives, and how many
+bytes a device tensor or box occupies. The compiler's stages plan with these rules and the
+oracle (interpreter, memory check, traffic report, memory map, lowerings) executes and checks
+with them, so each has exactly one home here.
+
+- **Core -> slice** (``core_slices``): the splits of an op's iteration space, first symbol
+  fastest: ``slice[i] = (core // prod(splits[:i])) % splits[i]`` (the anchor's
+  ``core_to_slice_mapping``).
+- **Coordinate bounds** (``coord_bounds``): each device coordinate's min and max over each
+  core's slice. A coordinate is a sum of terms; grouped so that no two groups share a
+  variable, its min and max over a core's box of the iteration grid is the sum of each group's
+  min and max over the box of that group's variables: exact, and linear in the iteration sizes
+  when every group has one variable (the stick rule's forms; the exact floor/Mod forms of odd
+  views have more).
+- **LX box** (``lx_box``): a core holds an LX tensor as the box spanned by its slice's device
+  coordinates, row-major, whole sticks in the stick dim, at the tensor's LX address. A
+  consumer finds the right bytes only if its slice spans the same box on that core as the
+  producer's did.
+- **Writers** (``writing_cores``): with a split reduction only the core holding slice 0 of
+  every reduced symbol stores the combined value.
+- **Lifetime** (``program_timeline`` / ``live_intervals``): program time is the index of an op
+  in program order, loop bodies included once. A buffer lives from its first use to its last;
+  a use inside a loop that does not hold every use of the buffer stretches over that whole
+  loop (the value crosses iterations); a buffer used only inside one loop body lives within
+  one iteration.
+- **Bytes and strides** (``row_major_strides``, ``device_bytes``, ``box_bytes``): device
+  storage is row-major over ``device_size`` whose last dim is the 128-byte stick, so a
+  tensor's bytes count its padded sticks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+import numpy as np
+import sympy
+
+from fspyre.errors import ExecutionError
+from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec
+from fspyre.machine.indexing import as_expr, compile_index
+
+# -- grids, strides, bytes ----------------------------------------------------------------------
+
+
+def open_grid(sizes: Sequence[int], starts: Sequence[int] | None = None) -> list[np.ndarray]:
+    """One int64 arange per axis, shaped to broadcast against the others (like np.ix_)."""
+    n = len(sizes)
+    starts = starts or [0] * n
+    return [
+        (np.arange(size, dtype=np.int64) + start).reshape([size if i == j else 1 for j in range(n)])
+        for i, (size, start) in enumerate(zip(sizes, starts))
+    ]
+
+
+def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Contiguous row-major element strides of a shape (host tensors, device sizes, LX boxes)."""
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * int(shape[i + 1])
+    return tuple(strides)
+
+
+def device_bytes(device_size: Sequence[int], elem_bytes: int) -> int:
+    """Bytes of a row-major device tensor, padded sticks included (the last dim is the stick)."""
+    return math.prod(device_size) * elem_bytes
+
+
+def box_bytes(extents: np.ndarray, elem_bytes: int) -> np.ndarray:
+    """``device_bytes`` of each row of ``extents`` (one box per core)."""
+    return np.prod(extents, axis=1) * elem_bytes
+
+
+# -- slicing across cores -----------------------------------------------------------------------
+
+
+def core_slices(splits: Sequence[int]) -> np.ndarray:
+    """``[cores, len(splits)]``: the slice index of each core per symbol, first symbol fastest
+    (read-only: cached per splits)."""
+    return _core_slices(tuple(int(s) for s in splits))
+
+
+@lru_cache(maxsize=1024)
+def _core_slices(splits: tuple[int, ...]) -> np.ndarray:
+    cores = math.prod(splits)
+    c = np.arange(cores, dtype=np.int64)
+    cols, stride = [], 1
+    for s in splits:
+        cols.append((c // stride) % s)
+        stride *= s
+    out = np.stack(cols, axis=1) if cols else np.zeros((cores, 0), dtype=np.int64)
+    out.setflags(write=False)
+    return out
+
+
+def writing_cores(splits: Sequence[int], reduced: Sequence[bool]) -> np.ndarray:
+    """Cores that store an op's result: with a split reduction only the core holding slice 0
+    of every reduced symbol writes the combined value (the interpreter's rule)."""
+    slices = core_slices(splits)
+    red = [i for i, r in enumerate(reduced) if r]
+    if not red:
+        return np.ones(len(slices), dtype=bool)
+    return np.all(slices[:, red] == 0, axis=1)
+
+
+def reduced_symbols(spec: OpSpec) -> set[sympy.Symbol]:
+    reduced = spec.op_info.get("reduced", ()) if spec.is_reduction else ()
+    assert isinstance(reduced, tuple)
+    return set(reduced)
+
+
+@lru_cache(maxsize=8192)
+def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[tuple[sympy.Symbol, ...], sympy.Expr], ...]]:
+    """A coordinate as ``const + sum(group)``: its terms grouped so that no two groups share a
+    variable (``floor(c1/64) + Mod(c2, 4)`` has two groups; ``floor((2*P1 + P2)/64)`` one of
+    two variables). Over a box of the iteration grid, each group ranges independently."""
+    const = 0
+    groups: list[tuple[frozenset, sympy.Expr]] = []
+    for term in sympy.Add.make_args(as_expr(expr, "coord_terms")):
+        free = frozenset(term.free_symbols)
+        if not free:
+            const += int(term)
+            continue
+        joined = [g for g in groups if g[0] & free]
+        for g in joined:
+            groups.remove(g)
+        groups.append((free.union(*(g[0] for g in joined)), sympy.Add(term, *(g[1] for g in joined))))
+    return const, tuple((tuple(sorted(v, key=lambda s: s.name)), e) for v, e in groups)
+
+
+@lru_cache(maxsize=8192)
+def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...], sizes: tuple[int, ...],
+                  splits: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max of ``term`` over each slice block: arrays of shape ``splits`` (block
+    ``(k1, k2, ...)`` holds ``syms[i]`` in ``[k_i * n_i, (k_i + 1) * n_i)``, ``n_i = sizes[i] // splits[i]``).
+    Evaluated on the whole grid of the term's own variables."""
+    grid = open_grid(list(sizes))
+    vals = np.broadcast_to(np.asarray(compile_index(term, syms)(*grid)), sizes)
+    blocks = [x for s, n in zip(splits, sizes) for x in (s, n // s)]
+    vals = vals.reshape(blocks)
+    inner = tuple(range(1, len(blocks), 2))
+    lo, hi = vals.min(axis=inner), vals.max(axis=inner)
+    lo.setflags(write=False)  # cached: shared by every caller
+    hi.setflags(write=False)
+    return lo, hi
+
+
+def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol], sizes: Sequence[int],
+                 splits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``lows, highs`` of shape ``[cores, len(coords)]``: each device coordinate's min and max
+    over each core's slice of the iteration grid (``sizes`` are whole per-tile sizes).
+    Read-only arrays, cached: the ops of a chain or of a candidate tiling repeat the same
+    coordinates over the same splits, and the allocator, checker and report all ask."""
+    return _coord_bounds(tuple(coords), tuple(syms), tuple(int(n) for n in sizes), tuple(int(s) for s in splits))
+
+
+@lru_cache(maxsize=4096)
+def _coord_bounds(coords: tuple[sympy.Expr, ...], syms: tuple[sympy.Symbol, ...], sizes: tuple[int, ...],
+                  splits: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    slices = core_slices(splits)
+    pos = {s: i for i, s in enumerate(syms)}
+    lows = np.zeros((len(slices), len(coords)), dtype=np.int64)
+    highs = np.zeros_like(lows)
+    for d, expr in enumerate(coords):
+        const, groups = coord_terms(expr)
+        lows[:, d] = highs[:, d] = const
+        for group_syms, term in groups:
+            missing = [str(v) for v in group_syms if v not in pos]
+            if missing:
+                raise ExecutionError(
+                    f"device coordinate {expr} uses {missing}, which are not among {list(map(str, syms))}"
+                )
+            idx = [pos[v] for v in group_syms]
+            lo, hi = term_extremes(term, group_syms, tuple(int(sizes[i]) for i in idx),
+                                   tuple(int(splits[i]) for i in idx))
+            at = tuple(slices[:, i] for i in idx)
+            lows[:, d] += lo[at]
+            highs[:, d] += hi[at]
+    lows.setflags(write=False)
+    highs.setflags(write=False)
+    return lows, highs
+
+
+def lx_box(lows: np.ndarray, highs: np.ndarray, device_size: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The LX box per core: (lows, extents), the stick dim whole."""
+    lows = lows.copy()
+    ext = highs - lows + 1
+    lows[:, -1] = 0
+    ext[:, -1] = device_size[-1]
+    return lows, ext
+
+
+# -- program time -------------------------------------------------------------------------------
+
+
+def program_timeline(program: Program) -> tuple[list[tuple[int, OpSpec, tuple[int, ...], tuple[int, ...]]],
+                                                dict[int, tuple[int, int]]]:
+    """``(time, spec, loop ids, loop counts)`` per op in program order, and each loop's span."""
+    ops: list[tuple[int, OpSpec, tuple[int, ...], tuple[int, ...]]] = []
+    spans: dict[int, tuple[int, int]] = {}
+
+    def visit(body: tuple[Spec, ...], chain: tuple[int, ...], counts: tuple[int, ...]) -> None:
+        for spec in body:
+            if isinstance(spec, LoopSpec):
+                lid, start = len(spans), len(ops)
+                spans[lid] = (start, start)
+                visit(spec.body, chain + (lid,), counts + (spec.count,))
+                spans[lid] = (start, len(ops))
+            else:
+                ops.append((len(ops), spec, chain, counts))
+
+    visit(program.body, (), ())
+    return ops, spans
+
+
+def live_intervals(uses: Mapping[str, Sequence[tuple[int, tuple[int, ...]]]],
+                   loop_spans: Mapping[int, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """``[start, end)`` per buffer from its uses ``(time, enclosing loop ids outermost first)``."""
+    out = {}
+    for name, us in uses.items():
+        if not us:
+            continue
+        chains = [c for _, c in us]
+        common = 0
+        while all(len(c) > common for c in chains) and len({c[common] for c in chains}) == 1:
+            common += 1
+        lo, hi = math.inf, -math.inf
+        for t, chain in us:
+            if len(chain) > common:
+                s, e = loop_spans[chain[common]]
+            else:
+                s, e = t, t + 1
+            lo, hi = min(lo, s), max(hi, e)
+        out[name] = (int(lo), int(hi))
+    return out
