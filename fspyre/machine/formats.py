@@ -121,11 +121,11 @@ IEEE_FP32 = DataFormat(
 )
 IEEE_INT32 = DataFormat(
     name="IEEE_INT32", nbytes=4, is_float=False, storage="uint32",
-    summary="32-bit two's complement integer; floats round half to even and saturate",
+    summary="32-bit two's complement integer; floats convert toward zero and saturate",
 )
 SENINT8 = DataFormat(
     name="SENINT8", nbytes=1, is_float=False, storage="uint8",
-    summary="8-bit two's complement integer (assumed); floats round half to even and saturate",
+    summary="8-bit two's complement integer (assumed); floats convert toward zero and saturate",
 )
 SEN143_FP8 = DataFormat(
     name="SEN143_FP8", nbytes=1, is_float=True, storage="uint8",
@@ -262,8 +262,10 @@ def _saturating_int(values: np.ndarray, int_dtype: type[np.signedinteger]) -> np
     info = np.iinfo(int_dtype)
     v = np.asarray(values)
     if v.dtype.kind == "f":
-        # float64 holds every int32 exactly, so the clip bounds are exact, unlike in float32.
-        f = np.rint(v.astype(np.float64))
+        # Toward zero, as torch's (and C's) float-to-int conversion: `x.to(torch.long)` of 2.7
+        # is 2 and of -2.7 is -2. float64 holds every int32 exactly, so the clip bounds are
+        # exact, unlike in float32.
+        f = np.trunc(v.astype(np.float64))
         np.clip(f, info.min, info.max, out=f)
         np.copyto(f, 0.0, where=np.isnan(f))
         return f.astype(int_dtype)

@@ -418,7 +418,7 @@ def store_bound(pre: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: s
         if dtype == "bool":
             return np.where(~(pre > err), 1.0, 0.0)
         if fmt_name in ("IEEE_INT32", "SENINT8"):
-            return np.where(err > 0, err + 1.0, 0.0)  # rint may go the other way at a half
+            return np.where(err > 0, err + 1.0, 0.0)  # truncation of two values d apart: ints < d + 1 apart
         if fmt_name not in _STORE_GRID:
             return err  # IEEE_FP32: the float32 result is stored as it is
         bits, floor, top = _STORE_GRID[fmt_name]

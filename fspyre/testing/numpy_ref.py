@@ -77,9 +77,10 @@ def _store(names, v, e, dtype: str, fp16_format: str, compute: float) -> Ref:
         undecided = (e > 0) & (np.abs(v) <= e)
         return Ref(tuple(names), (v != 0).astype(np.float64), undecided.astype(np.float64), dtype)
     if dtype == "int32":
-        # an integer bound came from integer ops (exact); a fractional one from float compute,
-        # whose rounding to an integer may land one further away
-        return Ref(tuple(names), np.rint(v), np.where(e == np.floor(e), e, np.floor(e) + 1), dtype)
+        # a float converts toward zero (torch's .to(int)); an integer bound came from integer
+        # ops (exact), a fractional one from float compute, whose truncation may land one
+        # further away
+        return Ref(tuple(names), np.trunc(v), np.where(e == np.floor(e), e, np.floor(e) + 1), dtype)
     fmt = device_format(dtype, fp16_format)
     e = e + compute * F32 * np.abs(v) + UNIT[fmt] * np.abs(v) + TINY[fmt]
     return Ref(tuple(names), v, e, dtype)

@@ -268,19 +268,20 @@ def test_fp32_is_identity_bit_for_bit():
 
 # --- integers --------------------------------------------------------------------------------
 
-def test_int32_rounds_half_even_and_saturates():
-    x = np.array([2.5, 3.5, -2.5, -0.5, 0.7, np.nan, 1e10, -1e10, np.inf, 2147483647.0])
+def test_int32_converts_floats_toward_zero_and_saturates():
+    # toward zero, as torch's .to(torch.int32) / .to(torch.long)
+    x = np.array([2.5, 3.5, -2.5, -0.5, 0.7, -1.7, np.nan, 1e10, -1e10, np.inf, 2147483647.0])
     assert round_to(x, IEEE_INT32).tolist() == \
-        [2, 4, -2, 0, 1, 0, 2**31 - 1, -(2**31), 2**31 - 1, 2**31 - 1]
+        [2, 3, -2, 0, 0, -1, 0, 2**31 - 1, -(2**31), 2**31 - 1, 2**31 - 1]
     ints = np.array([5, -7, 2**40, -(2**40)], np.int64)
     assert round_to(ints, IEEE_INT32).tolist() == [5, -7, 2**31 - 1, -(2**31)]
     assert round_to(np.array([2**63], np.uint64), IEEE_INT32).tolist() == [2**31 - 1]
     assert int(encode(np.int32(-1), IEEE_INT32)) == 0xFFFFFFFF
 
 
-def test_int8_rounds_half_even_and_saturates():
-    x = np.array([0.5, 1.5, -127.6, 127.5, 300.0, -300.0, np.nan], np.float32)
-    assert round_to(x, SENINT8).tolist() == [0, 2, -128, 127, 127, -128, 0]
+def test_int8_converts_floats_toward_zero_and_saturates():
+    x = np.array([0.5, 1.5, -127.6, 127.5, 300.0, -300.0, np.nan, -128.9], np.float32)
+    assert round_to(x, SENINT8).tolist() == [0, 1, -127, 127, 127, -128, 0, -128]
     assert encode(np.array([-1, 200]), SENINT8).tolist() == [0xFF, 0x7F]
     assert decode(np.arange(256, dtype=np.uint8), SENINT8).tolist() == \
         list(range(128)) + list(range(-128, 0))
