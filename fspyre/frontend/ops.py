@@ -372,6 +372,17 @@ def lower_add_sub(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return ctx.g.pointwise(fn, a, b, dtype=out)
 
 
+@rule(aten.isinf.default, aten.isnan.default, align=align_pointwise)
+def lower_isinf_isnan(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``|x| == inf`` and ``x != x``. A float16 value on the device is DLFloat16, which has no
+    infinity: ±inf saturate to ±8,573,157,376 when stored (docs/semantics.md, "Special
+    values"), so ``isinf`` of a stored float16 tensor is false where torch's overflowed to inf."""
+    (x,) = xs
+    if node.target is aten.isnan.default:
+        return ctx.g.pointwise("ne", x, x, dtype="bool")
+    return ctx.g.pointwise("eq", ctx.g.pointwise("abs", x, dtype=_wide(x.dtype)), math.inf, dtype="bool")
+
+
 @rule(aten.gelu.default, align=align_pointwise)
 def lower_gelu(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     (x,) = xs

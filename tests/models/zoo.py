@@ -72,6 +72,40 @@ class _MHA(torch.nn.Module):
         return self.attn(x, x, x, need_weights=False)[0]
 
 
+class _Llama(torch.nn.Module):
+    """LlamaDecoderLayer (grouped-query attention: 4 query heads, 2 key/value heads) as
+    LlamaModel calls it: rotary embeddings of positions 0..S-1 and a causal mask built from
+    them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        cfg = LlamaConfig(hidden_size=D, intermediate_size=FF, num_attention_heads=HEADS, num_key_value_heads=2,
+                          num_hidden_layers=1, vocab_size=128, max_position_embeddings=4 * S,
+                          attn_implementation="eager")
+        self.layer = LlamaDecoderLayer(cfg, 0)
+        self.rotary = LlamaRotaryEmbedding(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1])
+        causal = torch.where(positions[None, :] > positions[:, None], float("-inf"), 0.0).to(x.dtype)
+        out = self.layer(x, attention_mask=causal[None, None], position_embeddings=self.rotary(x, positions[None]))
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _t5() -> torch.nn.Module:
+    """T5Block (encoder) with its relative-position bias: buckets of position differences
+    (int64 arithmetic, log, a float-to-int conversion) looked up in an embedding."""
+    from transformers import T5Config
+    from transformers.models.t5.modeling_t5 import T5Block
+
+    cfg = T5Config(d_model=D, d_ff=FF, num_heads=HEADS, d_kv=D // HEADS, num_layers=1, is_decoder=False,
+                   dropout_rate=0.0)
+    return FirstOutput(T5Block(cfg, has_relative_attention_bias=True))
+
+
 def _encoder() -> torch.nn.Module:
     return torch.nn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, batch_first=True)
 
@@ -79,6 +113,8 @@ def _encoder() -> torch.nn.Module:
 CASES = {c.name: c for c in (
     Case("gpt2_block", _seeded(_gpt2), _hidden),
     Case("bert_layer", _seeded(_bert), _hidden),
+    Case("llama_decoder_layer", _seeded(_Llama), _hidden),
+    Case("t5_block", _seeded(_t5), _hidden),
     Case("nn_multihead_attention", _seeded(_MHA), _hidden),
     Case("nn_transformer_encoder_layer", _seeded(_encoder), _hidden),
 )}
