@@ -712,6 +712,41 @@ def lower_gather(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
 
 
+# -- cumsum ----------------------------------------------------------------------------------
+def align_cumsum(node: fx.Node) -> Alignment:
+    """``out[..., i, ...] = sum_j x[..., j, ...] * (j <= i)``: x's scanned axis becomes a
+    reduction axis j beside the output's i."""
+    x = node_args(node)[0]
+    d = _norm(bind(node)["dim"], max(len(shape(x)), 1))
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    return Alignment(uses=(Use(x, out[:d] + (k,) + out[d + 1:]),), outputs=(out,), reduced=((k, shape(x)[d]),))
+
+
+@rule(aten.cumsum.default, align=align_cumsum)
+def lower_cumsum(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """A masked sum over a second copy of the axis (``where(j <= i, x_j, 0)`` summed over j):
+    n² work along the axis, which is what masks and position ids (a Llama model's cumsum of
+    its attention mask) need; integer sums are exact, float ones are a reduction like any
+    other (docs/semantics.md, rule 5). torch's int64 result is int32 here, like every int64."""
+    (x,) = xs
+    if not x.dims:
+        raise FrontendError(f"{describe_node(node)}: fspyre scans along a dim, and this tensor has none")
+    dims = ctx.dims(node)
+    d = _norm(bind(node)["dim"], len(dims))
+    k = ctx.red_names(node)[0]
+    out = ctx.dtype(node)
+    g = ctx.g
+    if x.dtype != out and not (x.dtype == "bool" and out == "int32"):
+        x = g.cast(x, out)  # a dtype= argument
+    upto = g.le(ctx.iota(Dim(k, dims[d].size)), ctx.iota(dims[d]))
+    masked = g.pointwise("where", upto, x, 0, dtype="int32" if out == "int32" else _wide(out))
+    total = g.reduce("sum", masked, [k])
+    if total.dtype != out:
+        total = g.cast(total, out)
+    return g.permute(total, [dm.name for dm in dims])
+
+
 # -- slicing: views with an offset ------------------------------------------------------------
 def _slice_range(node: fx.Node) -> tuple[int, int, int, int]:
     """(axis, start, stop, step) of a ``slice.Tensor`` node, normalized like a Python slice."""

@@ -118,3 +118,29 @@ CASES = {c.name: c for c in (
     Case("nn_multihead_attention", _seeded(_MHA), _hidden),
     Case("nn_transformer_encoder_layer", _seeded(_encoder), _hidden),
 )}
+
+
+class TinyCausalLM(torch.nn.Module):
+    """LlamaForCausalLM with 2 decoder layers, from ``input_ids`` to logits. The causal mask is
+    passed in as a 4-d additive mask (built from ``arange``): transformers' own mask builder
+    indexes a tensor by two index tensors at once, which fspyre does not capture yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(hidden_size=D, intermediate_size=FF, num_attention_heads=HEADS, num_key_value_heads=2,
+                          num_hidden_layers=2, vocab_size=256, max_position_embeddings=4 * S,
+                          attn_implementation="eager", use_cache=False)
+        self.lm = LlamaForCausalLM(cfg).eval()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1])
+        causal = torch.where(positions[None, :] > positions[:, None], float("-inf"), 0.0).to(self.lm.dtype)
+        mask = causal[None, None].expand(ids.shape[0], 1, -1, -1)
+        return self.lm(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+def token_ids() -> torch.Tensor:
+    return torch.randint(0, 256, (B, S), generator=torch.Generator().manual_seed(3))
