@@ -1,6 +1,7 @@
 """Stage ``emit_program``: LoopTree + SplitPlan + Allocation -> Program (LoopSpec/OpSpec).
 
-Device coordinates come from each buffer's stick layout; a full-size buffer read or written
+Device coordinates come from each buffer's stick layout, as recorded by ``divide_work`` in
+the split plan's access record (``fspyre.stages.access``); a full-size buffer read or written
 inside loops gets, per enclosing loop, the byte step its address takes per iteration. The
 step is derived from the layout (not from host row-major strides) and checked to be the
 same for every iteration: a tile that does not start on a stick boundary is refused here."""
@@ -23,7 +24,7 @@ from fspyre.machine.indexing import compile_index
 from fspyre.machine.layout import StickLayout, device_coordinates
 from fspyre.machine.rules import row_major_strides
 from fspyre.machine.spyre import Machine
-from fspyre.stages.access import AccessPlan, access_plan
+from fspyre.stages.access import Access, AccessPlan, access_plan
 
 PROGRAM_OP_NAMES = {"matmul": "batchmatmul"}  # the anchor's name for every matmul
 
@@ -129,8 +130,8 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
     squeezed = [d for d in iteration_dims(op) if d.size == 1 and d.name in moving]
     fixed = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1 and d.name not in moving}
 
-    def arg(k: int, index: sympy.Expr, is_input: bool) -> TensorArg:
-        buffer, coords = record.tensors[k].buffer, record.tensors[k].coords
+    def arg(acc: Access, index: sympy.Expr, is_input: bool) -> TensorArg:
+        buffer, coords = acc.buffer, acc.coords
         b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
         advance = (0,) * len(counts)
         if b.scope == "full" and any(node.tiling):
@@ -152,13 +153,13 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
     for o in op.operands:
         if isinstance(o, Load):
             operands.append(("arg", len(args)))
-            args.append(arg(len(args), o.index, True))
+            args.append(arg(record.tensors[len(args)], o.index, True))
             dtypes.append(table[o.buffer].type.dtype)
         else:
             assert isinstance(o, Scalar)
             operands.append(("scalar", o.value))
     out_dtype = table[op.store.buffer].type.dtype
-    args.append(arg(len(args), op.store.index, False))
+    args.append(arg(record.tensors[len(args)], op.store.index, False))
     info: dict[str, object] = {
         "fn": op.fn,
         "operands": tuple(operands),
