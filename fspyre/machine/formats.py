@@ -265,7 +265,7 @@ def _saturating_int(values: np.ndarray, int_dtype: type[np.signedinteger]) -> np
         # Toward zero, as torch's (and C's) float-to-int conversion: `x.to(torch.long)` of 2.7
         # is 2 and of -2.7 is -2. float64 holds every int32 exactly, so the clip bounds are
         # exact, unlike in float32.
-        f = np.trunc(v.astype(np.float64))
+        f = np.array(np.trunc(v.astype(np.float64)), dtype=np.float64)  # 0-d stays an array
         np.clip(f, info.min, info.max, out=f)
         np.copyto(f, 0.0, where=np.isnan(f))
         return f.astype(int_dtype)

@@ -275,6 +275,7 @@ def test_int32_converts_floats_toward_zero_and_saturates():
         [2, 3, -2, 0, 0, -1, 0, 2**31 - 1, -(2**31), 2**31 - 1, 2**31 - 1]
     ints = np.array([5, -7, 2**40, -(2**40)], np.int64)
     assert round_to(ints, IEEE_INT32).tolist() == [5, -7, 2**31 - 1, -(2**31)]
+    assert round_to(np.array(-2.7, np.float32), IEEE_INT32).tolist() == -2  # a 0-d value
     assert round_to(np.array([2**63], np.uint64), IEEE_INT32).tolist() == [2**31 - 1]
     assert int(encode(np.int32(-1), IEEE_INT32)) == 0xFFFFFFFF
 
