@@ -44,7 +44,7 @@ from fspyre.machine.layout import StickLayout
 from fspyre.machine.rules import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
-from fspyre.stages.split_plan import verify_split_plan
+from fspyre.stages.split_plan import verify_split_shapes
 
 SOLVERS = ("greedy", "firstfit", "bestfit")
 
@@ -91,7 +91,7 @@ class _Use:
 
 def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
              options: AllocationOptions = AllocationOptions()) -> Allocation:
-    verify_split_plan(tree, splits, machine)  # a side table keyed by op name: refuse one made for another tree
+    verify_split_shapes(tree, splits, machine)  # a side table keyed by op name: refuse one made for another tree
     analysis = access_plan(tree, splits, machine)
     layouts = analysis.layouts
 
@@ -521,7 +521,8 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
                 f"allocation: LX buffer {name} at {p.address} + {p.nbytes} bytes per core ends past the machine's "
                 f"{machine.lx_bytes}-byte LX; allocate for this machine"
             )
-    need: dict[str, tuple[int, str, dict[str, int]]] = {}  # LX buffer -> (largest per-core box, op, splits)
+    need: dict[str, tuple[int, OpNode]] = {}  # LX buffer -> (largest per-core box, the op using it)
+    boxes: dict[tuple, int] = {}  # accesses of one shape share their boxes: each is swept once
     for node in op_nodes(tree):
         record = analysis.ops[node.name]
         cuts = [plan.ops[node.name].splits.get(d.name, 1) for d in record.dims]
@@ -536,16 +537,19 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
                     f"allocation: op {node.name} advances {acc.buffer} with an enclosing loop, but it is placed "
                     f"in LX, which never advances; place it in HBM"
                 )
-            lows, highs = coord_bounds(acc.coords, syms, sizes, cuts)
-            _, extents = lx_box(lows, highs, acc.layout.device_size)
-            got = _align(int(box_bytes(extents, acc.layout.elem_bytes).max()), LX_ALIGN)
-            if got > need.get(acc.buffer, (0,))[0]:
-                need[acc.buffer] = (got, node.name, dict(zip(map(str, syms), cuts)))
-    for name, (got, op, splits) in need.items():
+            key = (acc.coords, tuple(syms), tuple(sizes), tuple(cuts), acc.layout.device_size, acc.layout.elem_bytes)
+            got = boxes.get(key)
+            if got is None:
+                lows, highs = coord_bounds(acc.coords, syms, sizes, cuts)
+                _, extents = lx_box(lows, highs, acc.layout.device_size)
+                got = boxes[key] = _align(int(box_bytes(extents, acc.layout.elem_bytes).max()), LX_ALIGN)
+            if acc.buffer not in need or got > need[acc.buffer][0]:
+                need[acc.buffer] = (got, node)
+    for name, (got, node) in need.items():
         if alloc.buffers[name].nbytes != got:
             raise AllocationError(
                 f"allocation: LX buffer {name} is placed with {alloc.buffers[name].nbytes} bytes per core, but op "
-                f"{op} uses {got} of it per core with splits {splits}; allocate(tree, splits, machine) with this "
-                f"tree's split plan"
+                f"{node.name} uses {got} of it per core with splits {dict(plan.ops[node.name].splits)}; "
+                f"allocate(tree, splits, machine) with this tree's split plan"
             )
     return alloc

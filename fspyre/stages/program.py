@@ -199,7 +199,8 @@ def verify_program(program: Program) -> Program:
     on at most the program's cores, with one advance per enclosing loop and ``tiled_symbols``
     for each loop (or none), its inputs before its one output, operands naming its inputs,
     coordinates over its iteration symbols; each tensor placed the same way by every op that
-    uses it, a kernel argument exactly as the argument list places it. Linear in the program;
+    uses it (memory, address, size, dtype, argument), a kernel argument exactly as the argument
+    list places it. Linear in the program;
     the meaning (bounds per core, overlaps, values) is the interpreter's and ``check_memory``'s."""
     where = f"program {program.name}"
     kernel: dict[int, KernelArg] = {}
@@ -215,15 +216,16 @@ def verify_program(program: Program) -> Program:
         if end > program.hbm_bytes:
             raise LoweringError(f"{where}: kernel argument {k.name} at {k.address} ends at byte {end}, past the "
                                 f"program's {program.hbm_bytes} bytes of HBM")
-    placed: dict[str, tuple[str, int, tuple[int, ...], str]] = {}
+    placed: dict[str, TensorArg] = {}  # tensor -> its first use
+    coord_names: dict[tuple, frozenset[str]] = {}  # coordinates -> the symbols they use
     for spec, depth in walk_specs(program.body):
         if isinstance(spec, OpSpec):
-            _verify_op_spec(spec, depth, program, kernel, placed)
+            _verify_op_spec(spec, depth, program, kernel, placed, coord_names)
     return program
 
 
 def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[int, KernelArg],
-                    placed: dict[str, tuple[str, int, tuple[int, ...], str]]) -> None:
+                    placed: dict[str, TensorArg], coord_names: dict[tuple, frozenset[str]]) -> None:
     where = f"program {program.name}: op {spec.name or spec.op}"
     if spec.cores > program.cores:
         raise LoweringError(f"{where} runs on {spec.cores} cores, more than the program's {program.cores}")
@@ -245,27 +247,39 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
         if len(a.tile_advance) != depth:
             raise LoweringError(f"{where}: tensor {a.name} has {len(a.tile_advance)} tile advances inside {depth} "
                                 f"loops; give one per enclosing loop")
-        unknown = sorted(set().union(*map(free_names, a.device_coordinates)) - space)
-        if unknown:
-            raise LoweringError(f"{where}: tensor {a.name} coordinates use {unknown}, which its iteration space "
-                                f"{sorted(space)} does not hold")
-        here = (a.memory, a.address, a.device_size, a.device_dtype)
-        first = placed.setdefault(a.name, here)
-        if first != here:
-            raise LoweringError(f"{where}: tensor {a.name} is placed as {here[:3]}, but an earlier op placed it as "
-                                f"{first[:3]}; one tensor has one place")
-        if a.memory == "lx":
-            if a.address >= program.lx_bytes:
+        used = coord_names.get(a.device_coordinates)
+        if used is None:
+            used = coord_names[a.device_coordinates] = frozenset().union(*map(free_names, a.device_coordinates))
+        if not used <= space:
+            raise LoweringError(f"{where}: tensor {a.name} coordinates use {sorted(used - space)}, which its "
+                                f"iteration space {sorted(space)} does not hold")
+        first = placed.get(a.name)
+        if first is not None:
+            if (first.allocation, first.device_size, first.device_dtype, first.arg_index) != (
+                    a.allocation, a.device_size, a.device_dtype, a.arg_index):
                 raise LoweringError(
-                    f"{where}: LX tensor {a.name} at {a.address} is past the {program.lx_bytes}-byte LX")
+                    f"{where}: tensor {a.name} is placed as {_place(a)}, but an earlier op placed it as "
+                    f"{_place(first)}; one tensor has one place")
+            continue  # its bounds and argument were checked where it first appeared
+        placed[a.name] = a
+        memory, address = a.memory, a.address
+        if memory == "lx":
+            if address >= program.lx_bytes:
+                raise LoweringError(
+                    f"{where}: LX tensor {a.name} at {address} is past the {program.lx_bytes}-byte LX")
             continue
-        end = a.address + device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)
+        end = address + device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)
         if end > program.hbm_bytes:
-            raise LoweringError(f"{where}: HBM tensor {a.name} at {a.address} ends at byte {end}, past the "
+            raise LoweringError(f"{where}: HBM tensor {a.name} at {address} ends at byte {end}, past the "
                                 f"program's {program.hbm_bytes} bytes of HBM")
         if a.arg_index >= 0:
             k = kernel.get(a.arg_index)
-            if k is None or (k.buffer, k.address, k.device_size, k.device_dtype) != (a.name, *here[1:]):
+            if k is None or (k.buffer, k.address, k.device_size, k.device_dtype) != (
+                    a.name, address, a.device_size, a.device_dtype):
                 got = "no such argument" if k is None else f"{k.buffer} at {k.address}, size {list(k.device_size)}"
-                raise LoweringError(f"{where}: tensor {a.name} (at {a.address}, size {list(a.device_size)}) claims "
+                raise LoweringError(f"{where}: tensor {a.name} (at {address}, size {list(a.device_size)}) claims "
                                     f"kernel argument {a.arg_index}, which is {got}")
+
+
+def _place(a: TensorArg) -> str:
+    return f"{a.memory} at {a.address}, size {list(a.device_size)}, {a.device_dtype}, arg_index {a.arg_index}"

@@ -393,6 +393,33 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
     order), within the machine's cores, in whole slices (whole sticks along a stick dim) and
     within the per-core span limit: what ``allocate`` and ``emit_program`` rely on. Linear in
     the tree; a plan made for another tree, or edited, is refused naming the first mismatch."""
+    verify_split_shapes(tree, plan, machine)
+    analysis = access_plan(tree, plan, machine)
+    seen: dict[tuple, int] = {}  # ops of one shape share their spans: each is swept once
+    for node in op_nodes(tree):
+        split = plan.ops[node.name]
+        if all(k == 1 for k in split.splits.values()):
+            continue
+        sizes = {d.name: d.size for d in analysis.ops[node.name].dims}
+        for acc in analysis.ops[node.name].tensors:
+            key = (acc.coords, acc.layout.device_size, acc.layout.elem_bytes, tuple(sizes.items()), split.splits)
+            got = seen.get(key)
+            if got is None:
+                got = seen[key] = per_core_span(acc, sizes, split.splits)
+            if got > machine.span_limit:
+                raise WorkDivisionError(
+                    f"split plan: op {node.name} spans {got} bytes of tensor {acc.buffer} per core with splits "
+                    f"{dict(split.splits)}, over the {machine.span_limit}-byte per-core span limit; "
+                    f"split its outer dims further"
+                )
+    return plan
+
+
+def verify_split_shapes(tree: LoopTree, plan: SplitPlan, machine: Machine) -> SplitPlan:
+    """``verify_split_plan`` without the per-core span check (the one part that sweeps
+    coordinates): the plan names exactly the tree's ops and dims, within the machine's cores,
+    in whole slices. ``allocate`` runs it on the plan it is handed, so a plan made for another
+    tree is refused by name instead of failing on a missing key."""
     nodes = op_nodes(tree)
     names = {n.name for n in nodes}
     extra = [name for name in plan.ops if name not in names]
@@ -401,7 +428,6 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
             f"split plan divides op {extra[0]}, which loop tree {tree.name} does not have (its ops: "
             f"{_few(n.name for n in nodes)}); the plan was made for another tree: divide_work(tree, machine)"
         )
-    analysis = None
     for node in nodes:
         op = node.op
         split = plan.ops.get(op.name)
@@ -411,11 +437,10 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
                 f"{_few(plan.ops)}); the plan was made for another tree: divide_work(tree, machine)"
             )
         dims = op_dims(op)
-        want = [d.name for d in dims]
-        if list(split.splits) != want:
+        if len(split.splits) != len(dims) or any(a != d.name for a, d in zip(split.splits, dims)):
             raise WorkDivisionError(
-                f"split plan: op {op.name} iterates dims {want} (size > 1, in order) but its split lists "
-                f"{list(split.splits)}; the plan was made for another tree: divide_work(tree, machine)"
+                f"split plan: op {op.name} iterates dims {[d.name for d in dims]} (size > 1, in order) but its "
+                f"split lists {list(split.splits)}; the plan was made for another tree: divide_work(tree, machine)"
             )
         if split.cores > machine.cores:
             raise WorkDivisionError(
@@ -424,25 +449,15 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
             )
         for d in dims:
             k = split.splits[d.name]
+            if k == 1:
+                continue
             eps = split.stick_elems.get(d.name, 1)
-            if k > 1 and d.size % (k * eps):
+            if d.size % (k * eps):
                 unit = f"{eps}-element sticks" if eps > 1 else "elements"
                 raise WorkDivisionError(
                     f"split plan: op {op.name} splits dim {d.name} (size {d.size}) into {k} slices, which is not "
                     f"a whole number of {unit} per core; split it by a divisor of {d.size // eps}"
                 )
-        if any(k > 1 for k in split.splits.values()):
-            if analysis is None:
-                analysis = access_plan(tree, plan, machine)
-            sizes = {d.name: d.size for d in dims}
-            for acc in analysis.ops[op.name].tensors:
-                got = per_core_span(acc, sizes, split.splits)
-                if got > machine.span_limit:
-                    raise WorkDivisionError(
-                        f"split plan: op {op.name} spans {got} bytes of tensor {acc.buffer} per core with splits "
-                        f"{dict(split.splits)}, over the {machine.span_limit}-byte per-core span limit; "
-                        f"split its outer dims further"
-                    )
     return plan
 
 

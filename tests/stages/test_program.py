@@ -89,8 +89,8 @@ def test_each_tensor_has_one_place_and_kernel_arguments_match(program):
     y = op_specs(program)[0].args[-1]
     assert y.name == "buf0" and y.memory == "lx"
     refused(edit_arg(program, "buf1", "buf0", allocation=FrozenMap({"lx": y.address + 128})),
-            rf"op buf1: tensor buf0 is placed as \('lx', {y.address + 128}, \(.*\)\), but an earlier op placed "
-            rf"it as \('lx', {y.address}, .*one tensor has one place")
+            rf"op buf1: tensor buf0 is placed as lx at {y.address + 128}, size \[.*\], SEN169_FP16, arg_index -1, "
+            rf"but an earlier op placed it as lx at {y.address}, .*; one tensor has one place")
     refused(edit_arg(program, "buf0", "buf0", allocation=FrozenMap({"lx": program.lx_bytes})),
             rf"op buf0: LX tensor buf0 at {program.lx_bytes} is past the {program.lx_bytes}-byte LX")
     b = program.kernel_args[1]
