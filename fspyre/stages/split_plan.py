@@ -394,21 +394,20 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
     within the per-core span limit: what ``allocate`` and ``emit_program`` rely on. Linear in
     the tree; a plan made for another tree, or edited, is refused naming the first mismatch."""
     verify_split_shapes(tree, plan, machine)
-    analysis = access_plan(tree, plan, machine)
     seen: dict[tuple, int] = {}  # ops of one shape share their spans: each is swept once
-    for node in op_nodes(tree):
-        split = plan.ops[node.name]
-        if all(k == 1 for k in split.splits.values()):
+    for name, record in access_plan(tree, plan, machine).ops.items():
+        split = plan.ops[name]
+        if split.cores == 1:
             continue
-        sizes = {d.name: d.size for d in analysis.ops[node.name].dims}
-        for acc in analysis.ops[node.name].tensors:
+        sizes = {d.name: d.size for d in record.dims}
+        for acc in record.tensors:
             key = (acc.coords, acc.layout.device_size, acc.layout.elem_bytes, tuple(sizes.items()), split.splits)
             got = seen.get(key)
             if got is None:
                 got = seen[key] = per_core_span(acc, sizes, split.splits)
             if got > machine.span_limit:
                 raise WorkDivisionError(
-                    f"split plan: op {node.name} spans {got} bytes of tensor {acc.buffer} per core with splits "
+                    f"split plan: op {name} spans {got} bytes of tensor {acc.buffer} per core with splits "
                     f"{dict(split.splits)}, over the {machine.span_limit}-byte per-core span limit; "
                     f"split its outer dims further"
                 )
@@ -420,33 +419,33 @@ def verify_split_shapes(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Sp
     coordinates): the plan names exactly the tree's ops and dims, within the machine's cores,
     in whole slices. ``allocate`` runs it on the plan it is handed, so a plan made for another
     tree is refused by name instead of failing on a missing key."""
-    nodes = op_nodes(tree)
-    names = {n.name for n in nodes}
-    extra = [name for name in plan.ops if name not in names]
+    records = access_plan(tree, plan, machine).ops  # each op's dims, as the program lists them
+    extra = [name for name in plan.ops if name not in records]
     if extra:
         raise WorkDivisionError(
             f"split plan divides op {extra[0]}, which loop tree {tree.name} does not have (its ops: "
-            f"{_few(n.name for n in nodes)}); the plan was made for another tree: divide_work(tree, machine)"
+            f"{_few(records)}); the plan was made for another tree: divide_work(tree, machine)"
         )
-    for node in nodes:
-        op = node.op
-        split = plan.ops.get(op.name)
+    for name, record in records.items():
+        split = plan.ops.get(name)
         if split is None:
             raise WorkDivisionError(
-                f"split plan has no entry for op {op.name} of loop tree {tree.name} (it divides "
+                f"split plan has no entry for op {name} of loop tree {tree.name} (it divides "
                 f"{_few(plan.ops)}); the plan was made for another tree: divide_work(tree, machine)"
             )
-        dims = op_dims(op)
+        dims = record.dims
         if len(split.splits) != len(dims) or any(a != d.name for a, d in zip(split.splits, dims)):
             raise WorkDivisionError(
-                f"split plan: op {op.name} iterates dims {[d.name for d in dims]} (size > 1, in order) but its "
+                f"split plan: op {name} iterates dims {[d.name for d in dims]} (size > 1, in order) but its "
                 f"split lists {list(split.splits)}; the plan was made for another tree: divide_work(tree, machine)"
             )
         if split.cores > machine.cores:
             raise WorkDivisionError(
-                f"split plan: op {op.name} runs on {split.cores} cores ({dict(split.splits)}), more than the "
+                f"split plan: op {name} runs on {split.cores} cores ({dict(split.splits)}), more than the "
                 f"machine's {machine.cores}; divide its work for this machine"
             )
+        if split.cores == 1:
+            continue
         for d in dims:
             k = split.splits[d.name]
             if k == 1:
@@ -455,7 +454,7 @@ def verify_split_shapes(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Sp
             if d.size % (k * eps):
                 unit = f"{eps}-element sticks" if eps > 1 else "elements"
                 raise WorkDivisionError(
-                    f"split plan: op {op.name} splits dim {d.name} (size {d.size}) into {k} slices, which is not "
+                    f"split plan: op {name} splits dim {d.name} (size {d.size}) into {k} slices, which is not "
                     f"a whole number of {unit} per core; split it by a divisor of {d.size // eps}"
                 )
     return plan
