@@ -516,7 +516,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
         if arg.is_input:
             fmt = formats.FORMATS[arg.device_dtype]
             acc = Access(arg=arg, fmt=fmt, lx=False, pattern=p, advance=(), core_range=None)
-            _check_kernel_bounds(m, acc, f"copy-in of {arg.name}")
+            _check_kernel_bounds(m, acc, _Where(f"copy-in of {arg.name}", tensor=arg.name, memory="hbm"))
             _store(m, acc, 0, device_bits(host[arg.name], arg.dtype, fmt).reshape(p.shape))
     _run_body(program.body, (), m, program, plan)
     outs = {}

@@ -239,7 +239,10 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
     if out.is_input or any(not a.is_input for a in ins):
         raise LoweringError(f"{where}: its args must be its inputs, then its one output; got is_input "
                             f"{[a.is_input for a in spec.args]}")
-    refs = [i for kind, i in spec.op_info.get("operands", ()) if kind == "arg"]
+    operands = spec.op_info.get("operands", ())
+    if not isinstance(operands, tuple):
+        raise LoweringError(f"{where}: op_info operands must be a tuple of (kind, value) pairs, got {operands!r:.60}")
+    refs = [i for kind, i in operands if kind == "arg"]
     if refs != list(range(len(ins))):
         raise LoweringError(f"{where}: operands refer to args {refs}, but it has {len(ins)} input args; each input "
                             f"must be an operand once, in order")

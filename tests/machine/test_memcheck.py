@@ -187,3 +187,15 @@ def test_an_lx_execution_error_names_the_core_and_lx():
     assert (err.op, err.tensor, err.memory) == ("buf0", "buf0", "lx") and err.core >= 0
     assert err.address >= top and f"op buf0 tensor buf0 core {err.core}:" in str(err)
     assert f"address {err.address:#x} is outside LX" in str(err)
+
+
+def test_a_kernel_argument_past_hbm_is_reported_at_copy_in():
+    graph = add_mul(64, 128, tiled=False)
+    program = compile(graph, tiling="none").program
+    a = program.kernel_args[0]
+    short = replace(program, hbm_bytes=a.address + 128)
+    with pytest.raises(ExecutionError) as info:
+        fspyre.run(short, inputs_for(graph))
+    err = info.value
+    assert (err.op, err.tensor, err.core, err.memory) == ("", "a", -1, "hbm")
+    assert str(err).startswith("copy-in of a: address ") and f"{err.address:#x} is outside HBM" in str(err)
