@@ -25,6 +25,7 @@ withdrawn the same way (the allocator refuses to place them in LX).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -118,6 +119,7 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
         return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
     hints, regions = _align(regions, split, machine, reduced)
+    tries = 0
     while regions:
         rewritten = _rewrite(tree, regions, hints)
         try:
@@ -131,8 +133,23 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
             hints, regions = _align(regions, split, machine, reduced)
             continue
         done = Residency(tree=rewritten, split=new_split, allocation=new_alloc)
-        return done if _better(done, unchanged, machine) else unchanged
+        if _better(done, unchanged, machine):
+            return done
+        if len(regions) == 1 or tries >= _MAX_TRIES:
+            return unchanged
+        # The copies fit but cost more than they save -- typically they pushed intermediates
+        # out of LX. Give up the largest and judge the rest again.
+        tries += 1
+        regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
+        hints, regions = _align(regions, split, machine, reduced)
     return unchanged
+
+
+_MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs a division and allocation
+
+
+def _region_bytes(r: _Region) -> int:
+    return math.prod(d.size for d in r.dims)
 
 
 def _better(new: Residency, old: Residency, machine: Machine) -> bool:
@@ -163,6 +180,13 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
     kept: list[_Region] = []
     for r in regions:
         names = [d.name for d in r.dims]
+        replicated = _replicate(r, split, reduced)
+        if replicated is not None:
+            r, proposal = replicated
+            if not any(n in hints and hints[n] != h for n, h in proposal.items()):
+                hints.update(proposal)
+                kept.append(r)
+                continue
         found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
         wanted = [w for w in found if w is not None]
         if len(wanted) != len(found):
@@ -177,6 +201,24 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
         hints.update(proposal)
         kept.append(r)
     return hints, kept
+
+
+def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
+               ) -> tuple[_Region, dict[str, FrozenMap[str, int]]] | None:
+    """The region as a replicated copy, and the work_div of the copy and of its readers (kept
+    as they are), when every reader splits only dims the region does not have -- so each of
+    its cores reads the whole region: the weights of a token-split matmul, k and v of a
+    query-split attention -- all readers split alike, and no split dim is reduced. None
+    otherwise."""
+    names = {d.name for d in r.dims}
+    first = split.ops[r.readers[0]]
+    if first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
+        return None
+    if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
+        return None
+    hints = {n: FrozenMap(first.splits) for n in r.readers}
+    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)] + [(d.name, 1) for d in r.dims])
+    return replace(r, replicas=first.cores), hints
 
 
 def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: _Region,
@@ -209,6 +251,10 @@ class _Region:
     steps: tuple[tuple[TileStep, ...], ...]  # the copy's tiling: the levels that move the region
     anchor: tuple[int, ...]
     readers: tuple[str, ...]
+    # A replicated copy (``replicas`` > 1): every core its readers run on reads the whole
+    # region, so the copy runs once on each of those cores and each writes the whole region
+    # into its own LX.
+    replicas: int = 1
 
 
 def _regions(tree: LoopTree) -> list[_Region]:
@@ -303,8 +349,12 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
         ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
         local = ttype.contiguous_index()
         cname = f"{r.name}_copy"
+        # a replicated copy runs once per core (its leading dim, split one slot per core) and
+        # every core stores the whole region at the same place of its own LX: the store index
+        # does not use the slot
+        slots = (Dim(f"{r.name}_cores", r.replicas),) if r.replicas > 1 else ()
         copy = Pointwise(name=cname, fn="copy", operands=(Load(buffer=r.buffer, index=r.index),),
-                         ranges=r.dims, store=Store(buffer=r.name, index=local),
+                         ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
                          hints=(scope_of[cname],) if cname in scope_of else ())
         copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
         added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype, scope="tile"))
