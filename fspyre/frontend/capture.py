@@ -259,6 +259,8 @@ def _unflatten_matmuls(graph: torch.fx.Graph) -> None:
             continue
         (split,) = mm.users
         x = merged.args[0]
+        if not isinstance(x, torch.fx.Node):
+            continue
         lead = tuple(x.meta["val"].shape[:-1])
         if (split.target not in _VIEWS or len(lead) < 2
                 or tuple(split.meta["val"].shape) != lead + (mm.meta["val"].shape[-1],)):
