@@ -131,8 +131,8 @@ def explain(fn: Callable | torch.nn.Module, example_inputs: Sequence[Any], *,
 
     with torch.no_grad():
         torch.compile(fn, backend=backend)(*example_inputs)
-    for r in reports:
-        print(r.summary(), file=file or sys.stdout)
+    for i, r in enumerate(reports):  # several when Dynamo breaks the graph: numbered in call order
+        print(f"graph {i}: {r.summary()}" if len(reports) > 1 else r.summary(), file=file or sys.stdout)
     return tuple(reports)
 
 

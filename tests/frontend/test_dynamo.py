@@ -273,3 +273,14 @@ def test_tiny_lm_compiles_whole_for_each_sequence_length() -> None:
             ids = torch.randint(0, 48, (2, seq), generator=torch.Generator().manual_seed(seq))
             assert_eager(fn(ids), model(ids))
     assert [len(r.on_fspyre) for r in reports] == [1, 1] and not any(r.eager for r in reports)
+
+
+def test_explain_numbers_the_graphs_of_a_graph_break(capsys) -> None:
+    def f(x):
+        y = torch.tanh(x) * 2
+        torch._dynamo.graph_break()
+        return torch.cumsum(y, 0).exp()
+
+    reports = explain(f, (torch.randn(4, 8),))
+    assert capsys.readouterr().out.splitlines() == [f"graph {i}: {r.summary()}" for i, r in enumerate(reports)]
+    assert len(reports) == 2 and not reports[0].eager and [e.op for e in reports[1].eager] == ["aten.cumsum.default"]
