@@ -406,3 +406,36 @@ def test_a_hint_on_a_dim_a_reshape_merged_warns() -> None:
     cap = capture(f, (x, randn(32, 8)))
     with pytest.warns(fspyre.FspyreWarning, match=r"slices=\{'S': 4\}: no op of .* iterates dim S; hint ignored"):
         fspyre.compile(cap.graph, machine=MACHINE, tiling="hints")
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    """A Llama-style decoder layer from torch.nn parts: RMSNorm, q/k/v/o projections with the
+    rotary embedding of the positions (``arange`` inside the graph), causal SDPA, and the
+    gated MLP."""
+
+    def __init__(self, hidden: int = 32, heads: int = 2, inner: int = 64) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
+        self.mlp = LlamaMLP(hidden, inner)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        h = self.norm1(x)
+        q, k, v = (p(h).view(b, s, self.heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q, k = apply_rotary(q, k, torch.arange(s).float()[:, None] * self.inv_freq[None, :])
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def test_llama_decoder_layer() -> None:
+    """float32 throughout; the reductions' order differs, so the coverage table's float32
+    tolerances. The MLP's own hint tiles it by S inside the layer."""
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer().eval()
+    x = name_tensor_dims(randn(2, 8, 32), ["B", "S", "D"])
+    (got,) = run(layer, x)
+    close(got, eager(layer, x)[0], torch.float32)
