@@ -273,3 +273,37 @@ def test_tiny_lm_compiles_whole_for_each_sequence_length() -> None:
             ids = torch.randint(0, 48, (2, seq), generator=torch.Generator().manual_seed(seq))
             assert_eager(fn(ids), model(ids))
     assert [len(r.on_fspyre) for r in reports] == [1, 1] and not any(r.eager for r in reports)
+
+
+def test_explain_numbers_the_graphs_of_a_graph_break(capsys) -> None:
+    def f(x):
+        y = torch.tanh(x) * 2
+        torch._dynamo.graph_break()
+        return torch.cumsum(y, 0).exp()
+
+    reports = explain(f, (torch.randn(4, 8),))
+    assert capsys.readouterr().out.splitlines() == [f"graph {i}: {r.summary()}" for i, r in enumerate(reports)]
+    assert len(reports) == 2 and not reports[0].eager and [e.op for e in reports[1].eager] == ["aten.cumsum.default"]
+
+
+def test_llama_decoder_layer_compiles_whole() -> None:
+    from tests.frontend.test_model_ops import LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer().eval()
+    x = name_tensor_dims(torch.randn(2, 8, 32), ["B", "S", "D"])
+    seen = []
+    fn, reports, _ = compiled(layer, on_graph=seen.append)
+    with torch.no_grad():
+        assert_eager(fn(x), layer(x))
+    (report,) = reports
+    assert len(report.on_fspyre) == 1 and not report.eager
+    assert [dict(h.slices) for h in seen[0].hints] == [{"S": 4}]
+
+
+def test_a_hint_on_an_unknown_dim_is_raised_not_run_in_eager() -> None:
+    from tests.frontend.test_model_ops import LlamaMLP
+
+    fn, _, _ = compiled(LlamaMLP().eval())
+    with torch.no_grad(), pytest.raises(Exception, match=r"hint slices=\{'S': 4\}: unknown dim 'S'"):
+        fn(torch.randn(2, 8, 32))
