@@ -116,7 +116,7 @@ def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[
     """Apply ``fn`` elementwise in compute dtype ``ctype``; the result has ``shape``."""
     if fn == "full":
         return np.full(shape, _as(operands[0], ctype), dtype=ctype)
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)
     args = [_dense(_as(v, ctype), shape, size) for v in operands]
     with np.errstate(all="ignore"):  # inf/nan follow IEEE, as on the device
         out = np.asarray(POINTWISE[fn](*args))
@@ -130,7 +130,10 @@ def _dense(v: Value, shape: tuple[int, ...], size: int) -> np.ndarray:
     contiguous) is square/sqrt/reciprocal, correctly rounded, while unit-stride arrays go
     through a SIMD powf that is not. One layout for every shape makes each element's result
     independent of the tile it is computed in."""
-    a = np.broadcast_to(v, shape).reshape(size)
+    if isinstance(v, np.ndarray) and v.shape == tuple(shape):
+        a = v.reshape(size)  # the common case, without broadcast_to's Python
+    else:
+        a = np.broadcast_to(v, shape).reshape(size)
     if a.strides != (a.itemsize,):
         a = a.copy()
     return a
