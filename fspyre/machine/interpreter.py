@@ -541,8 +541,9 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     return raw
 
 
-def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
-    return formats.decode(_load(m, acc, offset), acc.fmt).reshape(acc.pattern.shape)  # decode: C order
+def _read(m: _Machine, acc: Access, offset: int, wide: bool = False) -> np.ndarray:
+    # decode gives C order: the reshape is free
+    return formats.decode(_load(m, acc, offset), acc.fmt, wide).reshape(acc.pattern.shape)
 
 
 def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
@@ -683,7 +684,8 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             offsets.append(off)
         out_off = _offset(op.out, iters)
         blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
-        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off)
+        wide = numerics.operand_dtype(op.fn, op.ctype) == np.float64  # a float matmul takes float64
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, wide)
                   for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
