@@ -550,7 +550,8 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    raw = np.broadcast_to(raw, p.shape)
+    if raw.shape != p.shape:
+        raw = np.broadcast_to(raw, p.shape)
     if p.dims is None:
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = raw
@@ -822,7 +823,7 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     out_shape = tuple(sizes[i] for i in op.out_pos)
     nsplit = sum(1 for s in red_split if s > 1)
     if not nsplit:
-        return np.broadcast_to(part, out_shape)
+        return part if part.shape == out_shape else np.broadcast_to(part, out_shape)
     part = np.broadcast_to(part, out_shape + tuple(s for s in red_split if s > 1))
     acc = None
     for key in itertools.product(*(range(s) for s in red_split if s > 1)):  # slice order
