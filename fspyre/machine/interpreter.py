@@ -21,6 +21,11 @@ How it is fast without changing that meaning (docs/semantics.md, "The interprete
   that offset.
 - Written bits stay per byte (exact read-before-write detection) and are set and checked
   through the same views as the data.
+- A large op whose blocks are independent runs block by block (``Blocking``): every read is
+  checked for the whole op first, then each cache-sized block of the grid is decoded,
+  computed, encoded and stored, so no memory-sized temporaries pass through RAM.
+- Values convert through tables (``formats``): decoding a 2-byte format, encoding DLFloat16,
+  copying float16 host arrays in and out.
 """
 
 from __future__ import annotations
