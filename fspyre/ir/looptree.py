@@ -43,14 +43,44 @@ class OpNode:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Loop:
+    """``count`` iterations of ``body``. ``steps`` is what the level tiles: the distinct
+    ``(dim, extent)`` moves of the ops below at this level, in program order (empty when no
+    op moves here). The stage that builds the loop records them, so printers and checks read
+    the level instead of re-deriving it from the ops; ``verify_loop_tree`` checks the record
+    against the ops' own ``tiling`` entries."""
+
     count: int
+    steps: tuple[TileStep, ...]
     body: tuple[Union["Loop", OpNode], ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.count, int) or self.count < 1:
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
             raise TilingError(f"loop count {self.count!r} must be a positive integer")
-        if not self.body:
-            raise TilingError("a loop needs a non-empty body")
+        if not isinstance(self.body, tuple) or not self.body:
+            raise TilingError(f"a loop needs a non-empty tuple body, got {self.body!r:.80}")
+        if not isinstance(self.steps, tuple) or not all(isinstance(s, TileStep) for s in self.steps):
+            raise TilingError(f"loop of count {self.count}: steps must be a tuple of TileStep, got {self.steps!r:.80}")
+        if len(set(self.steps)) != len(self.steps):
+            raise TilingError(f"loop of count {self.count}: steps {_listed(self.steps)} repeat a (dim, extent) pair")
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The dims this level moves, in program order (a dim may move by different extents)."""
+        return tuple(dict.fromkeys(s.dim for s in self.steps))
+
+
+def _listed(steps: tuple[TileStep, ...]) -> str:
+    return "[" + ", ".join(f"{s.dim}+{s.extent}" for s in steps) + "]"
+
+
+def level_steps(body: tuple[Union[Loop, OpNode], ...], depth: int) -> tuple[TileStep, ...]:
+    """The distinct steps at loop level ``depth`` over every op in ``body``, in program order:
+    the ``steps`` of a loop at that depth built around ``body``."""
+    seen: dict[TileStep, None] = {}
+    for node, _ in walk(body):
+        if isinstance(node, OpNode) and depth < len(node.tiling):
+            seen.update(dict.fromkeys(node.tiling[depth]))
+    return tuple(seen)
 
 
 Node = Union[Loop, OpNode]

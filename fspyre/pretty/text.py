@@ -221,26 +221,9 @@ def _path(path: tuple[int, ...]) -> str:
     return ".".join(map(str, path))
 
 
-def _level_steps(node: Loop, depth: int) -> list[TileStep]:
-    """Distinct tile steps at loop level ``depth`` over every op under ``node``, in program order."""
-    seen: dict[tuple[str, int], TileStep] = {}
-
-    def visit(body) -> None:
-        for n in body:
-            if isinstance(n, Loop):
-                visit(n.body)
-            elif depth < len(n.tiling):
-                for s in n.tiling[depth]:
-                    seen.setdefault((s.dim, s.extent), s)
-
-    visit(node.body)
-    return list(seen.values())
-
-
-def _loop_head(node: Loop, depth: int) -> tuple[str, str]:
-    steps = _level_steps(node, depth)
-    var = ", ".join(dict.fromkeys(s.dim for s in steps)) or "_"
-    tiles = ", ".join(f"{s.dim}={s.extent}" for s in steps)
+def _loop_head(node: Loop) -> tuple[str, str]:
+    var = ", ".join(node.dims) or "_"
+    tiles = ", ".join(f"{s.dim}={s.extent}" for s in node.steps)
     return var, f"(tile {tiles})" if tiles else "(no dim advances)"
 
 
@@ -262,12 +245,12 @@ def _steps(level: tuple[TileStep, ...]) -> str:
 def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
     table = t.buffer_table()
 
-    def compact(body, depth: int) -> list[Doc]:
+    def compact(body) -> list[Doc]:
         out: list[Doc] = []
         for n in body:
             if isinstance(n, Loop):
-                var, tiles = _loop_head(n, depth)
-                inner = compact(n.body, depth + 1)
+                var, tiles = _loop_head(n)
+                inner = compact(n.body)
                 out.append(_under(f"for {var} in 0..{n.count}:  {tiles}", inner))
             else:
                 out.append(text(f"{_call_text(n.op)}  {_space(n.op)}"))
@@ -277,14 +260,14 @@ def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
         b = table.get(name)
         return f"{name}: {b.scope}" if b is not None else f"{name}: ?"
 
-    def full(body, path: tuple[int, ...], depth: int) -> list[Doc]:
+    def full(body, path: tuple[int, ...]) -> list[Doc]:
         out: list[Doc] = []
         for i, n in enumerate(body):
             p = path + (i,)
             if isinstance(n, Loop):
-                _, tiles = _loop_head(n, depth)
+                _, tiles = _loop_head(n)
                 head = f"[{_path(p)}] loop count={n.count}  {tiles}"
-                out.append(_under(head, full(n.body, p, depth + 1)))
+                out.append(_under(head, full(n.body, p)))
             else:
                 op = n.op
                 ins = ", ".join(scoped(o.buffer) if isinstance(o, Load) else repr(o.value) for o in op.operands)
@@ -295,7 +278,7 @@ def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
         return out
 
     if not detailed:
-        return lines(compact(t.body, 0))
+        return lines(compact(t.body))
     outputs = {o.buffer: o.name for o in t.outputs}
     rows = []
     for b in t.buffers:
@@ -304,7 +287,7 @@ def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
     return lines([
         text(f"loop tree {t.name}"),
         _under("buffers:", _table(rows)),
-        _under("body:", full(t.body, (), 0)),
+        _under("body:", full(t.body, ())),
     ])
 
 

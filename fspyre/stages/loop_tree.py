@@ -46,7 +46,7 @@ from fspyre.ir.graph import (
     iteration_dims,
     sym,
 )
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, walk
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, level_steps, walk
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.spyre import Machine
@@ -405,7 +405,8 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
         _check_stick_steps(ctx, node, levels)
     body: tuple[Node, ...] = tuple(inner)
     for d in reversed(range(len(levels))):
-        body = tuple(fills[d]) + (Loop(count=levels[d].count, body=body),) + tuple(finishes[d])
+        body = tuple(fills[d]) + (Loop(count=levels[d].count, steps=level_steps(body, d), body=body),) \
+            + tuple(finishes[d])
     return body
 
 
@@ -548,7 +549,8 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
 # -- verification ----------------------------------------------------------------------------
 def verify_loop_tree(tree: LoopTree) -> LoopTree:
     """Tree invariants: one tiling entry per enclosing loop, steps on dims the op iterates,
-    every buffer known, every read preceded by a write (or an input)."""
+    each loop's ``steps`` the moves of the ops below it, every buffer known, every read
+    preceded by a write (or an input)."""
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")
@@ -580,9 +582,36 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
         if op.store.buffer not in table:
             raise TilingError(f"loop tree {tree.name}: op {op.name} writes unknown buffer {op.store.buffer}")
         written.add(op.store.buffer)
+    _verify_loop_steps(tree)
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
             raise TilingError(
                 f"loop tree {tree.name}: output {o.name} ({o.buffer}) must be a full buffer that is written"
             )
     return tree
+
+
+def _verify_loop_steps(tree: LoopTree) -> None:
+    """Each loop records exactly the moves its ops make at its level (in one pass: every op
+    adds its entry ``k`` to the k-th enclosing loop's tally)."""
+    def visit(body: tuple[Node, ...], enclosing: tuple[tuple[Loop, set[TileStep]], ...]) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                moves: set[TileStep] = set()
+                visit(node.body, enclosing + ((node, moves),))
+                if moves != set(node.steps):
+                    depth = len(enclosing)
+                    raise TilingError(
+                        f"loop tree {tree.name}: the loop at level {depth} (count {node.count}) records steps "
+                        f"{_step_list(node.steps)} but its ops move {_step_list(moves)} there; build the loop "
+                        f"with steps=level_steps(body, {depth})"
+                    )
+            else:
+                for (_, moves), level in zip(enclosing, node.tiling):
+                    moves.update(level)
+
+    visit(tree.body, ())
+
+
+def _step_list(steps) -> str:
+    return "[" + ", ".join(sorted(f"{s.dim}+{s.extent}" for s in steps)) + "]"

@@ -87,7 +87,8 @@ def canonical_tree() -> LoopTree:
                  TreeBuffer(name="buf0", type=tile, scope="tile"), TreeBuffer(name="buf1", type=full)),
         inputs=("a", "b", "c"),
         outputs=(Output(name="z", buffer="buf1"),),
-        body=(Loop(count=2, body=(Loop(count=4, body=(OpNode(op=add, tiling=steps), OpNode(op=mul, tiling=steps))),)),),
+        body=(Loop(count=2, steps=steps[0], body=(Loop(count=4, steps=steps[1], body=(
+            OpNode(op=add, tiling=steps), OpNode(op=mul, tiling=steps))),)),),
     )
 
 
@@ -127,7 +128,7 @@ def softmax_row_tree() -> LoopTree:
         t = TensorType(dims=shrink(b.type.dims), dtype=b.type.dtype) if inside else b.type
         buffers.append(TreeBuffer(name=b.name, type=t, scope="tile" if inside else "full"))
     return LoopTree(name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs,
-                    body=(Loop(count=2, body=tuple(nodes)),))
+                    body=(Loop(count=2, steps=step[0], body=tuple(nodes)),))
 
 
 def tree_program(tree: LoopTree, allocation: Allocation | None = None):
@@ -227,7 +228,7 @@ def test_loop_header_shows_every_tiled_dim_and_invariant_levels():
     inv = Pointwise(name="q", fn="neg", operands=(Load(buffer="w", index=B),), ranges=(Dim("B", 8),),
                     store=Store(buffer="q", index=B))
     both = (TileStep(dim="A", extent=4), TileStep(dim="B", extent=8))
-    loop = Loop(count=3, body=(OpNode(op=op, tiling=(both,)), OpNode(op=inv, tiling=((),))))
+    loop = Loop(count=3, steps=both, body=(OpNode(op=op, tiling=(both,)), OpNode(op=inv, tiling=((),))))
     assert pretty(loop).splitlines() == [
         "for A, B in 0..3:  (tile A=4, B=8)",
         "  p = add(x, 1.0)  [A=4, B=8]",

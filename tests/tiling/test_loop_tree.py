@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -305,13 +306,25 @@ def test_verify_loop_tree_catches_inconsistent_trees():
     tree = tree_of(canonical())
     node = tree.body[0].body[0].body[0]
     bad = LoopTree(name="t", buffers=tree.buffers, inputs=tree.inputs, outputs=tree.outputs,
-                   body=(Loop(count=2, body=(OpNode(op=node.op, tiling=()),)),))
+                   body=(Loop(count=2, steps=(), body=(OpNode(op=node.op, tiling=()),)),))
     with pytest.raises(TilingError, match="sits in 1 loops but has 0 tiling levels"):
         verify_loop_tree(bad)
     late = LoopTree(name="t", buffers=tree.buffers, inputs=tree.inputs, outputs=tree.outputs,
                     body=(OpNode(op=tree.body[0].body[0].body[1].op),))
     with pytest.raises(TilingError, match="reads buf0 before anything writes it"):
         verify_loop_tree(late)
+
+
+def test_verify_loop_tree_checks_each_loops_recorded_steps():
+    tree = tree_of(canonical())
+    outer = tree.body[0]
+    wrong = replace(outer, steps=(TileStep(dim="A", extent=256),))
+    with pytest.raises(TilingError, match=r"level 0 \(count 2\) records steps \[A\+256\] but its ops move \[A\+512\]"):
+        verify_loop_tree(replace(tree, body=(wrong,)))
+    inner = outer.body[0]
+    silent = replace(outer, body=(replace(inner, steps=()),))
+    with pytest.raises(TilingError, match=r"level 1 \(count 4\) records steps \[\] but its ops move \[B\+1024\]"):
+        verify_loop_tree(replace(tree, body=(silent,)))
 
 
 def test_untouched_ops_are_shared():

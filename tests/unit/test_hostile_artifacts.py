@@ -200,7 +200,7 @@ def test_wrong_values_at_sampled_positions_are_refused_cleanly(compiled, tmp_pat
             {"op": "Pow", "args": [{"op": "Pow", "args": [3, 64]}, 64]}, 64]}}}), "more than 4096 bits"),
         (json.dumps({"_type": "OpNode", "op": {"_type": "Dim", "name": "A", "size": 2}}),
          r"OpNode\.op: expected Pointwise or Reduction, got a Dim"),
-        (json.dumps({"_type": "Loop", "count": 2}), r"Loop: Loop misses the field 'body'"),
+        (json.dumps({"_type": "Loop", "count": 2, "steps": []}), r"Loop: Loop misses the field 'body'"),
     ],
 )
 def test_malformed_documents_are_refused_quickly(text, match):
@@ -223,7 +223,8 @@ def test_crafted_sympy_work_is_bounded():
 
 def test_construction_errors_keep_their_class_and_gain_the_path():
     with pytest.raises(fspyre.errors.TilingError, match=r"^Loop\.body\[0\]: loop count 0"):
-        loads(json.dumps({"_type": "Loop", "count": 3, "body": [{"_type": "Loop", "count": 0, "body": []}]}))
+        loads(json.dumps({"_type": "Loop", "count": 3, "steps": [],
+                          "body": [{"_type": "Loop", "count": 0, "steps": [], "body": []}]}))
 
 
 def test_index_evaluation_never_parses_text(tmp_path):
