@@ -118,31 +118,52 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
     if not regions:
         return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
-    hints, regions = _align(regions, split, machine, reduced)
+    found = _copies(tree, unchanged, regions, machine, options, reduced, set())
+    replicated = {r.name for r in regions if _replicate(r, split, reduced) is not None}
+    if not replicated:
+        return found or unchanged
+    # Replicas keep their readers' work division, which may keep other copies' readers from
+    # moving theirs: judge the plan without replicas too, and take the faster.
+    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated)
+    if found is None or sliced is None:
+        return found or sliced or unchanged
+    return found if _estimate(found, machine) <= _estimate(sliced, machine) else sliced
+
+
+def _copies(tree: LoopTree, unchanged: Residency, regions: list[_Region], machine: Machine,
+            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str]) -> Residency | None:
+    """The rewrite with the copies of ``regions`` that fit LX and pay off (regions named in
+    ``whole`` are not replicated), judged by the real stages; None when none do."""
+    split = unchanged.split
+    whole = set(whole)  # grows with the replicas that do not fit: copied by slices instead
+    hints, regions = _align(regions, split, machine, reduced, whole)
     tries = 0
     while regions:
         rewritten = _rewrite(tree, regions, hints)
         try:
             new_split = divide_work(rewritten, machine, options.split)
         except FspyreError:
-            return unchanged  # a copy's work division was refused: leave the tree as it was
+            return None  # a copy's work division was refused: leave the tree as it was
         new_alloc = allocate(rewritten, new_split, machine, options.allocation)
         spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
         if spilled:
-            regions = [r for r in regions if r not in spilled]
-            hints, regions = _align(regions, split, machine, reduced)
+            # a replicated copy that did not fit gets one more chance as one slice per core
+            whole |= {r.name for r in spilled if r.replicas > 1}
+            regions = [replace(r, replicas=1) if r.name in whole else r
+                       for r in regions if r not in spilled or r.replicas > 1]
+            hints, regions = _align(regions, split, machine, reduced, whole)
             continue
         done = Residency(tree=rewritten, split=new_split, allocation=new_alloc)
         if _better(done, unchanged, machine):
             return done
         if len(regions) == 1 or tries >= _MAX_TRIES:
-            return unchanged
+            return None
         # The copies fit but cost more than they save -- typically they pushed intermediates
         # out of LX. Give up the largest and judge the rest again.
         tries += 1
         regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
-        hints, regions = _align(regions, split, machine, reduced)
-    return unchanged
+        hints, regions = _align(regions, split, machine, reduced, whole)
+    return None
 
 
 _MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs a division and allocation
@@ -170,8 +191,8 @@ def _estimate(r: Residency, machine: Machine) -> tuple[float, int]:
     return report.time_ns, report.hbm_bytes
 
 
-def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
-           reduced: Mapping[str, set[str]]) -> tuple[dict[str, FrozenMap[str, int]], list[_Region]]:
+def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine, reduced: Mapping[str, set[str]],
+           no_replicas: set[str]) -> tuple[dict[str, FrozenMap[str, int]], list[_Region]]:
     """work_div for each copy (and readers that must change) so the copy writes, on every
     core, exactly the slice that core's readers read. A reader splitting a dim the copy does
     not have would need the copy on several cores at once; it moves its cores onto the
@@ -180,7 +201,7 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
     kept: list[_Region] = []
     for r in regions:
         names = [d.name for d in r.dims]
-        replicated = _replicate(r, split, reduced)
+        replicated = None if r.name in no_replicas else _replicate(r, split, reduced)
         if replicated is not None:
             r, proposal = replicated
             if not any(n in hints and hints[n] != h for n, h in proposal.items()):
