@@ -283,6 +283,8 @@ class OpPlan:
     operands: tuple  # ("scalar", value) | ("tensor", Access)
     out: Access
     blocking: Blocking | None = None
+    wide: bool = False  # operands decode to float64 (numerics.operand_dtype: a float matmul)
+    bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
 
 
 def _what(spec: OpSpec, arg: TensorArg, core: int) -> str:
@@ -367,10 +369,11 @@ def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
                        tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
     fn = str(info["fn"])
-    return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn,
-                  ctype=np.dtype(str(info["compute"])), red_pos=red_pos, out_pos=out_pos,
-                  operands=tuple(operands), out=out,
-                  blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block))
+    ctype = np.dtype(str(info["compute"]))
+    return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
+                  out_pos=out_pos, operands=tuple(operands), out=out,
+                  blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
+                  wide=numerics.operand_dtype(fn, ctype) == np.float64, bool_store=info.get("store") == "bool")
 
 
 def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, object]],
@@ -690,8 +693,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             offsets.append(off)
         out_off = _offset(op.out, iters)
         blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
-        wide = numerics.operand_dtype(op.fn, op.ctype) == np.float64  # a float matmul takes float64
-        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, wide)
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, op.wide)
                   for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
@@ -712,7 +714,7 @@ def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
         result = _reduce(op, values, sizes)
     else:
         result = numerics.pointwise(op.fn, values, op.ctype, sizes)
-    if op.spec.op_info.get("store") == "bool":  # a bool buffer holds 0 or 1 (docs/semantics.md)
+    if op.bool_store:
         result = numerics.bool_store(result)
     return result
 
