@@ -327,6 +327,21 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
                       advance=tuple(arg.tile_advance), core_range=None)
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
+    planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    full, core_range = planned if planned is not None else _lx_addresses_per_core(
+        arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    r = core_range
+    lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
+                  advance=(), core_range=core_range, lx_ok=lx_ok)
+
+
+def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
+                           cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Byte addresses in the stacked LX over the grid (size 1 along the axes a load does not
+    vary along) and each core's local [min, max] ([0, -1]: none): the per-core model, one
+    core at a time."""
     local = [n // s for n, s in zip(sizes, splits)]
     core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
     per_core = {core: _core_addresses(arg, syms, local, slices[core], ()) for core in cores}
@@ -339,10 +354,54 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
         full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
         core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
-    r = core_range
-    lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
-                  advance=(), core_range=core_range, lx_ok=lx_ok)
+    return full, core_range
+
+
+def _lx_addresses(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
+                  cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """What ``_lx_addresses_per_core`` gives, for all cores at once: the coordinates over the
+    whole grid, viewed as (slice, point in slice) per axis, give every core's box and layout
+    by reductions over the point axes. None when ``cores`` do not hold one slice each."""
+    r = len(sizes)
+    local = [n // s for n, s in zip(sizes, splits)]
+    owner = np.full(splits, -1, dtype=np.int64)  # the core at each slice position
+    for c in cores:
+        pos = tuple(int(i) for i in slices[c])
+        if owner[pos] >= 0:
+            return None
+        owner[pos] = c
+    if (owner < 0).any():
+        return None
+    nb = formats.FORMATS[arg.device_dtype].nbytes
+    grid = open_grid(list(sizes))
+    coords = [np.asarray(compile_index(c, syms)(*grid), dtype=np.int64) for c in arg.device_coordinates]
+    coords = [c.reshape((1,) * (r - c.ndim) + c.shape) for c in coords]
+
+    def split(x: np.ndarray) -> np.ndarray:  # (slice, point) per axis, 1 where x does not vary
+        return x.reshape([d for k in range(r) for d in ((splits[k], local[k]) if x.shape[k] > 1 else (1, 1))])
+
+    points = tuple(range(1, 2 * r, 2))
+    parts = [split(c) for c in coords]
+    lo = np.stack([np.broadcast_to(c.min(axis=points), splits).reshape(-1) for c in parts], axis=-1)
+    hi = np.stack([np.broadcast_to(c.max(axis=points), splits).reshape(-1) for c in parts], axis=-1)
+    lows, ext = lx_box(lo, hi, arg.device_size)  # per slice position, row-major over splits
+    # row-major over each slice's extents: stride d is the product of the extents after d
+    strides = np.cumprod(np.concatenate([np.ones((len(ext), 1), np.int64), ext[:, :0:-1]], axis=1), axis=1)[:, ::-1]
+    base = arg.address - (lows * strides).sum(axis=1) * nb
+    at_slice = [d for k in range(r) for d in (splits[k], 1)]  # a per-slice value, spread over its points
+    addr = base.reshape(at_slice)
+    for d, c in enumerate(parts):
+        addr = addr + c * (strides[:, d] * nb).reshape(at_slice)
+    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))
+    flat_owner = owner.reshape(-1)
+    core_range[flat_owner, 0] = np.broadcast_to(addr.min(axis=points), splits).reshape(-1)
+    core_range[flat_owner, 1] = np.broadcast_to(addr.max(axis=points), splits).reshape(-1)
+    varies = [store or splits[k] > 1 or any(c.shape[k] > 1 for c in coords) for k in range(r)]
+    stacked = addr + (owner * lx_bytes).reshape(at_slice)
+    shape = [d for k in range(r) for d in ((splits[k], local[k]) if varies[k] else (1, 1))]
+    full = np.broadcast_to(stacked, shape).reshape([n if v else 1 for n, v in zip(sizes, varies)])
+    return full, core_range
 
 
 def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
