@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
+import numpy.typing as npt
 
 from fspyre.errors import ExecutionError, MachineError
 
@@ -327,7 +328,7 @@ def _blocks(shape: tuple[int, ...]) -> Iterator[tuple[int | slice, ...]]:
         ax -= 1
         inner *= shape[ax]
     if ax == 0:
-        yield (...,)
+        yield (slice(None),)
         return
     ax -= 1  # cut along this axis, ``step`` at a time
     step = max(1, _BLOCK // inner)
@@ -336,7 +337,7 @@ def _blocks(shape: tuple[int, ...]) -> Iterator[tuple[int | slice, ...]]:
             yield (*outer, slice(start, start + step))
 
 
-def _blockwise(fn: Callable[[np.ndarray], np.ndarray], values: np.ndarray, dtype: str | type) -> np.ndarray:
+def _blockwise(fn: Callable[[np.ndarray], np.ndarray], values: np.ndarray, dtype: npt.DTypeLike) -> np.ndarray:
     """``fn`` (elementwise, returning ``dtype``) over ``values`` block by block, C-contiguous."""
     if values.size <= _BLOCK:
         out = fn(values)

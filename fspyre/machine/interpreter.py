@@ -36,6 +36,7 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -190,13 +191,13 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
     dims: list[tuple[int, int]] = []
     axis_dims: list[tuple[tuple[int, int], ...]] = []
     for k, size in enumerate(shape):
-        if elem.shape[k] == 1:
-            split = [(size, 0)]
-        else:
-            split = _split_line(elem[tuple(slice(None) if j == k else 0 for j in range(elem.ndim))])
-            if split is None:
+        split = [(size, 0)]
+        if elem.shape[k] > 1:
+            found = _split_line(elem[tuple(slice(None) if j == k else 0 for j in range(elem.ndim))])
+            if found is None:
                 dims = []
                 break
+            split = found
         dims.extend(split)
         axis_dims.append(tuple(split))
     if dims:
@@ -390,9 +391,9 @@ def _lx_addresses(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[in
     strides = np.cumprod(np.concatenate([np.ones((len(ext), 1), np.int64), ext[:, :0:-1]], axis=1), axis=1)[:, ::-1]
     base = arg.address - (lows * strides).sum(axis=1) * nb
     at_slice = [d for k in range(r) for d in (splits[k], 1)]  # a per-slice value, spread over its points
-    addr = base.reshape(at_slice)
-    for d, c in enumerate(parts):
-        addr = addr + c * (strides[:, d] * nb).reshape(at_slice)
+    addr: np.ndarray = np.reshape(base, at_slice)
+    for dim, part in enumerate(parts):
+        addr = addr + part * (strides[:, dim] * nb).reshape(at_slice)
     core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))
     flat_owner = owner.reshape(-1)
     core_range[flat_owner, 0] = np.broadcast_to(addr.min(axis=points), splits).reshape(-1)
@@ -435,7 +436,7 @@ def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
                   wide=numerics.operand_dtype(fn, ctype) == np.float64, bool_store=info.get("store") == "bool")
 
 
-def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, object]],
+def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
                    out: Access, block: int) -> Blocking | None:
     """Cut the grid into blocks of at most ``block`` points; None when the op should run
     whole: small (under 4 blocks), or its blocks would be under an eighth of ``block`` (the
@@ -447,9 +448,9 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
     if axis >= n_out:  # a block would cut a reduction
         return None
     accs = [v for kind, v in operands if kind == "tensor"] + [out]
-    if any(a.pattern.dims is None or not a.pattern.aligned for a in accs):  # type: ignore[union-attr]
+    if any(a.pattern.dims is None or not a.pattern.aligned for a in accs):
         return None
-    runs = [a.pattern.axis_dims[axis][-1][0] for a in accs if a.pattern.shape[axis] > 1]  # type: ignore[union-attr]
+    runs = [a.pattern.axis_dims[axis][-1][0] for a in accs if a.pattern.shape[axis] > 1]
     g = math.gcd(*runs) if runs else sizes[axis]
     inner = math.prod(sizes[axis + 1:])
     step = max((d for d in range(1, g + 1) if g % d == 0 and d * inner <= block), default=1)
@@ -463,16 +464,17 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
                              tail_shape=tuple(n for n, _ in tail), tail_strides=tuple(st * p.nbytes for _, st in tail),
                              values_tail=p.shape[axis + 1:])
 
-    in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)  # type: ignore[arg-type]
+    in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)
     lx_overlap = False
     for (kind, v), same in zip(operands, in_place):
-        if kind == "tensor" and v.lx and out.lx and not same:  # type: ignore[union-attr]
-            a, b = v.core_range, out.core_range  # type: ignore[union-attr]
+        if kind == "tensor" and v.lx and out.lx and not same:
+            a, b = v.core_range, out.core_range
+            assert a is not None and b is not None  # LX accesses have per-core ranges
             both = (a[:, 0] <= a[:, 1]) & (b[:, 0] <= b[:, 1])
             lx_overlap |= bool((both & (a[:, 0] < b[:, 1] + out.fmt.nbytes)
-                                & (b[:, 0] < a[:, 1] + v.fmt.nbytes)).any())  # type: ignore[union-attr]
+                                & (b[:, 0] < a[:, 1] + v.fmt.nbytes)).any())
     return Blocking(axis=axis, step=step, outer=sizes[:axis], size=sizes[axis],
-                    operands=tuple(cut(v) if kind == "tensor" else None for kind, v in operands),  # type: ignore[arg-type]
+                    operands=tuple(cut(v) if kind == "tensor" else None for kind, v in operands),
                     out=cut(out), lx_overlap=lx_overlap, in_place=in_place)
 
 
@@ -480,7 +482,8 @@ def _same_places(a: Access, out: Access) -> bool:
     """``a`` reads, at every grid point, the element ``out`` writes there (same memory, width
     and strided pattern; compared at equal offsets), and ``out`` writes each element once."""
     p, q = a.pattern, out.pattern
-    if (a.lx, a.fmt.nbytes, p.shape, p.dims, p.start) != (out.lx, out.fmt.nbytes, q.shape, q.dims, q.start):
+    if q.dims is None or (a.lx, a.fmt.nbytes, p.shape, p.dims, p.start) != (out.lx, out.fmt.nbytes, q.shape,
+                                                                             q.dims, q.start):
         return False
     # one element per point: each axis's stride clears the extent of the axes finer than it
     reach = 0
@@ -759,6 +762,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
         raise AssertionError("unreachable: the batched checks failed, the per-core ones did not") from None
     if out_off is None or not _in_bounds(m, op.out, out_off):
         _report_write(op, iters, m)
+    assert out_off is not None  # _report_write raised otherwise
     if blocked:
         _run_blocks(op, offsets, out_off, m)
     else:
@@ -823,7 +827,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
     assert b is not None
     ones = (1,) * b.axis
     tensors = [(v, ba, off, m.view(v.lx, v.fmt.nbytes, False))
-               for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if kind == "tensor"]
+               for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if ba is not None]
     out, oba = op.out, b.out
     onb = out.fmt.nbytes
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
