@@ -4,7 +4,10 @@ untiled and the tiled compile are called in alternation, ``REPEATS`` times, and 
 shows medians and their ratios to numpy.
 
 numpy computes in the graph's dtype (float16 here), except matmul, which is compared with a
-float32 BLAS matmul of the same operands (numpy has no float16 BLAS). The interpreter
+float32 BLAS matmul of the same operands (numpy has no float16 BLAS). BLAS runs on one thread,
+as the interpreter's GEMM does: on a shared 2-CPU host a threaded BLAS spin-waits against
+the other processes (512^3 float32 took 24 ms threaded against 2.4 ms on one thread, same
+run) and its idle threads keep spinning into the next measured call. The interpreter
 additionally encodes every value to device bytes (DLFloat16) at its allocated addresses and
 decodes it back, per core, with bounds and read-before-write checks (``checks="full"``, the
 default); the ``fast`` column is ``fspyre.run(..., checks="fast")`` on the tiled compile.
@@ -180,7 +183,14 @@ def cases():
                (lambda g=g, i=i: fspyre.evaluate(g, i, machine)), "fspyre.evaluate", machine)
 
 
+ONE_THREAD = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
 def main() -> int:
+    if any(os.environ.get(k) != v for k, v in ONE_THREAD.items()):
+        # BLAS reads these when it loads, and numpy is loaded: start again with them set
+        os.environ.update(ONE_THREAD)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     print(f"fspyre.run next to numpy, {CORES} cores, medians of {REPEATS} alternating runs ({machine_line()})\n")
     headers = ["case", "vs", "ms", "fspyre.run untiled", "tiled", "tiled, checks=fast", "cpu ms"]
     rows = []

@@ -36,6 +36,7 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -189,13 +190,13 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
     dims: list[tuple[int, int]] = []
     axis_dims: list[tuple[tuple[int, int], ...]] = []
     for k, size in enumerate(shape):
-        if elem.shape[k] == 1:
-            split = [(size, 0)]
-        else:
-            split = _split_line(elem[tuple(slice(None) if j == k else 0 for j in range(elem.ndim))])
-            if split is None:
+        split = [(size, 0)]
+        if elem.shape[k] > 1:
+            found = _split_line(elem[tuple(slice(None) if j == k else 0 for j in range(elem.ndim))])
+            if found is None:
                 dims = []
                 break
+            split = found
         dims.extend(split)
         axis_dims.append(tuple(split))
     if dims:
@@ -282,6 +283,8 @@ class OpPlan:
     operands: tuple  # ("scalar", value) | ("tensor", Access)
     out: Access
     blocking: Blocking | None = None
+    wide: bool = False  # operands decode to float64 (numerics.operand_dtype: a float matmul)
+    bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
 
 
 def _what(spec: OpSpec, arg: TensorArg, core: int) -> str:
@@ -324,6 +327,21 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
                       advance=tuple(arg.tile_advance), core_range=None)
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
+    planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    full, core_range = planned if planned is not None else _lx_addresses_per_core(
+        arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    r = core_range
+    lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
+                  advance=(), core_range=core_range, lx_ok=lx_ok)
+
+
+def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
+                           cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Byte addresses in the stacked LX over the grid (size 1 along the axes a load does not
+    vary along) and each core's local [min, max] ([0, -1]: none): the per-core model, one
+    core at a time."""
     local = [n // s for n, s in zip(sizes, splits)]
     core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
     per_core = {core: _core_addresses(arg, syms, local, slices[core], ()) for core in cores}
@@ -336,10 +354,54 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
         full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
         core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
-    r = core_range
-    lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
-                  advance=(), core_range=core_range, lx_ok=lx_ok)
+    return full, core_range
+
+
+def _lx_addresses(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
+                  cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """What ``_lx_addresses_per_core`` gives, for all cores at once: the coordinates over the
+    whole grid, viewed as (slice, point in slice) per axis, give every core's box and layout
+    by reductions over the point axes. None when ``cores`` do not hold one slice each."""
+    r = len(sizes)
+    local = [n // s for n, s in zip(sizes, splits)]
+    owner = np.full(splits, -1, dtype=np.int64)  # the core at each slice position
+    for c in cores:
+        pos = tuple(int(i) for i in slices[c])
+        if owner[pos] >= 0:
+            return None
+        owner[pos] = c
+    if (owner < 0).any():
+        return None
+    nb = formats.FORMATS[arg.device_dtype].nbytes
+    grid = open_grid(list(sizes))
+    coords = [np.asarray(compile_index(c, syms)(*grid), dtype=np.int64) for c in arg.device_coordinates]
+    coords = [c.reshape((1,) * (r - c.ndim) + c.shape) for c in coords]
+
+    def split(x: np.ndarray) -> np.ndarray:  # (slice, point) per axis, 1 where x does not vary
+        return x.reshape([d for k in range(r) for d in ((splits[k], local[k]) if x.shape[k] > 1 else (1, 1))])
+
+    points = tuple(range(1, 2 * r, 2))
+    parts = [split(c) for c in coords]
+    lo = np.stack([np.broadcast_to(c.min(axis=points), splits).reshape(-1) for c in parts], axis=-1)
+    hi = np.stack([np.broadcast_to(c.max(axis=points), splits).reshape(-1) for c in parts], axis=-1)
+    lows, ext = lx_box(lo, hi, arg.device_size)  # per slice position, row-major over splits
+    # row-major over each slice's extents: stride d is the product of the extents after d
+    strides = np.cumprod(np.concatenate([np.ones((len(ext), 1), np.int64), ext[:, :0:-1]], axis=1), axis=1)[:, ::-1]
+    base = arg.address - (lows * strides).sum(axis=1) * nb
+    at_slice = [d for k in range(r) for d in (splits[k], 1)]  # a per-slice value, spread over its points
+    addr: np.ndarray = np.reshape(base, at_slice)
+    for dim, part in enumerate(parts):
+        addr = addr + part * (strides[:, dim] * nb).reshape(at_slice)
+    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))
+    flat_owner = owner.reshape(-1)
+    core_range[flat_owner, 0] = np.broadcast_to(addr.min(axis=points), splits).reshape(-1)
+    core_range[flat_owner, 1] = np.broadcast_to(addr.max(axis=points), splits).reshape(-1)
+    varies = [store or splits[k] > 1 or any(c.shape[k] > 1 for c in coords) for k in range(r)]
+    stacked = addr + (owner * lx_bytes).reshape(at_slice)
+    shape = [d for k in range(r) for d in ((splits[k], local[k]) if varies[k] else (1, 1))]
+    full = np.broadcast_to(stacked, shape).reshape([n if v else 1 for n, v in zip(sizes, varies)])
+    return full, core_range
 
 
 def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
@@ -366,13 +428,14 @@ def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
                        tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
     fn = str(info["fn"])
-    return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn,
-                  ctype=np.dtype(str(info["compute"])), red_pos=red_pos, out_pos=out_pos,
-                  operands=tuple(operands), out=out,
-                  blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block))
+    ctype = np.dtype(str(info["compute"]))
+    return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
+                  out_pos=out_pos, operands=tuple(operands), out=out,
+                  blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
+                  wide=numerics.operand_dtype(fn, ctype) == np.float64, bool_store=info.get("store") == "bool")
 
 
-def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, object]],
+def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
                    out: Access, block: int) -> Blocking | None:
     """Cut the grid into blocks of at most ``block`` points; None when the op should run
     whole: small (under 4 blocks), or its blocks would be under an eighth of ``block`` (the
@@ -384,9 +447,9 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
     if axis >= n_out:  # a block would cut a reduction
         return None
     accs = [v for kind, v in operands if kind == "tensor"] + [out]
-    if any(a.pattern.dims is None or not a.pattern.aligned for a in accs):  # type: ignore[union-attr]
+    if any(a.pattern.dims is None or not a.pattern.aligned for a in accs):
         return None
-    runs = [a.pattern.axis_dims[axis][-1][0] for a in accs if a.pattern.shape[axis] > 1]  # type: ignore[union-attr]
+    runs = [a.pattern.axis_dims[axis][-1][0] for a in accs if a.pattern.shape[axis] > 1]
     g = math.gcd(*runs) if runs else sizes[axis]
     inner = math.prod(sizes[axis + 1:])
     step = max((d for d in range(1, g + 1) if g % d == 0 and d * inner <= block), default=1)
@@ -400,16 +463,17 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
                              tail_shape=tuple(n for n, _ in tail), tail_strides=tuple(st * p.nbytes for _, st in tail),
                              values_tail=p.shape[axis + 1:])
 
-    in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)  # type: ignore[arg-type]
+    in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)
     lx_overlap = False
     for (kind, v), same in zip(operands, in_place):
-        if kind == "tensor" and v.lx and out.lx and not same:  # type: ignore[union-attr]
-            a, b = v.core_range, out.core_range  # type: ignore[union-attr]
+        if kind == "tensor" and v.lx and out.lx and not same:
+            a, b = v.core_range, out.core_range
+            assert a is not None and b is not None  # LX accesses have per-core ranges
             both = (a[:, 0] <= a[:, 1]) & (b[:, 0] <= b[:, 1])
             lx_overlap |= bool((both & (a[:, 0] < b[:, 1] + out.fmt.nbytes)
-                                & (b[:, 0] < a[:, 1] + v.fmt.nbytes)).any())  # type: ignore[union-attr]
+                                & (b[:, 0] < a[:, 1] + v.fmt.nbytes)).any())
     return Blocking(axis=axis, step=step, outer=sizes[:axis], size=sizes[axis],
-                    operands=tuple(cut(v) if kind == "tensor" else None for kind, v in operands),  # type: ignore[arg-type]
+                    operands=tuple(cut(v) if kind == "tensor" else None for kind, v in operands),
                     out=cut(out), lx_overlap=lx_overlap, in_place=in_place)
 
 
@@ -417,7 +481,8 @@ def _same_places(a: Access, out: Access) -> bool:
     """``a`` reads, at every grid point, the element ``out`` writes there (same memory, width
     and strided pattern; compared at equal offsets), and ``out`` writes each element once."""
     p, q = a.pattern, out.pattern
-    if (a.lx, a.fmt.nbytes, p.shape, p.dims, p.start) != (out.lx, out.fmt.nbytes, q.shape, q.dims, q.start):
+    if q.dims is None or (a.lx, a.fmt.nbytes, p.shape, p.dims, p.start) != (out.lx, out.fmt.nbytes, q.shape,
+                                                                             q.dims, q.start):
         return False
     # one element per point: each axis's stride clears the extent of the axes finer than it
     reach = 0
@@ -689,14 +754,14 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             offsets.append(off)
         out_off = _offset(op.out, iters)
         blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
-        wide = numerics.operand_dtype(op.fn, op.ctype) == np.float64  # a float matmul takes float64
-        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, wide)
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, op.wide)
                   for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
         raise AssertionError("unreachable: the batched checks failed, the per-core ones did not") from None
     if out_off is None or not _in_bounds(m, op.out, out_off):
         _report_write(op, iters, m)
+    assert out_off is not None  # _report_write raised otherwise
     if blocked:
         _run_blocks(op, offsets, out_off, m)
     else:
@@ -711,7 +776,7 @@ def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
         result = _reduce(op, values, sizes)
     else:
         result = numerics.pointwise(op.fn, values, op.ctype, sizes)
-    if op.spec.op_info.get("store") == "bool":  # a bool buffer holds 0 or 1 (docs/semantics.md)
+    if op.bool_store:
         result = numerics.bool_store(result)
     return result
 
@@ -761,7 +826,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
     assert b is not None
     ones = (1,) * b.axis
     tensors = [(v, ba, off, m.view(v.lx, v.fmt.nbytes, False))
-               for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if kind == "tensor"]
+               for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if ba is not None]
     out, oba = op.out, b.out
     onb = out.fmt.nbytes
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)

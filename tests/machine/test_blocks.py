@@ -22,6 +22,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import op_specs
 from fspyre.machine import interpreter
 from fspyre.machine.interpreter import RunOptions, run_program
+from fspyre.machine.memcheck import core_slices
 from fspyre.testing import core_counts, examples, inputs_for, lx_capacities, programs
 from fspyre.testing.hints import legal_hint_nests
 
@@ -137,3 +138,50 @@ def test_blocks_change_nothing_on_random_programs(data, prog, cores, lx, tiling,
 def test_block_option_is_checked():
     with pytest.raises(ExecutionError, match="block=-1"):
         RunOptions(block=-1)
+
+
+def lx_accesses(program):
+    """(arg, syms, sizes, splits, cores, slices, store) of every LX access, as the
+    interpreter plans them (a store: the writing cores over the output symbols)."""
+    for spec in op_specs(program):
+        syms = tuple(spec.iteration_space)
+        sizes = tuple(n for n, _ in spec.iteration_space.values())
+        splits = tuple(k for _, k in spec.iteration_space.values())
+        slices = core_slices(list(splits))
+        reduced = set(spec.op_info.get("reduced", ()))
+        red = [i for i, s in enumerate(syms) if s in reduced]
+        out = [i for i, s in enumerate(syms) if s not in reduced]
+        for arg in spec.args[:-1]:
+            if arg.memory == "lx":
+                yield arg, syms, sizes, splits, range(len(slices)), slices, False
+        if spec.args[-1].memory == "lx":
+            writers = [c for c in range(len(slices)) if all(slices[c][i] == 0 for i in red)]
+            yield (spec.args[-1], tuple(syms[i] for i in out), tuple(sizes[i] for i in out),
+                   tuple(splits[i] for i in out), writers, slices[:, out], True)
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(data=st.data(), prog=programs(max_ops=6), cores=core_counts(), lx=lx_capacities(),
+       tiling=st.sampled_from(["none", "auto", "hints"]), residency=st.booleans())
+def test_lx_plans_for_all_cores_at_once_are_the_per_core_model(data, prog, cores, lx, tiling, residency):
+    """Each core's LX box, layout and address range, computed for all cores by reductions over
+    the grid, equal the per-core model's (the one the error reports rerun)."""
+    graph = prog.graph
+    if tiling == "hints":
+        graph = data.draw(legal_hint_nests(graph), label="hints").apply(graph)
+    machine = fspyre.machine.spyre(cores=cores, lx_bytes=lx)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FspyreWarning)
+            comp = fspyre.compile(graph, machine=machine, tiling=tiling, residency=residency)
+    except fspyre.FspyreError:
+        assume(False)
+    program = comp.program
+    for args in lx_accesses(program):
+        arg, syms, sizes, splits, cores, slices, store = args
+        fast = interpreter._lx_addresses(arg, syms, sizes, splits, cores, slices, program.lx_bytes, store)
+        slow = interpreter._lx_addresses_per_core(arg, syms, sizes, splits, cores, slices, program.lx_bytes, store)
+        assert fast is not None, args[0].name
+        assert fast[0].shape == slow[0].shape and np.array_equal(fast[0], slow[0]), args[0].name
+        assert np.array_equal(fast[1], slow[1]), args[0].name
