@@ -36,7 +36,24 @@ class MachineError(FspyreError):
 
 
 class ExecutionError(FspyreError):
-    """The machine-model interpreter met an illegal access: out of bounds, unallocated, unwritten."""
+    """The machine-model interpreter met an illegal access: out of bounds, unallocated, unwritten.
+
+    Besides the message, an error about one access carries where it happened, for reports
+    that sort or count findings (``memcheck.execution_issue``): the op, the tensor, the core,
+    the memory (``"hbm"`` / ``"lx"``) and the byte address; unknown fields stay empty / -1."""
+
+    def __init__(self, message: str, *, op: str = "", tensor: str = "", core: int = -1, memory: str = "",
+                 address: int = -1) -> None:
+        super().__init__(message)
+        self.op, self.tensor, self.core, self.memory, self.address = op, tensor, core, memory, address
+
+    def __reduce__(self):
+        fields = dict(op=self.op, tensor=self.tensor, core=self.core, memory=self.memory, address=self.address)
+        return (_execution_error, (str(self), fields))
+
+
+def _execution_error(message: str, fields: dict) -> ExecutionError:
+    return ExecutionError(message, **fields)
 
 
 class LoweringError(FspyreError):

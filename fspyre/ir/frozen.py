@@ -58,3 +58,30 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenMap, (self._items,))
 
+
+
+# -- construction checks shared by the IR nodes --------------------------------------------------
+# A list or dict in a field would make a frozen node mutable (and unhashable), so nodes check
+# their container fields when built instead of trusting every caller.
+def require_map(value: object, what: str, error: type[Exception]) -> None:
+    if not isinstance(value, FrozenMap):
+        raise error(f"{what} must be a FrozenMap, got a {type(value).__name__} {value!r:.60}; "
+                    f"wrap it in FrozenMap(...)")
+
+
+def require_tuple(value: object, what: str, error: type[Exception], item: type | tuple[type, ...] | None = None,
+                  non_empty: bool = False) -> None:
+    if not isinstance(value, tuple):
+        raise error(f"{what} must be a tuple, got a {type(value).__name__} {value!r:.60}")
+    if non_empty and not value:
+        raise error(f"{what} must not be empty")
+    if item is not None:
+        for x in value:
+            if not isinstance(x, item):
+                names = item.__name__ if isinstance(item, type) else " or ".join(t.__name__ for t in item)
+                raise error(f"{what} must hold {names}, got a {type(x).__name__} {x!r:.60}")
+
+
+def require_int(value: object, what: str, error: type[Exception], least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise error(f"{what} {value!r:.60} must be an integer >= {least}")

@@ -18,7 +18,7 @@ import sympy
 
 from fspyre.errors import GraphError
 from fspyre.ir.dtypes import check_dtype
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_map, require_tuple
 from fspyre.machine.rules import row_major_strides
 
 # ---------------------------------------------------------------------------------------
@@ -76,6 +76,7 @@ class TensorType:
     dtype: str
 
     def __post_init__(self) -> None:
+        require_tuple(self.dims, "tensor dims", GraphError, Dim)
         check_dtype(self.dtype, "tensor")
         names = [d.name for d in self.dims]
         if len(set(names)) != len(names):
@@ -145,6 +146,7 @@ class Pointwise:
     hints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_op_fields(self)
         if self.fn not in POINTWISE_FNS:
             raise GraphError(f"op {self.name}: unknown pointwise fn {self.fn!r}")
         if len(self.operands) != POINTWISE_FNS[self.fn]:
@@ -183,6 +185,8 @@ class Reduction:
     hints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_op_fields(self)
+        require_tuple(self.reduction_ranges, f"op {self.name}: reduction_ranges", GraphError, Dim)
         if self.fn not in REDUCTION_FNS:
             raise GraphError(f"op {self.name}: unknown reduction fn {self.fn!r}")
         want = REDUCTION_OPERANDS[self.fn]
@@ -202,6 +206,14 @@ class Reduction:
 Op = Union[Pointwise, Reduction]
 
 
+def _check_op_fields(op: Op) -> None:
+    require_tuple(op.operands, f"op {op.name}: operands", GraphError, (Load, Scalar))
+    require_tuple(op.ranges, f"op {op.name}: ranges", GraphError, Dim)
+    require_tuple(op.hints, f"op {op.name}: hints", GraphError, int)
+    if not isinstance(op.store, Store):
+        raise GraphError(f"op {op.name}: store must be a Store, got a {type(op.store).__name__}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HintScope:
     """One ``with g.hint(...)`` scope. ``id`` grows with opening order, so outer scopes are smaller."""
@@ -209,6 +221,10 @@ class HintScope:
     id: int
     slices: FrozenMap[str, int] = field(default_factory=FrozenMap)
     work_div: FrozenMap[str, int] = field(default_factory=FrozenMap)
+
+    def __post_init__(self) -> None:
+        require_map(self.slices, f"hint scope {self.id}: slices", GraphError)
+        require_map(self.work_div, f"hint scope {self.id}: work_div", GraphError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,6 +241,14 @@ class Graph:
     ops: tuple[Op, ...]
     outputs: tuple[Output, ...]
     hints: tuple[HintScope, ...] = ()
+
+    def __post_init__(self) -> None:
+        what = f"graph {self.name}"
+        require_tuple(self.buffers, f"{what}: buffers", GraphError, Buffer)
+        require_tuple(self.inputs, f"{what}: inputs", GraphError, str)
+        require_tuple(self.ops, f"{what}: ops", GraphError, (Pointwise, Reduction))
+        require_tuple(self.outputs, f"{what}: outputs", GraphError, Output)
+        require_tuple(self.hints, f"{what}: hints", GraphError, HintScope)
 
     def buffer_table(self) -> dict[str, Buffer]:
         return {b.name: b for b in self.buffers}

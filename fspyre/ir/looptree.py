@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Union
 
 from fspyre.errors import TilingError
-from fspyre.ir.graph import HintScope, Op, Output, TensorType
+from fspyre.ir.frozen import require_int, require_tuple
+from fspyre.ir.graph import HintScope, Op, Output, Pointwise, Reduction, TensorType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,14 +28,22 @@ class TileStep:
     extent: int
 
     def __post_init__(self) -> None:
-        if self.extent <= 0:
-            raise TilingError(f"tile step of dim {self.dim}: extent {self.extent} must be positive")
+        if not isinstance(self.dim, str):
+            raise TilingError(f"tile step: dim {self.dim!r:.60} must be a dim name")
+        require_int(self.extent, f"tile step of dim {self.dim}: extent", TilingError, 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpNode:
     op: Op
     tiling: tuple[tuple[TileStep, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, (Pointwise, Reduction)):
+            raise TilingError(f"an op node holds a Pointwise or Reduction, got a {type(self.op).__name__}")
+        require_tuple(self.tiling, f"op {self.op.name}: tiling", TilingError, tuple)
+        for level in self.tiling:
+            require_tuple(level, f"op {self.op.name}: a tiling level", TilingError, TileStep)
 
     @property
     def name(self) -> str:
@@ -56,10 +65,8 @@ class Loop:
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
             raise TilingError(f"loop count {self.count!r} must be a positive integer")
-        if not isinstance(self.body, tuple) or not self.body:
-            raise TilingError(f"a loop needs a non-empty tuple body, got {self.body!r:.80}")
-        if not isinstance(self.steps, tuple) or not all(isinstance(s, TileStep) for s in self.steps):
-            raise TilingError(f"loop of count {self.count}: steps must be a tuple of TileStep, got {self.steps!r:.80}")
+        require_tuple(self.body, f"loop of count {self.count}: body", TilingError, (Loop, OpNode), non_empty=True)
+        require_tuple(self.steps, f"loop of count {self.count}: steps", TilingError, TileStep)
         if len(set(self.steps)) != len(self.steps):
             raise TilingError(f"loop of count {self.count}: steps {_listed(self.steps)} repeat a (dim, extent) pair")
 
@@ -105,6 +112,14 @@ class LoopTree:
     outputs: tuple[Output, ...]
     body: tuple[Node, ...]
     hints: tuple[HintScope, ...] = ()  # the graph's scopes: divide_work reads work_div here
+
+    def __post_init__(self) -> None:
+        what = f"loop tree {self.name}"
+        require_tuple(self.buffers, f"{what}: buffers", TilingError, TreeBuffer)
+        require_tuple(self.inputs, f"{what}: inputs", TilingError, str)
+        require_tuple(self.outputs, f"{what}: outputs", TilingError, Output)
+        require_tuple(self.body, f"{what}: body", TilingError, (Loop, OpNode))
+        require_tuple(self.hints, f"{what}: hints", TilingError, HintScope)
 
     def buffer_table(self) -> dict[str, TreeBuffer]:
         return {b.name: b for b in self.buffers}

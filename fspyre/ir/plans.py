@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fspyre.errors import AllocationError, TilingError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.errors import AllocationError, TilingError, WorkDivisionError
+from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
 from fspyre.ir.graph import Op, iteration_dims
 
 
@@ -30,6 +30,8 @@ class Level:
 
     def __post_init__(self) -> None:
         where = f" ({self.source})" if self.source else ""
+        require_tuple(self.dims, f"loop level{where}: dims", TilingError, str)
+        require_map(self.op_dims, f"loop level{where}: op_dims", TilingError)
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
             raise TilingError(
                 f"loop level over {list(self.dims)}{where}: count {self.count!r} must be an integer >= 1"
@@ -59,12 +61,20 @@ class Group:
     ops: tuple[str, ...]
     levels: tuple[Level, ...]
 
+    def __post_init__(self) -> None:
+        require_tuple(self.ops, "a group's ops", TilingError, str, non_empty=True)
+        require_tuple(self.levels, f"group of {list(self.ops)}: levels", TilingError, Level)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TilingPlan:
     order: tuple[str, ...]  # every op of the graph, in the order the program runs them
     groups: tuple[Group, ...] = ()
     warnings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        require_tuple(self.order, "tiling plan: order", TilingError, str)
+        require_tuple(self.groups, "tiling plan: groups", TilingError, Group)
 
 
 # -- split plan -----------------------------------------------------------------------------
@@ -87,9 +97,11 @@ class OpSplit:
     hinted: bool = False  # a work_div hint decided the splits
 
     def __post_init__(self) -> None:
+        for name in ("splits", "stick_elems", "span_splits", "output_coeffs", "reduction_coeffs"):
+            require_map(getattr(self, name), f"op split: {name}", WorkDivisionError)
         prod = 1
         for dim, v in self.splits.items():
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise TilingError(f"split of dim {dim}: {v!r} must be an integer >= 1")
             prod *= v
         if prod != self.cores:
@@ -105,6 +117,12 @@ class SplitPlan:
     # to allocate and emit_program. Derived from the tree and machine alone, so it is neither
     # compared, printed nor serialized; a stage recomputes it when it is absent.
     accesses: object = field(default=None, compare=False, repr=False, metadata={"derived": True})
+
+    def __post_init__(self) -> None:
+        require_map(self.ops, "split plan: ops", WorkDivisionError)
+        for name, split in self.ops.items():
+            if not isinstance(split, OpSplit):
+                raise WorkDivisionError(f"split plan: op {name} maps to a {type(split).__name__}, not an OpSplit")
 
 
 # -- allocation -----------------------------------------------------------------------------
@@ -125,8 +143,15 @@ class Placement:
     def __post_init__(self) -> None:
         if self.memory not in ("hbm", "lx"):
             raise AllocationError(f"placement memory {self.memory!r} must be 'hbm' or 'lx'")
-        if self.address < 0 or self.address % 128:
+        require_int(self.address, f"{self.memory} address", AllocationError, 0)
+        if self.address % 128:
             raise AllocationError(f"{self.memory} address {self.address} must be a non-negative multiple of 128")
+        require_int(self.nbytes, f"{self.memory} placement at {self.address}: nbytes", AllocationError, 0)
+        require_int(self.arg_index, f"{self.memory} placement at {self.address}: arg_index", AllocationError, -1)
+        if (not isinstance(self.live, tuple) or len(self.live) != 2 or not all(isinstance(t, int) for t in self.live)
+                or not 0 <= self.live[0] <= self.live[1]):
+            raise AllocationError(f"{self.memory} placement at {self.address}: live {self.live!r:.60} must be a "
+                                  f"(first, last + 1) pair of op indices, first <= last + 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,6 +160,14 @@ class Allocation:
     hbm_bytes: int
     lx_peak_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        require_map(self.buffers, "allocation: buffers", AllocationError)
+        for name, p in self.buffers.items():
+            if not isinstance(p, Placement):
+                raise AllocationError(f"allocation: buffer {name} maps to a {type(p).__name__}, not a Placement")
+        require_int(self.hbm_bytes, "allocation: hbm_bytes", AllocationError, 0)
+        require_int(self.lx_peak_bytes, "allocation: lx_peak_bytes", AllocationError, 0)
 
 
 # -- tiling search ----------------------------------------------------------------------------

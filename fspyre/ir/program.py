@@ -15,7 +15,7 @@ from typing import Union
 import sympy
 
 from fspyre.errors import LoweringError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +39,14 @@ class TensorArg:
     tile_advance: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        what = f"tensor {self.name}"
+        require_map(self.allocation, f"{what}: allocation", LoweringError)
+        require_tuple(self.device_size, f"{what}: device_size", LoweringError, int, non_empty=True)
+        if any(isinstance(n, bool) or n < 1 for n in self.device_size):
+            raise LoweringError(f"{what}: device_size {list(self.device_size)} must be positive")
+        require_tuple(self.device_coordinates, f"{what}: device_coordinates", LoweringError, (sympy.Basic, int))
+        require_tuple(self.tile_advance, f"{what}: tile_advance", LoweringError, int)
+        require_int(self.arg_index, f"{what}: arg_index", LoweringError, -1)
         if len(self.allocation) != 1 or next(iter(self.allocation)) not in ("hbm", "lx"):
             raise LoweringError(f"tensor {self.name}: allocation {dict(self.allocation)} must be one of hbm / lx")
         if len(self.device_coordinates) != len(self.device_size):
@@ -73,6 +81,11 @@ class OpSpec:
     name: str = ""
 
     def __post_init__(self) -> None:
+        what = f"op {self.name or self.op}"
+        require_map(self.iteration_space, f"{what}: iteration_space", LoweringError)
+        require_map(self.op_info, f"{what}: op_info", LoweringError)
+        require_tuple(self.args, f"{what}: args", LoweringError, TensorArg, non_empty=True)
+        require_tuple(self.tiled_symbols, f"{what}: tiled_symbols", LoweringError, tuple)
         for s, (size, split) in self.iteration_space.items():
             if size < 1 or split < 1 or size % split:
                 raise LoweringError(
@@ -91,6 +104,10 @@ class OpSpec:
 class LoopSpec:
     count: int
     body: tuple[Union["LoopSpec", OpSpec], ...]
+
+    def __post_init__(self) -> None:
+        require_int(self.count, "loop count", LoweringError, 1)
+        require_tuple(self.body, f"loop of count {self.count}: body", LoweringError, (LoopSpec, OpSpec), non_empty=True)
 
 
 Spec = Union[LoopSpec, OpSpec]
@@ -112,6 +129,16 @@ class KernelArg:
     address: int
     buffer: str
 
+    def __post_init__(self) -> None:
+        what = f"kernel argument {self.name}"
+        require_int(self.arg_index, f"{what}: arg_index", LoweringError, 0)
+        require_int(self.address, f"{what}: address", LoweringError, 0)
+        require_tuple(self.host_shape, f"{what}: host_shape", LoweringError, int)
+        require_tuple(self.device_size, f"{what}: device_size", LoweringError, int, non_empty=True)
+        require_tuple(self.stride_map, f"{what}: stride_map", LoweringError, int)
+        if any(isinstance(n, bool) or n < 1 for n in self.device_size):
+            raise LoweringError(f"{what}: device_size {list(self.device_size)} must be positive")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Program:
@@ -121,6 +148,14 @@ class Program:
     hbm_bytes: int
     cores: int
     lx_bytes: int
+
+    def __post_init__(self) -> None:
+        what = f"program {self.name}"
+        require_tuple(self.body, f"{what}: body", LoweringError, (LoopSpec, OpSpec))
+        require_tuple(self.kernel_args, f"{what}: kernel_args", LoweringError, KernelArg)
+        require_int(self.cores, f"{what}: cores", LoweringError, 1)
+        require_int(self.hbm_bytes, f"{what}: hbm_bytes", LoweringError, 0)
+        require_int(self.lx_bytes, f"{what}: lx_bytes", LoweringError, 0)
 
 
 def walk_specs(body: tuple[Spec, ...], depth: int = 0):

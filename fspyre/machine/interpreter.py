@@ -287,8 +287,29 @@ class OpPlan:
     bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
 
 
-def _what(spec: OpSpec, arg: TensorArg, core: int) -> str:
-    return f"op {spec.name or spec.op} tensor {arg.name} core {core}"
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """The access an error report is about: its text opens the message, its fields go into
+    the ExecutionError's structured fields."""
+
+    text: str
+    op: str = ""
+    tensor: str = ""
+    core: int = -1
+    memory: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+    def error(self, message: str, address: int) -> ExecutionError:
+        return ExecutionError(f"{self.text}: {message}", op=self.op, tensor=self.tensor, core=self.core,
+                              memory=self.memory, address=address)
+
+
+def _what(spec: OpSpec, arg: TensorArg, core: int) -> _Where:
+    name = spec.name or spec.op
+    return _Where(f"op {name} tensor {arg.name} core {core}", op=name, tensor=arg.name, core=core,
+                  memory=arg.memory)
 
 
 def _core_addresses(arg: TensorArg, syms, sizes, slices, iters) -> np.ndarray:
@@ -504,7 +525,7 @@ def _plan_kernel_arg(arg: KernelArg) -> Pattern:
     if layout.device_size != arg.device_size:
         raise ExecutionError(
             f"kernel arg {arg.name}: device size {list(arg.device_size)} is not the stick layout "
-            f"{list(layout.device_size)} of host shape {list(arg.host_shape)}"
+            f"{list(layout.device_size)} of host shape {list(arg.host_shape)}", tensor=arg.name, memory="hbm"
         )
     t = _kernel_type(arg)
     syms = [d.symbol for d in t.dims if d.size > 1]
@@ -676,7 +697,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
         if not arg.is_input:
             fmt = formats.FORMATS[arg.device_dtype]
             acc = Access(arg=arg, fmt=fmt, lx=False, pattern=p, advance=(), core_range=None)
-            what = f"copy-out of {arg.name}"
+            what = _Where(f"copy-out of {arg.name}", tensor=arg.name, memory="hbm")
             _check_kernel_bounds(m, acc, what)
             try:
                 raw = _load(m, acc, 0)
@@ -693,29 +714,30 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
     return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
 
 
-def _check_kernel_bounds(m: _Machine, acc: Access, what: str) -> None:
+def _check_kernel_bounds(m: _Machine, acc: Access, what: _Where) -> None:
     if not _in_bounds(m, acc, 0):
         p, nb = acc.pattern, acc.fmt.nbytes
         _check_bytes(m.hbm, np.array([p.lo * nb, p.hi * nb]), nb, what)
 
 
-def _check_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: str) -> None:
+def _check_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> None:
     """Bounds and alignment of byte addresses: the report the per-core model gives."""
     if addrs.size == 0:
         return
     lo, hi = int(addrs.min()), int(addrs.max()) + nbytes
     if lo < 0 or hi > mem.size:
         bad = lo if lo < 0 else hi - nbytes
-        raise ExecutionError(f"{what}: address {bad:#x} is outside {mem.name} ({mem.size} bytes)")
+        raise what.error(f"address {bad:#x} is outside {mem.name} ({mem.size} bytes)", bad)
     if lo % nbytes:
-        raise ExecutionError(f"{what}: address {lo:#x} is not aligned to {nbytes} bytes in {mem.name}")
+        raise what.error(f"address {lo:#x} is not aligned to {nbytes} bytes in {mem.name}", lo)
 
 
-def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: str) -> None:
+def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> None:
     seen = mem.written[:mem.size // nbytes * nbytes].view(_VIEW[nbytes])[addrs >> (nbytes.bit_length() - 1)]
     bad = np.nonzero(seen != _FULL[nbytes])[0]
     if bad.size:
-        raise ExecutionError(f"{what}: reads {mem.name} address {int(addrs[bad[0]]):#x}, which was never written")
+        at = int(addrs[bad[0]])
+        raise what.error(f"reads {mem.name} address {at:#x}, which was never written", at)
 
 
 def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, program: Program,
@@ -729,8 +751,8 @@ def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, progr
             if op is None:
                 if spec.cores > program.cores:
                     raise ExecutionError(
-                        f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}"
-                    )
+                        f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}",
+                        op=spec.name or spec.op)
                 op = plan.ops[id(spec)] = _plan_op(spec, program, plan.block)  # type: ignore[index]
             _run_op(op, iters, m)
 
@@ -857,10 +879,10 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     red_split = [op.splits[i] for i in op.red_pos]
     if op.fn == "var" and math.prod(red_split) > 1:
         raise ExecutionError(
-            f"op {op.spec.name}: var cannot combine partial results across cores; do not split its reduction"
-        )
+            f"op {op.spec.name}: var cannot combine partial results across cores; do not split its reduction",
+            op=op.spec.name)
     if list(op.red_pos) != list(range(len(op.out_pos), len(op.syms))):
-        raise ExecutionError(f"op {op.spec.name}: reduction symbols must follow output symbols")
+        raise ExecutionError(f"op {op.spec.name}: reduction symbols must follow output symbols", op=op.spec.name)
     # split each reduced axis (size n, split s > 1) into (s, n / s): axes of the partials
     grid: list[int] = []
     axes: list[int] = []
@@ -889,7 +911,7 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     if op.fn == "gather":  # over every core's part at once: each index names one position in all
         every = tuple(i for i in range(len(grid)) if i >= len(op.out_pos))
         if miss := numerics.gather_misses(ops, every, tuple(grid)):
-            raise ExecutionError(f"op {op.spec.name} (gather): {miss}")
+            raise ExecutionError(f"op {op.spec.name} (gather): {miss}", op=op.spec.name)
     info = op.spec.op_info
     part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, int(info["count"]), tuple(grid),
                            int(info.get("correction", 0)))

@@ -10,7 +10,6 @@ them (``fspyre.check.check_memory_and_run`` adds an interpreter run).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -283,15 +282,7 @@ def _overlaps(accesses: list[_Access], live: Mapping[str, tuple[int, int]],
     return out
 
 
-_WHAT = re.compile(r"op (\S+) tensor (\S+) core (\d+)")
-_ADDR = re.compile(r"address (0x[0-9a-f]+)")
-
-
 def execution_issue(err: ExecutionError) -> MemoryIssue:
-    """An interpreter's ExecutionError as a finding (op, tensor, core and address from its text)."""
-    text = str(err)
-    m, addr = _WHAT.search(text), _ADDR.search(text)
-    memory = "lx" if " LX" in text else "hbm"
-    return MemoryIssue(kind="execution", op=m.group(1) if m else "?", tensor=m.group(2) if m else "?",
-                       core=int(m.group(3)) if m else -1, memory=memory,
-                       address=int(addr.group(1), 16) if addr else 0, message=text)
+    """An interpreter's ExecutionError as a finding, from the error's structured fields."""
+    return MemoryIssue(kind="execution", op=err.op or "?", tensor=err.tensor or "?", core=err.core,
+                       memory=err.memory or "hbm", address=max(err.address, 0), message=str(err))

@@ -38,12 +38,13 @@ import numpy as np
 from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, op_nodes
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
 from fspyre.machine.rules import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
+from fspyre.stages.split_plan import verify_split_plan
 
 SOLVERS = ("greedy", "firstfit", "bestfit")
 
@@ -90,6 +91,7 @@ class _Use:
 
 def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
              options: AllocationOptions = AllocationOptions()) -> Allocation:
+    verify_split_plan(tree, splits, machine)  # a side table keyed by op name: refuse one made for another tree
     analysis = access_plan(tree, splits, machine)
     layouts = analysis.layouts
 
@@ -462,3 +464,89 @@ def _gap(spans: Sequence[tuple[int, int]], size: int, capacity: int, best: bool)
         if choice is None or left < choice[0]:
             choice = (left, start)
     return None if choice is None else choice[1]
+
+
+# -- verification ----------------------------------------------------------------------------
+def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machine: Machine) -> Allocation:
+    """The allocation places exactly the tree's buffers: inputs and outputs as HBM kernel
+    arguments 0..n-1 in that order, intermediates without one; every HBM buffer with its full
+    device size inside the allocation's HBM and the machine's; every LX buffer inside LX,
+    never advancing, and sized to the largest per-core box of an op's access under ``plan``'s
+    splits (as ``allocate`` sizes it).
+    Linear in the tree; an allocation made for another tree, or edited, is refused naming the
+    first mismatch (it does not re-check that live LX buffers do not overlap: ``check_memory``
+    does, on the program)."""
+    analysis = access_plan(tree, plan, machine)
+    layouts = analysis.layouts
+    names = [b.name for b in tree.buffers]
+    known = set(names)
+    extra = [n for n in alloc.buffers if n not in known]
+    if extra:
+        raise AllocationError(
+            f"allocation places buffer {extra[0]}, which loop tree {tree.name} does not have; the allocation "
+            f"was made for another tree: allocate(tree, splits, machine)"
+        )
+    args = list(dict.fromkeys(list(tree.inputs) + [o.buffer for o in tree.outputs]))
+    arg_of = {n: i for i, n in enumerate(args)}
+    if alloc.hbm_bytes > machine.hbm_bytes:
+        raise AllocationError(f"allocation uses {alloc.hbm_bytes} bytes of HBM, more than the machine's "
+                              f"{machine.hbm_bytes}; allocate for this machine")
+    for name in names:
+        p = alloc.buffers.get(name)
+        if p is None:
+            raise AllocationError(
+                f"allocation has no placement for buffer {name} of loop tree {tree.name}; the allocation was "
+                f"made for another tree: allocate(tree, splits, machine)"
+            )
+        want = arg_of.get(name, -1)
+        if p.arg_index != want or (want >= 0 and p.memory != "hbm"):
+            role = f"kernel argument {want} (inputs, then outputs)" if want >= 0 else "an intermediate (arg_index -1)"
+            raise AllocationError(
+                f"allocation: buffer {name} is {role} but is placed in {p.memory} with arg_index {p.arg_index}; "
+                f"allocate(tree, splits, machine) for this tree"
+            )
+        full = layouts[name].nbytes
+        if p.memory == "hbm":
+            if p.nbytes != full:
+                raise AllocationError(
+                    f"allocation: HBM buffer {name} is placed with {p.nbytes} bytes, but its device layout "
+                    f"{list(layouts[name].device_size)} takes {full}; allocate(tree, splits, machine) for this tree"
+                )
+            if p.live[1] > p.live[0] and p.address + p.nbytes > alloc.hbm_bytes:
+                raise AllocationError(
+                    f"allocation: HBM buffer {name} at {p.address} + {p.nbytes} bytes ends past the allocation's "
+                    f"{alloc.hbm_bytes} bytes of HBM"
+                )
+        elif p.address + p.nbytes > machine.lx_bytes:
+            raise AllocationError(
+                f"allocation: LX buffer {name} at {p.address} + {p.nbytes} bytes per core ends past the machine's "
+                f"{machine.lx_bytes}-byte LX; allocate for this machine"
+            )
+    need: dict[str, tuple[int, str, dict[str, int]]] = {}  # LX buffer -> (largest per-core box, op, splits)
+    for node in op_nodes(tree):
+        record = analysis.ops[node.name]
+        cuts = [plan.ops[node.name].splits.get(d.name, 1) for d in record.dims]
+        syms = [d.symbol for d in record.dims]
+        sizes = [d.size for d in record.dims]
+        for acc in record.tensors:
+            p = alloc.buffers[acc.buffer]
+            if p.memory != "lx":
+                continue
+            if acc.advances:
+                raise AllocationError(
+                    f"allocation: op {node.name} advances {acc.buffer} with an enclosing loop, but it is placed "
+                    f"in LX, which never advances; place it in HBM"
+                )
+            lows, highs = coord_bounds(acc.coords, syms, sizes, cuts)
+            _, extents = lx_box(lows, highs, acc.layout.device_size)
+            got = _align(int(box_bytes(extents, acc.layout.elem_bytes).max()), LX_ALIGN)
+            if got > need.get(acc.buffer, (0,))[0]:
+                need[acc.buffer] = (got, node.name, dict(zip(map(str, syms), cuts)))
+    for name, (got, op, splits) in need.items():
+        if alloc.buffers[name].nbytes != got:
+            raise AllocationError(
+                f"allocation: LX buffer {name} is placed with {alloc.buffers[name].nbytes} bytes per core, but op "
+                f"{op} uses {got} of it per core with splits {splits}; allocate(tree, splits, machine) with this "
+                f"tree's split plan"
+            )
+    return alloc

@@ -13,18 +13,20 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import sympy
 
-from fspyre.errors import TilingError
+from fspyre.errors import LoweringError, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Load, Reduction, Scalar, iteration_dims
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, SplitPlan
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
-from fspyre.machine import numerics
-from fspyre.machine.indexing import compile_index
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, walk_specs
+from fspyre.machine import formats, numerics
+from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
-from fspyre.machine.rules import row_major_strides
+from fspyre.machine.rules import device_bytes, row_major_strides
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
+from fspyre.stages.allocation import verify_allocation
+from fspyre.stages.split_plan import verify_split_plan
 
 PROGRAM_OP_NAMES = {"matmul": "batchmatmul"}  # the anchor's name for every matmul
 
@@ -77,6 +79,9 @@ def tile_advance(
 
 
 def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, machine: Machine) -> Program:
+    # the split plan and allocation are side tables keyed by name: refuse ones made for another tree
+    verify_split_plan(tree, splits, machine)
+    verify_allocation(tree, splits, allocation, machine)
     table = tree.buffer_table()
     analysis = access_plan(tree, splits, machine)
     layouts = analysis.layouts
@@ -186,3 +191,81 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         name=op.name,
     )
 
+
+
+# -- verification ----------------------------------------------------------------------------
+def verify_program(program: Program) -> Program:
+    """The program agrees with itself: kernel arguments numbered 0..n-1 and inside HBM; each op
+    on at most the program's cores, with one advance per enclosing loop and ``tiled_symbols``
+    for each loop (or none), its inputs before its one output, operands naming its inputs,
+    coordinates over its iteration symbols; each tensor placed the same way by every op that
+    uses it, a kernel argument exactly as the argument list places it. Linear in the program;
+    the meaning (bounds per core, overlaps, values) is the interpreter's and ``check_memory``'s."""
+    where = f"program {program.name}"
+    kernel: dict[int, KernelArg] = {}
+    n = len({k.buffer for k in program.kernel_args})  # an output may be an input's, or another output's, buffer
+    for k in program.kernel_args:
+        same = kernel.setdefault(k.arg_index, k)
+        if not 0 <= k.arg_index < n or same.buffer != k.buffer:
+            raise LoweringError(
+                f"{where}: kernel argument {k.name} (buffer {k.buffer}) has arg_index {k.arg_index}; the {n} "
+                f"argument buffers must be numbered 0..{n - 1}, one number per buffer"
+            )
+        end = k.address + device_bytes(k.device_size, formats.FORMATS[k.device_dtype].nbytes)
+        if end > program.hbm_bytes:
+            raise LoweringError(f"{where}: kernel argument {k.name} at {k.address} ends at byte {end}, past the "
+                                f"program's {program.hbm_bytes} bytes of HBM")
+    placed: dict[str, tuple[str, int, tuple[int, ...], str]] = {}
+    for spec, depth in walk_specs(program.body):
+        if isinstance(spec, OpSpec):
+            _verify_op_spec(spec, depth, program, kernel, placed)
+    return program
+
+
+def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[int, KernelArg],
+                    placed: dict[str, tuple[str, int, tuple[int, ...], str]]) -> None:
+    where = f"program {program.name}: op {spec.name or spec.op}"
+    if spec.cores > program.cores:
+        raise LoweringError(f"{where} runs on {spec.cores} cores, more than the program's {program.cores}")
+    if spec.tiled_symbols and len(spec.tiled_symbols) != depth:
+        raise LoweringError(f"{where} sits in {depth} loops but lists tiled_symbols for {len(spec.tiled_symbols)}")
+    space = {s.name for s in spec.iteration_space}
+    stray = [s.name for level in spec.tiled_symbols for s in level if s.name not in space]
+    if stray:
+        raise LoweringError(f"{where}: tiled symbol {stray[0]} is not in its iteration space {sorted(space)}")
+    *ins, out = spec.args
+    if out.is_input or any(not a.is_input for a in ins):
+        raise LoweringError(f"{where}: its args must be its inputs, then its one output; got is_input "
+                            f"{[a.is_input for a in spec.args]}")
+    refs = [i for kind, i in spec.op_info.get("operands", ()) if kind == "arg"]
+    if refs != list(range(len(ins))):
+        raise LoweringError(f"{where}: operands refer to args {refs}, but it has {len(ins)} input args; each input "
+                            f"must be an operand once, in order")
+    for a in spec.args:
+        if len(a.tile_advance) != depth:
+            raise LoweringError(f"{where}: tensor {a.name} has {len(a.tile_advance)} tile advances inside {depth} "
+                                f"loops; give one per enclosing loop")
+        unknown = sorted(set().union(*map(free_names, a.device_coordinates)) - space)
+        if unknown:
+            raise LoweringError(f"{where}: tensor {a.name} coordinates use {unknown}, which its iteration space "
+                                f"{sorted(space)} does not hold")
+        here = (a.memory, a.address, a.device_size, a.device_dtype)
+        first = placed.setdefault(a.name, here)
+        if first != here:
+            raise LoweringError(f"{where}: tensor {a.name} is placed as {here[:3]}, but an earlier op placed it as "
+                                f"{first[:3]}; one tensor has one place")
+        if a.memory == "lx":
+            if a.address >= program.lx_bytes:
+                raise LoweringError(
+                    f"{where}: LX tensor {a.name} at {a.address} is past the {program.lx_bytes}-byte LX")
+            continue
+        end = a.address + device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)
+        if end > program.hbm_bytes:
+            raise LoweringError(f"{where}: HBM tensor {a.name} at {a.address} ends at byte {end}, past the "
+                                f"program's {program.hbm_bytes} bytes of HBM")
+        if a.arg_index >= 0:
+            k = kernel.get(a.arg_index)
+            if k is None or (k.buffer, k.address, k.device_size, k.device_dtype) != (a.name, *here[1:]):
+                got = "no such argument" if k is None else f"{k.buffer} at {k.address}, size {list(k.device_size)}"
+                raise LoweringError(f"{where}: tensor {a.name} (at {a.address}, size {list(a.device_size)}) claims "
+                                    f"kernel argument {a.arg_index}, which is {got}")

@@ -49,7 +49,7 @@ from fspyre.ir.plans import OpSplit, SplitPlan
 from fspyre.machine.indexing import free_names
 from fspyre.machine.rules import coord_terms, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
-from fspyre.stages.access import Access, analyze_accesses, op_dims
+from fspyre.stages.access import Access, access_plan, analyze_accesses, op_dims
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -395,3 +395,67 @@ def splits_from_index_coeffs(op: Op, split: OpSplit) -> dict[str, int]:
         else:
             out[d.name] = split.output_coeffs.get(_coeff(op.store.index, d.symbol), 1)
     return out
+
+
+# -- verification ----------------------------------------------------------------------------
+def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> SplitPlan:
+    """The split plan divides exactly the tree's ops, each over its own iteration dims (in
+    order), within the machine's cores, in whole slices (whole sticks along a stick dim) and
+    within the per-core span limit: what ``allocate`` and ``emit_program`` rely on. Linear in
+    the tree; a plan made for another tree, or edited, is refused naming the first mismatch."""
+    nodes = op_nodes(tree)
+    names = {n.name for n in nodes}
+    extra = [name for name in plan.ops if name not in names]
+    if extra:
+        raise WorkDivisionError(
+            f"split plan divides op {extra[0]}, which loop tree {tree.name} does not have (its ops: "
+            f"{_few(n.name for n in nodes)}); the plan was made for another tree: divide_work(tree, machine)"
+        )
+    analysis = None
+    for node in nodes:
+        op = node.op
+        split = plan.ops.get(op.name)
+        if split is None:
+            raise WorkDivisionError(
+                f"split plan has no entry for op {op.name} of loop tree {tree.name} (it divides "
+                f"{_few(plan.ops)}); the plan was made for another tree: divide_work(tree, machine)"
+            )
+        dims = op_dims(op)
+        want = [d.name for d in dims]
+        if list(split.splits) != want:
+            raise WorkDivisionError(
+                f"split plan: op {op.name} iterates dims {want} (size > 1, in order) but its split lists "
+                f"{list(split.splits)}; the plan was made for another tree: divide_work(tree, machine)"
+            )
+        if split.cores > machine.cores:
+            raise WorkDivisionError(
+                f"split plan: op {op.name} runs on {split.cores} cores ({dict(split.splits)}), more than the "
+                f"machine's {machine.cores}; divide its work for this machine"
+            )
+        for d in dims:
+            k = split.splits[d.name]
+            eps = split.stick_elems.get(d.name, 1)
+            if k > 1 and d.size % (k * eps):
+                unit = f"{eps}-element sticks" if eps > 1 else "elements"
+                raise WorkDivisionError(
+                    f"split plan: op {op.name} splits dim {d.name} (size {d.size}) into {k} slices, which is not "
+                    f"a whole number of {unit} per core; split it by a divisor of {d.size // eps}"
+                )
+        if any(k > 1 for k in split.splits.values()):
+            if analysis is None:
+                analysis = access_plan(tree, plan, machine)
+            sizes = {d.name: d.size for d in dims}
+            for acc in analysis.ops[op.name].tensors:
+                got = per_core_span(acc, sizes, split.splits)
+                if got > machine.span_limit:
+                    raise WorkDivisionError(
+                        f"split plan: op {op.name} spans {got} bytes of tensor {acc.buffer} per core with splits "
+                        f"{dict(split.splits)}, over the {machine.span_limit}-byte per-core span limit; "
+                        f"split its outer dims further"
+                    )
+    return plan
+
+
+def _few(names, n: int = 6) -> str:
+    names = list(names)
+    return "[" + ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "") + "]"

@@ -297,10 +297,3 @@ def test_errors_name_the_culprit():
         bundle_mlir(looped)
 
 
-def test_empty_loop_body():
-    program = untiled(add_graph())
-    empty = replace(program, body=(LoopSpec(count=3, body=()),))
-    lines = bundle_mlir(empty).splitlines()
-    assert "\t\t%loop_bound_0 = arith.constant 3 : index" in lines
-    assert "\t\tscf.for %i_0 = %c0 to %loop_bound_0 step %c1 {" in lines
-    assert not any("sdsc_execute" in ln for ln in lines)

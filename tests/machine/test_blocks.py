@@ -22,7 +22,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import op_specs
 from fspyre.machine import interpreter
 from fspyre.machine.interpreter import RunOptions, run_program
-from fspyre.machine.memcheck import core_slices
+from fspyre.machine.rules import core_slices
 from fspyre.testing import core_counts, examples, inputs_for, lx_capacities, programs
 from fspyre.testing.hints import legal_hint_nests
 

@@ -3,6 +3,7 @@ tensor, core and address; correct programs are clean."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
 import pytest
@@ -13,18 +14,25 @@ from fspyre.check import check_memory_and_run
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec
-from fspyre.machine.memcheck import check_memory
-from fspyre.stages.program import emit_program
+from fspyre.machine.memcheck import check_memory, execution_issue
+from fspyre.testing.graphs import inputs_for
 
 
 def replant(comp, **placements):
-    """The program ``comp`` would be with some placements changed."""
-    alloc = comp.stages["allocation"]
-    buffers = alloc.buffers
-    for name, changes in placements.items():
-        buffers = buffers.set(name, replace(buffers[name], **changes))
-    return emit_program(comp.stages["loop_tree"], comp.stages["split_plan"], replace(alloc, buffers=buffers),
-                        comp.machine)
+    """The program ``comp`` made, with some tensors placed elsewhere in every op that uses
+    them: what ``check_memory`` must catch (``emit_program`` refuses such an allocation)."""
+
+    def move(spec: OpSpec) -> OpSpec:
+        args = []
+        for a in spec.args:
+            change = placements.get(a.name)
+            if change:
+                where = FrozenMap({change.get("memory", a.memory): change.get("address", a.address)})
+                a = replace(a, allocation=where, arg_index=change.get("arg_index", a.arg_index))
+            args.append(a)
+        return replace(spec, args=tuple(args))
+
+    return replace(comp.program, body=_map_specs(comp.program.body, move))
 
 
 def kinds(report):
@@ -105,7 +113,7 @@ def test_a_consumer_slicing_an_lx_buffer_differently_is_caught():
     graph = mismatch_graph()
     comp = compile(graph, tiling="none")
     assert comp.stages["allocation"].buffers["buf0"].memory == "hbm"
-    program = replant(comp, buf0={"memory": "lx", "address": 0, "nbytes": 4096, "arg_index": -1})
+    program = replant(comp, buf0={"memory": "lx", "address": 0, "arg_index": -1})
     report = check_memory(program)
     issue = next(i for i in report.issues if i.kind == "lx_slice_mismatch")
     assert (issue.op, issue.tensor, issue.core, issue.memory) == ("buf1", "buf0", 0, "lx")
@@ -149,3 +157,33 @@ def test_high_water_marks_follow_the_allocation(lx):
     report = check_memory(comp.program)
     assert report.clean, str(report)
     assert max(report.lx_high_water) == comp.stages["allocation"].lx_peak_bytes
+
+
+def test_execution_errors_carry_where_they_happened():
+    comp = compile(add_mul(64, 128, tiled=False), tiling="none", lx_planning=False)
+    program = replace(comp.program, body=tuple(reversed(comp.program.body)))  # mul reads y before add writes it
+    y = next(a for a in comp.program.body[0].args if a.name == "buf0")
+    with pytest.raises(ExecutionError) as info:
+        fspyre.run(program, inputs_for(add_mul(64, 128, tiled=False)))
+    err = info.value
+    assert (err.op, err.tensor, err.core, err.memory, err.address) == ("buf1", "buf0", 0, "hbm", y.address)
+    assert f"address {y.address:#x}, which was never written" in str(err)
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.op, again.tensor, again.core, again.memory, again.address, str(again)) == (
+        err.op, err.tensor, err.core, err.memory, err.address, str(err))
+    issue = execution_issue(err)  # the memory report's finding, from the fields (no parsing of the text)
+    assert (issue.kind, issue.op, issue.tensor, issue.core, issue.memory, issue.address) == (
+        "execution", "buf1", "buf0", 0, "hbm", y.address)
+
+
+def test_an_lx_execution_error_names_the_core_and_lx():
+    graph = add_mul(256, 512)
+    comp = compile(graph)
+    top = comp.machine.lx_bytes - 128
+    program = replant(comp, buf0={"address": top})  # y's per-core box runs past the end of LX
+    with pytest.raises(ExecutionError) as info:
+        fspyre.run(program, inputs_for(graph))
+    err = info.value
+    assert (err.op, err.tensor, err.memory) == ("buf0", "buf0", "lx") and err.core >= 0
+    assert err.address >= top and f"op buf0 tensor buf0 core {err.core}:" in str(err)
+    assert f"address {err.address:#x} is outside LX" in str(err)

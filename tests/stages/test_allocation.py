@@ -6,6 +6,8 @@ LX reads another core's bytes or never-written ones) and through the memory chec
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,11 +16,14 @@ from workloads import add_mul, compile, softmax
 
 import fspyre
 from fspyre.errors import AllocationError
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.plans import Placement
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.memcheck import check_memory
 from fspyre.machine.report import traffic_report
 from fspyre.machine.rules import live_intervals
-from fspyre.stages.allocation import AllocationOptions, LiveBuffer, _greedy, solve
+from fspyre.stages.allocation import AllocationOptions, LiveBuffer, _greedy, solve, verify_allocation
+from fspyre.stages.program import emit_program
 from fspyre.testing.graphs import inputs_for
 
 SOLVERS = ("greedy", "firstfit", "bestfit")
@@ -402,3 +407,69 @@ def test_greedy_places_exactly_as_the_plain_rule(items, capacity, prefer_gaps):
                 assert ax + a.size <= ay or ay + b.size <= ax, (x, y, got[x], got[y])
     if capacity is not None:
         assert all(got[n][0] + by[n].size <= capacity for n in got)
+
+
+# -- verify_allocation -----------------------------------------------------------------------------
+def test_emit_program_refuses_a_split_and_allocation_made_for_another_tree():
+    tiled = compile(add_mul(1024, 4096))
+    untiled = compile(add_mul(1024, 4096), tiling="none")
+    m = tiled.machine
+    tree, split, alloc = (tiled.stages[k] for k in ("loop_tree", "split_plan", "allocation"))
+    assert emit_program(tree, split, alloc, m) == tiled.program
+    # buf0 is one [512, 1024] tile in the tiled tree, the whole [1024, 4096] tensor untiled
+    with pytest.raises(AllocationError, match=r"LX buffer buf0 is placed with 32768 bytes per core, but op buf0 uses "
+                                              r"262144 of it per core with splits {'A': 32, 'B': 1}; allocate"):
+        emit_program(untiled.stages["loop_tree"], split, alloc, m)  # was accepted, and ran
+    with pytest.raises(AllocationError, match=r"LX buffer buf0 is placed with 262144 bytes per core, but op buf0 uses "
+                                              r"32768 of it"):
+        emit_program(tree, untiled.stages["split_plan"], untiled.stages["allocation"], m)
+
+
+def test_verify_allocation_names_the_buffer_and_the_numbers():
+    comp = compile(add_mul(1024, 4096))
+    m = comp.machine
+    tree, split, alloc = (comp.stages[k] for k in ("loop_tree", "split_plan", "allocation"))
+    assert verify_allocation(tree, split, alloc, m) is alloc
+    p = alloc.buffers
+
+    def refused(match, **changes):
+        buffers = FrozenMap((n, replace(b, **changes[n]) if n in changes else b) for n, b in p.items())
+        with pytest.raises(AllocationError, match=match):
+            verify_allocation(tree, split, replace(alloc, buffers=buffers), m)
+
+    refused(r"buffer a is kernel argument 0 \(inputs, then outputs\) but is placed in hbm with arg_index 1",
+            a={"arg_index": 1}, b={"arg_index": 0})
+    refused(r"buffer buf0 is an intermediate \(arg_index -1\) but is placed in lx with arg_index 4",
+            buf0={"arg_index": 4})
+    refused(r"HBM buffer buf1 is placed with 4096 bytes, but its device layout \[64, 1024, 64\] takes 8388608",
+            buf1={"nbytes": 4096})
+    top = m.lx_bytes - 128
+    refused(rf"LX buffer buf0 at {top} \+ 32768 bytes per core ends past the machine's {m.lx_bytes}-byte LX",
+            buf0={"address": top})
+    with pytest.raises(AllocationError, match=r"HBM buffer buf1 at 25165824 \+ 8388608 bytes ends past the "
+                                              r"allocation's 33550336 bytes of HBM"):
+        verify_allocation(tree, split, replace(alloc, hbm_bytes=alloc.hbm_bytes - 4096), m)
+    with pytest.raises(AllocationError, match=r"allocation uses 33554432 bytes of HBM, more than the machine's "
+                                              r"16777216; allocate for this machine"):
+        verify_allocation(tree, split, alloc, fspyre.machine.spyre(hbm_bytes=16777216))
+    with pytest.raises(AllocationError, match=r"no placement for buffer buf0 of loop tree add_mul"):
+        verify_allocation(tree, split, replace(alloc, buffers=FrozenMap((n, b) for n, b in p.items() if n != "buf0")),
+                          m)
+    with pytest.raises(AllocationError, match=r"places buffer ghost, which loop tree add_mul does not have"):
+        verify_allocation(tree, split, replace(alloc, buffers=p.set("ghost", p["buf0"])), m)
+
+
+def test_verify_allocation_refuses_an_advancing_buffer_in_lx():
+    g = fspyre.GraphBuilder("advance")
+    A, B = g.dim("A", 256), g.dim("B", 512)
+    a, b = (g.input(n, (A, B), "float16") for n in "ab")
+    with g.hint(slices={"A": 2}):
+        y = g.add(a, b)  # written tile by tile into its full buffer: read again after the loop
+    g.output("z", g.neg(y))
+    comp = compile(g.build())
+    tree, split, alloc = (comp.stages[k] for k in ("loop_tree", "split_plan", "allocation"))
+    assert alloc.buffers["buf0"].memory == "hbm"
+    moved = alloc.buffers.set("buf0", Placement(memory="lx", address=0, nbytes=4096))
+    with pytest.raises(AllocationError, match=r"op buf0 advances buf0 with an enclosing loop, but it is placed in LX, "
+                                              r"which never advances; place it in HBM"):
+        verify_allocation(tree, split, replace(alloc, buffers=moved), comp.machine)

@@ -7,6 +7,8 @@ run on the interpreter against the reference (``fspyre.check``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import sympy
@@ -14,16 +16,20 @@ from workloads import add_mul, compile, pointwise, softmax
 
 import fspyre
 from fspyre.errors import HintError, MachineError, WorkDivisionError
+from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.looptree import loop_counts, op_nodes
+from fspyre.ir.plans import OpSplit
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.rules import core_slices
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import op_accesses
+from fspyre.stages.allocation import allocate
 from fspyre.stages.split_plan import (
     SplitOptions,
     divide_work,
     per_core_span,
     splits_from_index_coeffs,
+    verify_split_plan,
 )
 
 M32 = fspyre.machine.spyre()
@@ -356,3 +362,44 @@ def test_coordinate_terms_group_by_shared_variables():
     lows, highs = coord_bounds([sympy.floor((2 * c2 + c3) / 8)], [c2, c3], [8, 4], [2, 1])
     assert lows[:, 0].tolist() == [0, 1] and highs[:, 0].tolist() == [1, 2]
     assert np.array_equal(core_slices(()), np.zeros((1, 0)))
+
+
+# -- verify_split_plan ---------------------------------------------------------------------------
+def test_a_split_plan_made_for_another_graph_is_refused_by_name():
+    tree = untiled_tree(add_mul(64, 128, tiled=False))  # ops buf0 (add), buf1 (mul)
+    other = plan(pointwise((64, 128)))  # one op, buf0, over the same dims
+    with pytest.raises(WorkDivisionError, match=r"split plan has no entry for op buf1 of loop tree add_mul "
+                                                r"\(it divides \[buf0\]\).*divide_work\(tree, machine\)"):
+        allocate(tree, other, M32)  # was a bare KeyError
+    with pytest.raises(WorkDivisionError, match=r"split plan divides op buf1, which loop tree pointwise does not "
+                                                r"have \(its ops: \[buf0\]\)"):
+        verify_split_plan(untiled_tree(pointwise((64, 128))), plan(add_mul(64, 128, tiled=False)), M32)
+    mine = plan(add_mul(64, 128, tiled=False))
+    theirs = plan(softmax(64, 128)).ops["buf0"]  # softmax's buf0 (amax) iterates M, N
+    with pytest.raises(WorkDivisionError, match=r"op buf0 iterates dims \['A', 'B'\] \(size > 1, in order\) but "
+                                                r"its split lists \['M', 'N'\]"):
+        verify_split_plan(tree, replace(mine, ops=mine.ops.set("buf0", theirs)), M32)
+
+
+def test_verify_split_plan_checks_cores_sticks_and_span():
+    graph = add_mul(1024, 4096, tiled=False)
+    tree = untiled_tree(graph)
+    good = plan(graph)
+    assert verify_split_plan(tree, good, M32) is good
+    assert dict(good.ops["buf0"].splits) == {"A": 32, "B": 1}
+    with pytest.raises(WorkDivisionError, match=r"op buf0 runs on 32 cores \({'A': 32, 'B': 1}\), more than the "
+                                                r"machine's 8; divide its work for this machine"):
+        verify_split_plan(tree, good, fspyre.machine.spyre(cores=8))
+    # a core's 32 rows cross all 64 sticks of B, each 1024 rows x 128 bytes apart: 64 x 131072 bytes
+    narrow = Machine(span_limit=65536)
+    with pytest.raises(WorkDivisionError, match=r"op buf0 spans 8388608 bytes of tensor a per core with splits "
+                                                r"{'A': 32, 'B': 1}, over the 65536-byte per-core span limit"):
+        verify_split_plan(tree, good, narrow)
+    # B of 128 fp16 elements is 2 sticks: 4 slices would put half a stick on each core
+    small = pointwise((64, 128))
+    base = plan(small)
+    mid_stick = OpSplit(splits=FrozenMap({"A": 1, "B": 4}), cores=4, stick_elems=FrozenMap({"B": 64}))
+    with pytest.raises(WorkDivisionError, match=r"op buf0 splits dim B \(size 128\) into 4 slices, which is not a "
+                                                r"whole number of 64-element sticks per core; split it by a divisor "
+                                                r"of 2"):
+        verify_split_plan(untiled_tree(small), replace(base, ops=base.ops.set("buf0", mid_stick)), M32)
