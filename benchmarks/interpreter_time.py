@@ -4,16 +4,22 @@ untiled and the tiled compile are called in alternation, ``REPEATS`` times, and 
 shows medians and their ratios to numpy.
 
 numpy computes in the graph's dtype (float16 here), except matmul, which is compared with a
-float32 BLAS matmul of the same operands (numpy has no float16 BLAS). The interpreter
+float32 BLAS matmul of the same operands (numpy has no float16 BLAS). BLAS runs on one thread,
+as the interpreter's GEMM does: on a shared 2-CPU host a threaded BLAS spin-waits against
+the other processes (512^3 float32 took 24 ms threaded against 2.4 ms on one thread, same
+run) and its idle threads keep spinning into the next measured call. The interpreter
 additionally encodes every value to device bytes (DLFloat16) at its allocated addresses and
 decodes it back, per core, with bounds and read-before-write checks (``checks="full"``, the
 default); the ``fast`` column is ``fspyre.run(..., checks="fast")`` on the tiled compile.
+The ``cpu ms`` columns are the interpreter's own CPU time (median, untiled / tiled): on a
+shared machine wall-clock ratios move with the load, CPU time much less.
 
 The gallery rows (examples/*.py at their default sizes) compare with ``fspyre.evaluate``,
 the untiled reference evaluator on host arrays, instead of hand-written numpy."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -31,15 +37,17 @@ REPEATS = 5
 CORES = 32
 
 
-def medians(fns: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, float]:
-    """Median wall seconds of each function, the functions called in alternation."""
+def medians(fns: dict[str, Callable[[], object]], repeats: int = REPEATS) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall and CPU seconds of each function, the functions called in alternation."""
     walls: dict[str, list[float]] = {k: [] for k in fns}
+    cpus: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn()
             walls[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in walls.items()}
+            cpus[k].append(time.process_time() - c)
+    return ({k: statistics.median(v) for k, v in walls.items()}, {k: statistics.median(v) for k, v in cpus.items()})
 
 
 def add_mul(rows: int = 1024, cols: int = 4096) -> Graph:
@@ -93,7 +101,7 @@ def matmul(n: int = 512) -> Graph:
 
 def bert_layer(seq: int = 128, width: int = 256, hidden: int = 1024) -> Graph:
     """One encoder layer, single head: q, k, v projections, softmax attention, output
-    projection, residual + layernorm, gelu MLP, residual + layernorm (42 ops)."""
+    projection, residual + layernorm, gelu MLP, residual + layernorm (41 ops)."""
     g = fspyre.GraphBuilder("bert_layer")
     S, D, F = g.dim("S", seq), g.dim("D", width), g.dim("F", hidden)
     g.dim("Sk", seq)
@@ -175,9 +183,16 @@ def cases():
                (lambda g=g, i=i: fspyre.evaluate(g, i, machine)), "fspyre.evaluate", machine)
 
 
+ONE_THREAD = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
 def main() -> int:
+    if any(os.environ.get(k) != v for k, v in ONE_THREAD.items()):
+        # BLAS reads these when it loads, and numpy is loaded: start again with them set
+        os.environ.update(ONE_THREAD)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     print(f"fspyre.run next to numpy, {CORES} cores, medians of {REPEATS} alternating runs ({machine_line()})\n")
-    headers = ["case", "vs", "ms", "fspyre.run untiled", "tiled", "tiled, checks=fast"]
+    headers = ["case", "vs", "ms", "fspyre.run untiled", "tiled", "tiled, checks=fast", "cpu ms"]
     rows = []
     only = sys.argv[1:]
     for name, graph, inputs, ref, ref_name, machine in cases():
@@ -187,13 +202,15 @@ def main() -> int:
         tiled = fspyre.compile(graph, machine, tiling="hints")
         for comp in (untiled, tiled):
             assert fspyre.check(graph, inputs, machine=machine, comp=comp).equal, f"{name}: interpreter disagrees"
-        t = medians({"ref": ref, "untiled": lambda: fspyre.run(untiled, inputs),
-                     "tiled": lambda: fspyre.run(tiled, inputs),
-                     "fast": lambda: fspyre.run(tiled, inputs, checks="fast")})
+        t, cpu = medians({"ref": ref, "untiled": lambda: fspyre.run(untiled, inputs),
+                          "tiled": lambda: fspyre.run(tiled, inputs),
+                          "fast": lambda: fspyre.run(tiled, inputs, checks="fast")})
         cell = lambda k: f"{t[k] * 1e3:.1f} ({t[k] / t['ref']:.1f}x)"
-        rows.append([name, ref_name, f"{t['ref'] * 1e3:.2f}", cell("untiled"), cell("tiled"), cell("fast")])
+        rows.append([name, ref_name, f"{t['ref'] * 1e3:.2f}", cell("untiled"), cell("tiled"), cell("fast"),
+                     f"{cpu['untiled'] * 1e3:.0f} / {cpu['tiled'] * 1e3:.0f}"])
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     print(table(headers, rows))
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
 

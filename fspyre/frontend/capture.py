@@ -234,8 +234,50 @@ def decompose(gm: torch.fx.GraphModule, example_values: Sequence[Any]) -> torch.
         if node.target is aten._assert_tensor_metadata.default and not node.users:
             graph.erase_node(node)
     graph.eliminate_dead_code()
+    _unflatten_matmuls(graph)
     out.recompile()
     return out
+
+
+def _unflatten_matmuls(graph: torch.fx.Graph) -> None:
+    """``nn.Linear`` on ``[B, S, K]`` decomposes to view ``[B*S, K]``, mm (or addmm), view
+    ``[B, S, N]``. The merged dim has no name of its own, so a hint on S would find no op that
+    iterates S. Each such chain becomes ``matmul(x, w)`` (plus the bias) on the unflattened
+    operand, which iterates B and S themselves. Only whole chains are rewritten: the merge is
+    of every leading dim, each view has the next node as its only user, and addmm has
+    alpha = beta = 1 (the builder's matmul stores in the operands' dtype, so the bias add
+    rounds as the addmm lowering's does). Runs on the graph ``decompose`` just built."""
+    for mm in list(graph.nodes):
+        if mm.target not in (aten.mm.default, aten.addmm.default):
+            continue
+        args = dict(zip(("self", "mat1", "mat2", "beta", "alpha"), mm.args)) | dict(mm.kwargs)
+        if mm.target is aten.addmm.default and (args.get("beta", 1) != 1 or args.get("alpha", 1) != 1):
+            continue
+        merged, weight = (args["mat1"], args["mat2"]) if mm.target is aten.addmm.default else mm.args[:2]
+        if (not isinstance(merged, torch.fx.Node) or merged.target not in _VIEWS or len(merged.users) != 1
+                or len(mm.users) != 1):
+            continue
+        (split,) = mm.users
+        x = merged.args[0]
+        if not isinstance(x, torch.fx.Node):
+            continue
+        lead = tuple(x.meta["val"].shape[:-1])
+        if (split.target not in _VIEWS or len(lead) < 2
+                or tuple(split.meta["val"].shape) != lead + (mm.meta["val"].shape[-1],)):
+            continue
+        with graph.inserting_before(split):
+            product = graph.call_function(aten.matmul.default, (x, weight))
+            product.meta = dict(mm.meta, val=split.meta["val"])
+            result = product
+            if mm.target is aten.addmm.default:
+                result = graph.call_function(aten.add.Tensor, (product, args["self"]))
+                result.meta = dict(mm.meta, val=split.meta["val"])
+        split.replace_all_uses_with(result)
+        for node in (split, mm, merged):
+            graph.erase_node(node)
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 class _Function(torch.nn.Module):

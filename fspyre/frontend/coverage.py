@@ -12,8 +12,8 @@ machine model. The reference each result is held to:
   float32 on those rounded inputs, rounded to DLFloat16: a correct lowering is then within one
   DLFloat16 rounding of it (rtol 2^-9, atol 1e-5). Comparing with eager float16 instead would
   measure the format, not the lowering (exp(9) moves 1% when its input moves by 2^-10).
-- bool and int32 results: equal. int64 index tensors (embedding, gather) are drawn as OpInfo
-  draws them; fspyre holds them as int32.
+- bool and int32 results: equal. The int64 index tensors of embedding, index_select and gather
+  are drawn as OpInfo draws them; fspyre holds them as int32.
 
     python -m fspyre.frontend.coverage [--samples N] [--ops add,exp] [--run K] [-v]
 """
@@ -182,14 +182,19 @@ def _leaves(sample: Any) -> list[Any]:
     return torch.utils._pytree.tree_leaves((sample.input, tuple(sample.args), dict(sample.kwargs)))
 
 
-def _eligible(sample: Any, dtype: torch.dtype, max_numel: int) -> bool:
+# Ops whose OpInfo samples carry int64 index tensors fspyre takes (as int32). Other ops' int64
+# tensors are positions or sizes held in a tensor (tensor_split), which are data-dependent.
+INDEX_OPS = frozenset({"nn.functional.embedding", "index_select", "gather"})
+
+
+def _eligible(sample: Any, dtype: torch.dtype, max_numel: int, indices: bool = False) -> bool:
     leaves = _leaves(sample)
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
     if any(isinstance(x, complex) for x in leaves):
         return False
+    kinds = (dtype, torch.bool, torch.int64) if indices else (dtype, torch.bool)
     return bool(tensors) and all(
-        t.dtype in (dtype, torch.bool, torch.int64) and 0 < t.numel() <= max_numel and t.layout == torch.strided
-        for t in tensors
+        t.dtype in kinds and 0 < t.numel() <= max_numel and t.layout == torch.strided for t in tensors
     )
 
 
@@ -211,7 +216,7 @@ def _cover(info: Any, name: str, samples: int, run: int, max_numel: int,
         with torch.random.fork_rng():
             torch.manual_seed(0)
             every = info.reference_inputs("cpu", dtype, requires_grad=False)
-            eligible = (s for s in every if _eligible(s, dtype, max_numel))
+            eligible = (s for s in every if _eligible(s, dtype, max_numel, name in INDEX_OPS))
             pool = list(itertools.islice(eligible, 4 * samples))  # the first few, then spread the pick over them
         for s in _pick(pool, samples):
             sample = _Sample(info.op, s, tuple(x for x in _leaves(s) if isinstance(x, torch.Tensor)))

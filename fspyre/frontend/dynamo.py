@@ -5,7 +5,8 @@ machine-model interpreter; every other op runs in eager PyTorch between them.
 
 - **Fallback.** ``CapabilityBasedPartitioner`` groups the ops fspyre has a rule for (with
   dtypes and sizes fspyre can hold) into maximal subgraphs without cycles; a subgraph the
-  lowering still refuses falls back whole, with the lowering's message as its reason. Anything
+  lowering still refuses falls back whole, with the lowering's message as its reason (a
+  ``spyre_hint`` that cannot be honoured is the program's error, and raised). Anything
   left in eager is reported in one line (``PartitionReport.summary``), warned once per
   compiled shape, and printed by ``explain(model, inputs)``. Views and ``getitem`` alone are
   not worth a trip to the device: a subgraph with nothing else stays in eager, unreported.
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from fspyre.errors import FrontendError, FspyreError, FspyreWarning
+from fspyre.errors import FrontendError, FspyreError, FspyreWarning, HintError
 from fspyre.frontend.annotations import preserve_hints, tensor_dim_names
 from fspyre.frontend.capture import decompose, to_numpy
 from fspyre.frontend.dimnames import Placeholder
@@ -93,9 +94,12 @@ class PartitionReport:
                 f"in {n} subgraph{'' if n == 1 else 's'}")
         if not self.eager:
             return f"{head}; none in eager"
-        groups = Counter((f.op, f.reason) for f in self.eager)
-        parts = [f"{op}{f' x{k}' if k > 1 else ''} ({reason})" for (op, reason), k in groups.items()]
-        return f"{head}; {len(self.eager)} in eager: {', '.join(parts)}"
+        by_reason: dict[str, Counter[str]] = {}
+        for f in self.eager:
+            by_reason.setdefault(f.reason, Counter())[f.op] += 1
+        parts = [f"{', '.join(f'{op} x{k}' if k > 1 else op for op, k in ops.items())} ({reason})"
+                 for reason, ops in by_reason.items()]
+        return f"{head}; {len(self.eager)} in eager: {'; '.join(parts)}"
 
 
 def register_backend() -> None:
@@ -131,8 +135,8 @@ def explain(fn: Callable | torch.nn.Module, example_inputs: Sequence[Any], *,
 
     with torch.no_grad():
         torch.compile(fn, backend=backend)(*example_inputs)
-    for r in reports:
-        print(r.summary(), file=file or sys.stdout)
+    for i, r in enumerate(reports):  # several when Dynamo breaks the graph: numbered in call order
+        print(f"graph {i}: {r.summary()}" if len(reports) > 1 else r.summary(), file=file or sys.stdout)
     return tuple(reports)
 
 
@@ -244,7 +248,9 @@ def _split(gm: fx.GraphModule, name: str, dims: Sequence[tuple[str, ...] | None]
         try:
             part = _lower_part(sub, f"{name}_{len(parts)}", module, outer_inputs, inputs, dims)
         except FspyreError as e:
-            eager.update((n, _first_line(e)) for n in nodes if not _computes_nothing(n))
+            if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
+                raise  # the program's own hint is wrong: running it in eager would hide that
+            eager.update((n, f"subgraph refused: {_first_line(e)}") for n in nodes if not _computes_nothing(n))
             continue
         insert_subgm(gm, sub, outer_inputs, outer_outputs, nodes[-1])
         erase_nodes(gm, nodes)

@@ -307,6 +307,18 @@ def align_mv(node: fx.Node) -> Alignment:
     return Alignment(uses=(Use(a, (out[0], k)), Use(b, (k,))), outputs=(out,), reduced=((k, shape(a)[-1]),))
 
 
+def align_matmul_2d(node: fx.Node) -> Alignment:
+    """``[..., K] @ [K, N]``: the only ``aten.matmul`` the front end makes (capture's
+    ``_unflatten_matmuls``; core ATen decomposes every other)."""
+    a, b = node_args(node)[:2]
+    if len(shape(b)) != 2 or len(shape(a)) < 2:
+        raise FrontendError(f"{describe_node(node)}: fspyre lowers matmul of [..., K] by [K, N] only")
+    out = out_keys(node)
+    k = ("red", node.name, 0)
+    return Alignment(uses=(Use(a, out[:-1] + (k,)), Use(b, (k, out[-1]))), outputs=(out,),
+                     reduced=((k, shape(a)[-1]),))
+
+
 def align_name_dims(node: fx.Node) -> Alignment:
     out = out_keys(node)
     x, names = node_args(node)[:2]
@@ -562,6 +574,7 @@ def lower_mm(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 
 
 rule(aten.bmm.default, align=align_bmm)(lower_mm)
+rule(aten.matmul.default, align=align_matmul_2d)(lower_mm)
 rule(aten.mv.default, align=align_mv)(lower_mm)
 
 
@@ -634,12 +647,6 @@ def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 # -- gathering: embedding, index_select, x[idx], torch.gather ---------------------------------
 # Each is the builder's ``gather`` over one axis of the values, with an iota of that axis as
 # the positions; the gathered axis is a reduction axis (it leaves the result).
-def _gathers_from_a_dim(node: fx.Node, x: fx.Node) -> None:
-    if not shape(x):
-        raise FrontendError(f"{describe_node(node)}: fspyre gathers along a dim, and this tensor has none; "
-                            f"index it before the graph, or give it a dim of size 1")
-
-
 def _index_arg(node: fx.Node) -> tuple[int, fx.Node]:
     """(axis, index tensor) of ``aten.index.Tensor`` with a single index tensor."""
     idx = bind(node)["indices"]
@@ -656,7 +663,6 @@ def _index_arg(node: fx.Node) -> tuple[int, fx.Node]:
 def _take_args(node: fx.Node) -> tuple[fx.Node, int, fx.Node]:
     """(values, axis, index) of an op that replaces one axis of the values by the index's axes."""
     b = bind(node)
-    _gathers_from_a_dim(node, b.get("weight", b.get("self")))
     if node.target is aten.embedding.default:
         return b["weight"], 0, b["indices"]
     if node.target is aten.index.Tensor:
@@ -669,10 +675,20 @@ def _take_args(node: fx.Node) -> tuple[fx.Node, int, fx.Node]:
 def align_take(node: fx.Node) -> Alignment:
     x, d, idx = _take_args(node)
     out = out_keys(node)
-    n = len(shape(idx))
     k = ("red", node.name, 0)
+    if not shape(x):  # index_select of a 0-d tensor: its one element, at index 0
+        return Alignment(uses=(Use(x, ()), Use(idx, (None,) * len(shape(idx)))), outputs=(out,), reduced=((k, 1),))
+    n = len(shape(idx))
     return Alignment(uses=(Use(x, out[:d] + (k,) + out[d + n:]), Use(idx, out[d:d + n])), outputs=(out,),
                      reduced=((k, shape(x)[d]),))
+
+
+def _gather(ctx: Lowering, node: fx.Node, x: Tensor, d: int, idx: Tensor) -> Tensor:
+    """``ctx.g.gather`` along axis ``d`` of ``x``; a 0-d ``x`` is gathered along a size-1 dim."""
+    k = ctx.red_names(node)[0]
+    if not x.dims:
+        x = ctx.g.unsqueeze(x, 0, k)
+    return ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
 
 
 @rule(aten.embedding.default, aten.index_select.default, aten.index.Tensor, align=align_take)
@@ -681,8 +697,11 @@ def lower_take(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     where the gathered axis was."""
     x, idx = xs
     _, d, _ = _take_args(node)
-    k = ctx.red_names(node)[0]
-    out = ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
+    out = _gather(ctx, node, x, d, idx)
+    if not x.dims:  # the index's one element selected the one element: drop its size-1 dim
+        for dim in out.dims:
+            out = ctx.g.squeeze(out, dim.name)
+        return out
     n, rank = len(idx.dims), len(out.dims)
     order = list(range(n, n + d)) + list(range(n)) + list(range(n + d, rank))
     return out if order == list(range(rank)) else ctx.g.permute(out, order)
@@ -693,10 +712,11 @@ def align_gather(node: fx.Node) -> Alignment:
     shorter than ``x`` in the other dims, which then read ``x``'s first elements."""
     b = bind(node)
     x, idx = b["self"], b["index"]
-    _gathers_from_a_dim(node, x)
     d = _norm(b["dim"], len(shape(x)))
     out = out_keys(node)
     k = ("red", node.name, 0)
+    if not shape(x):
+        return Alignment(uses=(Use(x, ()), Use(idx, out)), outputs=(out,), reduced=((k, 1),))
     dst = tuple(k if j == d else (out[j] if shape(x)[j] == shape(idx)[j] else None) for j in range(len(out)))
     return Alignment(uses=(Use(x, dst), Use(idx, out)), outputs=(out,), reduced=((k, shape(x)[d]),))
 
@@ -705,11 +725,10 @@ def align_gather(node: fx.Node) -> Alignment:
 def lower_gather(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     x, idx = xs
     d = _norm(bind(node)["dim"], len(x.dims))
-    k = ctx.red_names(node)[0]
     for j, (a, i) in enumerate(zip(x.dims, idx.dims)):
         if j != d and a.size != i.size:  # the index covers x's first i.size elements of this dim
             x = ctx.g.slice(x, a.name, 0, i.size, name=i.name)
-    return ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
+    return _gather(ctx, node, x, d, idx)
 
 
 # -- cumsum ----------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
+import numpy.typing as npt
 
 from fspyre.errors import ExecutionError, MachineError
 
@@ -208,8 +209,8 @@ def _encode_dlf16(values: np.ndarray) -> np.ndarray:
     f = np.asarray(values, dtype=np.float32)
     if np.isnan(f).any():
         return _encode_dlf16_bits(f)
-    index = np.right_shift(f.view(np.uint32), _DROP - 1, dtype=np.intp)
-    return np.asarray(np.take(_dlf16_encode_table(), index, mode="clip"))
+    # take converts the uint32 index to intp itself, faster than a shift into intp
+    return np.asarray(_dlf16_encode_table().take(np.right_shift(f.view(np.uint32), _DROP - 1), mode="clip"))
 
 
 def _decode_dlf16(raw: np.ndarray) -> np.ndarray:
@@ -329,7 +330,7 @@ def _blocks(shape: tuple[int, ...]) -> Iterator[tuple[int | slice, ...]]:
         ax -= 1
         inner *= shape[ax]
     if ax == 0:
-        yield (...,)
+        yield (slice(None),)
         return
     ax -= 1  # cut along this axis, ``step`` at a time
     step = max(1, _BLOCK // inner)
@@ -338,7 +339,7 @@ def _blocks(shape: tuple[int, ...]) -> Iterator[tuple[int | slice, ...]]:
             yield (*outer, slice(start, start + step))
 
 
-def _blockwise(fn: Callable[[np.ndarray], np.ndarray], values: np.ndarray, dtype: str | type) -> np.ndarray:
+def _blockwise(fn: Callable[[np.ndarray], np.ndarray], values: np.ndarray, dtype: npt.DTypeLike) -> np.ndarray:
     """``fn`` (elementwise, returning ``dtype``) over ``values`` block by block, C-contiguous."""
     if values.size <= _BLOCK:
         out = fn(values)
@@ -357,14 +358,16 @@ def encode(values: np.ndarray, fmt: DataFormat) -> np.ndarray:
     return _blockwise(_codec(fmt)[0], np.asarray(values), fmt.storage)
 
 
-def decode(raw: np.ndarray, fmt: DataFormat) -> np.ndarray:
+def decode(raw: np.ndarray, fmt: DataFormat, wide: bool = False) -> np.ndarray:
     """Raw bit patterns of ``fmt`` -> float32 (float formats) or int32 (integer formats),
-    C-contiguous whatever the layout of ``raw`` (a strided view of a memory, say)."""
+    C-contiguous whatever the layout of ``raw`` (a strided view of a memory, say). ``wide``:
+    float formats give the same values as float64 (for a float64 computation, in one pass)."""
     if fmt.nbytes == 2:
         # 65,536 patterns: one gather from a 256 KiB table beats the bit arithmetic (the
         # interpreter decodes every element it reads).
-        return lookup16(_decode_table(fmt), np.asarray(raw, dtype=np.uint16))
-    return _blockwise(_codec(fmt)[1], np.asarray(raw), np.float32 if fmt.is_float else np.int32)
+        return _lookup16(_decode_table(fmt, wide and fmt.is_float), np.asarray(raw, dtype=np.uint16))
+    out = _blockwise(_codec(fmt)[1], np.asarray(raw), np.float32 if fmt.is_float else np.int32)
+    return out.astype(np.float64) if wide and fmt.is_float else out
 
 
 def lookup16(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
@@ -374,13 +377,19 @@ def lookup16(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
     if table.shape != (1 << 16,) or raw.dtype != np.uint16:
         raise MachineError(f"lookup16: needs a table of 65536 entries and uint16 patterns, "
                            f"got {table.shape} and {raw.dtype}")
+    return _lookup16(table, raw)
+
+
+def _lookup16(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
     # mode="clip" only skips the bounds check: every uint16 is an index of the table
-    return _blockwise(lambda r: np.asarray(np.take(table, r.astype(np.intp), mode="clip")), raw, table.dtype)
+    return _blockwise(lambda r: np.asarray(table.take(r, mode="clip")), raw, table.dtype)
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_table(fmt: DataFormat) -> np.ndarray:
+def _decode_table(fmt: DataFormat, wide: bool = False) -> np.ndarray:
     table = _codec(fmt)[1](np.arange(1 << 16, dtype=np.uint16))
+    if wide:
+        table = table.astype(np.float64)
     table.setflags(write=False)
     return table
 

@@ -21,6 +21,11 @@ How it is fast without changing that meaning (docs/semantics.md, "The interprete
   that offset.
 - Written bits stay per byte (exact read-before-write detection) and are set and checked
   through the same views as the data.
+- A large op whose blocks are independent runs block by block (``Blocking``): every read is
+  checked for the whole op first, then each cache-sized block of the grid is decoded,
+  computed, encoded and stored, so no memory-sized temporaries pass through RAM.
+- Values convert through tables (``formats``): decoding a 2-byte format, encoding DLFloat16,
+  copying float16 host arrays in and out.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +84,13 @@ class RunOptions:
     # Record, per op execution, the HBM sticks its accesses touched (the ground truth the
     # traffic report is checked against). Off by default: it costs a pass over every address.
     trace_hbm: bool = False
+    # Grid points per block when a large op runs block by block (``Blocking``); 0 runs every
+    # op whole. Results and reports do not depend on it (tests run tiny blocks to prove so).
+    block: int = 1 << 14
+
+    def __post_init__(self) -> None:
+        if self.block < 0:
+            raise ExecutionError(f"RunOptions: block={self.block}; use 0 (no blocks) or a positive count of points")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +143,7 @@ class Pattern:
     view_shape: tuple[int, ...] = ()
     view_strides: tuple[int, ...] = ()
     nbytes: int = 1
+    axis_dims: tuple[tuple[tuple[int, int], ...], ...] = ()  # strided: ``dims`` grouped by grid axis
 
 
 def _positions(p: Pattern) -> np.ndarray:
@@ -174,16 +188,17 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
         return Pattern(shape=shape, dims=None, index=None, start=0, lo=0, hi=0, aligned=False)
     elem = addr // nbytes
     dims: list[tuple[int, int]] = []
+    axis_dims: list[tuple[tuple[int, int], ...]] = []
     for k, size in enumerate(shape):
-        if elem.shape[k] == 1:
-            dims.append((size, 0))
-            continue
-        line = elem[tuple(slice(None) if j == k else 0 for j in range(elem.ndim))]
-        split = _split_line(line)
-        if split is None:
-            dims = []
-            break
+        split = [(size, 0)]
+        if elem.shape[k] > 1:
+            found = _split_line(elem[tuple(slice(None) if j == k else 0 for j in range(elem.ndim))])
+            if found is None:
+                dims = []
+                break
+            split = found
         dims.extend(split)
+        axis_dims.append(tuple(split))
     if dims:
         start = int(elem.reshape(-1)[0])
         expect = np.full((), start, np.int64)
@@ -192,7 +207,7 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
         if np.array_equal(expect, np.broadcast_to(elem, shape).reshape([s for s, _ in dims])):
             return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes,
                            view_shape=tuple(s for s, _ in dims), view_strides=tuple(st * nbytes for _, st in dims),
-                           nbytes=nbytes)
+                           nbytes=nbytes, axis_dims=tuple(axis_dims))
     return Pattern(shape=shape, dims=None, index=np.broadcast_to(elem, shape), start=0,
                    lo=lo // nbytes, hi=hi // nbytes)
 
@@ -225,6 +240,37 @@ class Access:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockedAccess:
+    """An access cut like its op's grid (``Blocking``): where each block's elements are."""
+
+    outer: tuple[tuple[tuple[int, int], ...], ...]  # view dims of each grid axis before the cut one
+    cut: tuple[tuple[int, int], ...] | None  # view dims of the cut axis; None where the access has size 1 there
+    tail_shape: tuple[int, ...]  # view shape and byte strides of the axes after the cut one
+    tail_strides: tuple[int, ...]
+    values_tail: tuple[int, ...]  # the access's grid shape after the cut axis
+
+
+@dataclass(frozen=True, slots=True)
+class Blocking:
+    """A large op run block by block: grid axis ``axis`` cut into runs of ``step`` points,
+    every axis before it one index at a time, so each block's decoded operands, result and
+    encoded bits stay in the CPU cache instead of passing through memory-sized arrays. Only
+    for ops whose blocks are independent (pointwise; reductions cut along an output axis)
+    and whose accesses are all strided with ``step`` dividing their runs along ``axis``."""
+
+    axis: int
+    step: int
+    outer: tuple[int, ...]  # grid sizes of the axes before ``axis``
+    size: int  # grid size along ``axis``
+    operands: tuple[BlockedAccess | None, ...]  # None for scalars
+    out: BlockedAccess
+    lx_overlap: bool  # an LX operand shares bytes with the LX output on some core
+    # per operand: it reads exactly the elements the output writes, point for point, and no
+    # two points share one (an in-place op: block k writes only what block k read)
+    in_place: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class OpPlan:
     spec: OpSpec
     syms: tuple
@@ -236,6 +282,9 @@ class OpPlan:
     out_pos: tuple[int, ...]
     operands: tuple  # ("scalar", value) | ("tensor", Access)
     out: Access
+    blocking: Blocking | None = None
+    wide: bool = False  # operands decode to float64 (numerics.operand_dtype: a float matmul)
+    bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +348,21 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
                       advance=tuple(arg.tile_advance), core_range=None)
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
+    planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    full, core_range = planned if planned is not None else _lx_addresses_per_core(
+        arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    r = core_range
+    lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
+                  advance=(), core_range=core_range, lx_ok=lx_ok)
+
+
+def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
+                           cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Byte addresses in the stacked LX over the grid (size 1 along the axes a load does not
+    vary along) and each core's local [min, max] ([0, -1]: none): the per-core model, one
+    core at a time."""
     local = [n // s for n, s in zip(sizes, splits)]
     core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
     per_core = {core: _core_addresses(arg, syms, local, slices[core], ()) for core in cores}
@@ -311,13 +375,57 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
         full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
         core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
-    r = core_range
-    lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
-                  advance=(), core_range=core_range, lx_ok=lx_ok)
+    return full, core_range
 
 
-def _plan_op(spec: OpSpec, program: Program) -> OpPlan:
+def _lx_addresses(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
+                  cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """What ``_lx_addresses_per_core`` gives, for all cores at once: the coordinates over the
+    whole grid, viewed as (slice, point in slice) per axis, give every core's box and layout
+    by reductions over the point axes. None when ``cores`` do not hold one slice each."""
+    r = len(sizes)
+    local = [n // s for n, s in zip(sizes, splits)]
+    owner = np.full(splits, -1, dtype=np.int64)  # the core at each slice position
+    for c in cores:
+        pos = tuple(int(i) for i in slices[c])
+        if owner[pos] >= 0:
+            return None
+        owner[pos] = c
+    if (owner < 0).any():
+        return None
+    nb = formats.FORMATS[arg.device_dtype].nbytes
+    grid = open_grid(list(sizes))
+    coords = [np.asarray(compile_index(c, syms)(*grid), dtype=np.int64) for c in arg.device_coordinates]
+    coords = [c.reshape((1,) * (r - c.ndim) + c.shape) for c in coords]
+
+    def split(x: np.ndarray) -> np.ndarray:  # (slice, point) per axis, 1 where x does not vary
+        return x.reshape([d for k in range(r) for d in ((splits[k], local[k]) if x.shape[k] > 1 else (1, 1))])
+
+    points = tuple(range(1, 2 * r, 2))
+    parts = [split(c) for c in coords]
+    lo = np.stack([np.broadcast_to(c.min(axis=points), splits).reshape(-1) for c in parts], axis=-1)
+    hi = np.stack([np.broadcast_to(c.max(axis=points), splits).reshape(-1) for c in parts], axis=-1)
+    lows, ext = lx_box(lo, hi, arg.device_size)  # per slice position, row-major over splits
+    # row-major over each slice's extents: stride d is the product of the extents after d
+    strides = np.cumprod(np.concatenate([np.ones((len(ext), 1), np.int64), ext[:, :0:-1]], axis=1), axis=1)[:, ::-1]
+    base = arg.address - (lows * strides).sum(axis=1) * nb
+    at_slice = [d for k in range(r) for d in (splits[k], 1)]  # a per-slice value, spread over its points
+    addr: np.ndarray = np.reshape(base, at_slice)
+    for dim, part in enumerate(parts):
+        addr = addr + part * (strides[:, dim] * nb).reshape(at_slice)
+    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))
+    flat_owner = owner.reshape(-1)
+    core_range[flat_owner, 0] = np.broadcast_to(addr.min(axis=points), splits).reshape(-1)
+    core_range[flat_owner, 1] = np.broadcast_to(addr.max(axis=points), splits).reshape(-1)
+    varies = [store or splits[k] > 1 or any(c.shape[k] > 1 for c in coords) for k in range(r)]
+    stacked = addr + (owner * lx_bytes).reshape(at_slice)
+    shape = [d for k in range(r) for d in ((splits[k], local[k]) if varies[k] else (1, 1))]
+    full = np.broadcast_to(stacked, shape).reshape([n if v else 1 for n, v in zip(sizes, varies)])
+    return full, core_range
+
+
+def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
     syms = tuple(spec.iteration_space)
     sizes = tuple(size for size, _ in spec.iteration_space.values())
     splits = tuple(split for _, split in spec.iteration_space.values())
@@ -340,9 +448,70 @@ def _plan_op(spec: OpSpec, program: Program) -> OpPlan:
     out_slices = slices[:, list(out_pos)] if out_pos else np.zeros((len(slices), 0), np.int64)
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
                        tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
-    return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=str(info["fn"]),
-                  ctype=np.dtype(str(info["compute"])), red_pos=red_pos, out_pos=out_pos,
-                  operands=tuple(operands), out=out)
+    fn = str(info["fn"])
+    ctype = np.dtype(str(info["compute"]))
+    return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
+                  out_pos=out_pos, operands=tuple(operands), out=out,
+                  blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
+                  wide=numerics.operand_dtype(fn, ctype) == np.float64, bool_store=info.get("store") == "bool")
+
+
+def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
+                   out: Access, block: int) -> Blocking | None:
+    """Cut the grid into blocks of at most ``block`` points; None when the op should run
+    whole: small (under 4 blocks), or its blocks would be under an eighth of ``block`` (the
+    per-block Python, about 20 numpy calls, would dominate)."""
+    total = math.prod(sizes)
+    if not block or total < 4 * block:
+        return None
+    axis = next(a for a in range(len(sizes)) if math.prod(sizes[a + 1:]) <= block)
+    if axis >= n_out:  # a block would cut a reduction
+        return None
+    accs = [v for kind, v in operands if kind == "tensor"] + [out]
+    if any(a.pattern.dims is None or not a.pattern.aligned for a in accs):
+        return None
+    runs = [a.pattern.axis_dims[axis][-1][0] for a in accs if a.pattern.shape[axis] > 1]
+    g = math.gcd(*runs) if runs else sizes[axis]
+    inner = math.prod(sizes[axis + 1:])
+    step = max((d for d in range(1, g + 1) if g % d == 0 and d * inner <= block), default=1)
+    if 8 * step * inner < block:
+        return None
+
+    def cut(acc: Access) -> BlockedAccess:
+        p = acc.pattern
+        tail = [d for dims in p.axis_dims[axis + 1:] for d in dims]
+        return BlockedAccess(outer=p.axis_dims[:axis], cut=p.axis_dims[axis] if p.shape[axis] > 1 else None,
+                             tail_shape=tuple(n for n, _ in tail), tail_strides=tuple(st * p.nbytes for _, st in tail),
+                             values_tail=p.shape[axis + 1:])
+
+    in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)
+    lx_overlap = False
+    for (kind, v), same in zip(operands, in_place):
+        if kind == "tensor" and v.lx and out.lx and not same:
+            a, b = v.core_range, out.core_range
+            assert a is not None and b is not None  # LX accesses have per-core ranges
+            both = (a[:, 0] <= a[:, 1]) & (b[:, 0] <= b[:, 1])
+            lx_overlap |= bool((both & (a[:, 0] < b[:, 1] + out.fmt.nbytes)
+                                & (b[:, 0] < a[:, 1] + v.fmt.nbytes)).any())
+    return Blocking(axis=axis, step=step, outer=sizes[:axis], size=sizes[axis],
+                    operands=tuple(cut(v) if kind == "tensor" else None for kind, v in operands),
+                    out=cut(out), lx_overlap=lx_overlap, in_place=in_place)
+
+
+def _same_places(a: Access, out: Access) -> bool:
+    """``a`` reads, at every grid point, the element ``out`` writes there (same memory, width
+    and strided pattern; compared at equal offsets), and ``out`` writes each element once."""
+    p, q = a.pattern, out.pattern
+    if q.dims is None or (a.lx, a.fmt.nbytes, p.shape, p.dims, p.start) != (out.lx, out.fmt.nbytes, q.shape,
+                                                                             q.dims, q.start):
+        return False
+    # one element per point: each axis's stride clears the extent of the axes finer than it
+    reach = 0
+    for n, st in sorted(((n, abs(st)) for n, st in q.dims if n > 1), key=lambda d: d[1]):
+        if st <= reach:
+            return False
+        reach += (n - 1) * st
+    return True
 
 
 def _kernel_type(arg: KernelArg) -> TensorType:
@@ -373,23 +542,25 @@ def _plan_kernel_arg(arg: KernelArg) -> Pattern:
 class _ProgramPlan:
     ops: Mapping[int, OpPlan]  # id(OpSpec) -> plan (the program holds the specs alive)
     kernel: tuple[Pattern, ...]
+    block: int  # RunOptions.block the op plans cut their grids by
 
 
-_PLANS: OrderedDict[int, tuple[Program, _ProgramPlan]] = OrderedDict()
+_PLANS: OrderedDict[tuple[int, int], tuple[Program, _ProgramPlan]] = OrderedDict()
 _PLAN_CACHE_SIZE = 16
 
 
-def _program_plan(program: Program) -> _ProgramPlan:
-    """Plans are a pure function of the (frozen) program: cached for the last few programs,
-    keyed by identity and holding the program so the id stays its own."""
-    hit = _PLANS.get(id(program))
+def _program_plan(program: Program, block: int) -> _ProgramPlan:
+    """Plans are a pure function of the (frozen) program and the block size: cached for the
+    last few programs, keyed by identity and holding the program so the id stays its own."""
+    key = (id(program), block)
+    hit = _PLANS.get(key)
     if hit is not None and hit[0] is program:
-        _PLANS.move_to_end(id(program))
+        _PLANS.move_to_end(key)
         return hit[1]
     ops: dict[int, OpPlan] = {}
     kernel = tuple(_plan_kernel_arg(a) for a in program.kernel_args)
-    plan = _ProgramPlan(ops=ops, kernel=kernel)  # op plans fill in lazily, in execution order
-    _PLANS[id(program)] = (program, plan)
+    plan = _ProgramPlan(ops=ops, kernel=kernel, block=block)  # op plans fill in lazily, in execution order
+    _PLANS[key] = (program, plan)
     while len(_PLANS) > _PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
     return plan
@@ -460,15 +631,17 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     return raw
 
 
-def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
-    return formats.decode(_load(m, acc, offset), acc.fmt).reshape(acc.pattern.shape)  # decode: C order
+def _read(m: _Machine, acc: Access, offset: int, wide: bool = False) -> np.ndarray:
+    # decode gives C order: the reshape is free
+    return formats.decode(_load(m, acc, offset), acc.fmt, wide).reshape(acc.pattern.shape)
 
 
 def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    raw = np.broadcast_to(raw, p.shape)
+    if raw.shape != p.shape:
+        raw = np.broadcast_to(raw, p.shape)
     if p.dims is None:
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = raw
@@ -508,7 +681,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
     types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
     host = check_inputs(types, inputs)
-    plan = _program_plan(program)
+    plan = _program_plan(program, options.block)
     m = _Machine(program, options.check_written)
     if options.trace_hbm:
         m.trace = {}
@@ -580,7 +753,7 @@ def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, progr
                     raise ExecutionError(
                         f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}",
                         op=spec.name or spec.op)
-                op = plan.ops[id(spec)] = _plan_op(spec, program)  # type: ignore[index]
+                op = plan.ops[id(spec)] = _plan_op(spec, program, plan.block)  # type: ignore[index]
             _run_op(op, iters, m)
 
 
@@ -591,31 +764,106 @@ def _offset(acc: Access, iters: tuple[int, ...]) -> int | None:
 
 
 def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
-    values = []
+    offsets: list[int] = []
     try:
         for kind, v in op.operands:
             if kind == "scalar":
-                values.append(v)
+                offsets.append(0)
                 continue
             off = _offset(v, iters)
             if off is None or not _in_bounds(m, v, off):
                 raise _Unwritten
-            values.append(_read(m, v, off))
+            offsets.append(off)
+        out_off = _offset(op.out, iters)
+        blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, op.wide)
+                  for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
         raise AssertionError("unreachable: the batched checks failed, the per-core ones did not") from None
-    if op.spec.is_reduction:
-        result = _reduce(op, values)
-    else:
-        result = numerics.pointwise(op.fn, values, op.ctype, op.sizes)
-    if op.spec.op_info.get("store") == "bool":  # a bool buffer holds 0 or 1 (docs/semantics.md)
-        result = numerics.bool_store(result)
-    off = _offset(op.out, iters)
-    if off is None or not _in_bounds(m, op.out, off):
+    if out_off is None or not _in_bounds(m, op.out, out_off):
         _report_write(op, iters, m)
-    _write(m, op.out, off, result)
+    assert out_off is not None  # _report_write raised otherwise
+    if blocked:
+        _run_blocks(op, offsets, out_off, m)
+    else:
+        _write(m, op.out, out_off, _compute(op, values, op.sizes))
     if m.trace is not None:
-        _trace(op, iters, off, m)
+        _trace(op, iters, out_off, m)
+
+
+def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
+    """The op's result over a grid of ``sizes`` (the whole grid, or a block of it)."""
+    if op.spec.is_reduction:
+        result = _reduce(op, values, sizes)
+    else:
+        result = numerics.pointwise(op.fn, values, op.ctype, sizes)
+    if op.bool_store:
+        result = numerics.bool_store(result)
+    return result
+
+
+def _independent(op: OpPlan, offsets: Sequence[int], out_off: int) -> bool:
+    """No operand shares a byte with the output, so writing block by block cannot change
+    what a later block reads (every read was checked before the first write)."""
+    b = op.blocking
+    if b is None or b.lx_overlap:
+        return False
+    out = op.out
+    if out.lx:
+        return True
+    onb = out.fmt.nbytes
+    olo, ohi = (out.pattern.lo + out_off) * onb, (out.pattern.hi + out_off + 1) * onb
+    for (kind, v), off, same in zip(op.operands, offsets, b.in_place):
+        if kind == "tensor" and not v.lx and not (same and off == out_off):
+            nb = v.fmt.nbytes
+            if (v.pattern.lo + off) * nb < ohi and olo < (v.pattern.hi + off + 1) * nb:
+                return False
+    return True
+
+
+def _block_view(arr: np.ndarray, acc: Access, ba: BlockedAccess, offset: int, index: tuple[int, ...],
+                r0: int, step: int) -> np.ndarray:
+    """The elements of ``acc`` (``offset`` elements on) at the grid block whose axes before the
+    cut one are at ``index`` and whose cut axis runs ``r0`` to ``r0 + step``."""
+    p = acc.pattern
+    pos = p.start + offset
+    for i, dims in zip(index, ba.outer):
+        for n, st in reversed(dims):
+            pos += (i % n) * st
+            i //= n
+    if ba.cut is None:
+        head, strides = 1, 0
+    else:
+        i = r0
+        for n, st in reversed(ba.cut):
+            pos += (i % n) * st
+            i //= n
+        head, strides = step, ba.cut[-1][1] * p.nbytes
+    return np.ndarray((head, *ba.tail_shape), arr.dtype, arr, pos * p.nbytes, (strides, *ba.tail_strides))
+
+
+def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -> None:
+    b = op.blocking
+    assert b is not None
+    ones = (1,) * b.axis
+    tensors = [(v, ba, off, m.view(v.lx, v.fmt.nbytes, False))
+               for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if ba is not None]
+    out, oba = op.out, b.out
+    onb = out.fmt.nbytes
+    odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
+    for index in itertools.product(*(range(n) for n in b.outer)):
+        for r0 in range(0, b.size, b.step):
+            block = [formats.decode(_block_view(arr, v, ba, off, index, r0, b.step), v.fmt)
+                     .reshape(ones + (b.step if ba.cut else 1,) + ba.values_tail)
+                     for v, ba, off, arr in tensors]
+            values = iter(block)
+            result = _compute(op, [v if kind == "scalar" else next(values) for kind, v in op.operands],
+                              ones + (b.step,) + op.sizes[b.axis + 1:])
+            raw = np.broadcast_to(formats.encode(result, out.fmt), ones + (b.step,) + oba.values_tail)
+            _block_view(odata, out, oba, out_off, index, r0, b.step)[...] = raw.reshape((b.step, *oba.tail_shape))
+            if m.check_written:
+                _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = _FULL[onb]
 
 
 def _trace(op: OpPlan, iters: tuple[int, ...], out_offset: int, m: _Machine) -> None:
@@ -625,8 +873,9 @@ def _trace(op: OpPlan, iters: tuple[int, ...], out_offset: int, m: _Machine) -> 
     writes.append(0 if op.out.lx else m.stick_bytes(op.out, out_offset))
 
 
-def _reduce(op: OpPlan, values: list) -> np.ndarray:
-    """Each core reduces its slice; cores sharing an output slice combine in slice order."""
+def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
+    """Each core reduces its slice; cores sharing an output slice combine in slice order.
+    ``sizes``: the grid (the op's, or a block of it cut along an output axis)."""
     red_split = [op.splits[i] for i in op.red_pos]
     if op.fn == "var" and math.prod(red_split) > 1:
         raise ExecutionError(
@@ -638,7 +887,7 @@ def _reduce(op: OpPlan, values: list) -> np.ndarray:
     grid: list[int] = []
     axes: list[int] = []
     shapes_of = []
-    for i, n in enumerate(op.sizes):
+    for i, n in enumerate(sizes):
         s = op.splits[i] if i in op.red_pos else 1
         if s > 1:
             grid += [s, n // s]
@@ -651,7 +900,7 @@ def _reduce(op: OpPlan, values: list) -> np.ndarray:
     def split(v):
         if not isinstance(v, np.ndarray):
             return v
-        v = v.reshape((1,) * (len(op.sizes) - v.ndim) + v.shape)
+        v = v.reshape((1,) * (len(sizes) - v.ndim) + v.shape)
         shape: list[int] = []
         for i, n in enumerate(v.shape):
             s = shapes_of[i]
@@ -666,10 +915,10 @@ def _reduce(op: OpPlan, values: list) -> np.ndarray:
     info = op.spec.op_info
     part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, int(info["count"]), tuple(grid),
                            int(info.get("correction", 0)))
-    out_shape = tuple(op.sizes[i] for i in op.out_pos)
+    out_shape = tuple(sizes[i] for i in op.out_pos)
     nsplit = sum(1 for s in red_split if s > 1)
     if not nsplit:
-        return np.broadcast_to(part, out_shape)
+        return part if part.shape == out_shape else np.broadcast_to(part, out_shape)
     part = np.broadcast_to(part, out_shape + tuple(s for s in red_split if s > 1))
     acc = None
     for key in itertools.product(*(range(s) for s in red_split if s > 1)):  # slice order

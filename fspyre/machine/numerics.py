@@ -118,7 +118,7 @@ def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[
     """Apply ``fn`` elementwise in compute dtype ``ctype``; the result has ``shape``."""
     if fn == "full":
         return np.full(shape, _as(operands[0], ctype), dtype=ctype)
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)
     args = [_dense(_as(v, ctype), shape, size) for v in operands]
     with np.errstate(all="ignore"):  # inf/nan follow IEEE, as on the device
         out = np.asarray(POINTWISE[fn](*args))
@@ -132,7 +132,10 @@ def _dense(v: Value, shape: tuple[int, ...], size: int) -> np.ndarray:
     contiguous) is square/sqrt/reciprocal, correctly rounded, while unit-stride arrays go
     through a SIMD powf that is not. One layout for every shape makes each element's result
     independent of the tile it is computed in."""
-    a = np.broadcast_to(v, shape).reshape(size)
+    if isinstance(v, np.ndarray) and v.shape == tuple(shape):
+        a = v.reshape(size)  # the common case, without broadcast_to's Python
+    else:
+        a = np.broadcast_to(v, shape).reshape(size)
     if a.strides != (a.itemsize,):
         a = a.copy()
     return a
@@ -144,6 +147,13 @@ def bool_store(values: np.ndarray) -> np.ndarray:
     return (values != 0).astype(values.dtype)
 
 
+def operand_dtype(fn: str, ctype: np.dtype) -> np.dtype:
+    """The dtype ``reduce`` takes ``fn``'s operands in: a float matmul accumulates in float64
+    (``_contract``), so a caller holding float32 values may hand them over already widened
+    (exactly: every float32 is a float64) and save ``reduce`` the conversion."""
+    return np.dtype(np.float64) if fn == "matmul" and ctype.kind == "f" else ctype
+
+
 def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype: np.dtype,
            count: int, grid: tuple[int, ...], correction: int = 0) -> np.ndarray:
     """Reduce over ``axes`` (the trailing axes of the iteration ``grid``) in ``ctype``.
@@ -153,12 +163,12 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
         hit = _gather_hits(operands, grid)
         with np.errstate(all="ignore"):
             return np.sum(np.where(hit, _as(operands[2], ctype), ctype.type(0)), axis=axes, dtype=ctype)
-    x = [_as(v, ctype) for v in operands]
+    x = [_as(v, operand_dtype(fn, ctype)) for v in operands]
     if fn != "matmul":
         x = [np.broadcast_to(v, grid) for v in x]
     with np.errstate(all="ignore"):
         if fn == "matmul":
-            return _contract(x[0], x[1], axes, grid).astype(ctype, copy=False)
+            return _contract(x[0], x[1], axes, grid, ctype)
         v = x[0]
         if fn == "amax":
             return np.max(v, axis=axes)
@@ -188,10 +198,13 @@ def _reduced_last(v: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     return moved.reshape(tuple(v.shape[i] for i in kept) + (math.prod(v.shape[i] for i in axes),))
 
 
-def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[int, ...]) -> np.ndarray:
+def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[int, ...],
+              ctype: np.dtype | None = None) -> np.ndarray:
     """sum over ``axes`` of a*b, with a and b broadcast over the grid, as one batched BLAS
     matmul (``np.matmul``: [batch, M, K] @ [batch, K, N]) without materialising the product
-    grid. Float operands accumulate in float64 and round once to the compute dtype."""
+    grid. Float operands accumulate in float64 and round once to ``ctype`` (default: the
+    operands' dtype)."""
+    ctype = a.dtype if ctype is None else ctype
     nd = len(grid)
     a = a.reshape((1,) * (nd - a.ndim) + a.shape)
     b = b.reshape((1,) * (nd - b.ndim) + b.shape)
@@ -202,10 +215,11 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[i
     # varies along still counts its points: the sum of n equal terms.
     only_a = tuple(i for i in red if in_a[i] and not in_b[i])
     only_b = tuple(i for i in red if in_b[i] and not in_a[i])
+    # (in ``ctype``, from ``ctype`` values: widened operands sum as the narrow ones would)
     if only_a:
-        a = np.sum(a, axis=only_a, keepdims=True, dtype=a.dtype)
+        a = np.sum(a.astype(ctype, copy=False), axis=only_a, keepdims=True, dtype=ctype)
     if only_b:
-        b = np.sum(b, axis=only_b, keepdims=True, dtype=b.dtype)
+        b = np.sum(b.astype(ctype, copy=False), axis=only_b, keepdims=True, dtype=ctype)
     repeat = math.prod(grid[i] for i in red if not in_a[i] and not in_b[i])
     k_ax = [i for i in sorted(red) if in_a[i] and in_b[i]]
     out_axes = [i for i in range(nd) if i not in red]
@@ -224,8 +238,7 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[i
         # matrices: an M- or N-tile rounds like the same rows of the whole product
         # (torch's float64 GEMM, single-threaded: see _one_thread)
         with _one_thread() as torch:
-            res = torch.matmul(torch.from_numpy(np.ascontiguousarray(am, dtype=np.float64)),
-                               torch.from_numpy(np.ascontiguousarray(bm, dtype=np.float64))).numpy().astype(am.dtype)
+            res = torch.matmul(_float64(torch, am), _float64(torch, bm)).numpy().astype(ctype)
     else:
         res = np.matmul(am, bm)
     if repeat != 1:
@@ -256,6 +269,13 @@ def gather_misses(operands: Sequence[Value], axes: tuple[int, ...], grid: tuple[
     bad = tuple(int(i[0]) for i in np.nonzero(hits != 1))
     return (f"index {int(index[bad + (0,) * len(axes)])} at {list(bad)} matches {int(hits[bad])} of the "
             f"positions {int(pos.min())}..{int(pos.max())}; every index must name exactly one")
+def _float64(torch, x: np.ndarray):
+    """``x`` as a torch float64 tensor; writable float64 operands go in as they lie (BLAS
+    takes a transposed matrix by its strides; GEMM packs either layout into the same panels),
+    others are converted."""
+    if x.dtype == np.float64 and x.flags.writeable and min(x.strides, default=0) >= 0:
+        return torch.from_numpy(x)
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
 
 
 def combine(fn: str, acc: np.ndarray, part: np.ndarray) -> np.ndarray:

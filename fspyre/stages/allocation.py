@@ -343,14 +343,15 @@ class _Free:
 
     def _free(self, lo: int, hi: int) -> None:
         i = bisect.bisect_left(self.starts, lo)
+        end: float = hi
         if i < len(self.starts) and self.starts[i] == hi:  # joins the gap above
-            hi = self.ends[i]
+            end = self.ends[i]
             del self.starts[i], self.ends[i]
         if i > 0 and self.ends[i - 1] == lo:  # joins the gap below
-            self.ends[i - 1] = hi
+            self.ends[i - 1] = end
         else:
             self.starts.insert(i, lo)
-            self.ends.insert(i, hi)
+            self.ends.insert(i, end)
 
 
 def _greedy(items: Sequence[LiveBuffer], capacity: int | None, prefer_gaps: bool = False) -> dict[str, tuple[int, str]]:

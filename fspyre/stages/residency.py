@@ -25,6 +25,7 @@ withdrawn the same way (the allocator refuses to place them in LX).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -117,22 +118,59 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
     if not regions:
         return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
-    hints, regions = _align(regions, split, machine, reduced)
+    found = _copies(tree, unchanged, regions, machine, options, reduced, set())
+    replicated = {r.name for r in regions if _replicate(r, split, reduced) is not None}
+    if not replicated:
+        return found or unchanged
+    # Replicas keep their readers' work division, which may keep other copies' readers from
+    # moving theirs: judge the plan without replicas too, and take the faster.
+    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated)
+    if found is None or sliced is None:
+        return found or sliced or unchanged
+    return found if _estimate(found, machine) <= _estimate(sliced, machine) else sliced
+
+
+def _copies(tree: LoopTree, unchanged: Residency, regions: list[_Region], machine: Machine,
+            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str]) -> Residency | None:
+    """The rewrite with the copies of ``regions`` that fit LX and pay off (regions named in
+    ``whole`` are not replicated), judged by the real stages; None when none do."""
+    split = unchanged.split
+    whole = set(whole)  # grows with the replicas that do not fit: copied by slices instead
+    hints, regions = _align(regions, split, machine, reduced, whole)
+    tries = 0
     while regions:
         rewritten = _rewrite(tree, regions, hints)
         try:
             new_split = divide_work(rewritten, machine, options.split)
         except FspyreError:
-            return unchanged  # a copy's work division was refused: leave the tree as it was
+            return None  # a copy's work division was refused: leave the tree as it was
         new_alloc = allocate(rewritten, new_split, machine, options.allocation)
         spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
         if spilled:
-            regions = [r for r in regions if r not in spilled]
-            hints, regions = _align(regions, split, machine, reduced)
+            # a replicated copy that did not fit gets one more chance as one slice per core
+            whole |= {r.name for r in spilled if r.replicas > 1}
+            regions = [replace(r, replicas=1) if r.name in whole else r
+                       for r in regions if r not in spilled or r.replicas > 1]
+            hints, regions = _align(regions, split, machine, reduced, whole)
             continue
         done = Residency(tree=rewritten, split=new_split, allocation=new_alloc)
-        return done if _better(done, unchanged, machine) else unchanged
-    return unchanged
+        if _better(done, unchanged, machine):
+            return done
+        if len(regions) == 1 or tries >= _MAX_TRIES:
+            return None
+        # The copies fit but cost more than they save -- typically they pushed intermediates
+        # out of LX. Give up the largest and judge the rest again.
+        tries += 1
+        regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
+        hints, regions = _align(regions, split, machine, reduced, whole)
+    return None
+
+
+_MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs a division and allocation
+
+
+def _region_bytes(r: _Region) -> int:
+    return math.prod(d.size for d in r.dims)
 
 
 def _better(new: Residency, old: Residency, machine: Machine) -> bool:
@@ -153,8 +191,8 @@ def _estimate(r: Residency, machine: Machine) -> tuple[float, int]:
     return report.time_ns, report.hbm_bytes
 
 
-def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
-           reduced: Mapping[str, set[str]]) -> tuple[dict[str, FrozenMap[str, int]], list[_Region]]:
+def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine, reduced: Mapping[str, set[str]],
+           no_replicas: set[str]) -> tuple[dict[str, FrozenMap[str, int]], list[_Region]]:
     """work_div for each copy (and readers that must change) so the copy writes, on every
     core, exactly the slice that core's readers read. A reader splitting a dim the copy does
     not have would need the copy on several cores at once; it moves its cores onto the
@@ -163,6 +201,13 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
     kept: list[_Region] = []
     for r in regions:
         names = [d.name for d in r.dims]
+        replicated = None if r.name in no_replicas else _replicate(r, split, reduced)
+        if replicated is not None:
+            r, proposal = replicated
+            if not any(n in hints and hints[n] != h for n, h in proposal.items()):
+                hints.update(proposal)
+                kept.append(r)
+                continue
         found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
         wanted = [w for w in found if w is not None]
         if len(wanted) != len(found):
@@ -177,6 +222,24 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine,
         hints.update(proposal)
         kept.append(r)
     return hints, kept
+
+
+def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
+               ) -> tuple[_Region, dict[str, FrozenMap[str, int]]] | None:
+    """The region as a replicated copy, and the work_div of the copy and of its readers (kept
+    as they are), when every reader splits only dims the region does not have -- so each of
+    its cores reads the whole region: the weights of a token-split matmul, k and v of a
+    query-split attention -- all readers split alike, and no split dim is reduced. None
+    otherwise."""
+    names = {d.name for d in r.dims}
+    first = split.ops[r.readers[0]]
+    if first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
+        return None
+    if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
+        return None
+    hints = {n: FrozenMap(first.splits) for n in r.readers}
+    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)] + [(d.name, 1) for d in r.dims])
+    return replace(r, replicas=first.cores), hints
 
 
 def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: _Region,
@@ -209,6 +272,10 @@ class _Region:
     steps: tuple[tuple[TileStep, ...], ...]  # the copy's tiling: the levels that move the region
     anchor: tuple[int, ...]
     readers: tuple[str, ...]
+    # A replicated copy (``replicas`` > 1): every core its readers run on reads the whole
+    # region, so the copy runs once on each of those cores and each writes the whole region
+    # into its own LX.
+    replicas: int = 1
 
 
 def _regions(tree: LoopTree) -> list[_Region]:
@@ -303,8 +370,12 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
         ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
         local = ttype.contiguous_index()
         cname = f"{r.name}_copy"
+        # a replicated copy runs once per core (its leading dim, split one slot per core) and
+        # every core stores the whole region at the same place of its own LX: the store index
+        # does not use the slot
+        slots = (Dim(f"{r.name}_cores", r.replicas),) if r.replicas > 1 else ()
         copy = Pointwise(name=cname, fn="copy", operands=(Load(buffer=r.buffer, index=r.index),),
-                         ranges=r.dims, store=Store(buffer=r.name, index=local),
+                         ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
                          hints=(scope_of[cname],) if cname in scope_of else ())
         copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
         added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype, scope="tile"))

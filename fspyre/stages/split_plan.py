@@ -43,8 +43,8 @@ import sympy
 
 from fspyre.errors import HintError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import HintScope, Op, Reduction, iteration_dims
-from fspyre.ir.looptree import LoopTree, op_nodes
+from fspyre.ir.graph import HintScope, Op, Pointwise, Reduction, iteration_dims
+from fspyre.ir.looptree import LoopTree, TreeBuffer, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
 from fspyre.machine.indexing import free_names
 from fspyre.machine.rules import coord_terms, term_extremes
@@ -87,11 +87,12 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
     notes: list[str] = []
     warnings: list[str] = []
     nodes = op_nodes(tree)
+    table = tree.buffer_table()
     for node in nodes:
         accesses = analysis.ops[node.name].tensors
         hint = _merged_hint(node.op, scopes) if options.use_hints else {}
         plans[node.name] = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
-                                      notes, warnings)
+                                      notes, warnings, _replicates(node.op, table))
     if options.use_hints:
         warnings[:0] = _uniterated_work_div(tree.hints, [n.op for n in nodes])
     return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes), warnings=tuple(warnings), accesses=analysis)
@@ -171,8 +172,16 @@ def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, 
     return _Span(access, sizes).bytes(split)
 
 
+def _replicates(op: Op, table: Mapping[str, TreeBuffer]) -> bool:
+    """A copy into a per-tile buffer may be split along a dim no index uses, when a work_div
+    asks for it: each core then copies the whole region into its own LX (keep_resident's
+    replicated copies). Anywhere else such a split would only repeat work, or have several
+    cores write the same HBM bytes."""
+    return isinstance(op, Pointwise) and op.fn == "copy" and table[op.store.buffer].scope == "tile"
+
+
 def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint: Mapping[str, object],
-               distribute: bool, notes: list[str], warnings: list[str]) -> OpSplit:
+               distribute: bool, notes: list[str], warnings: list[str], replicates: bool = False) -> OpSplit:
     dims = op_dims(op)
     names = [d.name for d in dims]
     size = {d.name: d.size for d in dims}
@@ -191,7 +200,8 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
             blocked[n] = f"{size[n]} elements are not a whole number of {e}-element sticks"
     used = set().union(*(free_names(acc.index) for acc in accesses))
     for n in names:
-        if n not in used:  # the anchor's iteration space holds only vars some index uses
+        # the anchor's iteration space holds only vars some index uses
+        if n not in used and not (replicates and n in hint):
             blocked[n] = "no tensor index uses it: every core would read the same elements"
     if isinstance(op, Reduction) and op.fn == "var":
         for n in reduction:

@@ -311,7 +311,7 @@ def test_unsupported_op_names_op_shapes_line_and_supported_set() -> None:
     (lambda x: x * 2 if x.sum() > 0 else x, [f32(3)], "data-dependent control flow"),
     (lambda x: x.add_(1), [f32(3)], "writes x in place"),
     (lambda x: x * 2, [3.0], "pass torch tensors"),
-    (lambda x: x.cumsum(1), [f32(4, 8)], "aten.cumsum.default"),
+    (lambda x: x.cumprod(1), [f32(4, 8)], "aten.cumprod.default"),
 ])
 def test_bad_programs_are_frontend_errors(fn, args, match) -> None:
     with pytest.raises(FrontendError, match=match):

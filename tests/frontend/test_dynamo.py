@@ -139,15 +139,15 @@ def assert_eager(got, want) -> None:
 def test_an_unsupported_op_falls_back_to_eager_between_two_fspyre_subgraphs() -> None:
     def f(x, w):
         y = torch.relu(x @ w)
-        return torch.softmax(torch.cumsum(y, -1), -1) * 2
+        return torch.softmax(torch.cumprod(y, -1), -1) * 2
 
     x, w = torch.randn(4, 8), torch.randn(8, 16)
     fn, reports, _ = compiled(f)
-    with torch.no_grad(), pytest.warns(FspyreWarning, match=r"1 in eager: aten.cumsum.default \(no fspyre lowering\)"):
+    with torch.no_grad(), pytest.warns(FspyreWarning, match=r"1 in eager: aten.cumprod.default \(no fspyre lowering\)"):
         got = fn(x, w)
     assert_eager(got, f(x, w))
     (report,) = reports
-    assert len(report.on_fspyre) == 2 and [e.op for e in report.eager] == ["aten.cumsum.default"]
+    assert len(report.on_fspyre) == 2 and [e.op for e in report.eager] == ["aten.cumprod.default"]
     assert report.summary().count("\n") == 0
 
 
@@ -231,12 +231,12 @@ def test_multihead_attention() -> None:
 
 def test_explain_prints_one_line_per_graph(capsys) -> None:
     def f(x):
-        return torch.cumsum(x.exp(), 0).sin()
+        return torch.cumprod(x.exp(), 0).sin()
 
     (report,) = explain(f, (torch.randn(4, 8),))
     out = capsys.readouterr().out.splitlines()
     assert out == [report.summary()]
-    assert "2 of 3 ops on fspyre in 2 subgraphs; 1 in eager: aten.cumsum.default (no fspyre lowering)" in out[0]
+    assert "2 of 3 ops on fspyre in 2 subgraphs; 1 in eager: aten.cumprod.default (no fspyre lowering)" in out[0]
 
 
 def _captured(module, *args):
@@ -273,3 +273,37 @@ def test_tiny_lm_compiles_whole_for_each_sequence_length() -> None:
             ids = torch.randint(0, 48, (2, seq), generator=torch.Generator().manual_seed(seq))
             assert_eager(fn(ids), model(ids))
     assert [len(r.on_fspyre) for r in reports] == [1, 1] and not any(r.eager for r in reports)
+
+
+def test_explain_numbers_the_graphs_of_a_graph_break(capsys) -> None:
+    def f(x):
+        y = torch.tanh(x) * 2
+        torch._dynamo.graph_break()
+        return torch.cumprod(y, 0).exp()
+
+    reports = explain(f, (torch.randn(4, 8),))
+    assert capsys.readouterr().out.splitlines() == [f"graph {i}: {r.summary()}" for i, r in enumerate(reports)]
+    assert len(reports) == 2 and not reports[0].eager and [e.op for e in reports[1].eager] == ["aten.cumprod.default"]
+
+
+def test_llama_decoder_layer_compiles_whole() -> None:
+    from tests.frontend.test_model_ops import LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer().eval()
+    x = name_tensor_dims(torch.randn(2, 8, 32), ["B", "S", "D"])
+    seen = []
+    fn, reports, _ = compiled(layer, on_graph=seen.append)
+    with torch.no_grad():
+        assert_eager(fn(x), layer(x))
+    (report,) = reports
+    assert len(report.on_fspyre) == 1 and not report.eager
+    assert [dict(h.slices) for h in seen[0].hints] == [{"S": 4}]
+
+
+def test_a_hint_on_an_unknown_dim_is_raised_not_run_in_eager() -> None:
+    from tests.frontend.test_model_ops import LlamaMLP
+
+    fn, _, _ = compiled(LlamaMLP().eval())
+    with torch.no_grad(), pytest.raises(Exception, match=r"hint slices=\{'S': 4\}: unknown dim 'S'"):
+        fn(torch.randn(2, 8, 32))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fspyre
-from fspyre.frontend import capture
+from fspyre.frontend import capture, name_tensor_dims, spyre_hint
 from fspyre.frontend.coverage import DLF16_TOL, FP32_TOL
 from fspyre.machine import formats
 
@@ -366,3 +366,76 @@ def test_an_embedding_id_out_of_range_is_refused_when_it_runs() -> None:
     cap = capture(torch.nn.functional.embedding, (torch.tensor([1, 2]), table))
     with pytest.raises(fspyre.FspyreError, match=r"gather\): index 10 at \[1, 0\] matches 0 of the positions 0..9"):
         fspyre.evaluate(cap.graph, cap.inputs(torch.tensor([1, 10]), table))
+
+
+# -- hints through nn.Linear on [B, S, D] -------------------------------------------------------
+class LlamaMLP(torch.nn.Module):
+    def __init__(self, hidden: int = 32, inner: int = 64) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, inner, bias=False)
+        self.up = torch.nn.Linear(hidden, inner, bias=False)
+        self.down = torch.nn.Linear(inner, hidden, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with spyre_hint(slices={"S": 4}):
+            return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def test_a_hint_on_s_tiles_every_linear_of_an_mlp_on_b_s_d() -> None:
+    """nn.Linear flattens [B, S, D] to [B*S, D] around its mm; capture undoes the flattening,
+    so S keeps its name and the hint makes one S loop around the whole MLP."""
+    torch.manual_seed(0)
+    model = LlamaMLP().eval()
+    x = name_tensor_dims(randn(2, 16, 32), ["B", "S", "D"])
+    cap = capture(model, (x,))
+    assert all("S" in [d.name for d in op.ranges] for op in cap.graph.ops)
+    comp = fspyre.compile(cap.graph, machine=MACHINE, tiling="hints")
+    (loop,) = comp.stages["loop_tree"].body
+    assert loop.count == 4 and len(loop.body) == len(cap.graph.ops)
+    inputs = cap.inputs(x)
+    close(fspyre.run(comp, inputs)["out"], eager(model, x)[0], torch.float32)
+    assert fspyre.check(cap.graph, inputs, machine=MACHINE, tiling="hints").equal
+
+
+def test_a_hint_on_a_dim_a_reshape_merged_warns() -> None:
+    def f(x, w):
+        with spyre_hint(slices={"S": 4}):
+            return torch.relu(x.reshape(-1, 32)) @ w
+
+    x = name_tensor_dims(randn(2, 16, 32), ["B", "S", "D"])
+    cap = capture(f, (x, randn(32, 8)))
+    with pytest.warns(fspyre.FspyreWarning, match=r"slices=\{'S': 4\}: no op of .* iterates dim S; hint ignored"):
+        fspyre.compile(cap.graph, machine=MACHINE, tiling="hints")
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    """A Llama-style decoder layer from torch.nn parts: RMSNorm, q/k/v/o projections with the
+    rotary embedding of the positions (``arange`` inside the graph), causal SDPA, and the
+    gated MLP."""
+
+    def __init__(self, hidden: int = 32, heads: int = 2, inner: int = 64) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
+        self.mlp = LlamaMLP(hidden, inner)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        h = self.norm1(x)
+        q, k, v = (p(h).view(b, s, self.heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q, k = apply_rotary(q, k, torch.arange(s).float()[:, None] * self.inv_freq[None, :])
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def test_llama_decoder_layer() -> None:
+    """float32 throughout; the reductions' order differs, so the coverage table's float32
+    tolerances. The MLP's own hint tiles it by S inside the layer."""
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer().eval()
+    x = name_tensor_dims(randn(2, 8, 32), ["B", "S", "D"])
+    (got,) = run(layer, x)
+    close(got, eager(layer, x)[0], torch.float32)

@@ -53,8 +53,6 @@ def errors(case: Case, dtype: torch.dtype, path: str) -> tuple[float, float]:
 @pytest.mark.parametrize("path", ["from_torch", "torch_compile"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layer_matches_eager(name, path, dtype):
-    if path == "torch_compile" and name == "nn_transformer_encoder_layer":
-        pytest.skip("torch.compile takes nn.TransformerEncoderLayer's fused fast path (issue 11)")
     theirs, ours = errors(CASES[name], dtype, path)
     print(f"{name} {path} {dtype}: torch {theirs:.3g}, fspyre {ours:.3g} ({ours / theirs:.2f}x)")
     assert np.isfinite(ours)

@@ -15,7 +15,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, Program, op_specs
 from fspyre.machine import formats
 from fspyre.machine.formats import FORMATS, round_to
-from fspyre.machine.interpreter import run_program
+from fspyre.machine.interpreter import RunOptions, run_program
 from fspyre.machine.spyre import spyre
 from fspyre.testing import has_reduction, inputs_for
 
@@ -116,7 +116,6 @@ def test_program_with_fewer_cores_than_its_splits():
 
 
 def test_check_written_can_be_turned_off_and_then_unwritten_bytes_read_as_zero():
-    from fspyre.machine.interpreter import RunOptions
 
     program = compiled(add_graph(), cores=1)
     bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": program.kernel_args[-1].address}))
@@ -381,11 +380,11 @@ def _replace_spec(program: Program, old, new) -> Program:
     return dataclasses.replace(program, body=swap(program.body))
 
 
-def _caught(graph, program) -> bool:
+def _caught(graph, program, options: RunOptions = RunOptions()) -> bool:
     """An ExecutionError, or outputs that differ from the reference evaluator."""
     inputs = inputs_for(graph)
     try:
-        got, _ = run_program(program, inputs)
+        got, _ = run_program(program, inputs, options)
     except ExecutionError:
         return True
     ref = fspyre.evaluate(graph, inputs, spyre(cores=program.cores))
@@ -417,14 +416,18 @@ def _plants(program: Program):
                                                                    dataclasses.replace(spec, iteration_space=space))
 
 
-def test_planted_corruptions_are_caught():
+@pytest.mark.parametrize("options", [RunOptions(), RunOptions(block=16), RunOptions(block=16, check_written=False)],
+                         ids=["default", "cut into blocks", "blocks, checks=fast"])
+def test_planted_corruptions_are_caught(options):
+    """Also when every op is cut into blocks and without written bits: the fast paths do not
+    hide a corrupted program."""
     graph, program = _tiled()
-    assert not _caught(graph, program)
+    assert not _caught(graph, program, options)
     plants = list(_plants(program))
     kinds = {what.split(" ", 2)[-1] if what.startswith("op") else what for what, _ in plants}
     assert {"loop count - 1", "loop count + 1"} <= kinds and any("stride" in k for k in kinds)
     assert any("advance" in w for w, _ in plants) and any("split" in w for w, _ in plants)
-    missed = [what for what, bad in plants if not _caught(graph, bad)]
+    missed = [what for what, bad in plants if not _caught(graph, bad, options)]
     assert not missed, missed
 
 
