@@ -524,24 +524,26 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
             )
     need: dict[str, tuple[int, OpNode]] = {}  # LX buffer -> (largest per-core box, the op using it)
     boxes: dict[tuple, int] = {}  # accesses of one shape share their boxes: each is swept once
+    lx = {name for name, p in alloc.buffers.items() if p.memory == "lx"}
     for node in op_nodes(tree):
         record = analysis.ops[node.name]
-        cuts = [plan.ops[node.name].splits.get(d.name, 1) for d in record.dims]
-        syms = [d.symbol for d in record.dims]
-        sizes = [d.size for d in record.dims]
+        shape: tuple | None = None  # the op's (symbols, sizes, cuts), built at its first LX access
         for acc in record.tensors:
-            p = alloc.buffers[acc.buffer]
-            if p.memory != "lx":
+            if acc.buffer not in lx:
                 continue
             if acc.advances:
                 raise AllocationError(
                     f"allocation: op {node.name} advances {acc.buffer} with an enclosing loop, but it is placed "
                     f"in LX, which never advances; place it in HBM"
                 )
-            key = (acc.coords, tuple(syms), tuple(sizes), tuple(cuts), acc.layout.device_size, acc.layout.elem_bytes)
+            if shape is None:
+                split = plan.ops[node.name].splits
+                shape = (tuple(d.symbol for d in record.dims), tuple(d.size for d in record.dims),
+                         tuple(split.get(d.name, 1) for d in record.dims))
+            key = (acc.coords, acc.layout.device_size, acc.layout.elem_bytes, shape)
             got = boxes.get(key)
             if got is None:
-                lows, highs = coord_bounds(acc.coords, syms, sizes, cuts)
+                lows, highs = coord_bounds(acc.coords, *shape)
                 _, extents = lx_box(lows, highs, acc.layout.device_size)
                 got = boxes[key] = _align(int(box_bytes(extents, acc.layout.elem_bytes).max()), LX_ALIGN)
             if acc.buffer not in need or got > need[acc.buffer][0]:
