@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import sympy
 
@@ -400,8 +401,9 @@ def _rewrite_body(body: Sequence[Node], prefix: tuple[int, ...], copies: Mapping
         if isinstance(node, Loop):
             out.append(replace(node, body=_rewrite_body(node.body, path, copies, redirect, scope_of)))
             continue
-        operands = tuple(redirect.get((node.name, o.buffer, o.index), o) if isinstance(o, Load) else o
-                         for o in node.op.operands)
+        # a redirect maps a load to a load, so a reduction's operands stay loads
+        operands: Any = tuple(redirect.get((node.name, o.buffer, o.index), o) if isinstance(o, Load) else o
+                              for o in node.op.operands)
         hints = node.op.hints + ((scope_of[node.name],) if node.name in scope_of else ())
         if operands == node.op.operands and hints == node.op.hints:
             out.append(node)
