@@ -46,7 +46,7 @@ from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, Tensor
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
-from fspyre.machine.indexing import compile_index
+from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import device_coordinates, stick_layout
 from fspyre.machine.rules import core_slices, lx_box, open_grid, program_timeline, row_major_strides
 
@@ -242,12 +242,12 @@ class Access:
 
 @dataclass(frozen=True, slots=True)
 class Replicated:
-    """A load whose addresses, along some grid axes, move only from one core's slice to the
-    next (a region each core holds its own copy of, read whole by every core): each such
-    axis's view dims are ``((slices, stride), (points, 0))``. The load reads the view with the
-    repeated points collapsed (``shape``/``strides``); when every slice holds the same bits,
-    the values do not depend on those axes and are decoded once (size 1 along them), else
-    they are spread back over the points."""
+    """A load from LX along grid axes the tensor's coordinates do not use but the op splits
+    across cores: its addresses move along such an axis only from one core's slice to the next
+    (each core holds its own copy of a region and reads it whole). The load reads the view
+    with the points of a slice collapsed (``shape``/``strides``); when every slice holds the
+    same bits, the values do not depend on those axes and are decoded once (size 1 along them),
+    else they are spread back over the points."""
 
     shape: tuple[int, ...]  # the view with each replicated axis's points collapsed to 1
     strides: tuple[int, ...]
@@ -255,25 +255,24 @@ class Replicated:
     same_shape: tuple[int, ...]  # the values when all slices are equal: the grid, 1 along replicated axes
 
 
-def _replicated(p: Pattern) -> Replicated | None:
-    if p.dims is None or not p.aligned:
+def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
+    """``axes``: the grid axes to try (split across cores, not used by the coordinates)."""
+    if p.dims is None or not p.aligned or not axes:
         return None
     shape: list[int] = []
     strides: list[int] = []
     slice_axes: list[int] = []
     same: list[int] = []
-    for n, dims in zip(p.shape, p.axis_dims):
-        if len(dims) == 2 and dims[0][1] != 0 and dims[1][1] == 0 and dims[1][0] > 1:
+    for k, (n, dims) in enumerate(zip(p.shape, p.axis_dims)):
+        if k in axes and n > 1 and dims[0][1] != 0 and all(st == 0 for _, st in dims[1:]):
             slice_axes.append(len(shape))
-            shape += [dims[0][0], 1]
-            strides += [dims[0][1] * p.nbytes, 0]
+            shape += [dims[0][0]] + [1] * (len(dims) - 1)
+            strides += [dims[0][1] * p.nbytes] + [0] * (len(dims) - 1)
             same.append(1)
-            continue
-        if any(st == 0 and k > 1 for k, st in dims):
-            return None  # points repeated some other way: the plain read
-        shape += [k for k, _ in dims]
-        strides += [st * p.nbytes for _, st in dims]
-        same.append(n)
+        else:
+            shape += [k for k, _ in dims]
+            strides += [st * p.nbytes for _, st in dims]
+            same.append(n)
     if not slice_axes:
         return None
     return Replicated(shape=tuple(shape), strides=tuple(strides), slice_axes=tuple(slice_axes),
@@ -395,8 +394,10 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     r = core_range
     lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
     pattern = _pattern(full, full.shape, nb)
+    used = frozenset().union(*map(free_names, arg.device_coordinates))
+    copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
     return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
-                  replicated=None if store else _replicated(pattern))
+                  replicated=None if store else _replicated(pattern, copies))
 
 
 def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
@@ -638,7 +639,8 @@ class _Machine:
         self.decoded: dict[tuple[int, int, bool], tuple[bool, int, int, np.ndarray]] = {}
 
     def forget(self, lx: bool, lo: int, hi: int) -> None:
-        """Drop the remembered reads of bytes ``lo``..``hi`` of HBM or the stacked LX."""
+        """Drop the remembered reads that may share a byte with bytes ``lo``..``hi`` of HBM or
+        (on some core) of LX (``_span``)."""
         stale = [k for k, (mem, a, b, _) in self.decoded.items() if mem == lx and a < hi and lo < b]
         for k in stale:
             del self.decoded[k]
@@ -701,9 +703,20 @@ def _read(m: _Machine, acc: Access, offset: int, wide: bool = False) -> np.ndarr
     else:
         values = _read_replicated(m, acc, r, offset, wide)
     if values.size >= _REMEMBER:
-        p, nb = acc.pattern, acc.fmt.nbytes
-        m.decoded[key] = (acc.lx, (p.lo + offset) * nb, (p.hi + offset + 1) * nb, values)
+        m.decoded[key] = (acc.lx, *_span(acc, offset), values)
     return values
+
+
+def _span(acc: Access, offset: int) -> tuple[int, int]:
+    """Bytes ``lo``..``hi`` the access may touch ``offset`` elements on: in HBM, or in LX
+    relative to each core's own LX (the union over cores: the stacked range of an LX access
+    runs across every core's LX and would meet every other LX access)."""
+    nb = acc.fmt.nbytes
+    if acc.lx and acc.core_range is not None:
+        r = acc.core_range[acc.core_range[:, 0] <= acc.core_range[:, 1]]
+        return (int(r[:, 0].min()), int(r[:, 1].max()) + nb) if r.size else (0, 0)
+    p = acc.pattern
+    return (p.lo + offset) * nb, (p.hi + offset + 1) * nb
 
 
 # Decoded reads of at least this many values are remembered (``_Machine.decoded``); smaller
@@ -733,7 +746,7 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     p = acc.pattern
     nb = acc.fmt.nbytes
     if m.decoded:
-        m.forget(acc.lx, (p.lo + offset) * nb, (p.hi + offset + 1) * nb)
+        m.forget(acc.lx, *_span(acc, offset))
     if p.dims is None:
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
@@ -957,7 +970,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
     out, oba = op.out, b.out
     onb = out.fmt.nbytes
     if m.decoded:
-        m.forget(out.lx, (out.pattern.lo + out_off) * onb, (out.pattern.hi + out_off + 1) * onb)
+        m.forget(out.lx, *_span(out, out_off))
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
     for index in itertools.product(*(range(n) for n in b.outer)):
         for r0 in range(0, b.size, b.step):
