@@ -91,7 +91,7 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
     position = {name: i for i, name in enumerate(hinted.order)}
     found = [Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels]
     groups = sorted(hinted.groups + tuple(found), key=lambda g: position[g.ops[0]])
-    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings)
+    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings, notes=hinted.notes)
     note = ""
     if found:
         # Each group was judged alone; together they share LX and copies differently. The
