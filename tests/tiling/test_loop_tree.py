@@ -265,7 +265,8 @@ def test_var_and_in_loop_readers_of_partial_results():
     graph = g.build()
     # plan_tiling splits the group by loop fission (tests/tiling/test_fission.py); a hand-made
     # plan that keeps the reader in the reduction's nest is refused
-    plan = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(Level(count=2, dims=("B",)),)),))
+    plan = TilingPlan(order=("buf0", "buf1"),
+                      groups=(Group(ops=("buf0", "buf1"), levels=(Level(count=2, dims=("B",)),)),))
     with pytest.raises(TilingError, match="op buf1 reads buf0, the amax of op buf0.*tiles the reduction dim B.*"
                                           "split_at_tiled_reductions"):
         tile(graph, plan)
