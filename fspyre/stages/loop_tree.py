@@ -46,7 +46,7 @@ from fspyre.ir.graph import (
     iteration_dims,
     sym,
 )
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, level_steps, walk
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, level_steps, op_nodes, walk
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.spyre import Machine
@@ -62,12 +62,13 @@ TILED_REDUCTIONS: Mapping[str, tuple[str, str, float, int]] = {
     "prod": ("prod", "mul", 1.0, 1),
     "amax": ("amax", "maximum", -math.inf, INT32_MIN),
     "amin": ("amin", "minimum", math.inf, INT32_MAX),
+    # var's partial is the sum of squared deviations from the mean, computed in a first nest
+    "var": ("sum", "add", 0.0, 0),
 }
 
 
 # Why each reduction missing from TILED_REDUCTIONS has no tile-by-tile form.
 _UNTILED: Mapping[str, str] = {
-    "var": "var needs the mean of the whole range first",
     "gather": "each index is checked to name exactly one position of the whole range",
 }
 
@@ -229,8 +230,7 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
     if op.fn not in TILED_REDUCTIONS:
         raise TilingError(
             f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {t.per_level[r]}, but {op.fn} has no "
-            f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}"
-            + (", or write var as mean((x - mean(x))**2) and tile that." if op.fn == "var" else ".")
+            f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}."
         )
     for k in range(r + 1, len(levels)):
         d = t.per_level[k]
@@ -384,9 +384,18 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             if vars_:
                 store = Store(buffer=out, index=_index(tile_type, vars_))
             tiles[out] = _TileBuffer(name=out, type=tile_type, producer=t, vars=tuple(vars_))
+        if r is not None and op.fn == "var" and loads:
+            (ld,) = loads
+            raise TilingError(
+                f"op {op.name} (var over {[d.name for d in op.reduction_ranges]}): {_where(r, levels[r])} tiles its "
+                f"reduction dim {t.per_level[r]}, so it reads {ld.buffer} twice, for the mean and for the "
+                f"deviations, but {tiles[ld.buffer].producer.op.name} writes {ld.buffer} tile by tile in the same "
+                f"loop nest. plan_tiling and plan_groups put such producers in an earlier loop nest "
+                f"(fspyre.stages.tiling_plan.split_at_tiled_reductions); pass this plan through it."
+            )
         if r is not None:
             assert isinstance(per_tile, Reduction)
-            inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, fills, finishes))
+            inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, levels, fills, finishes))
             continue
         if outside and inside:
             tile_type, vars_ = _tile_type(ctx, t)
@@ -402,7 +411,7 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             inner.append(OpNode(op=copy, tiling=t.out_steps()))
         else:
             inner.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
-    for node in inner + [n for nodes in fills + finishes for n in nodes]:
+    for node in op_nodes(tuple(inner) + tuple(n for nodes in fills + finishes for n in nodes)):
         _check_stick_steps(ctx, node, levels)
     body: tuple[Node, ...] = tuple(inner)
     for d in reversed(range(len(levels))):
@@ -506,45 +515,95 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
 
 
 def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int,
-                     fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
-    """partial + combine in the loop body; identity fill before and finish after level ``r``."""
+                     levels: Sequence[Level], fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
+    """partial + combine in the loop body; identity fill before and finish after level ``r``.
+
+    var is the untiled two-pass algorithm with its sums tiled: before level ``r``, a nest of
+    the levels from ``r`` inwards computes the mean of the output tile (a tiled mean into the
+    float32 per-tile buffer ``<buf>_mean``); the main nest then subtracts it, squares in
+    float32 (``<buf>_dev``) and sums the squares tile by tile; the finish divides by N -
+    correction. Its operand must be whole before the first nest, which loop fission sees to
+    (``split_at_tiled_reductions`` puts in-group producers of a tiled var in an earlier pass)."""
     op = t.op
-    out = op.store.buffer
-    out_type = ctx.buffers[out].type
-    partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[op.fn]
-    acc_float = is_float(out_type.dtype)
+    owner = op.store.buffer
+    out_dtype = ctx.buffers[owner].type.dtype
+    if op.fn != "var":
+        fill, body, finish = _accumulation(ctx, t, per_tile, op.fn, store, out_dtype, owner, r)
+        fills[r].append(fill)
+        finishes[r].append(finish)
+        return body
+    out_dims, red_dims = t.dims(op.ranges), t.dims(op.reduction_ranges)
+    mean_type = TensorType(dims=out_dims, dtype="float32")
+    dev_type = TensorType(dims=out_dims + red_dims, dtype="float32")
+    midx, didx = mean_type.contiguous_index(), dev_type.contiguous_index()
+    mean, dev = ctx.fresh(f"{owner}_mean"), ctx.fresh(f"{owner}_dev")
+    ctx.extra.setdefault(owner, []).extend(
+        [TreeBuffer(name=mean, type=mean_type, scope="tile"), TreeBuffer(name=dev, type=dev_type, scope="tile")])
+    mean_op = replace(per_tile, name=ctx.fresh(f"{op.name}_sum"), fn="mean", correction=0)
+    m_fill, m_body, m_finish = _accumulation(ctx, t, mean_op, "mean", Store(buffer=mean, index=midx), "float32",
+                                             owner, r)
+    nest: tuple[Node, ...] = tuple(m_body)
+    for d in reversed(range(r, len(levels))):
+        nest = (Loop(count=levels[d].count, steps=level_steps(nest, d), body=nest),)
+    deviation = Pointwise(
+        name=ctx.fresh(f"{op.name}_center"), fn="sub", operands=(per_tile.operands[0], Load(buffer=mean, index=midx)),
+        ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
+    )
+    square = Pointwise(
+        name=ctx.fresh(f"{op.name}_square"), fn="mul",
+        operands=(Load(buffer=dev, index=didx), Load(buffer=dev, index=didx)),
+        ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
+    )
+    squares = replace(per_tile, operands=(Load(buffer=dev, index=didx),), correction=0)
+    fill, body, finish = _accumulation(ctx, t, squares, "var", store, out_dtype, owner, r)
+    fills[r].extend([m_fill, *nest, m_finish, fill])
+    finishes[r].append(finish)
+    return [OpNode(op=deviation, tiling=t.steps), OpNode(op=square, tiling=t.steps)] + body
+
+
+def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, store: Store, out_dtype: str,
+                  owner: str, r: int) -> tuple[OpNode, list[OpNode], OpNode]:
+    """The fill (before level ``r``), the loop body (partial, combine) and the finish (after
+    level ``r``) of a tiled ``fn`` of ``per_tile``'s operands into ``store`` (of
+    ``out_dtype``); helper buffers are named after ``store`` and listed after the graph
+    buffer ``owner``."""
+    op = t.op
+    base = store.buffer
+    partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[fn]
+    acc_float = is_float(out_dtype)
     acc_type = TensorType(dims=t.dims(op.ranges), dtype="float32" if acc_float else "int32")
     idx = acc_type.contiguous_index()
-    part = ctx.fresh(f"{out}_part")
-    acc = ctx.fresh(f"{out}_acc")
-    ctx.extra.setdefault(out, []).extend(
+    part = ctx.fresh(f"{base}_part")
+    acc = ctx.fresh(f"{base}_acc")
+    ctx.extra.setdefault(owner, []).extend(
         [TreeBuffer(name=part, type=acc_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope="tile")]
     )
     out_dims = acc_type.dims
     outer = t.out_steps()
     partial = replace(per_tile, fn=partial_fn, store=Store(buffer=part, index=idx))
     combine = Pointwise(
-        name=ctx.fresh(f"{op.name}_combine"), fn=combine_fn,
+        name=ctx.fresh(f"{per_tile.name}_combine"), fn=combine_fn,
         operands=(Load(buffer=acc, index=idx), Load(buffer=part, index=idx)),
         ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
     )
     fill = Pointwise(
-        name=ctx.fresh(f"{op.name}_fill"), fn="full",
+        name=ctx.fresh(f"{per_tile.name}_fill"), fn="full",
         operands=(Scalar(value=float_identity if acc_float else int_identity),),
         ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
     )
     finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=idx),)
     finish_fn = "cast"
-    if op.fn == "mean":
-        count = math.prod(d.size for d in op.reduction_ranges)
+    count = math.prod(d.size for d in op.reduction_ranges)
+    if fn == "mean":
         finish_fn, finish_ops = "mul", finish_ops + (Scalar(value=1.0 / count),)
+    elif fn == "var":  # as the untiled var divides: by N - correction, 0 when the correction is larger
+        finish_fn, finish_ops = "div", finish_ops + (Scalar(value=float(max(count - op.correction, 0))),)
     finish = Pointwise(
-        name=ctx.fresh(f"{op.name}_finish"), fn=finish_fn, operands=finish_ops,
+        name=ctx.fresh(f"{per_tile.name}_finish"), fn=finish_fn, operands=finish_ops,
         ranges=out_dims, store=store, hints=op.hints,
     )
-    fills[r].append(OpNode(op=fill, tiling=outer[:r]))
-    finishes[r].append(OpNode(op=finish, tiling=outer[:r]))
-    return [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)]
+    return (OpNode(op=fill, tiling=outer[:r]), [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)],
+            OpNode(op=finish, tiling=outer[:r]))
 
 
 # -- verification ----------------------------------------------------------------------------
