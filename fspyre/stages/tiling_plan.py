@@ -368,30 +368,26 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
 
 
 def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op]) -> str:
-    members = set(group.ops)
-    written = {table[n].store.buffer for n in group.ops}
-    why = ""
+    written = {table[n].store.buffer: n for n in group.ops}
+    why = []
     for name in group.ops:
         op = table[name]
         dim = _tiles_its_reduction(op, group.levels)
-        reader = next((r for r in group.ops if r in members and r != name
-                       and any(ld.buffer == op.store.buffer for ld in table[r].loads)), None)
-        if dim is not None and reader is not None:
-            level = next(lv for lv in group.levels if dim in lv.tiled_dims(op))
-            where = f" ({level.source})" if level.source else ""
-            why = (f"{reader} reads {op.store.buffer}, the {op.fn} of op {name} over {dim}, which the loop of "
-                   f"{level.count}{where} tiles, so it is complete only after that loop")
-            break
-        if dim is not None and op.fn == "var" and any(ld.buffer in written for ld in op.loads):
-            level = next(lv for lv in group.levels if dim in lv.tiled_dims(op))
-            where = f" ({level.source})" if level.source else ""
+        if dim is None:
+            continue
+        level = next(lv for lv in group.levels if dim in lv.tiled_dims(op))
+        loop = f"the loop of {level.count}" + (f" ({level.source})" if level.source else "")
+        if op.fn == "var" and any(ld.buffer in written for ld in op.loads):
             (ld,) = op.loads
-            why = (f"the var of op {name} over {dim}, which the loop of {level.count}{where} tiles, reads "
-                   f"{ld.buffer} whole twice (for the mean, then the deviations), so it runs after {ld.buffer}'s nest")
-            break
+            why.append(f"the var of op {name} over {dim}, which {loop} tiles, reads {ld.buffer} whole twice (for "
+                       f"the mean, then the deviations), so it runs after the nest of {written[ld.buffer]}")
+        reader = next((r for r in group.ops if any(ld.buffer == op.store.buffer for ld in table[r].loads)), None)
+        if reader is not None:
+            why.append(f"{reader} reads {op.store.buffer}, the {op.fn} of op {name} over {dim}, which {loop} tiles, "
+                       f"so it is complete only after that loop")
     nests = " | ".join(_listing(p.ops) + ("" if p.levels else " untiled") for p in passes)
-    return (f"loop fission of group {_listing(group.ops)} into {len(passes)} loop nests {nests}: {why}; a later "
-            f"nest reads what an earlier one wrote from its full buffer")
+    return (f"loop fission of group {_listing(group.ops)} into {len(passes)} loop nests {nests}: {'; '.join(why)}; "
+            f"a later nest reads what an earlier one wrote from its full buffer")
 
 
 def _restrict(level: Level, names: Sequence[str]) -> Level | None:

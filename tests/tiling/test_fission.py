@@ -205,3 +205,88 @@ def test_softmax_tiled_over_its_row_equals_untiled_and_numpy(program):
     (graph, ref), cores, seed = program
     assert len(plan_tiling(graph).groups) == 3
     check_program(graph, ref, cores, seed)
+
+
+# -- var tiled over its reduction dim -----------------------------------------------------------
+def variance(rows: int, cols: int, dtype: str, slices: Sequence[dict[str, int]], correction: int,
+             offset: float = 0.0):
+    """var over B of (x + offset), keepdim, then a consumer of it, all under the hints; and the
+    numpy reference. The offset makes the mean large against the spread: the case where a
+    one-pass formula (E[x²] − E[x]²) loses every digit and the two-pass one keeps them."""
+    g = fspyre.GraphBuilder("variance")
+    g.dim("A", rows)
+    g.dim("B", cols)
+    x = g.input("x", ["A", "B"], dtype)
+    with hinted(g, slices):
+        t = g.add(x, offset)
+        v = g.reduce("var", t, ["B"], keepdim=True, correction=correction)
+        y = g.sqrt(g.add(v, 1.0))
+    g.output("v", v)
+    g.output("y", y)
+
+    def ref(xs: np.ndarray) -> dict[str, R.Ref]:
+        names, shape, keep = ("A", "B"), (rows, cols), (rows, 1)
+        T = R.pointwise("add", [R.exact(names, xs.astype(np.float64), dtype), offset], names, shape, dtype, FMT)
+        V = R.reduce("var", T, ["B"], names, True, dtype, FMT, correction)
+        Y = R.pointwise("sqrt", [R.pointwise("add", [V, 1.0], names, keep, dtype, FMT)], names, keep, dtype, FMT)
+        return {"v": V, "y": Y}
+
+    return g.build(), ref
+
+
+def test_tiled_var_runs_after_its_producer_and_before_its_reader():
+    graph, ref = variance(64, 512, "float32", [{"A": 2}, {"B": 4}], correction=1)
+    plan = plan_tiling(graph)
+    assert [g.ops for g in plan.groups] == [("buf0",), ("buf1",), ("buf2", "buf3")]
+    assert "the var of op buf1 over B, which the loop of 4 (hint scope 1 slices={'B': 4}) tiles, reads buf0 whole " \
+        "twice (for the mean, then the deviations), so it runs after the nest of buf0; buf2 reads buf1, the var of " \
+        "op buf1 over B" in plan.notes[0]
+    tree = tile(graph, plan)
+    names = [n.op.name for n in op_nodes(tree)]
+    assert names.index("buf1_sum") < names.index("buf1_center") < names.index("buf1")
+    check_program(graph, ref, cores=4)
+
+
+def test_tiled_var_keeps_its_digits_under_a_large_mean():
+    graph, ref = variance(16, 1024, "float32", [{"B": 8}], correction=0, offset=1000.0)
+    check_program(graph, ref, cores=2)
+
+
+def test_tiled_var_with_a_larger_correction_than_its_count_divides_by_zero_as_untiled():
+    graph, ref = variance(4, 128, "float32", [{"B": 2}], correction=200)
+    machine = fspyre.machine.spyre(cores=1)
+    inputs = {"x": sixty_fourths((4, 128), "float32", 3)}
+    got = fspyre.run(fspyre.compile(graph, machine, tiling="hints"), inputs)
+    want = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
+    assert np.array_equal(got["v"], want["v"]) and np.isinf(got["v"]).all()
+
+
+def test_hand_made_plan_with_a_tiled_var_beside_its_producer_is_refused():
+    from fspyre.ir.plans import Group, Level, TilingPlan
+
+    graph, _ = variance(64, 512, "float32", [], correction=1)
+    names = tuple(op.name for op in graph.ops)
+    plan = TilingPlan(order=names, groups=(Group(ops=names[:2], levels=(Level(count=4, dims=("B",)),)),))
+    with pytest.raises(TilingError, match="op buf1 \\(var over \\['B'\\]\\).*reads buf0 twice.*split_at_tiled_reductions"):
+        tile(graph, plan)
+
+
+@st.composite
+def variance_programs(draw):
+    dtype = draw(st.sampled_from(["float16", "float32"]))
+    rows = draw(st.sampled_from([1, 4, 16]))
+    count = draw(st.sampled_from([2, 3, 4, 8]))
+    cols = 64 * count * draw(st.sampled_from([1, 2]))
+    slices = [{"B": count}]
+    if rows > 1 and draw(st.booleans()):
+        slices.insert(0, {"A": draw(st.sampled_from([c for c in (2, 4) if rows % c == 0]))})
+    offset = draw(st.sampled_from([0.0, 3.0, 100.0])) if dtype == "float32" else draw(st.sampled_from([0.0, 3.0]))
+    program = variance(rows, cols, dtype, slices, draw(st.sampled_from([0, 1])), offset)
+    return program, draw(st.integers(1, 8)), draw(st.integers(0, 2**16))
+
+
+@SETTINGS
+@given(variance_programs())
+def test_tiled_var_equals_untiled_and_numpy(program):
+    (graph, ref), cores, seed = program
+    check_program(graph, ref, cores, seed)
