@@ -114,6 +114,13 @@ def _as(value: Value, dtype: np.dtype) -> Value:
     return dtype.type(value)
 
 
+# Pointwise fns whose every result is exact or correctly rounded by IEEE, so no numpy kernel
+# choice (``_dense``) can change it: computed once where the operands do not vary, their
+# result may be spread afterwards.
+EXACT_POINTWISE = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "sqrt", "relu",
+                             "copy", "cast", "logical_not", "eq", "ne", "lt", "le", "gt", "ge", "where"})
+
+
 def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """Apply ``fn`` elementwise in compute dtype ``ctype``; the result has ``shape``."""
     if fn == "full":
