@@ -156,6 +156,12 @@ class _OpTiling:
     def dims(self, dims: Sequence[Dim]) -> tuple[Dim, ...]:
         return tuple(Dim(d.name, self.final[d.name]) for d in dims)
 
+    def dims_at(self, dims: Sequence[Dim], depth: int, levels: Sequence[Level]) -> tuple[Dim, ...]:
+        """``dims`` as the body of loop level ``depth`` sees them: divided only by the levels
+        outside it."""
+        return tuple(Dim(d.name, self.final[d.name] * math.prod(
+            levels[k].count for k in range(depth, len(levels)) if self.per_level[k] == d.name)) for d in dims)
+
 
 def _where(k: int, level: Level) -> str:
     return f"level {k} ({level.source})" if level.source else f"level {k}"
@@ -240,12 +246,6 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
                 f"{where}, which tiles its reduction dim {t.per_level[r]}; each partial {op.fn} would be folded "
                 f"into the accumulator {levels[k].count} times. Tile a dim of {op.name} at that level too, or "
                 f"put the reduction in a group of its own."
-            )
-        if d not in reduced:
-            raise TilingError(
-                f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles output dim {d} inside {where}, "
-                f"which tiles reduction dim {t.per_level[r]}; an accumulator tile cannot move inside its "
-                f"reduction loop. Put the output level outside (the outer hint scope)."
             )
     for reader in ctx.readers.get(op.store.buffer, ()):
         if reader in members:
@@ -378,6 +378,8 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
         inside = any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
         outside = out in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(out, ()))
         store = op.store
+        if r is not None and spans_output_tiles(t, r):
+            outside = True  # its finish writes a level-r tile, larger than a per-tile buffer
         if not outside:
             tile_type, vars_ = _tile_type(ctx, t)
             ctx.replaced[out] = TreeBuffer(name=out, type=tile_type, scope="tile")
@@ -474,10 +476,11 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
     op = node.op
     sizes = {d.name: d.size for d in iteration_dims(op)}
     accesses = [(ld.buffer, ld.index, "reads") for ld in op.loads] + [(op.store.buffer, op.store.index, "writes")]
+    made = {b.name: b for bs in ctx.extra.values() for b in bs if b.scope == "full"}  # spanning accumulators
     for buffer, index, verb in accesses:
-        if buffer in ctx.replaced or buffer not in ctx.buffers:
+        if buffer in ctx.replaced or (buffer not in ctx.buffers and buffer not in made):
             continue  # a per-tile buffer sits at a fixed address and never advances
-        btype = ctx.buffers[buffer].type
+        btype = ctx.buffers[buffer].type if buffer in ctx.buffers else made[buffer].type
         n_last = btype.shape[-1] if btype.shape else 1
         if n_last == 1:
             continue  # every element of a size-1 stick dim has a stick of its own
@@ -528,20 +531,22 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
     owner = op.store.buffer
     out_dtype = ctx.buffers[owner].type.dtype
     if op.fn != "var":
-        fill, body, finish = _accumulation(ctx, t, per_tile, op.fn, store, out_dtype, owner, r)
+        fill, body, finish = _accumulation(ctx, t, per_tile, op.fn, store, out_dtype, owner, r, levels)
         fills[r].append(fill)
         finishes[r].append(finish)
         return body
     out_dims, red_dims = t.dims(op.ranges), t.dims(op.reduction_ranges)
-    mean_type = TensorType(dims=out_dims, dtype="float32")
+    # the mean spans the output tiles of levels inside r, as the accumulators do
+    spans = spans_output_tiles(t, r)
+    mean_type = TensorType(dims=op.ranges if spans else out_dims, dtype="float32")
     dev_type = TensorType(dims=out_dims + red_dims, dtype="float32")
     midx, didx = mean_type.contiguous_index(), dev_type.contiguous_index()
     mean, dev = ctx.fresh(f"{owner}_mean"), ctx.fresh(f"{owner}_dev")
-    ctx.extra.setdefault(owner, []).extend(
-        [TreeBuffer(name=mean, type=mean_type, scope="tile"), TreeBuffer(name=dev, type=dev_type, scope="tile")])
+    ctx.extra.setdefault(owner, []).extend([TreeBuffer(name=mean, type=mean_type, scope="full" if spans else "tile"),
+                                            TreeBuffer(name=dev, type=dev_type, scope="tile")])
     mean_op = replace(per_tile, name=ctx.fresh(f"{op.name}_sum"), fn="mean", correction=0)
     m_fill, m_body, m_finish = _accumulation(ctx, t, mean_op, "mean", Store(buffer=mean, index=midx), "float32",
-                                             owner, r)
+                                             owner, r, levels)
     nest: tuple[Node, ...] = tuple(m_body)
     for d in reversed(range(r, len(levels))):
         nest = (Loop(count=levels[d].count, steps=level_steps(nest, d), body=nest),)
@@ -555,43 +560,60 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
         ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
     )
     squares = replace(per_tile, operands=(Load(buffer=dev, index=didx),), correction=0)
-    fill, body, finish = _accumulation(ctx, t, squares, "var", store, out_dtype, owner, r)
+    fill, body, finish = _accumulation(ctx, t, squares, "var", store, out_dtype, owner, r, levels)
     fills[r].extend([m_fill, *nest, m_finish, fill])
     finishes[r].append(finish)
     return [OpNode(op=deviation, tiling=t.steps), OpNode(op=square, tiling=t.steps)] + body
 
 
+def spans_output_tiles(t: _OpTiling, r: int) -> bool:
+    """A level inside the reduction level ``r`` tiles an output dim of the reduction."""
+    return any(t.out_steps()[r + 1:])
+
+
 def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, store: Store, out_dtype: str,
-                  owner: str, r: int) -> tuple[OpNode, list[OpNode], OpNode]:
+                  owner: str, r: int, levels: Sequence[Level]) -> tuple[OpNode, list[OpNode], OpNode]:
     """The fill (before level ``r``), the loop body (partial, combine) and the finish (after
     level ``r``) of a tiled ``fn`` of ``per_tile``'s operands into ``store`` (of
     ``out_dtype``); helper buffers are named after ``store`` and listed after the graph
-    buffer ``owner``."""
+    buffer ``owner``.
+
+    The accumulator holds the output tile the body of level ``r`` sees. When no level inside
+    ``r`` tiles an output dim, that is the per-tile output: a ``"tile"`` buffer. Otherwise
+    (an output level nested in the reduction level) it spans the inner output tiles: a
+    ``"full"`` buffer of the whole output shape, which the combine walks with the output's
+    advance and the fill and finish cover one level-``r`` tile at a time."""
     op = t.op
     base = store.buffer
     partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[fn]
     acc_float = is_float(out_dtype)
-    acc_type = TensorType(dims=t.dims(op.ranges), dtype="float32" if acc_float else "int32")
-    idx = acc_type.contiguous_index()
+    acc_dtype = "float32" if acc_float else "int32"
+    part_type = TensorType(dims=t.dims(op.ranges), dtype=acc_dtype)
+    idx = part_type.contiguous_index()
+    outer = t.out_steps()
+    if spans_output_tiles(t, r):
+        acc_type, acc_scope = TensorType(dims=op.ranges, dtype=acc_dtype), "full"
+    else:
+        acc_type, acc_scope = part_type, "tile"
+    acc_idx = acc_type.contiguous_index()
     part = ctx.fresh(f"{base}_part")
     acc = ctx.fresh(f"{base}_acc")
     ctx.extra.setdefault(owner, []).extend(
-        [TreeBuffer(name=part, type=acc_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope="tile")]
+        [TreeBuffer(name=part, type=part_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope=acc_scope)]
     )
-    out_dims = acc_type.dims
-    outer = t.out_steps()
+    out_dims, span_dims = part_type.dims, t.dims_at(op.ranges, r, levels)
     partial = replace(per_tile, fn=partial_fn, store=Store(buffer=part, index=idx))
     combine = Pointwise(
         name=ctx.fresh(f"{per_tile.name}_combine"), fn=combine_fn,
-        operands=(Load(buffer=acc, index=idx), Load(buffer=part, index=idx)),
-        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+        operands=(Load(buffer=acc, index=acc_idx), Load(buffer=part, index=idx)),
+        ranges=out_dims, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
     )
     fill = Pointwise(
         name=ctx.fresh(f"{per_tile.name}_fill"), fn="full",
         operands=(Scalar(value=float_identity if acc_float else int_identity),),
-        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+        ranges=span_dims, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
     )
-    finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=idx),)
+    finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=acc_idx),)
     finish_fn = "cast"
     count = math.prod(d.size for d in op.reduction_ranges)
     if fn == "mean":
@@ -600,7 +622,7 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
         finish_fn, finish_ops = "div", finish_ops + (Scalar(value=float(max(count - op.correction, 0))),)
     finish = Pointwise(
         name=ctx.fresh(f"{per_tile.name}_finish"), fn=finish_fn, operands=finish_ops,
-        ranges=out_dims, store=store, hints=op.hints,
+        ranges=span_dims, store=store, hints=op.hints,
     )
     return (OpNode(op=fill, tiling=outer[:r]), [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)],
             OpNode(op=finish, tiling=outer[:r]))

@@ -243,9 +243,17 @@ def test_count_must_divide_the_range():
            "count 64 of level 1")
 
 
-def test_reduction_level_inside_output_level_only():
-    refuse(reduction_graph(slices=({"K": 2}, {"A": 2})), "op buf0 (sum over ['K'])",
-           "tiles output dim A inside level 0", "Put the output level outside")
+def test_output_level_inside_the_reduction_level_accumulates_across_its_tiles():
+    tree = tree_of(reduction_graph(slices=({"K": 2}, {"A": 2})))
+    assert shape(tree.body) == ["buf0_fill:full", (2, [(2, ["buf0:sum", "buf0_combine:add"])]), "buf0_finish:cast"]
+    fill, loop, finish = tree.body
+    b = tree.buffer_table()
+    # the accumulator spans the A tiles: the whole output, walked by the combine as A moves
+    assert (b["buf0_acc"].scope, b["buf0_acc"].type.dtype, b["buf0_acc"].type.shape) == ("full", "float32", (128,))
+    assert (b["buf0_part"].scope, b["buf0_part"].type.shape) == ("tile", (64,))
+    assert fill.op.ranges == finish.op.ranges == (Dim("A", 128),) and fill.tiling == finish.tiling == ()
+    _, combine = loop.body[0].body
+    assert combine.op.ranges == (Dim("A", 64),) and combine.tiling == ((), (TileStep(dim="A", extent=64),))
 
 
 def test_invariant_level_inside_reduction_level():
