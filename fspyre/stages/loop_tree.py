@@ -538,9 +538,9 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
     out_dims, red_dims = t.dims(op.ranges), t.dims(op.reduction_ranges)
     # the mean spans the output tiles of levels inside r, as the accumulators do
     spans = spans_output_tiles(t, r)
-    mean_type = TensorType(dims=op.ranges if spans else out_dims, dtype="float32")
+    mean_type = TensorType(dims=ctx.buffers[owner].type.dims if spans else out_dims, dtype="float32")
     dev_type = TensorType(dims=out_dims + red_dims, dtype="float32")
-    midx, didx = mean_type.contiguous_index(), dev_type.contiguous_index()
+    midx, didx = op.store.index if spans else mean_type.contiguous_index(), dev_type.contiguous_index()
     mean, dev = ctx.fresh(f"{owner}_mean"), ctx.fresh(f"{owner}_dev")
     ctx.extra.setdefault(owner, []).extend([TreeBuffer(name=mean, type=mean_type, scope="full" if spans else "tile"),
                                             TreeBuffer(name=dev, type=dev_type, scope="tile")])
@@ -592,10 +592,12 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
     idx = part_type.contiguous_index()
     outer = t.out_steps()
     if spans_output_tiles(t, r):
-        acc_type, acc_scope = TensorType(dims=op.ranges, dtype=acc_dtype), "full"
+        # the output's own shape and index, so it walks (and lays out in sticks) as the output does
+        acc_type, acc_scope = TensorType(dims=ctx.buffers[op.store.buffer].type.dims, dtype=acc_dtype), "full"
+        acc_idx = op.store.index
     else:
         acc_type, acc_scope = part_type, "tile"
-    acc_idx = acc_type.contiguous_index()
+        acc_idx = acc_type.contiguous_index()
     part = ctx.fresh(f"{base}_part")
     acc = ctx.fresh(f"{base}_acc")
     ctx.extra.setdefault(owner, []).extend(
