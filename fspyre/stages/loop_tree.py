@@ -20,7 +20,11 @@ Tiled reductions (a level tiles a reduction dim): the op computes a per-tile par
 ``<buf>_part``, ``<op>_combine`` folds it into the accumulator ``<buf>_acc``, which
 ``<op>_fill`` sets to the identity before the first reduction level and ``<op>_finish`` copies
 (mean: scales) into the output after it. Accumulators are float32 for float outputs and int32
-otherwise.
+otherwise. An output level nested inside the reduction level makes the accumulator span the
+inner output tiles (a full buffer of the output's shape). var runs a nest computing the mean
+before its reduction level, then sums squared deviations tile by tile. Ops of the group that
+read a tiled reduction were moved to a later nest by the plan (loop fission); a plan that did
+not do so is refused here.
 """
 
 from __future__ import annotations
