@@ -567,7 +567,7 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
     fill, body, finish = _accumulation(ctx, t, squares, "var", store, out_dtype, owner, r, levels)
     fills[r].extend([m_fill, *nest, m_finish, fill])
     finishes[r].append(finish)
-    return [OpNode(op=deviation, tiling=t.steps), OpNode(op=square, tiling=t.steps)] + body
+    return [OpNode(op=deviation, tiling=t.steps), OpNode(op=square, tiling=t.steps), *body]
 
 
 def spans_output_tiles(t: _OpTiling, r: int) -> bool:
@@ -576,7 +576,7 @@ def spans_output_tiles(t: _OpTiling, r: int) -> bool:
 
 
 def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, store: Store, out_dtype: str,
-                  owner: str, r: int, levels: Sequence[Level]) -> tuple[OpNode, list[OpNode], OpNode]:
+                  owner: str, r: int, levels: Sequence[Level]) -> tuple[OpNode, list[Node], OpNode]:
     """The fill (before level ``r``), the loop body (partial, combine) and the finish (after
     level ``r``) of a tiled ``fn`` of ``per_tile``'s operands into ``store`` (of
     ``out_dtype``); helper buffers are named after ``store`` and listed after the graph
@@ -625,13 +625,14 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
     if fn == "mean":
         finish_fn, finish_ops = "mul", finish_ops + (Scalar(value=1.0 / count),)
     elif fn == "var":  # as the untiled var divides: by N - correction, 0 when the correction is larger
+        assert isinstance(op, Reduction)
         finish_fn, finish_ops = "div", finish_ops + (Scalar(value=float(max(count - op.correction, 0))),)
     finish = Pointwise(
         name=ctx.fresh(f"{per_tile.name}_finish"), fn=finish_fn, operands=finish_ops,
         ranges=span_dims, store=store, hints=op.hints,
     )
-    return (OpNode(op=fill, tiling=outer[:r]), [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)],
-            OpNode(op=finish, tiling=outer[:r]))
+    body: list[Node] = [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)]
+    return OpNode(op=fill, tiling=outer[:r]), body, OpNode(op=finish, tiling=outer[:r])
 
 
 # -- verification ----------------------------------------------------------------------------

@@ -293,8 +293,9 @@ def split_at_tiled_reductions(graph: Graph, plan: TilingPlan) -> TilingPlan:
     tile a dim one of its ops iterates; what a later pass reads from an earlier one is a full
     buffer, written by the earlier nest and re-read by the later (docs/tiling.md, "Loop
     fission"). A var tiled over its reduction dim reads its operand in two nests of its own
-    (the mean, then the squared deviations), so its producers in the group run a pass before it. Softmax tiled over its row is three passes: max, sum of exp, normalise. A plan
-    with nothing to split is returned as it is."""
+    (the mean, then the squared deviations), so its producers in the group run a pass before
+    it. Softmax tiled over its row is three passes: max, sum of exp, normalise. A plan with
+    nothing to split is returned as it is."""
     table = graph.op_table()
     fissioned: dict[str, tuple[Group, ...]] = {}
     notes: list[str] = []

@@ -268,7 +268,8 @@ def test_hand_made_plan_with_a_tiled_var_beside_its_producer_is_refused():
     graph, _ = variance(64, 512, "float32", [], correction=1)
     names = tuple(op.name for op in graph.ops)
     plan = TilingPlan(order=names, groups=(Group(ops=names[:2], levels=(Level(count=4, dims=("B",)),)),))
-    with pytest.raises(TilingError, match="op buf1 \\(var over \\['B'\\]\\).*reads buf0 twice.*split_at_tiled_reductions"):
+    with pytest.raises(TilingError,
+                       match="op buf1 \\(var over \\['B'\\]\\).*reads buf0 twice.*split_at_tiled_reductions"):
         tile(graph, plan)
 
 

@@ -285,7 +285,8 @@ def test_in_loop_readers_of_partial_results_in_a_hand_made_plan():
     graph = g.build()
     # plan_tiling splits the group by loop fission (tests/tiling/test_fission.py); a hand-made
     # plan that keeps the reader in the reduction's nest is refused
-    plan = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(Level(count=2, dims=("B",)),)),))
+    level = Level(count=2, dims=("B",))
+    plan = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(level,)),))
     with pytest.raises(TilingError, match="op buf1 reads buf0, the amax of op buf0.*tiles the reduction dim B.*"
                                           "split_at_tiled_reductions"):
         tile(graph, plan)
