@@ -382,7 +382,7 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
         inside = any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
         outside = out in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(out, ()))
         store = op.store
-        if r is not None and spans_output_tiles(t, r):
+        if r is not None and _spans_output_tiles(t, r):
             outside = True  # its finish writes a level-r tile, larger than a per-tile buffer
         if not outside:
             tile_type, vars_ = _tile_type(ctx, t)
@@ -541,7 +541,7 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
         return body
     out_dims, red_dims = t.dims(op.ranges), t.dims(op.reduction_ranges)
     # the mean spans the output tiles of levels inside r, as the accumulators do
-    spans = spans_output_tiles(t, r)
+    spans = _spans_output_tiles(t, r)
     mean_type = TensorType(dims=ctx.buffers[owner].type.dims if spans else out_dims, dtype="float32")
     dev_type = TensorType(dims=out_dims + red_dims, dtype="float32")
     midx, didx = op.store.index if spans else mean_type.contiguous_index(), dev_type.contiguous_index()
@@ -570,7 +570,7 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
     return [OpNode(op=deviation, tiling=t.steps), OpNode(op=square, tiling=t.steps), *body]
 
 
-def spans_output_tiles(t: _OpTiling, r: int) -> bool:
+def _spans_output_tiles(t: _OpTiling, r: int) -> bool:
     """A level inside the reduction level ``r`` tiles an output dim of the reduction."""
     return any(t.out_steps()[r + 1:])
 
@@ -595,7 +595,7 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
     part_type = TensorType(dims=t.dims(op.ranges), dtype=acc_dtype)
     idx = part_type.contiguous_index()
     outer = t.out_steps()
-    if spans_output_tiles(t, r):
+    if _spans_output_tiles(t, r):
         # the output's own shape and index, so it walks (and lays out in sticks) as the output does
         acc_type, acc_scope = TensorType(dims=ctx.buffers[op.store.buffer].type.dims, dtype=acc_dtype), "full"
         acc_idx = op.store.index
