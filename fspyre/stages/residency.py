@@ -256,7 +256,9 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine, reduc
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
             continue
         proposal = {**{n: FrozenMap(w) for n, w in zip(r.readers, wanted) if w != dict(split.ops[n].splits)},
-                    f"{r.name}_copy": FrozenMap((d, common.get(d, 1)) for d in names)}
+                    # a size-1 dim is not iterated: a work_div on it would be a warning about a
+                    # scope the user never wrote
+                    f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}
         if any(n in hints and hints[n] != h for n, h in proposal.items()):
             continue
         hints.update(proposal)
@@ -278,7 +280,8 @@ def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
         return None
     hints = {n: FrozenMap(first.splits) for n in r.readers}
-    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)] + [(d.name, 1) for d in r.dims])
+    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)]
+                                        + [(d.name, 1) for d in r.dims if d.size > 1])
     return replace(r, replicas=first.cores), hints
 
 

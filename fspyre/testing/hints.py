@@ -21,9 +21,9 @@ conditions written here independently of the tiling stages (docs/tiling.md, "Leg
 counts divide the remaining range; a dim that is the last (stick) dim of any buffer keeps
 tiles of whole 64-element sticks; an op that reads or writes a buffer through a view that
 is not one same-named variable per dim (a reshape) keeps its dims untiled; a reduction dim
-is tiled only when the reduction is not var, and no level inside it leaves the reduction
-invariant or tiles its output (ops of the group that read it are split into a later loop nest
-by loop fission); an unhinted
+is tiled only when no level inside it leaves the reduction invariant (ops of the group that
+read it are split into a later loop nest by loop fission; an output level inside it gets an
+accumulator spanning its tiles); an unhinted
 hole is only placed where data flow lets it move out of its run. ``any_hint_nests`` draws
 anything a user could write (unknown dims, counts that do not divide, holes that cannot move,
 work-division-only scopes, several dims per scope): compiling must then either succeed or
@@ -268,11 +268,8 @@ def _legal(f: _Facts, members: Sequence[int], prior: Sequence[tuple[str, int]], 
             continue
         reduced = {d.name for d in op.reduction_ranges if d.size > 1}
         tiled_before = any(d in reduced for d, _ in prior)
-        if dim in reduced:
-            if op.fn == "var":
-                return False
-        elif tiled_before:
-            return False  # an output level, or an invariant one, inside the reduction level
+        if tiled_before and dim not in f.iterated[p]:
+            return False  # a level inside the reduction level that leaves the reduction invariant
     return True
 
 

@@ -270,3 +270,21 @@ def test_pinned_outputs_never_change_results(rows, cols, dtype, cores, lx):
     got, want = fspyre.run(with_pin, inputs), fspyre.run(without, inputs)
     for name in ("y", "z", "w"):
         np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_copy_of_a_one_row_tile_gets_no_work_div_on_its_size_1_dim():
+    # the row max is re-read across a loop over columns, one row per tile: the copy's work
+    # division names only the dims it iterates, so no warning about a scope the user never wrote
+    g = fspyre.GraphBuilder("g")
+    g.dim("A", 4)
+    g.dim("B", 128)
+    x = g.input("x", ["A", "B"], "float16")
+    with g.hint(slices={"A": 4}):
+        m = g.amax(x, ["B"], keepdim=True)
+    with g.hint(slices={"A": 4}):
+        with g.hint(slices={"B": 2}):
+            y = g.sub(x, m)
+    g.output("y", y)
+    comp = fspyre.compile(g.build(), spyre(cores=2), tiling="hints")
+    assert any(n.op.name == "buf0_lx_copy" for n in op_nodes(comp.stages["resident_tree"]))
+    assert comp.warnings == ()

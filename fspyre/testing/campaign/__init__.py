@@ -37,10 +37,10 @@ __all__ = ["Outcome", "check_generated", "classify_refusal", "generate", "run_se
 # (cause, pattern on the message) in priority order; the first match names the refusal.
 REFUSAL_CAUSES = (
     ("tile not whole sticks", r"cannot advance by one fixed address step|whole number of sticks|whole sticks"),
-    ("output-dim level inside a reduction-dim level", r"tiles output dim .* inside .* which tiles reduction dim"),
-    ("consumer of a tiled reduction in the same nest", r"inside the same loop nest .* tiles the reduction dim"),
+    # (an output-dim level inside a reduction-dim level, a consumer of a tiled reduction in its
+    # nest and a tiled var compile since loop fission and spanning accumulators: no cause)
     ("reduction left invariant inside its reduction level", r"tiles no dim of .* but runs inside"),
-    ("tiled var", r"no tile-by-tile combine"),
+    ("gather tiled over its reduction dim", r"no tile-by-tile combine"),
     ("count does not divide", r"does not divide"),
     ("one level tiles output and reduction dim", r"tiles output dim .* and reduction dim .* at once"),
     ("one level tiles two dims of an op", r"at once; one counted loop"),
