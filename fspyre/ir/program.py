@@ -69,8 +69,14 @@ class TensorArg:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpSpec:
     """One op on the device. ``iteration_space`` maps each symbol to ``(size, split)`` in order
-    (output symbols first, then reduction symbols); ``tiled_symbols[L]`` lists the symbols that
-    enclosing loop L (outermost first) tiles. The last arg is the output."""
+    (output symbols first, then reduction symbols), ``split`` being the number of slices of
+    the symbol's range; ``core_spaces[c]`` is core ``c``'s own iteration space, one
+    ``(start, extent)`` per symbol: the slices of each symbol partition its range in order
+    (ceil and floor shares when the split does not divide it), and the cores enumerate the
+    slices first symbol fastest (``fspyre.machine.rules.core_spaces``). Left empty, it is
+    filled with the even division (every split must then divide its size).
+    ``tiled_symbols[L]`` lists the symbols that enclosing loop L (outermost first) tiles.
+    The last arg is the output."""
 
     op: str
     is_reduction: bool
@@ -79,6 +85,7 @@ class OpSpec:
     op_info: FrozenMap[str, object]
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
+    core_spaces: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         what = f"op {self.name or self.op}"
@@ -86,11 +93,36 @@ class OpSpec:
         require_map(self.op_info, f"{what}: op_info", LoweringError)
         require_tuple(self.args, f"{what}: args", LoweringError, TensorArg, non_empty=True)
         require_tuple(self.tiled_symbols, f"{what}: tiled_symbols", LoweringError, tuple)
+        require_tuple(self.core_spaces, f"{what}: core_spaces", LoweringError, tuple)
         for s, (size, split) in self.iteration_space.items():
-            if size < 1 or split < 1 or size % split:
-                raise LoweringError(
-                    f"op {self.name or self.op}: symbol {s} size {size} is not divisible by split {split}"
-                )
+            if size < 1 or split < 1 or split > size:
+                raise LoweringError(f"{what}: symbol {s} of size {size} cannot be split into {split} slices")
+        # the rules live with the machine model, which imports this module
+        from fspyre.machine.rules import core_spaces, even_extents
+
+        if not self.core_spaces:
+            uneven = [(str(s), n, k) for s, (n, k) in self.iteration_space.items() if n % k]
+            if uneven:
+                s, n, k = uneven[0]
+                raise LoweringError(f"{what}: symbol {s} size {n} is not divisible by split {k}; give core_spaces "
+                                    f"for an uneven division")
+            object.__setattr__(self, "core_spaces",
+                               core_spaces([even_extents(n, k) for n, k in self.iteration_space.values()]))
+            return
+        try:
+            extents = self.slice_extents
+            bad = (len(self.core_spaces) != self.cores
+                   or any(sum(e) != n for e, (n, _) in zip(extents, self.iteration_space.values()))
+                   or any(not isinstance(x, int) or x < 1 for e in extents for x in e)
+                   or core_spaces(extents) != self.core_spaces)
+        except (TypeError, IndexError, ValueError):
+            bad = True
+        if bad:
+            raise LoweringError(
+                f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
+                f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition its "
+                f"range in order, the cores taking them first symbol fastest (fspyre.machine.rules.core_spaces)"
+            )
 
     @property
     def cores(self) -> int:
@@ -98,6 +130,28 @@ class OpSpec:
         for _, split in self.iteration_space.values():
             n *= split
         return n
+
+    @property
+    def slice_extents(self) -> tuple[tuple[int, ...], ...]:
+        """Per symbol, the extents of its slices in order (read off the cores that hold slice
+        ``k`` of the symbol and slice 0 of every other)."""
+        out, stride = [], 1
+        spaces = self.core_spaces
+        for i, (_, split) in enumerate(self.iteration_space.values()):
+            row = []
+            for k in range(split):
+                c = k * stride
+                if c >= len(spaces) or len(spaces[c]) != len(self.iteration_space):
+                    return tuple(out) + ((0,),) * (len(self.iteration_space) - i)  # malformed: __post_init__ says so
+                row.append(spaces[c][i][1])
+            out.append(tuple(row))
+            stride *= split
+        return tuple(out)
+
+    @property
+    def even(self) -> bool:
+        """Every symbol's slices are of one size."""
+        return all(len(set(e)) == 1 for e in self.slice_extents)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
