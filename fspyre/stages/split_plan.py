@@ -14,7 +14,8 @@ Per op, on its per-tile iteration space (following torch-spyre's ``work_division
 3. **User hint.** ``g.hint(work_div={"M": 2})`` on the op's scopes is authoritative (validated
    like the anchor: integers >= 1, at most the stick-adjusted size; a count that does not
    divide it gives uneven slices). An op that does not
-   iterate a hinted dim is not split along it (as a loop-invariant op under ``slices``); a
+   iterate a hinted dim, or iterates it at one point (a one-element tile), is not split along
+   it (as a loop-invariant op under ``slices``); a
    hinted dim no op of the scope iterates, and a hint that would exceed the core budget, are
    dropped with a warning in ``SplitPlan.warnings`` (docs/tiling.md, "Hint warnings").
 4. **Work distribution** (pass 3). The output dims' splits that make the largest core's share
@@ -327,8 +328,10 @@ def _apply_hint(op: Op, hint: Mapping[str, object], adjusted: Mapping[str, int],
             raise HintError(f"{where}: the count must be an integer")
         if k < 1:
             raise HintError(f"{where}: the count must be positive")
-        if name not in all_dims:
-            continue  # not split along a dim it lacks; _uniterated_work_div warns when no op has it
+        if all_dims.get(name, 1) == 1:
+            # not split along a dim it lacks, or iterates at one point (a tile of one element):
+            # _uniterated_work_div warns when no op of the scope iterates it
+            continue
         if k > 1 and name in blocked:
             raise HintError(f"{where}: dim {name} may not be split ({blocked[name]})")
         used = math.prod(split.values()) // split.get(name, 1)

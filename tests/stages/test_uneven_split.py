@@ -204,3 +204,19 @@ def test_the_split_shrinks_the_largest_share_and_uses_more_cores(rows, cols, cor
     if rows * cols <= 20000:
         assert check_memory(comp.program).clean
         assert fspyre.check(graph, comp=comp).equal
+
+
+def test_a_hint_on_a_dim_tiled_to_one_element_does_not_split_it():
+    """slices tile D down to one element: work_div on D has no point to divide, like a dim the
+    op does not iterate; no op of the scope iterates it, so the hint is dropped with a warning."""
+    g = fspyre.GraphBuilder("add")
+    D, B = g.dim("D", 4), g.dim("B", 128)
+    a, b = (g.input(n, (D, B), "float16") for n in "ab")
+    with g.hint(slices={"D": 4}), g.hint(work_div={"D": 2}):
+        g.output("y", g.add(a, b))
+    graph = g.build()
+    comp = compile(graph)
+    plan = comp.stages["split_plan"]
+    assert plan.ops["buf0"].splits.get("D", 1) == 1
+    assert any("work_div={'D': 2}: no op of [buf0] iterates dim D" in w for w in plan.warnings), plan.warnings
+    assert fspyre.check(graph, comp=comp).equal
