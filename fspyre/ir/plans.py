@@ -119,7 +119,7 @@ class OpSplit:
             raise TilingError(f"split {dict(self.splits)} uses {prod} cores, not {self.cores}")
         for dim, ext in self.slices.items():
             if (not isinstance(ext, tuple) or len(ext) != self.splits.get(dim, 1)
-                    or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in ext)):
+                    or not all(type(x) is int and x >= 1 for x in ext)):
                 raise WorkDivisionError(f"op split: slices of dim {dim} {ext!r:.60} must be {self.splits.get(dim, 1)} "
                                         f"positive integer extents, one per slice of its split")
 

@@ -9,7 +9,8 @@ mismatch, not a silent disagreement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Union
 
 import sympy
@@ -86,6 +87,9 @@ class OpSpec:
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
     core_spaces: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # per symbol, the extents of its slices in order: read off core_spaces when built
+    slice_extents: tuple[tuple[int, ...], ...] = field(init=False, compare=False, repr=False,
+                                                       metadata={"derived": True})
 
     def __post_init__(self) -> None:
         what = f"op {self.name or self.op}"
@@ -97,32 +101,28 @@ class OpSpec:
         for s, (size, split) in self.iteration_space.items():
             if size < 1 or split < 1 or split > size:
                 raise LoweringError(f"{what}: symbol {s} of size {size} cannot be split into {split} slices")
-        # the rules live with the machine model, which imports this module
-        from fspyre.machine.rules import core_spaces, even_extents
-
+        space = tuple((n, k) for n, k in self.iteration_space.values())
         if not self.core_spaces:
             uneven = [(str(s), n, k) for s, (n, k) in self.iteration_space.items() if n % k]
             if uneven:
                 s, n, k = uneven[0]
                 raise LoweringError(f"{what}: symbol {s} size {n} is not divisible by split {k}; give core_spaces "
                                     f"for an uneven division")
-            object.__setattr__(self, "core_spaces",
-                               core_spaces([even_extents(n, k) for n, k in self.iteration_space.values()]))
-            return
-        try:
-            extents = self.slice_extents
-            bad = (len(self.core_spaces) != self.cores
-                   or any(sum(e) != n for e, (n, _) in zip(extents, self.iteration_space.values()))
-                   or any(not isinstance(x, int) or x < 1 for e in extents for x in e)
-                   or core_spaces(extents) != self.core_spaces)
-        except (TypeError, IndexError, ValueError):
-            bad = True
-        if bad:
-            raise LoweringError(
-                f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
-                f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition its "
-                f"range in order, the cores taking them first symbol fastest (fspyre.machine.rules.core_spaces)"
-            )
+            extents, spaces = _even_division(space)
+            object.__setattr__(self, "core_spaces", spaces)
+        else:
+            try:
+                extents = _division_extents(space, self.core_spaces)
+            except TypeError:  # an unhashable item: not a tuple of (start, extent) pairs
+                extents = None
+            if extents is None:
+                raise LoweringError(
+                    f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
+                    f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition "
+                    f"its range in order, the cores taking them first symbol fastest "
+                    f"(fspyre.machine.rules.core_spaces)"
+                )
+        object.__setattr__(self, "slice_extents", extents)
 
     @property
     def cores(self) -> int:
@@ -130,23 +130,6 @@ class OpSpec:
         for _, split in self.iteration_space.values():
             n *= split
         return n
-
-    @property
-    def slice_extents(self) -> tuple[tuple[int, ...], ...]:
-        """Per symbol, the extents of its slices in order (read off the cores that hold slice
-        ``k`` of the symbol and slice 0 of every other)."""
-        out, stride = [], 1
-        spaces = self.core_spaces
-        for i, (_, split) in enumerate(self.iteration_space.values()):
-            row = []
-            for k in range(split):
-                c = k * stride
-                if c >= len(spaces) or len(spaces[c]) != len(self.iteration_space):
-                    return tuple(out) + ((0,),) * (len(self.iteration_space) - i)  # malformed: __post_init__ says so
-                row.append(spaces[c][i][1])
-            out.append(tuple(row))
-            stride *= split
-        return tuple(out)
 
     @property
     def even(self) -> bool:
@@ -165,6 +148,40 @@ class LoopSpec:
 
 
 Spec = Union[LoopSpec, OpSpec]
+
+
+# Cached: the ops of a chain, and every candidate of a tiling search, repeat their divisions.
+@lru_cache(maxsize=4096)
+def _even_division(space: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, ...], ...], tuple]:
+    from fspyre.machine.rules import core_spaces, even_extents  # the machine model imports this module
+
+    extents = tuple(even_extents(n, k) for n, k in space)
+    return extents, core_spaces(extents)
+
+
+@lru_cache(maxsize=4096)
+def _division_extents(space: tuple[tuple[int, int], ...], spaces: tuple) -> tuple[tuple[int, ...], ...] | None:
+    """Each symbol's slice extents, read off the cores holding slice ``k`` of it and slice 0 of
+    every other; None unless ``spaces`` is exactly the division of ``space`` they give."""
+    from fspyre.machine.rules import core_spaces
+
+    out, stride = [], 1
+    for i, (size, split) in enumerate(space):
+        row = []
+        for k in range(split):
+            c = k * stride
+            if c >= len(spaces) or not isinstance(spaces[c], tuple) or len(spaces[c]) != len(space):
+                return None
+            pair = spaces[c][i]
+            if not isinstance(pair, tuple) or len(pair) != 2 or type(pair[1]) is not int or pair[1] < 1:
+                return None
+            row.append(pair[1])
+        if sum(row) != size:
+            return None
+        out.append(tuple(row))
+        stride *= split
+    extents = tuple(out)
+    return extents if len(spaces) == stride and core_spaces(extents) == spaces else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

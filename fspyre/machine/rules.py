@@ -79,6 +79,7 @@ def box_bytes(extents: np.ndarray, elem_bytes: int) -> np.ndarray:
 # -- slicing across cores -----------------------------------------------------------------------
 
 
+@lru_cache(maxsize=4096)
 def slice_extents(size: int, count: int, unit: int = 1) -> tuple[int, ...]:
     """Element extents of ``count`` slices of a dim of ``size`` elements, each a whole number
     of ``unit``-element sticks but the last, which may end in the dim's partial stick: ceil
@@ -108,6 +109,12 @@ def even_extents(size: int, count: int) -> tuple[int, ...]:
 def core_spaces(extents: Sequence[Sequence[int]]) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Each core's ``(start, extent)`` per symbol, from each symbol's slice extents, cores
     enumerating the slices first symbol fastest (``core_slices``)."""
+    return _core_spaces(tuple(tuple(e) for e in extents))
+
+
+@lru_cache(maxsize=4096)
+def _core_spaces(extents: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    # cached: the ops of a chain, and every OpSpec built or loaded, repeat their divisions
     starts = [slice_starts(e) for e in extents]
     slices = core_slices([len(e) for e in extents])
     return tuple(tuple((starts[i][k], int(extents[i][k])) for i, k in enumerate(row)) for row in slices.tolist())
@@ -201,7 +208,7 @@ def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol],
     slices of ``syms[i]``, summing to its whole per-tile size; ``OpSpec.slice_extents``).
     Read-only arrays, cached: the ops of a chain or of a candidate tiling repeat the same
     coordinates over the same splits, and the allocator, checker and report all ask."""
-    return _coord_bounds(tuple(coords), tuple(syms), tuple(tuple(int(n) for n in e) for e in extents))
+    return _coord_bounds(tuple(coords), tuple(syms), tuple(map(tuple, extents)))
 
 
 @lru_cache(maxsize=4096)

@@ -85,8 +85,8 @@ def test_core_mapping_and_offsets(name):
         syms = list(spec.iteration_space)
         slices_of = [doc["iteration_space"][str(s)]["slices"] for s in syms]
         starts = [[sum(ext[:k]) for k in range(len(ext))] for ext in slices_of]
-        assert doc["core_spaces"] == [{str(s): [starts[i][k], slices_of[i][k]] for i, (s, k) in enumerate(zip(syms, sl))}
-                                      for sl in expected]
+        assert doc["core_spaces"] == [
+            {str(s): [starts[i][k], slices_of[i][k]] for i, (s, k) in enumerate(zip(syms, sl))} for sl in expected]
         for t, arg in zip(doc["tensors"], spec.args):
             if arg.memory == "lx":
                 assert t["core_offsets"] == [0] * spec.cores

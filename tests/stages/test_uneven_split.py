@@ -125,7 +125,8 @@ def test_per_core_spaces_round_trip_and_reach_the_lowerings():
     assert not spec.even and spec.slice_extents == (slice_extents(97, 16), (64, 32))
     doc = sdsc_json(comp.program)["sdsc_0.json"]
     assert doc["core_spaces"][17] == {"A": [7, 6], "B": [64, 32]}  # core 17: second row slice, second stick
-    assert doc["iteration_space"]["A"] == {"size": 97, "split": 16, "per_core": 7, "slices": list(slice_extents(97, 16))}
+    assert doc["iteration_space"]["A"] == {"size": 97, "split": 16, "per_core": 7,
+                                           "slices": list(slice_extents(97, 16))}
     assert '"core_spaces"=[[0, 7, 0, 64], [7, 6, 0, 64], ' in comp.bundle_mlir
     assert "core_spaces = [[0, 7, 0, 64], " in comp.mlir_generic
 
