@@ -102,6 +102,7 @@ class OpSpec:
             if size < 1 or split < 1 or split > size:
                 raise LoweringError(f"{what}: symbol {s} of size {size} cannot be split into {split} slices")
         space = tuple((n, k) for n, k in self.iteration_space.values())
+        extents: tuple[tuple[int, ...], ...] | None
         if not self.core_spaces:
             uneven = [(str(s), n, k) for s, (n, k) in self.iteration_space.items() if n % k]
             if uneven:

@@ -1059,7 +1059,8 @@ def _reduce_slices(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarr
     split = [i for i in op.red_pos if op.splits[i] > 1]
     extents = op.spec.slice_extents
     full = [v.reshape((1,) * (len(sizes) - v.ndim) + v.shape) if isinstance(v, np.ndarray) else v for v in values]
-    info = op.spec.op_info
+    count, correction = op.spec.op_info["count"], op.spec.op_info.get("correction", 0)
+    assert isinstance(count, int) and isinstance(correction, int)
     red_axes = tuple(op.red_pos)
     if op.fn == "gather":  # over every core's part at once: each index names one position in all
         if miss := numerics.gather_misses(full, red_axes, sizes):
@@ -1074,8 +1075,7 @@ def _reduce_slices(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarr
             grid[i] = extents[i][k]
         parts = [v[tuple(c if n > 1 else slice(None) for c, n in zip(cut, v.shape))]
                  if isinstance(v, np.ndarray) else v for v in full]
-        p = numerics.reduce(op.fn, parts, red_axes, op.ctype, int(info["count"]), tuple(grid),
-                            int(info.get("correction", 0)))
+        p = numerics.reduce(op.fn, parts, red_axes, op.ctype, count, tuple(grid), correction)
         acc = p if acc is None else numerics.combine(op.fn, acc, p)
     out_shape = tuple(sizes[i] for i in op.out_pos)
     assert acc is not None
