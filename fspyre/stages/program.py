@@ -198,7 +198,8 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
 # -- verification ----------------------------------------------------------------------------
 def verify_program(program: Program) -> Program:
     """The program agrees with itself: kernel arguments numbered 0..n-1 and inside HBM; each op
-    on at most the program's cores, with one advance per enclosing loop and ``tiled_symbols``
+    on at most the program's cores (its ``core_spaces`` partitioning its iteration space, which
+    ``OpSpec`` checks when built, so a loaded or edited program cannot skip it), with one advance per enclosing loop and ``tiled_symbols``
     for each loop (or none), its inputs before its one output, operands naming its inputs,
     coordinates over its iteration symbols; each tensor placed the same way by every op that
     uses it (memory, address, size, dtype, argument), a kernel argument exactly as the argument
