@@ -222,3 +222,19 @@ def test_a_hint_on_a_dim_tiled_to_one_element_does_not_split_it():
     assert plan.ops["buf0"].splits.get("D", 1) == 1
     assert any("work_div={'D': 2}: no op of [buf0] iterates dim D" in w for w in plan.warnings), plan.warnings
     assert fspyre.check(graph, comp=comp).equal
+
+
+def test_the_span_limit_still_holds_with_a_prime_row_count():
+    """[65537, 4096] fp16 is 512 MiB: the span limit forces B into 4 (each core's 16 sticks of
+    65537 rows span 134 MB), and the 8 cores left take the prime rows unevenly."""
+    from fspyre.stages.loop_tree import tile
+    from fspyre.stages.split_plan import divide_work
+    from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
+
+    graph = pointwise((65537, 4096))
+    tree = tile(graph, plan_tiling(graph, TilingOptions(mode="none")))
+    plan = divide_work(tree, M32)
+    split = plan.ops["buf0"]
+    assert dict(split.span_splits) == {"B": 4} and dict(split.splits) == {"A": 8, "B": 4}
+    assert split.slices["A"] == (8193,) + (8192,) * 7
+    assert verify_split_plan(tree, plan, M32) is plan
