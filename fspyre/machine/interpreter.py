@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from fspyre.errors import ExecutionError
-from fspyre.ir.graph import Dim, TensorType
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_OPERANDS, Dim, TensorType
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, op_fn
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
@@ -238,6 +238,10 @@ class Access:
     # loops, so this is known when the access is planned)
     lx_ok: bool = True
     replicated: Replicated | None = None
+    # HBM: the bytes of the kernel argument the tensor's arg_index names, which every access
+    # must stay inside (the runtime hands the kernel one base per argument); None for an
+    # intermediate, which must stay outside every argument
+    region: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,12 +377,23 @@ def _core_addresses(arg: TensorArg, syms, sizes, slices, iters) -> np.ndarray:
 
 
 def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
-                 cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool) -> Access:
+                 cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool,
+                 regions: Mapping[int, tuple[int, int, str]]) -> Access:
     """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``.
     A load keeps the size-1 axes its addresses do not vary along (numpy broadcasts the values);
     a store covers the whole grid, as every core stores every element of its slice."""
     fmt = formats.FORMATS[arg.device_dtype]
     nb = fmt.nbytes
+    region = None
+    if arg.arg_index >= 0:
+        region = regions.get(arg.arg_index)
+        if region is None or arg.memory != "hbm":
+            name = spec.name or spec.op
+            raise ExecutionError(
+                f"op {name} tensor {arg.name}: arg_index {arg.arg_index} names no kernel argument "
+                f"(the program's are {sorted(regions)})" if region is None else
+                f"op {name} tensor {arg.name}: an LX tensor cannot be kernel argument {arg.arg_index}",
+                op=name, tensor=arg.name, memory=arg.memory)
     if arg.memory == "hbm":
         grid = open_grid(list(sizes))
         coords = [compile_index(c, syms)(*grid) for c in arg.device_coordinates]
@@ -386,7 +401,8 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         addr = _sum_terms([(c, st * nb) for c, st in zip(coords, strides)], arg.address)
         shape = tuple(sizes) if store else (1,) * (len(sizes) - addr.ndim) + addr.shape
         return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
-                      advance=tuple(arg.tile_advance), core_range=None)
+                      advance=tuple(arg.tile_advance), core_range=None,
+                      region=None if region is None else region[:2])
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
     planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store)
     full, core_range = planned if planned is not None else _lx_addresses_per_core(
@@ -468,11 +484,26 @@ def _lx_addresses(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[in
     return full, core_range
 
 
-def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
+def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, tuple[int, int, str]]) -> OpPlan:
     syms = tuple(spec.iteration_space)
     sizes = tuple(size for size, _ in spec.iteration_space.values())
     splits = tuple(split for _, split in spec.iteration_space.values())
     info = spec.op_info
+    name = spec.name or spec.op
+    # The device runs ``spec.op``: the operation comes from it, not from op_info's "fn" (which
+    # verify_program checks agrees), so a wrong op computes something else or is refused.
+    fn = op_fn(spec.op)
+    arity = POINTWISE_FNS.get(fn, 1) if fn not in REDUCTION_OPERANDS else REDUCTION_OPERANDS[fn]
+    if (fn not in POINTWISE_FNS and fn not in REDUCTION_OPERANDS) or spec.is_reduction != (fn in REDUCTION_OPERANDS):
+        raise ExecutionError(f"op {name}: program op {spec.op!r} with is_reduction={spec.is_reduction} is not an "
+                             f"operation the machine runs", op=name)
+    if len(info["operands"]) != arity:  # type: ignore[arg-type]
+        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives "
+                             f"{len(info['operands'])}", op=name)  # type: ignore[arg-type]
+    *ins, last = spec.args
+    if last.is_input or not all(a.is_input for a in ins):
+        raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
+                             f"{[a.is_input for a in spec.args]}", op=name)
     reduced = set(info.get("reduced", ()))
     red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
     out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
@@ -484,14 +515,14 @@ def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
             operands.append(("scalar", v))
         else:
             operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
-                                                    program.lx_bytes, store=False)))
+                                                    program.lx_bytes, store=False, regions=regions)))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
     writers = [c for c in all_cores if all(slices[c][i] == 0 for i in red_pos)]
     out_slices = slices[:, list(out_pos)] if out_pos else np.zeros((len(slices), 0), np.int64)
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
-                       tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
-    fn = str(info["fn"])
+                       tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True,
+                       regions=regions)
     ctype = np.dtype(str(info["compute"]))
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
@@ -574,6 +605,10 @@ def _plan_kernel_arg(arg: KernelArg) -> Pattern:
             f"kernel arg {arg.name}: device size {list(arg.device_size)} is not the stick layout "
             f"{list(layout.device_size)} of host shape {list(arg.host_shape)}", tensor=arg.name, memory="hbm"
         )
+    if tuple(layout.stride_map) != tuple(arg.stride_map):
+        raise ExecutionError(
+            f"kernel arg {arg.name}: stride map {list(arg.stride_map)} is not the stick layout's "
+            f"{list(layout.stride_map)} of host shape {list(arg.host_shape)}", tensor=arg.name, memory="hbm")
     t = _kernel_type(arg)
     syms = [d.symbol for d in t.dims if d.size > 1]
     coords = device_coordinates(layout, t.contiguous_index(), {d.symbol: d.size for d in t.dims})
@@ -590,6 +625,20 @@ class _ProgramPlan:
     ops: Mapping[int, OpPlan]  # id(OpSpec) -> plan (the program holds the specs alive)
     kernel: tuple[Pattern, ...]
     block: int  # RunOptions.block the op plans cut their grids by
+    regions: Mapping[int, tuple[int, int, str]]  # arg_index -> HBM bytes [lo, hi) and name of the argument
+
+
+def _kernel_regions(program: Program) -> dict[int, tuple[int, int, str]]:
+    """Each kernel argument's HBM bytes, by arg_index: where the runtime puts it. (Its own
+    product of the device size, not the compiler's byte count: the oracle's second computation.)"""
+    regions: dict[int, tuple[int, int, str]] = {}
+    for k in program.kernel_args:
+        region = (k.address, k.address + math.prod(k.device_size) * formats.FORMATS[k.device_dtype].nbytes, k.name)
+        first = regions.setdefault(k.arg_index, region)
+        if first[:2] != region[:2]:
+            raise ExecutionError(f"kernel arg {k.name}: arg_index {k.arg_index} is also {first[2]} at bytes "
+                                 f"{first[0]}..{first[1]}; one argument has one place", tensor=k.name, memory="hbm")
+    return regions
 
 
 _PLANS: OrderedDict[tuple[int, int], tuple[Program, _ProgramPlan]] = OrderedDict()
@@ -606,7 +655,7 @@ def _program_plan(program: Program, block: int) -> _ProgramPlan:
         return hit[1]
     ops: dict[int, OpPlan] = {}
     kernel = tuple(_plan_kernel_arg(a) for a in program.kernel_args)
-    plan = _ProgramPlan(ops=ops, kernel=kernel, block=block)  # op plans fill in lazily, in execution order
+    plan = _ProgramPlan(ops=ops, kernel=kernel, block=block, regions=_kernel_regions(program))  # op plans fill in lazily, in execution order
     _PLANS[key] = (program, plan)
     while len(_PLANS) > _PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
@@ -637,6 +686,7 @@ class _Machine:
         # large decoded reads: (id(Access), offset, wide) -> (lx, first byte, end byte, values),
         # dropped when a store touches those bytes (``_read``)
         self.decoded: dict[tuple[int, int, bool], tuple[bool, int, int, np.ndarray]] = {}
+        self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
 
     def forget(self, lx: bool, lo: int, hi: int) -> None:
         """Drop the remembered reads that may share a byte with bytes ``lo``..``hi`` of HBM or
@@ -785,9 +835,10 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
     nb = acc.fmt.nbytes
     if acc.lx:
         return acc.lx_ok
-    size = m.hbm.size
     lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
-    return lo >= 0 and hi <= size
+    if acc.region is not None:
+        return acc.region[0] <= lo and hi <= acc.region[1]
+    return lo >= 0 and hi <= m.hbm.size and not any(a < hi and lo < b for a, b, _ in m.regions)
 
 
 def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
@@ -796,6 +847,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
     host = check_inputs(types, inputs)
     plan = _program_plan(program, options.block)
     m = _Machine(program, options.check_written)
+    m.regions = tuple(plan.regions.values())
     if options.trace_hbm:
         m.trace = {}
     for arg, p in zip(program.kernel_args, plan.kernel):
@@ -845,6 +897,27 @@ def _check_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> N
         raise what.error(f"address {lo:#x} is not aligned to {nbytes} bytes in {mem.name}", lo)
 
 
+def _check_region(m: _Machine, acc: Access, addrs: np.ndarray, what: _Where) -> None:
+    """HBM bytes stay inside the kernel argument the tensor's arg_index names, and an
+    intermediate's outside every argument: per allocation, not per memory."""
+    if acc.lx or addrs.size == 0:
+        return
+    nb = acc.fmt.nbytes
+    lo, hi = int(addrs.min()), int(addrs.max()) + nb
+    if acc.region is not None:
+        a, b = acc.region
+        if lo < a or hi > b:
+            bad = lo if lo < a else hi - nb
+            raise what.error(f"address {bad:#x} is outside kernel argument {acc.arg.arg_index} (bytes {a:#x}..{b:#x}), "
+                             f"which its arg_index names", bad)
+        return
+    for a, b, name in m.regions:
+        if a < hi and lo < b:
+            bad = max(lo, a)
+            raise what.error(f"address {bad:#x} is inside kernel argument {name} (bytes {a:#x}..{b:#x}), but the "
+                             f"tensor is an intermediate (arg_index -1)", bad)
+
+
 def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> None:
     seen = mem.written[:mem.size // nbytes * nbytes].view(_VIEW[nbytes])[addrs >> (nbytes.bit_length() - 1)]
     bad = np.nonzero(seen != _FULL[nbytes])[0]
@@ -866,7 +939,7 @@ def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, progr
                     raise ExecutionError(
                         f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}",
                         op=spec.name or spec.op)
-                op = plan.ops[id(spec)] = _plan_op(spec, program, plan.block)  # type: ignore[index]
+                op = plan.ops[id(spec)] = _plan_op(spec, program, plan.block, plan.regions)  # type: ignore[index]
             _run_op(op, iters, m)
 
 
@@ -907,7 +980,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
 
 def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     """The op's result over a grid of ``sizes`` (the whole grid, or a block of it)."""
-    if op.spec.is_reduction:
+    if op.fn in REDUCTION_OPERANDS:
         result = _reduce(op, values, sizes)
     else:
         if op.fn in numerics.EXACT_POINTWISE:
@@ -1064,6 +1137,7 @@ def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             what = _what(op.spec, acc.arg, core)
             addrs = _core_addresses(acc.arg, list(op.syms), local, slices, iters).reshape(-1)
             _check_bytes(mem, addrs, acc.fmt.nbytes, what)
+            _check_region(m, acc, addrs, what)
             if m.check_written:
                 _check_written_bytes(mem, addrs, acc.fmt.nbytes, what)
 
@@ -1079,4 +1153,5 @@ def _report_write(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
         addrs = _core_addresses(acc.arg, out_syms, [local[i] for i in op.out_pos],
                                 [slices[i] for i in op.out_pos], iters).reshape(-1)
         _check_bytes(mem, addrs, acc.fmt.nbytes, _what(op.spec, acc.arg, core))
+        _check_region(m, acc, addrs, _what(op.spec, acc.arg, core))
     raise AssertionError("unreachable: the batched bounds check failed, the per-core one did not")
