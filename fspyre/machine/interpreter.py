@@ -384,6 +384,7 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     a store covers the whole grid, as every core stores every element of its slice."""
     fmt = formats.FORMATS[arg.device_dtype]
     nb = fmt.nbytes
+    _check_coordinates(arg, spec, syms, sizes)
     region = None
     if arg.arg_index >= 0:
         region = regions.get(arg.arg_index)
@@ -414,6 +415,20 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
     return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
                   replicated=None if store else _replicated(pattern, copies))
+
+
+def _check_coordinates(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...]) -> None:
+    """Each device coordinate stays inside its device dim over the op's grid (before any
+    loop advance): the tensor's own bounds, which in LX -- laid out over each core's box --
+    are the only thing a shifted coordinate changes."""
+    grid = open_grid(list(sizes))
+    for d, (c, n) in enumerate(zip(arg.device_coordinates, arg.device_size)):
+        v = np.asarray(compile_index(c, syms)(*grid))
+        lo, hi = (int(v.min()), int(v.max())) if v.size else (0, 0)
+        if lo < 0 or hi >= n:
+            name = spec.name or spec.op
+            raise ExecutionError(f"op {name} tensor {arg.name}: device coordinate {d} ({c}) runs over {lo}..{hi}, "
+                                 f"outside its device size {n}", op=name, tensor=arg.name, memory=arg.memory)
 
 
 def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
@@ -501,6 +516,14 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
         raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives "
                              f"{len(info['operands'])}", op=name)  # type: ignore[arg-type]
     *ins, last = spec.args
+    if fn not in REDUCTION_OPERANDS:
+        # a pointwise op writes each output element once: a symbol its output does not use
+        # can only spread the op over cores, one point each (a copy into every core's LX)
+        used = frozenset().union(*map(free_names, last.device_coordinates))
+        for s, (size, split) in spec.iteration_space.items():
+            if s.name not in used and size != split:
+                raise ExecutionError(f"op {name}: symbol {s} (size {size}, split {split}) is not in its output's "
+                                     f"coordinates, so every one of its points writes the same elements", op=name)
     if last.is_input or not all(a.is_input for a in ins):
         raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
                              f"{[a.is_input for a in spec.args]}", op=name)
