@@ -859,9 +859,11 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
     if acc.lx:
         return acc.lx_ok
     lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
+    if lo < 0 or hi > m.hbm.size:
+        return False
     if acc.region is not None:
         return acc.region[0] <= lo and hi <= acc.region[1]
-    return lo >= 0 and hi <= m.hbm.size and not any(a < hi and lo < b for a, b, _ in m.regions)
+    return not any(a < hi and lo < b for a, b, _ in m.regions)
 
 
 def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
