@@ -327,7 +327,6 @@ class OpPlan:
     operands: tuple  # ("scalar", value) | ("tensor", Access)
     out: Access
     blocking: Blocking | None = None
-    wide: bool = False  # operands decode to float64 (numerics.operand_dtype: a float matmul)
     bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
 
 
@@ -550,7 +549,7 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
                   blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
-                  wide=numerics.operand_dtype(fn, ctype) == np.float64, bool_store=info.get("store") == "bool")
+                  bool_store=info.get("store") == "bool")
 
 
 def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
@@ -706,9 +705,9 @@ class _Machine:
         # trace_hbm: id(OpSpec) -> ([read bytes], [written bytes]) per execution
         self.trace: dict[int, tuple[list[int], list[int]]] | None = None
         self._stick_counts: dict[tuple[int, int], int] = {}
-        # large decoded reads: (id(Access), offset, wide) -> (lx, first byte, end byte, values),
+        # large decoded reads: (id(Access), offset) -> (lx, first byte, end byte, values),
         # dropped when a store touches those bytes (``_read``)
-        self.decoded: dict[tuple[int, int, bool], tuple[bool, int, int, np.ndarray]] = {}
+        self.decoded: dict[tuple[int, int], tuple[bool, int, int, np.ndarray]] = {}
         self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
 
     def forget(self, lx: bool, lo: int, hi: int) -> None:
@@ -761,20 +760,20 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     return raw
 
 
-def _read(m: _Machine, acc: Access, offset: int, wide: bool = False) -> np.ndarray:
+def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     """The values at the access (grid shape, size 1 where they do not vary), once every byte
     of them was written. A large read is remembered until a store touches its bytes: the
     same bytes decode to the same values (a loop re-reading a resident region decodes it once)."""
-    key = (id(acc), offset, wide)
+    key = (id(acc), offset)
     hit = m.decoded.get(key)
     if hit is not None:
         return hit[3]
     r = acc.replicated
     if r is None:
         # decode gives C order: the reshape is free
-        values = formats.decode(_load(m, acc, offset), acc.fmt, wide).reshape(acc.pattern.shape)
+        values = formats.decode(_load(m, acc, offset), acc.fmt).reshape(acc.pattern.shape)
     else:
-        values = _read_replicated(m, acc, r, offset, wide)
+        values = _read_replicated(m, acc, r, offset)
     if values.size >= _REMEMBER:
         m.decoded[key] = (acc.lx, *_span(acc, offset), values)
     return values
@@ -797,7 +796,7 @@ def _span(acc: Access, offset: int) -> tuple[int, int]:
 _REMEMBER = 1 << 12
 
 
-def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int, wide: bool) -> np.ndarray:
+def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np.ndarray:
     nb = acc.fmt.nbytes
     start = (acc.pattern.start + offset) * nb
     data = m.view(acc.lx, nb, False)
@@ -809,8 +808,8 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int, wide:
     first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
     if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
         # every slice holds the same bits: the same values, whichever core reads them
-        return formats.decode(first, acc.fmt, wide).reshape(r.same_shape)
-    values = formats.decode(raw, acc.fmt, wide)
+        return formats.decode(first, acc.fmt).reshape(r.same_shape)
+    values = formats.decode(raw, acc.fmt)
     return np.broadcast_to(values, acc.pattern.view_shape).reshape(acc.pattern.shape)
 
 
@@ -987,7 +986,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             offsets.append(off)
         out_off = _offset(op.out, iters)
         blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
-        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, op.wide)
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off)
                   for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
