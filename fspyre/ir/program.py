@@ -17,7 +17,6 @@ import sympy
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
 
-
 # The anchor's program op for a graph fn it names differently; every other op is named by its fn.
 PROGRAM_OP_NAMES = FrozenMap({"matmul": "batchmatmul"})
 _FN_OF_OP = FrozenMap({op: fn for fn, op in PROGRAM_OP_NAMES.items()})

@@ -26,6 +26,13 @@ How it is fast without changing that meaning (docs/semantics.md, "The interprete
   computed, encoded and stored, so no memory-sized temporaries pass through RAM.
 - Values convert through tables (``formats``): decoding a 2-byte format, encoding DLFloat16,
   copying float16 host arrays in and out.
+- A region every core holds its own copy of is read by comparing the copies' bits and
+  decoding one when they agree (``Replicated``); a large decoded read is remembered until a
+  store touches its bytes.
+
+What it reads is what the device reads: the operation from ``OpSpec.op``, each kernel
+argument's tensor inside the argument its ``arg_index`` names (bounds per allocation), device
+coordinates inside their device dims (tests/machine/test_corruptions.py).
 """
 
 from __future__ import annotations
@@ -274,7 +281,7 @@ def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
             strides += [dims[0][1] * p.nbytes] + [0] * (len(dims) - 1)
             same.append(1)
         else:
-            shape += [k for k, _ in dims]
+            shape += [size for size, _ in dims]
             strides += [st * p.nbytes for _, st in dims]
             same.append(n)
     if not slice_axes:
@@ -677,7 +684,8 @@ def _program_plan(program: Program, block: int) -> _ProgramPlan:
         return hit[1]
     ops: dict[int, OpPlan] = {}
     kernel = tuple(_plan_kernel_arg(a) for a in program.kernel_args)
-    plan = _ProgramPlan(ops=ops, kernel=kernel, block=block, regions=_kernel_regions(program))  # op plans fill in lazily, in execution order
+    # op plans fill in lazily, in execution order
+    plan = _ProgramPlan(ops=ops, kernel=kernel, block=block, regions=_kernel_regions(program))
     _PLANS[key] = (program, plan)
     while len(_PLANS) > _PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)

@@ -28,6 +28,7 @@ from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
 from fspyre.stages.split_plan import verify_split_plan
 
+
 def tile_advance(
     name: str, op: str, layout: StickLayout, coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol],
     tiling: Sequence[Sequence[TileStep]], counts: Sequence[int], full: Mapping[str, int],

@@ -5,9 +5,9 @@ numeric change of the outputs.
 
 The fields left out are labels the device does not read (a tensor's ``name``, an op's
 ``name``), the operand order of a commutative op, ``op_info``'s count outside ``mean`` and
-``var`` (the only fns that divide by it), and ``tiled_symbols``, which records for printers and the anchor which symbols a
-loop tiles: the addresses each loop moves are the tensors' ``tile_advance``, which is planted
-here. An LX tensor's ``device_size`` matters only in its stick dim (each core lays its slice
+``var`` (the only fns that divide by it), and ``tiled_symbols``, which records for printers
+and the anchor which symbols a loop tiles: the addresses each loop moves are the tensors'
+``tile_advance``, which is planted here. An LX tensor's ``device_size`` matters only in its stick dim (each core lays its slice
 out over its own box) and in its bounds: growing another dim is harmless to the device too.
 """
 
@@ -23,7 +23,7 @@ import sympy
 import fspyre
 from fspyre.errors import FspyreError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, TensorArg, op_specs
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_specs
 from fspyre.machine.interpreter import run_program
 from fspyre.machine.spyre import spyre
 from fspyre.stages.program import verify_program
