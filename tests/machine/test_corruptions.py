@@ -7,8 +7,9 @@ The fields left out are labels the device does not read (a tensor's ``name``, an
 ``name``), the operand order of a commutative op, ``op_info``'s count outside ``mean`` and
 ``var`` (the only fns that divide by it), and ``tiled_symbols``, which records for printers
 and the anchor which symbols a loop tiles: the addresses each loop moves are the tensors'
-``tile_advance``, which is planted here. An LX tensor's ``device_size`` matters only in its stick dim (each core lays its slice
-out over its own box) and in its bounds: growing another dim is harmless to the device too.
+``tile_advance``, which is planted here. An LX tensor's ``device_size`` matters only in its
+stick dim (each core lays its slice out over its own box) and in its bounds: growing another
+dim is harmless to the device too.
 """
 
 from __future__ import annotations
