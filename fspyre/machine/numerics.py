@@ -445,10 +445,10 @@ def store_bound(pre: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: s
         return np.where(m > top, np.inf, out)
 
 
-def host_bound(values: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: str) -> np.ndarray | None:
+def host_bound(values: np.ndarray, err: np.ndarray, fmt_name: str, dtype: str) -> np.ndarray:
     """Copy-out of a DLFloat16 value to a float16 host array rounds once more (float16 has
     subnormals below 2^-14 and ends at 65504)."""
-    if err is None or dtype != "float16" or fmt_name != "SEN169_FP16":
+    if dtype != "float16" or fmt_name != "SEN169_FP16":
         return err
     m = np.abs(np.asarray(values, dtype=np.float64)) + err
     out = np.where(err > 0, err + ulp(m, 10, 2.0**-24), 0.0)
