@@ -68,7 +68,24 @@ def _zeros(size: int) -> np.ndarray:
     per core -- 10 ms per run, a sixth of a BertLayer's.)"""
     if size == 0:
         return np.zeros(0, dtype=np.uint8)
+    for i, free in enumerate(_FREE):
+        if free.size == size:
+            return _FREE.pop(i)
     return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+
+
+# Memories of finished runs whose state nobody keeps (``run_outputs``), zeroed where they were
+# written and handed to the next run of the same size: storing into pages already mapped costs
+# about a third of faulting fresh zero pages in (a tiled BertLayer copies its weights into
+# every core's LX: some 45 MB of stores and as many written bits per run). The newest few.
+_FREE: list[np.ndarray] = []
+_FREE_MAX = 4
+
+
+def _release(arr: np.ndarray) -> None:
+    if arr.size:
+        _FREE.append(arr)
+        del _FREE[:-_FREE_MAX]
 
 
 class Memory:
@@ -79,8 +96,8 @@ class Memory:
                  written: np.ndarray | None = None) -> None:
         self.name = name
         self.size = size
-        self.data = np.zeros(size, dtype=np.uint8) if data is None else data
-        self.written = np.zeros(size, dtype=np.uint8) if written is None else written
+        self.data = _zeros(size) if data is None else data
+        self.written = _zeros(size) if written is None else written
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,6 +266,7 @@ class Access:
     # must stay inside (the runtime hands the kernel one base per argument); None for an
     # intermediate, which must stay outside every argument
     region: tuple[int, int] | None = None
+    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX (``_span``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,8 +437,10 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     pattern = _pattern(full, full.shape, nb)
     used = frozenset().union(*map(free_names, arg.device_coordinates))
     copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
+    touched = r[r[:, 0] <= r[:, 1]]
+    span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
     return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
-                  replicated=None if store else _replicated(pattern, copies))
+                  replicated=None if store else _replicated(pattern, copies), lx_span=span)
 
 
 def _check_coordinates(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...]) -> None:
@@ -717,6 +737,29 @@ class _Machine:
         # dropped when a store touches those bytes (``_read``)
         self.decoded: dict[tuple[int, int], tuple[bool, int, int, np.ndarray]] = {}
         self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
+        # end of the bytes any store reached: in HBM, and in the LX of any core (``recycle``)
+        self.hbm_end = 0
+        self.lx_end = 0
+
+    def stored(self, acc: Access, offset: int) -> None:
+        """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
+        bytes are to be zeroed when the memories are recycled."""
+        lo, hi = _span(acc, offset)
+        if self.decoded:
+            self.forget(acc.lx, lo, hi)
+        if acc.lx:
+            self.lx_end = max(self.lx_end, hi)
+        else:
+            self.hbm_end = max(self.hbm_end, hi)
+
+    def recycle(self) -> None:
+        """Zero every byte a store reached and hand the memories to the next run. Only for a
+        machine whose state nobody keeps."""
+        for mem, rows, end in ((self.hbm, 1, self.hbm_end), (self.lx_all, len(self.lx), self.lx_end)):
+            for arr in (mem.data, mem.written):
+                if arr.size:
+                    arr.reshape(rows, -1)[:, :end] = 0
+                    _release(arr)
 
     def forget(self, lx: bool, lo: int, hi: int) -> None:
         """Drop the remembered reads that may share a byte with bytes ``lo``..``hi`` of HBM or
@@ -791,11 +834,9 @@ def _span(acc: Access, offset: int) -> tuple[int, int]:
     """Bytes ``lo``..``hi`` the access may touch ``offset`` elements on: in HBM, or in LX
     relative to each core's own LX (the union over cores: the stacked range of an LX access
     runs across every core's LX and would meet every other LX access)."""
-    nb = acc.fmt.nbytes
-    if acc.lx and acc.core_range is not None:
-        r = acc.core_range[acc.core_range[:, 0] <= acc.core_range[:, 1]]
-        return (int(r[:, 0].min()), int(r[:, 1].max()) + nb) if r.size else (0, 0)
-    p = acc.pattern
+    if acc.lx:
+        return acc.lx_span
+    p, nb = acc.pattern, acc.fmt.nbytes
     return (p.lo + offset) * nb, (p.hi + offset + 1) * nb
 
 
@@ -825,8 +866,7 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    if m.decoded:
-        m.forget(acc.lx, *_span(acc, offset))
+    m.stored(acc, offset)
     if p.dims is None:
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
@@ -875,6 +915,22 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
 
 def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
+    """Run ``program``: its outputs, and the memories afterwards."""
+    outs, m, trace = _execute(program, inputs, options)
+    return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
+
+
+def run_outputs(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
+                ) -> dict[str, np.ndarray]:
+    """Run ``program`` for its outputs alone: the memories are recycled for the next run."""
+    outs, m, _ = _execute(program, inputs, options)
+    outs = {k: v.copy() if np.may_share_memory(v, m.hbm.data) else v for k, v in outs.items()}
+    m.recycle()
+    return outs
+
+
+def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions
+             ) -> tuple[dict[str, np.ndarray], _Machine, tuple[HbmTrace, ...] | None]:
     types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
     host = check_inputs(types, inputs)
     plan = _program_plan(program, options.block)
@@ -908,7 +964,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
         ops, _ = program_timeline(program)
         trace = tuple(HbmTrace(index=t, name=spec.name or spec.op, reads=tuple(m.trace.get(id(spec), ([], []))[0]),
                                writes=tuple(m.trace.get(id(spec), ([], []))[1])) for t, spec, _, _ in ops)
-    return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
+    return outs, m, trace
 
 
 def _check_kernel_bounds(m: _Machine, acc: Access, what: _Where) -> None:
@@ -1074,8 +1130,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
                for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if ba is not None]
     out, oba = op.out, b.out
     onb = out.fmt.nbytes
-    if m.decoded:
-        m.forget(out.lx, *_span(out, out_off))
+    m.stored(out, out_off)
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
     for index in itertools.product(*(range(n) for n in b.outer)):
         for r0 in range(0, b.size, b.step):
