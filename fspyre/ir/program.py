@@ -18,6 +18,20 @@ import sympy
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
 
+# The anchor's program op for a graph fn it names differently; every other op is named by its fn.
+PROGRAM_OP_NAMES = FrozenMap({"matmul": "batchmatmul"})
+_FN_OF_OP = FrozenMap({op: fn for fn, op in PROGRAM_OP_NAMES.items()})
+
+
+def program_op(fn: str) -> str:
+    """The ``OpSpec.op`` the device runs for graph fn ``fn``."""
+    return PROGRAM_OP_NAMES.get(fn, fn)
+
+
+def op_fn(op: str) -> str:
+    """The graph fn an ``OpSpec.op`` computes (the inverse of ``program_op``)."""
+    return _FN_OF_OP.get(op, op)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TensorArg:
