@@ -69,7 +69,7 @@ CLAIMED: tuple[str, ...] = (
     # concatenation
     "cat", "stack", "hstack", "vstack", "dstack", "column_stack",
     # gathering (take_along_dim: its negative-index wrap is aten.remainder, which fspyre lacks)
-    "nn.functional.embedding", "index_select", "gather",
+    "nn.functional.embedding", "index_select", "gather", "__getitem__",
 )
 
 DTYPES = (torch.float16, torch.float32)
@@ -184,7 +184,7 @@ def _leaves(sample: Any) -> list[Any]:
 
 # Ops whose OpInfo samples carry int64 index tensors fspyre takes (as int32). Other ops' int64
 # tensors are positions or sizes held in a tensor (tensor_split), which are data-dependent.
-INDEX_OPS = frozenset({"nn.functional.embedding", "index_select", "gather"})
+INDEX_OPS = frozenset({"nn.functional.embedding", "index_select", "gather", "__getitem__"})
 
 
 def _eligible(sample: Any, dtype: torch.dtype, max_numel: int, indices: bool = False) -> bool:
