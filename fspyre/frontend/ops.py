@@ -1005,10 +1005,15 @@ def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     result. Every load stays in its piece's bounds, which a select by position (``i < n``)
     would not. Pieces of different sizes are first cut into chunks of the sizes' gcd (slices:
     views), which are equal pieces."""
-    d = _cat_axis(node)
-    out = ctx.dims(node)
     if len(xs) == 1:
         return xs[0]
+    return _concat(ctx, node, xs, _cat_axis(node))
+
+
+def _concat(ctx: Lowering, node: fx.Node, xs: Sequence[Tensor], d: int) -> Tensor:
+    """``xs`` (whose other dims carry the result's names) concatenated along axis ``d`` into
+    the result of ``node``."""
+    out = ctx.dims(node)
     g = ctx.g
     sizes = [x.dims[d].size for x in xs]
     n = math.gcd(*sizes)
@@ -1034,3 +1039,40 @@ def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     for j in range(len(pieces) - 2, -1, -1):
         result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
     return g.reshape(result, out)
+
+
+# -- slice_scatter: what the backward of a slice makes (core ATen decomposes select_scatter) --
+def _scatter_range(node: fx.Node) -> tuple[int, int, int, int]:
+    """(axis, start, stop, step) of the region of ``self`` that ``src`` replaces."""
+    b = bind(node)
+    x = shape(b["self"])
+    d = _norm(b["dim"], len(x))
+    start, stop, step = slice(b["start"], b["end"], b["step"]).indices(x[d])
+    return d, start, stop, step
+
+
+def align_slice_scatter(node: fx.Node) -> Alignment:
+    b = bind(node)
+    out = out_keys(node)
+    d = _scatter_range(node)[0]
+    keep = shape(b["src"])[d] == shape(node)[d]
+    dst = tuple(k if j != d or keep else None for j, k in enumerate(out))
+    return Alignment(uses=(Use(b["self"], out), Use(b["src"], dst)), outputs=(out,))
+
+
+@rule(aten.slice_scatter.default, align=align_slice_scatter)
+def lower_slice_scatter(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``self`` with ``src`` in its slice ``start:stop``: the concatenation of ``self``'s part
+    before it, ``src`` and the part after (slices are views; the cat selects, so the values
+    are exact). A strided slice (step > 1) interleaves ``src`` with ``self``: not lowered."""
+    base, src = xs
+    d, start, stop, step = _scatter_range(node)
+    if step != 1:
+        raise FrontendError(f"{describe_node(node)}: fspyre writes into a slice of step 1 only (this one has step {step})")
+    g = ctx.g
+    name, size = base.dims[d].name, base.dims[d].size
+    pieces = ([g.slice(base, name, 0, start, name=f"{name}_0_{start}")] if start > 0 else []) + [src] + (
+        [g.slice(base, name, stop, size, name=f"{name}_{stop}_end")] if stop < size else [])
+    if len(pieces) == 1:
+        return src if src.dtype == ctx.dtype(node) else g.cast(src, ctx.dtype(node))
+    return _concat(ctx, node, pieces, d)
