@@ -395,6 +395,15 @@ def lower_isinf_isnan(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return ctx.g.pointwise("eq", ctx.g.pointwise("abs", x, dtype=_wide(x.dtype)), math.inf, dtype="bool")
 
 
+@rule(aten.sign.default, align=align_pointwise)
+def lower_sign(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``(x > 0) - (x < 0)`` as selections of exact -1, 0, 1: NaN and -0.0 give 0, as torch's
+    ``sign`` does (abs's backward multiplies by it)."""
+    (x,) = xs
+    g, out = ctx.g, ctx.dtype(node)
+    return g.pointwise("where", g.gt(x, 0), 1, g.pointwise("where", g.lt(x, 0), -1, 0, dtype=out), dtype=out)
+
+
 @rule(aten.gelu.default, align=align_pointwise)
 def lower_gelu(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     (x,) = xs
@@ -1068,7 +1077,8 @@ def lower_slice_scatter(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tenso
     base, src = xs
     d, start, stop, step = _scatter_range(node)
     if step != 1:
-        raise FrontendError(f"{describe_node(node)}: fspyre writes into a slice of step 1 only (this one has step {step})")
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre writes into a slice of step 1 only (this one has step {step})")
     g = ctx.g
     name, size = base.dims[d].name, base.dims[d].size
     pieces = ([g.slice(base, name, 0, start, name=f"{name}_0_{start}")] if start > 0 else []) + [src] + (

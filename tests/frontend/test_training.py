@@ -41,19 +41,35 @@ class MLP(torch.nn.Module):
 class LlamaMLP(torch.nn.Module):
     def __init__(self, d: int = 32, inner: int = 64) -> None:
         super().__init__()
-        self.gate, self.up, self.down = (torch.nn.Linear(a, b, bias=False) for a, b in ((d, inner), (d, inner), (inner, d)))
+        shapes = ((d, inner), (d, inner), (inner, d))
+        self.gate, self.up, self.down = (torch.nn.Linear(a, b, bias=False) for a, b in shapes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
 
 
 class GeluMLP(torch.nn.Module):
+    """Exact GELU: torch's decomposition of its backward needs erf, fspyre's does not."""
+
     def __init__(self, d: int = 32, inner: int = 64) -> None:
         super().__init__()
         self.up, self.down = torch.nn.Linear(d, inner), torch.nn.Linear(inner, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Embedded(torch.nn.Module):
+    """A token embedding of float positions' buckets, then a Linear: the embedding's
+    backward is a scatter-add into its table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table, self.proj = torch.nn.Embedding(16, 32), torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x.sum(-1).abs() * 4).clamp(max=15).to(torch.int64)
+        return self.proj(self.table(ids) + x)
 
 
 def llama_decoder_layer() -> torch.nn.Module:
@@ -97,6 +113,7 @@ CASES = {
     "mlp_relu_layernorm": (MLP, (2, 8, 32)),
     "llama_mlp": (LlamaMLP, (2, 8, 32)),
     "layernorm": (lambda: torch.nn.LayerNorm(32), (4, 32)),
+    "gelu_mlp": (GeluMLP, (2, 8, 32)),
     "llama_decoder_layer": (llama_decoder_layer, (2, 16, 64)),
 }
 
@@ -118,14 +135,14 @@ def test_backward_runs_on_fspyre_and_gradients_match_eager(name) -> None:
 
 
 def test_a_backward_op_fspyre_cannot_lower_runs_in_eager_and_says_so() -> None:
-    """gelu's backward needs erf, which fspyre has no op for: the backward graph is split
-    around it, the rest runs on fspyre, and the gradients are still eager's."""
-    torch.manual_seed(0)
+    """An embedding's backward accumulates rows into its table (index_put with accumulate),
+    which fspyre has no op for: the backward graph is split around it, the rest runs on
+    fspyre, and the gradients are still eager's."""
     x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
-    with pytest.warns(FspyreWarning, match=r"torch_compiled_backward: .* 1 in eager: aten.erf.default"):
-        reports, theirs, ours = gradients(GeluMLP(), x, tiling="none")
+    with pytest.warns(FspyreWarning, match=r"torch_compiled_backward: .* in eager: aten.index_put.default"):
+        reports, theirs, ours = gradients(Embedded(), x, tiling="none")
     (bw,) = [r for r in reports if r.name == "torch_compiled_backward"]
-    assert len(bw.on_fspyre) == 2 and [f.op for f in bw.eager] == ["aten.erf.default"]
+    assert bw.on_fspyre and {f.op for f in bw.eager} >= {"aten.index_put.default"}
     assert ours <= FACTOR * theirs
 
 
