@@ -46,9 +46,17 @@ def _decompositions() -> dict[Any, Callable]:
     table.update(get_decompositions([aten._softmax, aten._log_softmax, aten.native_layer_norm]))
     table[aten._transformer_encoder_layer_fwd.default] = _encoder_layer
     table[aten.gelu_backward.default] = _gelu_backward
+    table[aten.full_like.default] = _full_like
     for keep in (aten.silu.default,):
         table.pop(keep, None)
     return table
+
+
+def _full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """A filled tensor of ``x``'s shape: ``x``'s values are not read, and with this ``x`` is
+    no longer an operand, so an uninitialised ``empty_permuted`` made only for its shape
+    (addcdiv's and lerp's backwards) is dead code and goes."""
+    return torch.full(x.shape, fill_value, dtype=dtype or x.dtype, device=x.device)
 
 
 def _gelu_backward(grad, x, approximate="none"):
