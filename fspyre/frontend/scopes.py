@@ -18,7 +18,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from fspyre.errors import TilingError
+from fspyre.errors import FspyreError, TilingError
 from fspyre.ir.graph import Graph
 from fspyre.stages.loop_tree import tile
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
@@ -32,8 +32,9 @@ def fit_hint_scopes(graph: Graph, origin: Mapping[str, str]) -> tuple[Graph, tup
     """``graph`` with every op the tiling stages refuse to loop over moved out of its slicing
     hint scopes, and one warning per op moved (``origin``: op name -> the torch op it lowers,
     for the message). A hint that would keep no op at all cannot be honoured (a count that
-    cuts sticks, say): then, and when a refusal names no op in a scope, ``graph`` is returned
-    as it was, and compiling it with its hints raises the refusal, as it did before."""
+    cuts sticks, say): then, and when a refusal is not a TilingError naming an op in a scope,
+    ``graph`` is returned as it was, and compiling it with its hints raises the refusal, as
+    it did before (capture itself never raises it: ``tiling="none"`` ignores hints)."""
     given = graph
     warnings: list[str] = []
     scoped_at_start = {h for op in graph.ops for h in op.hints}
@@ -45,7 +46,9 @@ def fit_hint_scopes(graph: Graph, origin: Mapping[str, str]) -> tuple[Graph, tup
         try:
             tile(graph, plan_tiling(graph, TilingOptions(mode="hints")))
             break
-        except TilingError as e:
+        except FspyreError as e:
+            if not isinstance(e, TilingError):  # not about one op (a hint the plan refuses): the compile's to raise
+                return given, ()
             scoped = {op.name for op in graph.ops if op.hints}
             culprit = next((m for m in _OP.findall(str(e)) if m in scoped), None)
             if culprit is None:

@@ -9,6 +9,8 @@ values (so copy-in does not round them) and results are held to one DLFloat16 ro
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -509,3 +511,23 @@ def test_llama_decoder_layer() -> None:
     x = name_tensor_dims(randn(2, 8, 32), ["B", "S", "D"])
     (got,) = run(layer, x)
     close(got, eager(layer, x)[0], torch.float32)
+
+
+def test_a_hint_no_op_can_honour_is_left_for_the_compile_to_refuse() -> None:
+    """Tiles of 4 float16 elements cut 64-element sticks: the hint cannot keep any op, so
+    capture leaves it as written (no warning, no error: tiling="none" ignores hints) and the
+    compile with hints refuses it, naming the op."""
+
+    def f(x, y):
+        with spyre_hint(slices={"C": 4}):
+            return torch.relu(x + y)
+
+    args = [name_tensor_dims(randn(8, 16, dtype=torch.float16, seed=i), ["R", "C"]) for i in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fspyre.FspyreWarning)
+        cap = capture(f, args)
+    assert all(op.hints for op in cap.graph.ops)
+    with pytest.raises(fspyre.FspyreError, match=r"op buf\d"):
+        fspyre.compile(cap.graph, machine=MACHINE, tiling="hints")
+    got = fspyre.run(fspyre.compile(cap.graph, machine=MACHINE, tiling="none"), cap.inputs(*args))["out"]
+    close(got, eager(f, *args)[0], torch.float16)
