@@ -29,6 +29,7 @@ SMALL = {
     "mlp": {"tokens": 8},
     "attention": {"queries": 32, "keys": 16, "head_dim": 8},
     "residual_layernorm": {"tokens": 16},
+    "llama_decoder_layer": {"batch": 1, "seq": 16},
 }
 MACHINE = fspyre.machine.spyre(cores=8)
 
