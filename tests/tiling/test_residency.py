@@ -288,3 +288,14 @@ def test_a_copy_of_a_one_row_tile_gets_no_work_div_on_its_size_1_dim():
     comp = fspyre.compile(g.build(), spyre(cores=2), tiling="hints")
     assert any(n.op.name == "buf0_lx_copy" for n in op_nodes(comp.stages["resident_tree"]))
     assert comp.warnings == ()
+
+
+def test_an_accumulator_written_again_inside_a_loop_is_not_pinned():
+    # K outer, rows inside: the accumulator is filled at the top level, then combined into
+    # inside the loops; an LX pin taken at the fill would hand the finish a stale copy
+    from tiling_examples import rows_inside_k
+
+    graph = rows_inside_k()
+    comp = fspyre.compile(graph, spyre(cores=4), tiling="hints")
+    assert not any(n.op.name.startswith("buf0_acc_pin") for n in op_nodes(comp.stages["resident_tree"]))
+    assert fspyre.check(graph, machine=spyre(cores=4), comp=comp).equal
