@@ -56,11 +56,19 @@ class Loop:
     ``(dim, extent)`` moves of the ops below at this level, in program order (empty when no
     op moves here). The stage that builds the loop records them, so printers and checks read
     the level instead of re-deriving it from the ops; ``verify_loop_tree`` checks the record
-    against the ops' own ``tiling`` entries."""
+    against the ops' own ``tiling`` entries.
+
+    ``carried`` names the buffers whose value one iteration hands to the next: a buffer the
+    body reads before it writes it (an accumulator ``<buf>_acc``, the running max and sum of
+    an online softmax), sorted. They are written before the loop, live (in LX) across all its
+    iterations, and are read after it; every other buffer the body writes is dead at the end
+    of an iteration. ``carried_buffers(body)`` computes them; ``verify_loop_tree`` checks the
+    record against the body."""
 
     count: int
     steps: tuple[TileStep, ...]
     body: tuple[Union["Loop", OpNode], ...]
+    carried: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
@@ -69,6 +77,9 @@ class Loop:
         require_tuple(self.steps, f"loop of count {self.count}: steps", TilingError, TileStep)
         if len(set(self.steps)) != len(self.steps):
             raise TilingError(f"loop of count {self.count}: steps {_listed(self.steps)} repeat a (dim, extent) pair")
+        require_tuple(self.carried, f"loop of count {self.count}: carried", TilingError, str)
+        if list(self.carried) != sorted(set(self.carried)):
+            raise TilingError(f"loop of count {self.count}: carried {list(self.carried)} must be sorted and distinct")
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -88,6 +99,19 @@ def level_steps(body: tuple[Union[Loop, OpNode], ...], depth: int) -> tuple[Tile
         if isinstance(node, OpNode) and depth < len(node.tiling):
             seen.update(dict.fromkeys(node.tiling[depth]))
     return tuple(seen)
+
+
+def carried_buffers(body: tuple[Union[Loop, OpNode], ...]) -> tuple[str, ...]:
+    """The buffers a loop around ``body`` carries from one iteration to the next: those some
+    op of ``body`` reads before (in program order) the first op of ``body`` that writes them.
+    A buffer read but never written in the body is loop-invariant, not carried."""
+    written: set[str] = set()
+    read_first: set[str] = set()
+    for node, _ in walk(body):
+        if isinstance(node, OpNode):
+            read_first.update(ld.buffer for ld in node.op.loads if ld.buffer not in written)
+            written.add(node.op.store.buffer)
+    return tuple(sorted(read_first & written))
 
 
 Node = Union[Loop, OpNode]
