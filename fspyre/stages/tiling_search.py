@@ -43,6 +43,7 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import elems_per_stick, tile
+from fspyre.stages.online_softmax import match_online
 from fspyre.stages.program import emit_program
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
@@ -232,9 +233,41 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
             if rank >= best_rank:
                 break
             best_rank = rank
+    _try_online(ctx, judge, members, ops, chosen, levels)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
     return GroupSearch(consumer=members[-1], ops=tuple(members),
                        candidates=tuple(c.candidate for c in judge.tried), chosen=best)
+
+
+def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op], chosen: Mapping[str, int],
+                levels: Callable[[Mapping[str, int]], tuple[Level, ...]]) -> None:
+    """Judge tiling the reduction dim of a softmax in the group (an online softmax: its max,
+    sum and value product carried across the tiles), innermost, alone and under the output
+    tiling found: it reads k and v of an attention once where query tiles re-read them.
+    Counts from the coarsest up until one fits, then finer while the estimate improves."""
+    for dim, size in _online_dims(ctx, ops):
+        counts = _counts(ctx, ops, dim, size)
+        for base in ({}, dict(chosen)) if chosen else ({},):
+            best_rank = None
+            for c in counts:
+                rank = _rank(judge(members, levels(base) + (Level(count=c, dims=(dim,), source="auto"),)))
+                if rank[0]:
+                    continue  # refused (tiles too small for whole sticks, ...): a finer count may do
+                if best_rank is not None and rank >= best_rank:
+                    break
+                best_rank = rank
+
+
+def _online_dims(ctx: _Search, ops: Sequence[Op]) -> list[tuple[str, int]]:
+    """The reduction dims an online softmax of the group could be tiled over."""
+    out = []
+    for op in ops:
+        if isinstance(op, Reduction) and op.fn == "amax" and len(op.reduction_ranges) == 1:
+            d = op.reduction_ranges[0]
+            if d.size > 1 and (d.name, d.size) not in out and match_online(
+                    ops, {o.name: frozenset({d.name}) for o in ops}, ctx.readers, ctx.outputs) is not None:
+                out.append((d.name, d.size))
+    return out
 
 
 def _first(options: Sequence[int], ok: Callable[[int], bool]) -> int | None:
