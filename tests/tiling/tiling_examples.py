@@ -83,6 +83,51 @@ def matmul_k() -> Graph:
     return matmul({"K": 4}, "matmul_k")
 
 
+def softmax_over(rows: int, cols: int, count: int, kind: str = "softmax", dtype: str = "float16") -> Graph:
+    """softmax or log_softmax over C as the torch front end emits it (a float16 input cast to
+    float32 and the result back), tiled over C itself: an online softmax in two loops."""
+    g = fspyre.GraphBuilder(f"{kind}_columns")
+    B, C = g.dim("B", rows), g.dim("C", cols)
+    x = g.input("x", (B, C), dtype)
+    with g.hint(slices={"C": count}):
+        s = g.cast(x, "float32") if dtype != "float32" else x
+        d = g.sub(s, g.amax(s, ["C"], keepdim=True))
+        e = g.exp(d)
+        total = g.sum(e, ["C"], keepdim=True)
+        y = g.div(e, total) if kind == "softmax" else g.sub(d, g.log(total))
+        if dtype != "float32":
+            y = g.cast(y, dtype)
+    g.output("y", y)
+    return g.build()
+
+
+def attention(queries: int, keys: int, head: int, slices: dict[str, int] | None, dtype: str = "float16") -> Graph:
+    """softmax(q k^T / sqrt(head)) v with the casts of examples/attention.py; ``slices={"Sk": n}``
+    tiles the keys: an online softmax carrying its max, sum and value product."""
+    g = fspyre.GraphBuilder("attention_keys")
+    Sq, Sk, E = g.dim("Sq", queries), g.dim("Sk", keys), g.dim("E", head)
+    q, k, v = g.input("q", (Sq, E), dtype), g.input("k", (Sk, E), dtype), g.input("v", (Sk, E), dtype)
+    with g.hint(slices=slices or {}):
+        s = g.cast(g.mul(g.matmul(q, k, "E"), 1.0 / head ** 0.5), "float32")
+        e = g.exp(g.sub(s, g.amax(s, ["Sk"], keepdim=True)))
+        p = g.cast(g.div(e, g.sum(e, ["Sk"], keepdim=True)), dtype)
+        o = g.matmul(p, v, "Sk")
+    g.output("o", o)
+    return g.build()
+
+
+def softmax_columns() -> Graph:
+    return softmax_over(64, 1024, 4)
+
+
+def log_softmax_columns() -> Graph:
+    return softmax_over(64, 512, 4, "log_softmax", "float32")
+
+
+def attention_keys() -> Graph:
+    return attention(64, 512, 64, {"Sk": 4})
+
+
 EXAMPLES = {
     "canonical": canonical,
     "softmax_rows": softmax_rows,
@@ -90,4 +135,7 @@ EXAMPLES = {
     "nested_reduction": nested_reduction,
     "matmul_m": matmul_m,
     "matmul_k": matmul_k,
+    "softmax_columns": softmax_columns,
+    "log_softmax_columns": log_softmax_columns,
+    "attention_keys": attention_keys,
 }
