@@ -274,9 +274,10 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
             raise TilingError(
                 f"op {reader} reads {op.store.buffer}, the {op.fn} of op {op.name}, inside the same loop nest (group "
                 f"{gi}), but {where} tiles the reduction dim {t.per_level[r]}, so {op.store.buffer} is complete only "
-                f"after that loop ends (a recurrence fspyre rewrites only for a softmax, log-softmax or attention it "
-                f"recognises: fspyre.stages.online_softmax). Tile a dim that {op.name} keeps, or end the hint scope "
-                f"before {reader}."
+                f"after that loop ends. plan_tiling and plan_groups split such a group into loop nests "
+                f"(fspyre.stages.tiling_plan.split_at_tiled_reductions), unless it is a softmax, log-softmax or "
+                f"attention that fspyre.stages.online_softmax rewrites; pass this plan through it, or end the "
+                f"group before {reader}."
             )
     return r
 

@@ -43,8 +43,7 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import elems_per_stick, tile
-from fspyre.stages.online_softmax import match_online
-from fspyre.stages.program import emit_program
+from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
@@ -63,11 +62,12 @@ class SearchOptions:
     - "only-patterns": only what must share a loop: a reduction with the ops that read its
       result;
     - "no-fuse": every op is a group of its own.
-    ``residency``, ``split`` and ``allocation`` are the options the downstream stages will run
-    with: each candidate is judged as it would be compiled."""
+    ``residency``, ``online``, ``split`` and ``allocation`` are the options the downstream
+    stages will run with: each candidate is judged as it would be compiled."""
 
     fuse: str = "max-producers"
     residency: bool = True
+    online: OnlineOptions = OnlineOptions()
     split: SplitOptions = SplitOptions()
     allocation: AllocationOptions = AllocationOptions()
 
@@ -77,7 +77,7 @@ class SearchOptions:
 
 
 def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> TilingSearch:
-    hinted = plan_tiling(graph, TilingOptions(mode="hints"))
+    hinted = plan_tiling(graph, TilingOptions(mode="hints", online=options.online))
     in_group = {name for g in hinted.groups for name in g.ops}
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
@@ -93,7 +93,7 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
     position = {name: i for i, name in enumerate(hinted.order)}
     found = [Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels]
     groups = sorted(hinted.groups + tuple(found), key=lambda g: position[g.ops[0]])
-    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings)
+    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings, notes=hinted.notes)
     note = ""
     if found:
         # Each group was judged alone; together they share LX and copies differently. The
@@ -110,9 +110,9 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
 def _whole(ctx: _Search, graph: Graph, plan: TilingPlan) -> tuple[float, int] | None:
     """(estimated time, HBM bytes) of the whole graph compiled under ``plan``."""
     try:
-        placed = place_copies(tile(graph, plan), ctx.machine, ResidencyOptions(
+        placed = place_copies(tile(graph, plan, ctx.options.online), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
-        report = traffic_report(emit_program(placed.tree, placed.split, placed.allocation, ctx.machine))
+        report = traffic_report(placed.program)
     except FspyreError:
         return None
     return round(report.time_ns, 6), report.hbm_bytes
@@ -265,7 +265,8 @@ def _online_dims(ctx: _Search, ops: Sequence[Op]) -> list[tuple[str, int]]:
         if isinstance(op, Reduction) and op.fn == "amax" and len(op.reduction_ranges) == 1:
             d = op.reduction_ranges[0]
             if d.size > 1 and (d.name, d.size) not in out and match_online(
-                    ops, {o.name: frozenset({d.name}) for o in ops}, ctx.readers, ctx.outputs) is not None:
+                    ops, {o.name: frozenset({d.name}) for o in ops}, ctx.readers, ctx.outputs,
+                    ctx.options.online) is not None:
                 out.append((d.name, d.size))
     return out
 
@@ -343,10 +344,10 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
     sub = _subgraph(ctx, members)
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:
-        placed = place_copies(tile(sub, plan), ctx.machine, ResidencyOptions(
+        placed = place_copies(tile(sub, plan, ctx.options.online), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         tree, alloc = placed.tree, placed.allocation
-        report = traffic_report(emit_program(tree, placed.split, alloc, ctx.machine))
+        report = traffic_report(placed.program)
     except FspyreError as err:
         return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
     kept = {o.buffer for o in sub.outputs} | set(sub.inputs)

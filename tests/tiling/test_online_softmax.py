@@ -16,7 +16,7 @@ from tiling_examples import attention, softmax_over
 import fspyre
 from fspyre.check import REDUCTION_RTOL
 from fspyre.errors import TilingError
-from fspyre.ir.looptree import Loop, LoopTree, OpNode, walk
+from fspyre.ir.looptree import Loop, LoopTree, OpNode, op_nodes, walk
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.report import traffic_report
 from fspyre.stages.loop_tree import verify_loop_tree
@@ -186,13 +186,18 @@ def test_carried_buffers_are_explicit_verified_and_round_trip():
         Loop(count=2, steps=loop.steps, body=loop.body, carried=("b", "a"))
 
 
-def test_online_softmax_off_refuses_as_before():
+def test_online_softmax_off_leaves_the_group_to_fission_or_refuses_a_whole_one():
+    from fspyre.ir.plans import Group, Level, TilingPlan
     from fspyre.stages.loop_tree import tile
     from fspyre.stages.online_softmax import OnlineOptions
-    from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
     graph = attention(64, 512, 64, {"Sk": 4})
+    off = fspyre.compile(graph, fspyre.machine.spyre(cores=4), tiling="hints", online=False)
+    assert len(off.stages["tiling_plan"].groups) > 1 and off.stages["tiling_plan"].notes
+    whole = TilingPlan(order=tuple(op.name for op in graph.ops),
+                       groups=(Group(ops=tuple(op.name for op in graph.ops), levels=(Level(count=4, dims=("Sk",)),)),))
     with pytest.raises(TilingError, match="inside the same loop nest"):
-        tile(graph, plan_tiling(graph, TilingOptions(mode="hints")), OnlineOptions(enabled=False))
+        tile(graph, whole, OnlineOptions(enabled=False))
+    assert _loops(tile(graph, whole))[0].carried == ("buf3_acc", "buf6_acc", "buf9_acc")
 
 
 def _softmax_reading_max(max_is_output: bool):
@@ -217,8 +222,12 @@ def test_the_second_loop_reads_the_final_max():
     assert fspyre.check(graph, machine=fspyre.machine.spyre(cores=4), comp=comp).equal
 
 
-def test_a_softmax_whose_max_is_read_after_the_loop_is_still_refused():
+def test_a_softmax_whose_max_is_read_after_the_loop_is_left_to_fission():
     """Only the recurrence reads the running max; an output of it would need a finish that
-    the online rewrite does not make, so the graph keeps the refusal."""
-    with pytest.raises(TilingError, match="online_softmax"):
-        fspyre.compile(_softmax_reading_max(True), tiling="hints")
+    the online rewrite does not make, so loop fission splits the group instead."""
+    graph = _softmax_reading_max(True)
+    machine = fspyre.machine.spyre(cores=4)
+    comp = fspyre.compile(graph, machine, tiling="hints")
+    assert comp.stages["tiling_plan"].notes and len(comp.stages["tiling_plan"].groups) == 3
+    assert not any(n.op.store.buffer.endswith("_alpha") for n in op_nodes(comp.stages["loop_tree"]))
+    assert fspyre.check(graph, machine=machine, comp=comp).equal
