@@ -19,8 +19,8 @@ from fspyre.ir.program import Program
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import tile, verify_loop_tree
-from fspyre.stages.program import verify_program
 from fspyre.stages.online_softmax import OnlineOptions
+from fspyre.stages.program import verify_program
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
