@@ -66,16 +66,21 @@ def _softmax_ref(x: np.ndarray, kind: str, dtype: str) -> numpy_ref.Ref:
 
 @given(rows=st.sampled_from([1, 8, 64]), sticks=st.sampled_from([2, 4, 8]), count=st.sampled_from([2, 4]),
        kind=st.sampled_from(["softmax", "log_softmax"]), dtype=st.sampled_from(["float16", "float32"]),
-       scale=st.sampled_from([0.5, 4.0, 30.0]), cores=st.sampled_from([1, 4, 32]), seed=st.integers(0, 2**16))
+       scale=st.sampled_from([0.5, 4.0, 30.0]), cores=st.sampled_from([1, 4, 32]), outer=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**16))
 @SETTINGS
-def test_softmax_over_tiled_dim_equals_untiled_and_reference(rows, sticks, count, kind, dtype, scale, cores, seed):
+def test_softmax_over_tiled_dim_equals_untiled_and_reference(rows, sticks, count, kind, dtype, scale, cores, outer,
+                                                             seed):
+    """Also under an outer level over the rows: each row tile gets its own running max and sum."""
     cols = 64 * sticks * count
-    graph = softmax_over(rows, cols, count, kind, dtype)
+    outer = outer if rows % outer == 0 else 1
+    graph = softmax_over(rows, cols, count, kind, dtype, outer)
     x = _dlfloat16((np.random.default_rng(seed).standard_normal((rows, cols)) * scale).astype(dtype))
     machine = fspyre.machine.spyre(cores=cores)
     comp, got = _run(graph, {"x": x}, "hints", machine)
     _, want = _run(graph, {"x": x}, "none", machine)
-    assert [lp.carried for lp in _loops(comp.stages["loop_tree"])][:1] != [()]
+    loops = _loops(comp.stages["loop_tree"])
+    assert [len(lp.carried) for lp in loops] == [0] * (outer > 1) + [2, 0]  # the first loop carries max and sum
     a, b = got["y"].astype(np.float64), want["y"].astype(np.float64)
     # two loops, same ops on the same values as untiled except the sum's association and
     # rescaling: the tiled-reduction tolerance (docs/tiling.md, Numerics)
@@ -117,15 +122,19 @@ def online_tolerance(weighted: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 @given(queries=st.sampled_from([1, 16, 64]), key_sticks=st.sampled_from([2, 4, 8]), count=st.sampled_from([2, 4]),
-       head=st.sampled_from([32, 64]), cores=st.sampled_from([1, 8, 32]), seed=st.integers(0, 2**16))
+       head=st.sampled_from([32, 64]), cores=st.sampled_from([1, 8, 32]), outer=st.sampled_from([1, 2, 4]),
+       seed=st.integers(0, 2**16))
 @SETTINGS
-def test_attention_tiled_over_keys_equals_untiled_and_reference(queries, key_sticks, count, head, cores, seed):
+def test_attention_tiled_over_keys_equals_untiled_and_reference(queries, key_sticks, count, head, cores, outer, seed):
+    """Also inside query tiles (Sq outer, Sk inner: flash attention's blocking)."""
     keys = 64 * key_sticks * count
+    outer = outer if queries % outer == 0 else 1
     ins = _attention_inputs(queries, keys, head, seed)
     machine = fspyre.machine.spyre(cores=cores)
-    comp, got = _run(attention(queries, keys, head, {"Sk": count}), ins, "hints", machine)
+    comp, got = _run(attention(queries, keys, head, {"Sq": outer, "Sk": count} if outer > 1 else {"Sk": count}),
+                     ins, "hints", machine)
     _, want = _run(attention(queries, keys, head, None), ins, "none", machine)
-    (loop,) = _loops(comp.stages["loop_tree"])
+    loop = _loops(comp.stages["loop_tree"])[-1]
     assert loop.count == count and len(loop.carried) == 3
     ref, weighted = _attention_ref(ins)
     a, b = got["o"].astype(np.float64), want["o"].astype(np.float64)

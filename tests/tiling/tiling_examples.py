@@ -83,13 +83,15 @@ def matmul_k() -> Graph:
     return matmul({"K": 4}, "matmul_k")
 
 
-def softmax_over(rows: int, cols: int, count: int, kind: str = "softmax", dtype: str = "float16") -> Graph:
+def softmax_over(rows: int, cols: int, count: int, kind: str = "softmax", dtype: str = "float16",
+                 outer: int = 1) -> Graph:
     """softmax or log_softmax over C as the torch front end emits it (a float16 input cast to
-    float32 and the result back), tiled over C itself: an online softmax in two loops."""
+    float32 and the result back), tiled over C itself (inside ``outer`` tiles of the rows): an
+    online softmax in two loops."""
     g = fspyre.GraphBuilder(f"{kind}_columns")
     B, C = g.dim("B", rows), g.dim("C", cols)
     x = g.input("x", (B, C), dtype)
-    with g.hint(slices={"C": count}):
+    with g.hint(slices={"B": outer, "C": count} if outer > 1 else {"C": count}):
         s = g.cast(x, "float32") if dtype != "float32" else x
         d = g.sub(s, g.amax(s, ["C"], keepdim=True))
         e = g.exp(d)
