@@ -12,6 +12,7 @@ fixed address and never advances.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Union
 
@@ -59,11 +60,11 @@ class Loop:
     against the ops' own ``tiling`` entries.
 
     ``carried`` names the buffers whose value one iteration hands to the next: a buffer the
-    body reads before it writes it (an accumulator ``<buf>_acc``, the running max and sum of
-    an online softmax), sorted. They are written before the loop, live (in LX) across all its
-    iterations, and are read after it; every other buffer the body writes is dead at the end
-    of an iteration. ``carried_buffers(body)`` computes them; ``verify_loop_tree`` checks the
-    record against the body."""
+    body reads before it writes it, in the same place (an accumulator ``<buf>_acc``, the
+    running max and sum of an online softmax), sorted. They are written before the loop, live
+    across all its iterations, and are read after it; every other buffer the body writes is
+    dead at the end of an iteration. ``carried_buffers`` computes them; ``verify_loop_tree``
+    checks the record against the body."""
 
     count: int
     steps: tuple[TileStep, ...]
@@ -101,17 +102,27 @@ def level_steps(body: tuple[Union[Loop, OpNode], ...], depth: int) -> tuple[Tile
     return tuple(seen)
 
 
-def carried_buffers(body: tuple[Union[Loop, OpNode], ...]) -> tuple[str, ...]:
-    """The buffers a loop around ``body`` carries from one iteration to the next: those some
-    op of ``body`` reads before (in program order) the first op of ``body`` that writes them.
-    A buffer read but never written in the body is loop-invariant, not carried."""
+def carried_buffers(body: tuple[Union[Loop, OpNode], ...], depth: int,
+                    full: Collection[str] = ()) -> tuple[str, ...]:
+    """The buffers a loop at level ``depth`` around ``body`` carries from one iteration to the
+    next: those some op of ``body`` reads before (in program order) the first op of ``body``
+    that writes them. A buffer read but never written in the body is loop-invariant, not
+    carried; nor is a ``full`` buffer (addressed with the loop's advance) that an op of the
+    body moves through at this level: each iteration reads and writes its own region of it
+    (an accumulator spanning the output tiles of an inner loop)."""
     written: set[str] = set()
     read_first: set[str] = set()
+    moving: set[str] = set()
     for node, _ in walk(body):
         if isinstance(node, OpNode):
-            read_first.update(ld.buffer for ld in node.op.loads if ld.buffer not in written)
-            written.add(node.op.store.buffer)
-    return tuple(sorted(read_first & written))
+            op = node.op
+            read_first.update(ld.buffer for ld in op.loads if ld.buffer not in written)
+            written.add(op.store.buffer)
+            dims = {s.dim for s in node.tiling[depth]} if depth < len(node.tiling) else set()
+            for access in (*op.loads, op.store):
+                if access.buffer in full and dims & {v.name for v in access.index.free_symbols}:
+                    moving.add(access.buffer)
+    return tuple(sorted((read_first & written) - moving))
 
 
 Node = Union[Loop, OpNode]

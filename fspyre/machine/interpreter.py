@@ -352,10 +352,11 @@ def _what(spec: OpSpec, arg: TensorArg, core: int) -> _Where:
                   memory=arg.memory)
 
 
-def _core_addresses(arg: TensorArg, syms, sizes, slices, iters) -> np.ndarray:
-    """Byte addresses one core touches (the per-core model, kept for LX boxes and error reports)."""
+def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iters) -> np.ndarray:
+    """Byte addresses one core touches over its ``space`` ((start, extent) per symbol): the
+    per-core model, kept for LX boxes of uneven splits and error reports."""
     fmt = formats.FORMATS[arg.device_dtype]
-    grid = open_grid(list(sizes), [sl * n for sl, n in zip(slices, sizes)])
+    grid = open_grid([n for _, n in space], [start for start, _ in space])
     coords = [np.asarray(compile_index(c, syms)(*grid)) for c in arg.device_coordinates]
     if arg.memory == "hbm":
         strides = row_major_strides(arg.device_size)
@@ -373,8 +374,10 @@ def _core_addresses(arg: TensorArg, syms, sizes, slices, iters) -> np.ndarray:
 
 
 def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
-                 cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool) -> Access:
-    """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``.
+                 cores: Sequence[int], slices: np.ndarray, spaces: Sequence[Sequence[tuple[int, int]]],
+                 lx_bytes: int, store: bool) -> Access:
+    """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``,
+    which covers ``spaces[core]`` ((start, extent) per symbol).
     A load keeps the size-1 axes its addresses do not vary along (numpy broadcasts the values);
     a store covers the whole grid, as every core stores every element of its slice."""
     fmt = formats.FORMATS[arg.device_dtype]
@@ -388,9 +391,9 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
                       advance=tuple(arg.tile_advance), core_range=None)
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
-    planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store) if spec.even else None
     full, core_range = planned if planned is not None else _lx_addresses_per_core(
-        arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+        arg, syms, sizes, splits, cores, spaces, lx_bytes, store)
     r = core_range
     lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
     pattern = _pattern(full, full.shape, nb)
@@ -401,21 +404,19 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
 
 
 def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
-                           cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
-                           ) -> tuple[np.ndarray, np.ndarray]:
+                           cores: Sequence[int], spaces: Sequence[Sequence[tuple[int, int]]], lx_bytes: int,
+                           store: bool) -> tuple[np.ndarray, np.ndarray]:
     """Byte addresses in the stacked LX over the grid (size 1 along the axes a load does not
     vary along) and each core's local [min, max] ([0, -1]: none): the per-core model, one
-    core at a time."""
-    local = [n // s for n, s in zip(sizes, splits)]
-    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
-    per_core = {core: _core_addresses(arg, syms, local, slices[core], ()) for core in cores}
+    core at a time (what uneven slices run on)."""
+    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(spaces), 1))  # [0, -1]: touches nothing
+    per_core = {core: _core_addresses(arg, syms, spaces[core], ()) for core in cores}
     # an axis the addresses vary along, or the core does (its own LX), is kept at full size
     varies = [store or splits[k] > 1 or any(a.ndim == len(sizes) and a.shape[k] > 1 for a in per_core.values())
               for k in range(len(sizes))]
     full = np.zeros([n if v else 1 for n, v in zip(sizes, varies)], dtype=np.int64)
     for core, a in per_core.items():
-        sl = slices[core]
-        box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
+        box = tuple(slice(start, start + n) if v else slice(None) for (start, n), v in zip(spaces[core], varies))
         full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
         core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
     return full, core_range
@@ -477,6 +478,7 @@ def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
     red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
     out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
     slices = core_slices(list(splits))
+    spaces = spec.core_spaces
     all_cores = range(len(slices))
     operands = []
     for kind, v in info["operands"]:
@@ -484,13 +486,15 @@ def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
             operands.append(("scalar", v))
         else:
             operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
-                                                    program.lx_bytes, store=False)))
+                                                    spaces, program.lx_bytes, store=False)))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
     writers = [c for c in all_cores if all(slices[c][i] == 0 for i in red_pos)]
     out_slices = slices[:, list(out_pos)] if out_pos else np.zeros((len(slices), 0), np.int64)
+    out_spaces = [tuple(space[i] for i in out_pos) for space in spaces]
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
-                       tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
+                       tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
+                       store=True)
     fn = str(info["fn"])
     ctype = np.dtype(str(info["compute"]))
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
@@ -1003,6 +1007,8 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
             op=op.spec.name)
     if list(op.red_pos) != list(range(len(op.out_pos), len(op.syms))):
         raise ExecutionError(f"op {op.spec.name}: reduction symbols must follow output symbols", op=op.spec.name)
+    if any(len(set(op.spec.slice_extents[i])) > 1 for i in op.red_pos):
+        return _reduce_slices(op, values, sizes)
     # split each reduced axis (size n, split s > 1) into (s, n / s): axes of the partials
     grid: list[int] = []
     axes: list[int] = []
@@ -1047,6 +1053,35 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     return acc
 
 
+def _reduce_slices(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
+    """``_reduce`` for slices of any extents: each slice of the split reduced symbols (the
+    part one core reduces) is cut out and reduced, then the parts combine in slice order."""
+    split = [i for i in op.red_pos if op.splits[i] > 1]
+    extents = op.spec.slice_extents
+    full = [v.reshape((1,) * (len(sizes) - v.ndim) + v.shape) if isinstance(v, np.ndarray) else v for v in values]
+    count, correction = op.spec.op_info["count"], op.spec.op_info.get("correction", 0)
+    assert isinstance(count, int) and isinstance(correction, int)
+    red_axes = tuple(op.red_pos)
+    if op.fn == "gather":  # over every core's part at once: each index names one position in all
+        if miss := numerics.gather_misses(full, red_axes, sizes):
+            raise ExecutionError(f"op {op.spec.name} (gather): {miss}", op=op.spec.name)
+    acc = None
+    for key in itertools.product(*(range(op.splits[i]) for i in split)):  # slice order
+        cut = [slice(None)] * len(sizes)
+        grid = list(sizes)
+        for i, k in zip(split, key):
+            start = sum(extents[i][:k])
+            cut[i] = slice(start, start + extents[i][k])
+            grid[i] = extents[i][k]
+        parts = [v[tuple(c if n > 1 else slice(None) for c, n in zip(cut, v.shape))]
+                 if isinstance(v, np.ndarray) else v for v in full]
+        p = numerics.reduce(op.fn, parts, red_axes, op.ctype, count, tuple(grid), correction)
+        acc = p if acc is None else numerics.combine(op.fn, acc, p)
+    out_shape = tuple(sizes[i] for i in op.out_pos)
+    assert acc is not None
+    return acc if acc.shape == out_shape else np.broadcast_to(acc, out_shape)
+
+
 # -- error reports: the per-core model, run only when a batched check failed -------------------
 
 
@@ -1055,28 +1090,26 @@ def _core_list(op: OpPlan) -> list[tuple[int, tuple[int, ...]]]:
 
 
 def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
-    local = [n // s for n, s in zip(op.sizes, op.splits)]
-    for core, slices in _core_list(op):
+    for core, space in enumerate(op.spec.core_spaces):
         for kind, acc in op.operands:
             if kind == "scalar":
                 continue
             mem = m.lx[core] if acc.lx else m.hbm
             what = _what(op.spec, acc.arg, core)
-            addrs = _core_addresses(acc.arg, list(op.syms), local, slices, iters).reshape(-1)
+            addrs = _core_addresses(acc.arg, list(op.syms), space, iters).reshape(-1)
             _check_bytes(mem, addrs, acc.fmt.nbytes, what)
             if m.check_written:
                 _check_written_bytes(mem, addrs, acc.fmt.nbytes, what)
 
 
 def _report_write(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
-    local = [n // s for n, s in zip(op.sizes, op.splits)]
     out_syms = [op.syms[i] for i in op.out_pos]
     for core, slices in _core_list(op):
         if any(slices[i] for i in op.red_pos):
             continue
         acc = op.out
         mem = m.lx[core] if acc.lx else m.hbm
-        addrs = _core_addresses(acc.arg, out_syms, [local[i] for i in op.out_pos],
-                                [slices[i] for i in op.out_pos], iters).reshape(-1)
+        space = op.spec.core_spaces[core]
+        addrs = _core_addresses(acc.arg, out_syms, [space[i] for i in op.out_pos], iters).reshape(-1)
         _check_bytes(mem, addrs, acc.fmt.nbytes, _what(op.spec, acc.arg, core))
     raise AssertionError("unreachable: the batched bounds check failed, the per-core one did not")

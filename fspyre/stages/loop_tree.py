@@ -20,7 +20,11 @@ Tiled reductions (a level tiles a reduction dim): the op computes a per-tile par
 ``<buf>_part``, ``<op>_combine`` folds it into the accumulator ``<buf>_acc``, which
 ``<op>_fill`` sets to the identity before the first reduction level and ``<op>_finish`` copies
 (mean: scales) into the output after it. Accumulators are float32 for float outputs and int32
-otherwise.
+otherwise. An output level nested inside the reduction level makes the accumulator span the
+inner output tiles (a full buffer of the output's shape). var runs a nest computing the mean
+before its reduction level, then sums squared deviations tile by tile. Ops of the group that
+read a tiled reduction were moved to a later nest by the plan (loop fission); a plan that did
+not do so is refused here.
 """
 
 from __future__ import annotations
@@ -74,12 +78,13 @@ TILED_REDUCTIONS: Mapping[str, tuple[str, str, float, int]] = {
     "prod": ("prod", "mul", 1.0, 1),
     "amax": ("amax", "maximum", -math.inf, INT32_MIN),
     "amin": ("amin", "minimum", math.inf, INT32_MAX),
+    # var's partial is the sum of squared deviations from the mean, computed in a first nest
+    "var": ("sum", "add", 0.0, 0),
 }
 
 
 # Why each reduction missing from TILED_REDUCTIONS has no tile-by-tile form.
 _UNTILED: Mapping[str, str] = {
-    "var": "var needs the mean of the whole range first",
     "gather": "each index is checked to name exactly one position of the whole range",
 }
 
@@ -174,6 +179,12 @@ class _OpTiling:
     def dims(self, dims: Sequence[Dim]) -> tuple[Dim, ...]:
         return tuple(Dim(d.name, self.final[d.name]) for d in dims)
 
+    def dims_at(self, dims: Sequence[Dim], depth: int, levels: Sequence[Level]) -> tuple[Dim, ...]:
+        """``dims`` as the body of loop level ``depth`` sees them: divided only by the levels
+        outside it."""
+        return tuple(Dim(d.name, self.final[d.name] * math.prod(
+            levels[k].count for k in range(depth, len(levels)) if self.per_level[k] == d.name)) for d in dims)
+
 
 def _where(k: int, level: Level) -> str:
     return f"level {k} ({level.source})" if level.source else f"level {k}"
@@ -251,8 +262,7 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
     if op.fn not in TILED_REDUCTIONS:
         raise TilingError(
             f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {t.per_level[r]}, but {op.fn} has no "
-            f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}"
-            + (", or write var as mean((x - mean(x))**2) and tile that." if op.fn == "var" else ".")
+            f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}."
         )
     for k in range(r + 1, len(levels)):
         d = t.per_level[k]
@@ -262,12 +272,6 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
                 f"{where}, which tiles its reduction dim {t.per_level[r]}; each partial {op.fn} would be folded "
                 f"into the accumulator {levels[k].count} times. Tile a dim of {op.name} at that level too, or "
                 f"put the reduction in a group of its own."
-            )
-        if d not in reduced:
-            raise TilingError(
-                f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles output dim {d} inside {where}, "
-                f"which tiles reduction dim {t.per_level[r]}; an accumulator tile cannot move inside its "
-                f"reduction loop. Put the output level outside (the outer hint scope)."
             )
     for reader in () if online else ctx.readers.get(op.store.buffer, ()):
         if reader in members:
@@ -379,8 +383,8 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
     levels = group.levels
     members = set(group.ops)
     tilings = [_analyse(ctx.ops[name], levels) for name in group.ops]
-    online = match_online([t.op for t in tilings], {t.op.name: frozenset(d for d in t.per_level if d) for t in tilings},
-                          ctx.readers, ctx.outputs, ctx.online)
+    online = match_online([t.op for t in tilings], {t.op.name: t.per_level for t in tilings}, ctx.readers,
+                          ctx.outputs, ctx.online)
     recurrence = _Recurrence(online) if online is not None else None
     tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
     inner: list[Node] = []
@@ -408,19 +412,30 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
         inside = any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
         outside = out in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(out, ()))
         store = op.store
+        if r is not None and _spans_output_tiles(t, r):
+            outside = True  # its finish writes a level-r tile, larger than a per-tile buffer
         if not outside:
             tile_type, vars_ = _tile_type(ctx, t)
             ctx.replaced[out] = TreeBuffer(name=out, type=tile_type, scope="tile")
             if vars_:
                 store = Store(buffer=out, index=_index(tile_type, vars_))
             tiles[out] = _TileBuffer(name=out, type=tile_type, producer=t, vars=tuple(vars_))
+        if r is not None and op.fn == "var" and loads:
+            (ld,) = loads
+            raise TilingError(
+                f"op {op.name} (var over {[d.name for d in op.reduction_ranges]}): {_where(r, levels[r])} tiles its "
+                f"reduction dim {t.per_level[r]}, so it reads {ld.buffer} twice, for the mean and for the "
+                f"deviations, but {tiles[ld.buffer].producer.op.name} writes {ld.buffer} tile by tile in the same "
+                f"loop nest. plan_tiling and plan_groups put such producers in an earlier loop nest "
+                f"(fspyre.stages.tiling_plan.split_at_tiled_reductions); pass this plan through it."
+            )
         target = inner if recurrence is None else recurrence.nodes_for(role, inner)
         if r is not None:
             assert isinstance(per_tile, Reduction)
             if recurrence is not None and role in ("amax", "sum", "matmul"):
                 inner.extend(recurrence.step(ctx, t, per_tile, store, r, role, tiles, fills, finishes))
             else:
-                inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, fills, finishes))
+                inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, levels, fills, finishes))
             continue
         if outside and inside:
             tile_type, vars_ = _tile_type(ctx, t)
@@ -438,14 +453,19 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             target.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
     if recurrence is not None and online.two_pass:  # type: ignore[union-attr]
         recurrence.second_loop(ctx, inner, levels, finishes)
-    for node in inner + [n for nodes in fills + finishes for n in nodes]:
-        for op_node in (op_nodes((node,)) if isinstance(node, Loop) else (node,)):
-            _check_stick_steps(ctx, op_node, levels)
+    for node in op_nodes(tuple(inner) + tuple(n for nodes in fills + finishes for n in nodes)):
+        _check_stick_steps(ctx, node, levels)
     body: tuple[Node, ...] = tuple(inner)
     for d in reversed(range(len(levels))):
         body = tuple(fills[d]) + (Loop(count=levels[d].count, steps=level_steps(body, d), body=body,
-                                       carried=carried_buffers(body)),) + tuple(finishes[d])
+                                       carried=carried_buffers(body, d, _full_names(ctx))),) + tuple(finishes[d])
     return body
+
+
+def _full_names(ctx: _Context) -> set[str]:
+    """The buffers made so far that are full (addressed with the loops' advance)."""
+    return ({name for name in ctx.buffers if name not in ctx.replaced}
+            | {b.name for bs in ctx.extra.values() for b in bs if b.scope == "full"})
 
 
 class _Recurrence:
@@ -514,7 +534,8 @@ class _Recurrence:
             for n in inner if isinstance(n, OpNode) and n.op.name in again
         ) + tuple(self.second)
         for d in reversed(range(r, len(levels))):
-            body = (Loop(count=levels[d].count, steps=level_steps(body, d), body=body, carried=carried_buffers(body)),)
+            body = (Loop(count=levels[d].count, steps=level_steps(body, d), body=body,
+                         carried=carried_buffers(body, d, _full_names(ctx))),)
         finishes[r].extend(replace(n, tiling=n.tiling[:r]) for n in self.between if isinstance(n, OpNode))
         finishes[r].extend(body)
 
@@ -574,10 +595,11 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
     op = node.op
     sizes = {d.name: d.size for d in iteration_dims(op)}
     accesses = [(ld.buffer, ld.index, "reads") for ld in op.loads] + [(op.store.buffer, op.store.index, "writes")]
+    made = {b.name: b for bs in ctx.extra.values() for b in bs if b.scope == "full"}  # spanning accumulators
     for buffer, index, verb in accesses:
-        if buffer in ctx.replaced or buffer not in ctx.buffers:
+        if buffer in ctx.replaced or (buffer not in ctx.buffers and buffer not in made):
             continue  # a per-tile buffer sits at a fixed address and never advances
-        btype = ctx.buffers[buffer].type
+        btype = ctx.buffers[buffer].type if buffer in ctx.buffers else made[buffer].type
         n_last = btype.shape[-1] if btype.shape else 1
         if n_last == 1:
             continue  # every element of a size-1 stick dim has a stick of its own
@@ -615,45 +637,118 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
 
 
 def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int,
-                     fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
-    """partial + combine in the loop body; identity fill before and finish after level ``r``."""
+                     levels: Sequence[Level], fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
+    """partial + combine in the loop body; identity fill before and finish after level ``r``.
+
+    var is the untiled two-pass algorithm with its sums tiled: before level ``r``, a nest of
+    the levels from ``r`` inwards computes the mean of the output tile (a tiled mean into the
+    float32 per-tile buffer ``<buf>_mean``); the main nest then subtracts it, squares in
+    float32 (``<buf>_dev``) and sums the squares tile by tile; the finish divides by N -
+    correction. Its operand must be whole before the first nest, which loop fission sees to
+    (``split_at_tiled_reductions`` puts in-group producers of a tiled var in an earlier pass)."""
     op = t.op
-    out = op.store.buffer
-    out_type = ctx.buffers[out].type
-    partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[op.fn]
-    acc_float = is_float(out_type.dtype)
-    acc_type = TensorType(dims=t.dims(op.ranges), dtype="float32" if acc_float else "int32")
-    idx = acc_type.contiguous_index()
-    part = ctx.fresh(f"{out}_part")
-    acc = ctx.fresh(f"{out}_acc")
-    ctx.extra.setdefault(out, []).extend(
-        [TreeBuffer(name=part, type=acc_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope="tile")]
+    owner = op.store.buffer
+    out_dtype = ctx.buffers[owner].type.dtype
+    if op.fn != "var":
+        fill, body, finish = _accumulation(ctx, t, per_tile, op.fn, store, out_dtype, owner, r, levels)
+        fills[r].append(fill)
+        finishes[r].append(finish)
+        return body
+    out_dims, red_dims = t.dims(op.ranges), t.dims(op.reduction_ranges)
+    # the mean spans the output tiles of levels inside r, as the accumulators do
+    spans = _spans_output_tiles(t, r)
+    mean_type = TensorType(dims=ctx.buffers[owner].type.dims if spans else out_dims, dtype="float32")
+    dev_type = TensorType(dims=out_dims + red_dims, dtype="float32")
+    midx, didx = op.store.index if spans else mean_type.contiguous_index(), dev_type.contiguous_index()
+    mean, dev = ctx.fresh(f"{owner}_mean"), ctx.fresh(f"{owner}_dev")
+    ctx.extra.setdefault(owner, []).extend([TreeBuffer(name=mean, type=mean_type, scope="full" if spans else "tile"),
+                                            TreeBuffer(name=dev, type=dev_type, scope="tile")])
+    mean_op = replace(per_tile, name=ctx.fresh(f"{op.name}_sum"), fn="mean", correction=0)
+    m_fill, m_body, m_finish = _accumulation(ctx, t, mean_op, "mean", Store(buffer=mean, index=midx), "float32",
+                                             owner, r, levels)
+    nest: tuple[Node, ...] = tuple(m_body)
+    for d in reversed(range(r, len(levels))):
+        nest = (Loop(count=levels[d].count, steps=level_steps(nest, d), body=nest,
+                     carried=carried_buffers(nest, d, _full_names(ctx))),)
+    deviation = Pointwise(
+        name=ctx.fresh(f"{op.name}_center"), fn="sub", operands=(per_tile.operands[0], Load(buffer=mean, index=midx)),
+        ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
     )
-    out_dims = acc_type.dims
+    square = Pointwise(
+        name=ctx.fresh(f"{op.name}_square"), fn="mul",
+        operands=(Load(buffer=dev, index=didx), Load(buffer=dev, index=didx)),
+        ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
+    )
+    squares = replace(per_tile, operands=(Load(buffer=dev, index=didx),), correction=0)
+    fill, body, finish = _accumulation(ctx, t, squares, "var", store, out_dtype, owner, r, levels)
+    fills[r].extend([m_fill, *nest, m_finish, fill])
+    finishes[r].append(finish)
+    return [OpNode(op=deviation, tiling=t.steps), OpNode(op=square, tiling=t.steps), *body]
+
+
+def _spans_output_tiles(t: _OpTiling, r: int) -> bool:
+    """A level inside the reduction level ``r`` tiles an output dim of the reduction."""
+    return any(t.out_steps()[r + 1:])
+
+
+def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, store: Store, out_dtype: str,
+                  owner: str, r: int, levels: Sequence[Level]) -> tuple[OpNode, list[Node], OpNode]:
+    """The fill (before level ``r``), the loop body (partial, combine) and the finish (after
+    level ``r``) of a tiled ``fn`` of ``per_tile``'s operands into ``store`` (of
+    ``out_dtype``); helper buffers are named after ``store`` and listed after the graph
+    buffer ``owner``.
+
+    The accumulator holds the output tile the body of level ``r`` sees. When no level inside
+    ``r`` tiles an output dim, that is the per-tile output: a ``"tile"`` buffer. Otherwise
+    (an output level nested in the reduction level) it spans the inner output tiles: a
+    ``"full"`` buffer of the whole output shape, which the combine walks with the output's
+    advance and the fill and finish cover one level-``r`` tile at a time."""
+    op = t.op
+    base = store.buffer
+    partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[fn]
+    acc_float = is_float(out_dtype)
+    acc_dtype = "float32" if acc_float else "int32"
+    part_type = TensorType(dims=t.dims(op.ranges), dtype=acc_dtype)
+    idx = part_type.contiguous_index()
     outer = t.out_steps()
+    if _spans_output_tiles(t, r):
+        # the output's own shape and index, so it walks (and lays out in sticks) as the output does
+        acc_type, acc_scope = TensorType(dims=ctx.buffers[op.store.buffer].type.dims, dtype=acc_dtype), "full"
+        acc_idx = op.store.index
+    else:
+        acc_type, acc_scope = part_type, "tile"
+        acc_idx = acc_type.contiguous_index()
+    part = ctx.fresh(f"{base}_part")
+    acc = ctx.fresh(f"{base}_acc")
+    ctx.extra.setdefault(owner, []).extend(
+        [TreeBuffer(name=part, type=part_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope=acc_scope)]
+    )
+    out_dims, span_dims = part_type.dims, t.dims_at(op.ranges, r, levels)
     partial = replace(per_tile, fn=partial_fn, store=Store(buffer=part, index=idx))
     combine = Pointwise(
-        name=ctx.fresh(f"{op.name}_combine"), fn=combine_fn,
-        operands=(Load(buffer=acc, index=idx), Load(buffer=part, index=idx)),
-        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+        name=ctx.fresh(f"{per_tile.name}_combine"), fn=combine_fn,
+        operands=(Load(buffer=acc, index=acc_idx), Load(buffer=part, index=idx)),
+        ranges=out_dims, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
     )
     fill = Pointwise(
-        name=ctx.fresh(f"{op.name}_fill"), fn="full",
+        name=ctx.fresh(f"{per_tile.name}_fill"), fn="full",
         operands=(Scalar(value=float_identity if acc_float else int_identity),),
-        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+        ranges=span_dims, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
     )
-    finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=idx),)
+    finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=acc_idx),)
     finish_fn = "cast"
-    if op.fn == "mean":
-        count = math.prod(d.size for d in op.reduction_ranges)
+    count = math.prod(d.size for d in op.reduction_ranges)
+    if fn == "mean":
         finish_fn, finish_ops = "mul", finish_ops + (Scalar(value=1.0 / count),)
+    elif fn == "var":  # as the untiled var divides: by N - correction, 0 when the correction is larger
+        assert isinstance(op, Reduction)
+        finish_fn, finish_ops = "div", finish_ops + (Scalar(value=float(max(count - op.correction, 0))),)
     finish = Pointwise(
-        name=ctx.fresh(f"{op.name}_finish"), fn=finish_fn, operands=finish_ops,
-        ranges=out_dims, store=store, hints=op.hints,
+        name=ctx.fresh(f"{per_tile.name}_finish"), fn=finish_fn, operands=finish_ops,
+        ranges=span_dims, store=store, hints=op.hints,
     )
-    fills[r].append(OpNode(op=fill, tiling=outer[:r]))
-    finishes[r].append(OpNode(op=finish, tiling=outer[:r]))
-    return [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)]
+    body: list[Node] = [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)]
+    return OpNode(op=fill, tiling=outer[:r]), body, OpNode(op=finish, tiling=outer[:r])
 
 
 # -- verification ----------------------------------------------------------------------------
@@ -704,8 +799,8 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
 def _verify_loop_steps(tree: LoopTree) -> None:
     """Each loop records exactly the moves its ops make at its level (in one pass: every op
     adds its entry ``k`` to the k-th enclosing loop's tally) and exactly the buffers its body
-    carries from one iteration to the next, each a per-tile buffer written before the loop."""
-    table = tree.buffer_table()
+    carries from one iteration to the next."""
+    full = {b.name for b in tree.buffers if b.scope == "full"}
 
     def visit(body: tuple[Node, ...], enclosing: tuple[tuple[Loop, set[TileStep]], ...]) -> None:
         for node in body:
@@ -719,20 +814,15 @@ def _verify_loop_steps(tree: LoopTree) -> None:
                         f"{_step_list(node.steps)} but its ops move {_step_list(moves)} there; build the loop "
                         f"with steps=level_steps(body, {depth})"
                     )
-                carried = carried_buffers(node.body)
+                # its first iteration reads what was written before the loop, which the tree-wide
+                # read-after-write check above sees
+                carried = carried_buffers(node.body, depth, full)
                 if carried != node.carried:
                     raise TilingError(
                         f"loop tree {tree.name}: the loop at level {depth} (count {node.count}) records carried "
                         f"buffers {list(node.carried)} but its body reads {list(carried)} before writing them; "
-                        f"build the loop with carried=carried_buffers(body)"
+                        f"build the loop with carried=carried_buffers(body, {depth}, <full buffers>)"
                     )
-                for name in carried:  # its first iteration reads the value written before the loop,
-                    # which the tree-wide read-after-write check above sees
-                    if table[name].scope != "tile":
-                        raise TilingError(
-                            f"loop tree {tree.name}: the loop at level {depth} (count {node.count}) carries {name}, "
-                            f"a full buffer; a value carried across iterations must be a per-tile buffer"
-                        )
             else:
                 for (_, moves), level in zip(enclosing, node.tiling):
                     moves.update(level)

@@ -86,10 +86,13 @@ class OnlineSoftmax:
         return self.matmul is None
 
 
-def match_online(ops: Sequence[Op], tiled: Mapping[str, frozenset[str]], readers: Mapping[str, Sequence[str]],
+def match_online(ops: Sequence[Op], tiled: Mapping[str, Sequence[str | None]], readers: Mapping[str, Sequence[str]],
                  outputs: frozenset[str], options: OnlineOptions = OnlineOptions()) -> OnlineSoftmax | None:
     """The first softmax of ``ops`` (one group, program order) whose amax reads along a dim
-    the group's levels tile (``tiled[op]``: the dims tiled for each op), or None.
+    the group's levels tile (``tiled[op]``: per level, outermost first, the dim it tiles for
+    that op, None where the op is invariant), or None. Every level inside the first one
+    tiling that dim must tile it again: the carried max, sum and product are per output tile,
+    so an output level may enclose the reduction's loop but not run inside it.
 
     Matched exactly as the front end emits ``torch.softmax`` / ``log_softmax`` (and
     attention's ``softmax(s) @ v``): ``m = amax(s)``, ``d = s - m``, ``e = exp(d)``,
@@ -103,7 +106,8 @@ def match_online(ops: Sequence[Op], tiled: Mapping[str, frozenset[str]], readers
         if not (isinstance(m, Reduction) and m.fn == "amax" and len(m.reduction_ranges) == 1):
             continue
         dim = m.reduction_ranges[0].name
-        if dim not in tiled[m.name]:
+        levels = list(tiled[m.name])
+        if dim not in levels or any(d != dim for d in levels[levels.index(dim):]):
             continue
         d, e, l_ = ops[i + 1], ops[i + 2], ops[i + 3]
         s_load = m.operands[0]
@@ -162,7 +166,7 @@ def _attention(core: tuple[Op, ...], rest: Sequence[Op], dim: str, readers: Mapp
 
 
 def _two_pass(core: tuple[Op, ...], before: Sequence[Op], rest: Sequence[Op], dim: str,
-              tiled: Mapping[str, frozenset[str]], readers: Mapping[str, Sequence[str]]) -> OnlineSoftmax | None:
+              tiled: Mapping[str, Sequence[str | None]], readers: Mapping[str, Sequence[str]]) -> OnlineSoftmax | None:
     """The ops after the sum run in a second loop (those that iterate ``dim``) or once between
     the loops (those that do not); the first loop's ops they need are recomputed."""
     m, d, e, l_ = core
@@ -188,7 +192,7 @@ def _two_pass(core: tuple[Op, ...], before: Sequence[Op], rest: Sequence[Op], di
         if op.store.buffer in need:
             if isinstance(op, Reduction) and dim in {r.name for r in op.reduction_ranges}:
                 return None
-            if isinstance(op, Reduction) and tiled[op.name] & {r.name for r in op.reduction_ranges}:
+            if isinstance(op, Reduction) and set(tiled[op.name]) & {r.name for r in op.reduction_ranges}:
                 return None  # a tiled reduction cannot be recomputed inside the second loop
             again.insert(0, op)
             need |= {ld.buffer for ld in op.loads}

@@ -22,7 +22,7 @@ from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, Tensor
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
-from fspyre.machine.rules import device_bytes, row_major_strides
+from fspyre.machine.rules import core_spaces, device_bytes, row_major_strides
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
@@ -127,7 +127,8 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
     dims = record.dims
     syms = [d.symbol for d in dims]
     full = record.full
-    split = splits.ops[op.name].splits
+    op_split = splits.ops[op.name]
+    split = op_split.splits
 
     # A dim tiled down to one element per tile leaves the iteration space but still moves the
     # address: the advance is computed with its symbol kept (the anchor's squeezed advance).
@@ -189,6 +190,7 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         op_info=FrozenMap(info),
         tiled_symbols=tiled,
         name=op.name,
+        core_spaces=core_spaces([op_split.extents(d.name, d.size) for d in dims]),
     )
 
 
@@ -196,7 +198,8 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
 # -- verification ----------------------------------------------------------------------------
 def verify_program(program: Program) -> Program:
     """The program agrees with itself: kernel arguments numbered 0..n-1 and inside HBM; each op
-    on at most the program's cores, with one advance per enclosing loop and ``tiled_symbols``
+    on at most the program's cores (its ``core_spaces`` partitioning its iteration space, which
+    ``OpSpec`` checks when built, so a loaded or edited program cannot skip it), with one advance per enclosing loop and ``tiled_symbols``
     for each loop (or none), its inputs before its one output, operands naming its inputs,
     coordinates over its iteration symbols; each tensor placed the same way by every op that
     uses it (memory, address, size, dtype, argument), a kernel argument exactly as the argument

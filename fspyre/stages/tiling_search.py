@@ -265,7 +265,7 @@ def _online_dims(ctx: _Search, ops: Sequence[Op]) -> list[tuple[str, int]]:
         if isinstance(op, Reduction) and op.fn == "amax" and len(op.reduction_ranges) == 1:
             d = op.reduction_ranges[0]
             if d.size > 1 and (d.name, d.size) not in out and match_online(
-                    ops, {o.name: frozenset({d.name}) for o in ops}, ctx.readers, ctx.outputs,
+                    ops, {o.name: (d.name,) for o in ops}, ctx.readers, ctx.outputs,
                     ctx.options.online) is not None:
                 out.append((d.name, d.size))
     return out

@@ -83,6 +83,21 @@ def matmul_k() -> Graph:
     return matmul({"K": 4}, "matmul_k")
 
 
+def softmax_over_its_row() -> Graph:
+    """Softmax tiled over the reduced columns (C:4): an online softmax in two loops (three
+    loop nests by loop fission with compile(online=False), tests/tiling/test_fission.py)."""
+    g = fspyre.GraphBuilder("softmax_over_its_row")
+    g.dim("R", 64)
+    g.dim("C", 512)
+    x = g.input("x", ["R", "C"], "float16")
+    with g.hint(slices={"C": 4}):
+        m = g.amax(x, ["C"], keepdim=True)
+        e = g.exp(g.sub(x, m))
+        y = g.div(e, g.sum(e, ["C"], keepdim=True))
+    g.output("y", y)
+    return g.build()
+
+
 def softmax_over(rows: int, cols: int, count: int, kind: str = "softmax", dtype: str = "float16",
                  outer: int = 1) -> Graph:
     """softmax or log_softmax over C as the torch front end emits it (a float16 input cast to
@@ -130,6 +145,33 @@ def attention_keys() -> Graph:
     return attention(64, 512, 64, {"Sk": 4})
 
 
+def var_tiled() -> Graph:
+    """var over K tiled K:4 inside a row level: a mean nest, then squared deviations."""
+    g = fspyre.GraphBuilder("var_tiled")
+    g.dim("A", 128)
+    g.dim("K", 1024)
+    x = g.input("x", ["A", "K"], "float16")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"K": 4}):
+            v = g.reduce("var", x, ["K"], correction=1)
+    g.output("v", v)
+    return g.build()
+
+
+def rows_inside_k() -> Graph:
+    """Row sums with the reduced dim K outer and the rows inside it: an accumulator spanning
+    the row tiles."""
+    g = fspyre.GraphBuilder("rows_inside_k")
+    g.dim("A", 256)
+    g.dim("K", 512)
+    x = g.input("x", ["A", "K"], "float16")
+    with g.hint(slices={"K": 4}):
+        with g.hint(slices={"A": 2}):
+            r = g.sum(x, ["K"])
+    g.output("r", r)
+    return g.build()
+
+
 EXAMPLES = {
     "canonical": canonical,
     "softmax_rows": softmax_rows,
@@ -137,6 +179,9 @@ EXAMPLES = {
     "nested_reduction": nested_reduction,
     "matmul_m": matmul_m,
     "matmul_k": matmul_k,
+    "softmax_over_its_row": softmax_over_its_row,
+    "var_tiled": var_tiled,
+    "rows_inside_k": rows_inside_k,
     "softmax_columns": softmax_columns,
     "log_softmax_columns": log_softmax_columns,
     "attention_keys": attention_keys,

@@ -412,8 +412,8 @@ def _plants(program: Program):
         for sym, (size, split) in spec.iteration_space.items():
             if split > 1:
                 space = FrozenMap({s: ((n, 1) if s == sym else (n, k)) for s, (n, k) in spec.iteration_space.items()})
-                yield f"op {oi} split of {sym} -> 1", _replace_spec(program, spec,
-                                                                   dataclasses.replace(spec, iteration_space=space))
+                yield f"op {oi} split of {sym} -> 1", _replace_spec(
+                    program, spec, dataclasses.replace(spec, iteration_space=space, core_spaces=()))
 
 
 @pytest.mark.parametrize("options", [RunOptions(), RunOptions(block=16), RunOptions(block=16, check_written=False)],
