@@ -119,9 +119,10 @@ def carried_buffers(body: tuple[Union[Loop, OpNode], ...], depth: int,
             read_first.update(ld.buffer for ld in op.loads if ld.buffer not in written)
             written.add(op.store.buffer)
             dims = {s.dim for s in node.tiling[depth]} if depth < len(node.tiling) else set()
-            for access in (*op.loads, op.store):
-                if access.buffer in full and dims & {v.name for v in access.index.free_symbols}:
-                    moving.add(access.buffer)
+            accesses = [(ld.buffer, ld.index) for ld in op.loads] + [(op.store.buffer, op.store.index)]
+            for buffer, index in accesses:
+                if buffer in full and dims & {v.name for v in index.free_symbols}:
+                    moving.add(buffer)
     return tuple(sorted((read_first & written) - moving))
 
 
