@@ -1,7 +1,8 @@
 """Row softmax over [S, N] float16, tiled over its reduction dim (N:4): a tile holds a quarter
 of each row, so the row's max and sum are complete only after the loop over N. fspyre compiles
-the hint by loop fission into three passes over N (max; exp and its sum; normalise), each
-re-reading what it needs (docs/tiling.md, "Loop fission")."""
+the hint into an online softmax: one loop over N carries a running max and a rescaled running
+sum, a second normalises with the final ones (docs/tiling.md, "Online softmax"): HBM ratio 1.5,
+27.0 us estimated, against 11.0 and 208.6 us for loop fission's three passes (--no-online)."""
 
 import torch
 

@@ -191,7 +191,7 @@ def _allocation_options(args: argparse.Namespace) -> AllocationOptions:
 def _compile(graph: Graph, args: argparse.Namespace, callback: StageCallback | None = None) -> Compilation:
     return fspyre.compile(
         graph, _machine(args.cores), tiling=args.tiling, fuse=args.fuse, residency=not args.no_residency,
-        allocation_options=_allocation_options(args), callback=callback,
+        online=not args.no_online, allocation_options=_allocation_options(args), callback=callback,
     )
 
 
@@ -451,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --tiling auto: which producers join a consumer's loop (default max-producers)")
     pipeline.add_argument("--no-residency", action="store_true",
                           help="do not copy re-read HBM regions into LX or hoist loop-invariant ops")
+    pipeline.add_argument("--no-online", action="store_true",
+                          help="do not rewrite a softmax or attention tiled over its reduction dim into an online "
+                               "softmax (loop fission splits it into passes instead)")
     pipeline.add_argument("--lx-solver", choices=("greedy", "firstfit", "bestfit"), default=None,
                           help="LX scratchpad packing (default: the allocation stage's, greedy)")
     pipeline.add_argument("--no-lx", action="store_true", help="keep every tensor in HBM (no LX planning)")

@@ -19,6 +19,7 @@ from fspyre.ir.program import Program
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import tile, verify_loop_tree
+from fspyre.stages.online_softmax import OnlineOptions
 from fspyre.stages.program import verify_program
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
@@ -83,6 +84,7 @@ def compile(
     *,
     fuse: str = "max-producers",
     residency: bool = True,
+    online: bool = True,
     split_options: SplitOptions = SplitOptions(),
     allocation_options: AllocationOptions = AllocationOptions(),
     callback: StageCallback | None = None,
@@ -102,12 +104,13 @@ def compile(
     if isinstance(tiling, TilingPlan):
         plan = tiling
     elif tiling == "auto":
-        options = SearchOptions(fuse=fuse, residency=residency, split=split_options, allocation=allocation_options)
+        options = SearchOptions(fuse=fuse, residency=residency, online=OnlineOptions(enabled=online),
+                                split=split_options, allocation=allocation_options)
         plan = done("tiling_search", search_tiling(graph, machine, options)).plan
     else:
-        plan = plan_tiling(graph, TilingOptions(mode=tiling))
+        plan = plan_tiling(graph, TilingOptions(mode=tiling, online=OnlineOptions(enabled=online)))
     done("tiling_plan", plan)
-    tree = done("loop_tree", tile(graph, plan))
+    tree = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
     # keep_resident judges its copies by dividing and allocating; its result carries both
     placed = place_copies(
         tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options))

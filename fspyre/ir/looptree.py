@@ -12,6 +12,7 @@ fixed address and never advances.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Union
 
@@ -56,11 +57,19 @@ class Loop:
     ``(dim, extent)`` moves of the ops below at this level, in program order (empty when no
     op moves here). The stage that builds the loop records them, so printers and checks read
     the level instead of re-deriving it from the ops; ``verify_loop_tree`` checks the record
-    against the ops' own ``tiling`` entries."""
+    against the ops' own ``tiling`` entries.
+
+    ``carried`` names the buffers whose value one iteration hands to the next: a buffer the
+    body reads before it writes it, in the same place (an accumulator ``<buf>_acc``, the
+    running max and sum of an online softmax), sorted. They are written before the loop, live
+    across all its iterations, and are read after it; every other buffer the body writes is
+    dead at the end of an iteration. ``carried_buffers`` computes them; ``verify_loop_tree``
+    checks the record against the body."""
 
     count: int
     steps: tuple[TileStep, ...]
     body: tuple[Union["Loop", OpNode], ...]
+    carried: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
@@ -69,6 +78,9 @@ class Loop:
         require_tuple(self.steps, f"loop of count {self.count}: steps", TilingError, TileStep)
         if len(set(self.steps)) != len(self.steps):
             raise TilingError(f"loop of count {self.count}: steps {_listed(self.steps)} repeat a (dim, extent) pair")
+        require_tuple(self.carried, f"loop of count {self.count}: carried", TilingError, str)
+        if list(self.carried) != sorted(set(self.carried)):
+            raise TilingError(f"loop of count {self.count}: carried {list(self.carried)} must be sorted and distinct")
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -88,6 +100,30 @@ def level_steps(body: tuple[Union[Loop, OpNode], ...], depth: int) -> tuple[Tile
         if isinstance(node, OpNode) and depth < len(node.tiling):
             seen.update(dict.fromkeys(node.tiling[depth]))
     return tuple(seen)
+
+
+def carried_buffers(body: tuple[Union[Loop, OpNode], ...], depth: int,
+                    full: Collection[str] = ()) -> tuple[str, ...]:
+    """The buffers a loop at level ``depth`` around ``body`` carries from one iteration to the
+    next: those some op of ``body`` reads before (in program order) the first op of ``body``
+    that writes them. A buffer read but never written in the body is loop-invariant, not
+    carried; nor is a ``full`` buffer (addressed with the loop's advance) that an op of the
+    body moves through at this level: each iteration reads and writes its own region of it
+    (an accumulator spanning the output tiles of an inner loop)."""
+    written: set[str] = set()
+    read_first: set[str] = set()
+    moving: set[str] = set()
+    for node, _ in walk(body):
+        if isinstance(node, OpNode):
+            op = node.op
+            read_first.update(ld.buffer for ld in op.loads if ld.buffer not in written)
+            written.add(op.store.buffer)
+            dims = {s.dim for s in node.tiling[depth]} if depth < len(node.tiling) else set()
+            accesses = [(ld.buffer, ld.index) for ld in op.loads] + [(op.store.buffer, op.store.index)]
+            for buffer, index in accesses:
+                if buffer in full and dims & {v.name for v in index.free_symbols}:
+                    moving.add(buffer)
+    return tuple(sorted((read_first & written) - moving))
 
 
 Node = Union[Loop, OpNode]

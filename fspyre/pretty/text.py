@@ -237,7 +237,8 @@ def _path(path: tuple[int, ...]) -> str:
 def _loop_head(node: Loop) -> tuple[str, str]:
     var = ", ".join(node.dims) or "_"
     tiles = ", ".join(f"{s.dim}={s.extent}" for s in node.steps)
-    return var, f"(tile {tiles})" if tiles else "(no dim advances)"
+    head = f"(tile {tiles})" if tiles else "(no dim advances)"
+    return var, head + (f"  carries {', '.join(node.carried)}" if node.carried else "")
 
 
 def _call_text(op: Op) -> str:

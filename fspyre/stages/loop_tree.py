@@ -50,10 +50,22 @@ from fspyre.ir.graph import (
     iteration_dims,
     sym,
 )
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, level_steps, op_nodes, walk
+from fspyre.ir.looptree import (
+    Loop,
+    LoopTree,
+    Node,
+    OpNode,
+    TileStep,
+    TreeBuffer,
+    carried_buffers,
+    level_steps,
+    op_nodes,
+    walk,
+)
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.spyre import Machine
+from fspyre.stages.online_softmax import Carried, OnlineOptions, OnlineSoftmax, match_online, online_amax, online_sum
 from fspyre.stages.tiling_plan import verify_plan
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -77,7 +89,8 @@ _UNTILED: Mapping[str, str] = {
 }
 
 
-def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
+def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()) -> LoopTree:
+    """``online``: whether a softmax tiled over its reduction dim becomes an online softmax."""
     verify_plan(graph, plan)
     ops = graph.op_table()
     group_of = {name: gi for gi, g in enumerate(plan.groups) for name in g.ops}
@@ -98,6 +111,7 @@ def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
         taken=set(ops) | {b.name for b in graph.buffers},
         replaced={},
         extra={},
+        online=online,
     )
     body: list[Node] = []
     for name in plan.order:
@@ -106,9 +120,13 @@ def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
             body.extend(_tile_group(ctx, gi, plan.groups[gi]))
         elif name not in group_of:
             body.append(OpNode(op=ops[name]))
+    # a buffer an online softmax no longer writes (its max and sum live in accumulators)
+    used = set(graph.inputs) | {o.buffer for o in graph.outputs} | {
+        name for n in op_nodes(tuple(body)) for name in (n.op.store.buffer, *(ld.buffer for ld in n.op.loads))}
     buffers: list[TreeBuffer] = []
     for b in graph.buffers:
-        buffers.append(ctx.replaced.get(b.name) or TreeBuffer(name=b.name, type=b.type))
+        if b.name in used:
+            buffers.append(ctx.replaced.get(b.name) or TreeBuffer(name=b.name, type=b.type))
         buffers.extend(ctx.extra.get(b.name, ()))
     return verify_loop_tree(LoopTree(
         name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs, body=tuple(body),
@@ -130,6 +148,7 @@ class _Context:
     taken: set[str]
     replaced: dict[str, TreeBuffer]
     extra: dict[str, list[TreeBuffer]]
+    online: OnlineOptions
 
     def fresh(self, base: str) -> str:
         name, n = base, 1
@@ -224,9 +243,12 @@ def _analyse(op: Op, levels: Sequence[Level]) -> _OpTiling:
     return _OpTiling(op=op, per_level=tuple(per_level), final=remaining, steps=tuple(steps))
 
 
-def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Level], members: set[str]) -> int | None:
+def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Level], members: set[str],
+                     online: bool = False) -> int | None:
     """The outermost level tiling a reduction dim of ``t.op`` (None if none does), after
-    refusing what fspyre cannot tile correctly."""
+    refusing what fspyre cannot tile correctly. ``online``: the op's max or sum is carried
+    by an online softmax (``fspyre.stages.online_softmax``), so its readers in the group
+    read the running value as the recurrence intends."""
     op = t.op
     if not isinstance(op, Reduction):
         return None
@@ -251,13 +273,14 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
                 f"into the accumulator {levels[k].count} times. Tile a dim of {op.name} at that level too, or "
                 f"put the reduction in a group of its own."
             )
-    for reader in ctx.readers.get(op.store.buffer, ()):
+    for reader in () if online else ctx.readers.get(op.store.buffer, ()):
         if reader in members:
             raise TilingError(
                 f"op {reader} reads {op.store.buffer}, the {op.fn} of op {op.name}, inside the same loop nest (group "
                 f"{gi}), but {where} tiles the reduction dim {t.per_level[r]}, so {op.store.buffer} is complete only "
                 f"after that loop ends. plan_tiling and plan_groups split such a group into loop nests "
-                f"(fspyre.stages.tiling_plan.split_at_tiled_reductions); pass this plan through it, or end the "
+                f"(fspyre.stages.tiling_plan.split_at_tiled_reductions), unless it is a softmax, log-softmax or "
+                f"attention that fspyre.stages.online_softmax rewrites; pass this plan through it, or end the "
                 f"group before {reader}."
             )
     return r
@@ -360,13 +383,20 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
     levels = group.levels
     members = set(group.ops)
     tilings = [_analyse(ctx.ops[name], levels) for name in group.ops]
+    online = match_online([t.op for t in tilings], {t.op.name: t.per_level for t in tilings}, ctx.readers,
+                          ctx.outputs, ctx.online)
+    recurrence = _Recurrence(online) if online is not None else None
     tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
     inner: list[Node] = []
     fills: list[list[Node]] = [[] for _ in levels]
     finishes: list[list[Node]] = [[] for _ in levels]
     for t in tilings:
         op = t.op
-        r = _check_reduction(ctx, gi, t, levels, members)
+        role = recurrence.role(op.name) if recurrence else None
+        r = _check_reduction(ctx, gi, t, levels, members, online=role in ("amax", "sum"))
+        if role == "div":  # attention: e / l is folded into the finish, and its readers read e
+            tiles[op.store.buffer] = tiles[ctx.ops[online.exp].store.buffer]  # type: ignore[union-attr]
+            continue
         loads = {}
         for ld in op.loads:
             if ld.buffer in tiles and ld not in loads:
@@ -399,9 +429,13 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
                 f"loop nest. plan_tiling and plan_groups put such producers in an earlier loop nest "
                 f"(fspyre.stages.tiling_plan.split_at_tiled_reductions); pass this plan through it."
             )
+        target = inner if recurrence is None else recurrence.nodes_for(role, inner)
         if r is not None:
             assert isinstance(per_tile, Reduction)
-            inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, levels, fills, finishes))
+            if recurrence is not None and role in ("amax", "sum", "matmul"):
+                inner.extend(recurrence.step(ctx, t, per_tile, store, r, role, tiles, fills, finishes))
+            else:
+                inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, levels, fills, finishes))
             continue
         if outside and inside:
             tile_type, vars_ = _tile_type(ctx, t)
@@ -409,21 +443,102 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             ctx.extra.setdefault(out, []).append(TreeBuffer(name=name, type=tile_type, scope="tile"))
             index = _index(tile_type, vars_) if vars_ else op.store.index
             tiles[out] = _TileBuffer(name=name, type=tile_type, producer=t, vars=tuple(vars_))
-            inner.append(OpNode(op=replace(per_tile, store=Store(buffer=name, index=index)), tiling=t.steps))
+            target.append(OpNode(op=replace(per_tile, store=Store(buffer=name, index=index)), tiling=t.steps))
             copy = Pointwise(
                 name=ctx.fresh(f"{out}_copy"), fn="copy", operands=(Load(buffer=name, index=index),),
                 ranges=t.dims(op.ranges), store=op.store, hints=op.hints,
             )
-            inner.append(OpNode(op=copy, tiling=t.out_steps()))
+            target.append(OpNode(op=copy, tiling=t.out_steps()))
         else:
-            inner.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
+            target.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
+    if recurrence is not None and online.two_pass:  # type: ignore[union-attr]
+        recurrence.second_loop(ctx, inner, levels, finishes)
     for node in op_nodes(tuple(inner) + tuple(n for nodes in fills + finishes for n in nodes)):
         _check_stick_steps(ctx, node, levels)
     body: tuple[Node, ...] = tuple(inner)
     for d in reversed(range(len(levels))):
-        body = tuple(fills[d]) + (Loop(count=levels[d].count, steps=level_steps(body, d), body=body),) \
-            + tuple(finishes[d])
+        body = tuple(fills[d]) + (Loop(count=levels[d].count, steps=level_steps(body, d), body=body,
+                                       carried=carried_buffers(body, d, _full_names(ctx))),) + tuple(finishes[d])
     return body
+
+
+def _full_names(ctx: _Context) -> set[str]:
+    """The buffers made so far that are full (addressed with the loops' advance)."""
+    return ({name for name in ctx.buffers if name not in ctx.replaced}
+            | {b.name for bs in ctx.extra.values() for b in bs if b.scope == "full"})
+
+
+class _Recurrence:
+    """The online softmax of one group while ``_tile_group`` builds it (scratch state local
+    to one call): which role each op plays, the carried buffers made so far, and the ops of
+    the second loop and of the gap between the loops."""
+
+    def __init__(self, online: OnlineSoftmax) -> None:
+        self.online = online
+        self.roles = {online.amax: "amax", online.shift: "shift", online.exp: "exp", online.sum: "sum"}
+        if online.div is not None and online.matmul is not None:
+            self.roles |= {online.div: "div", online.matmul: "matmul"}
+        self.roles |= {name: "second" for name in online.second} | {name: "between" for name in online.between}
+        self.second: list[Node] = []
+        self.between: list[Node] = []
+        self.carried: dict[str, Carried] = {}  # "amax" (the running max), "alpha", "sum"
+        self.level: int | None = None
+
+    def role(self, name: str) -> str | None:
+        return self.roles.get(name)
+
+    def nodes_for(self, role: str | None, inner: list[Node]) -> list[Node]:
+        """Where the nodes of an op with ``role`` go: the second loop, the gap, or ``inner``."""
+        return self.second if role == "second" else self.between if role == "between" else inner
+
+    def step(self, ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int, role: str,
+             tiles: dict[str, _TileBuffer], fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
+        out = t.op.store.buffer
+        if role == "matmul":
+            acc_type = TensorType(dims=t.dims(t.op.ranges), dtype="float32")
+            acc = Carried(name=ctx.fresh(f"{out}_acc"), type=acc_type, index=acc_type.contiguous_index())
+            total = self.carried["sum"]
+
+            def finish(acc_load: Load) -> Op:
+                return Pointwise(name=ctx.fresh(f"{t.op.name}_finish"), fn="div",
+                                 operands=(acc_load, Load(buffer=total.name, index=total.index)),
+                                 ranges=acc_type.dims, store=store, hints=t.op.hints)
+
+            nodes = online_sum(per_tile, t.steps, t.out_steps(), r, acc, self.carried["alpha"], ctx.fresh, finish)
+        else:
+            tile_type = tiles[out].type
+            acc = Carried(name=ctx.fresh(f"{out}_acc"), type=replace(tile_type, dtype="float32"), index=store.index)
+            del ctx.replaced[out]  # readers read the accumulator; the graph's buffer is never written
+            if role == "amax":
+                self.level = r
+                nodes, self.carried["alpha"] = online_amax(per_tile, t.steps, t.out_steps(), r, acc, ctx.fresh)
+                self.carried["amax"] = acc
+            else:
+                nodes = online_sum(per_tile, t.steps, t.out_steps(), r, acc, self.carried["alpha"], ctx.fresh)
+                self.carried["sum"] = acc
+            tiles[out] = replace(tiles[out], name=acc.name, type=acc.type)
+        ctx.extra.setdefault(out, []).extend(nodes.buffers)
+        fills[r].extend(nodes.fill)
+        finishes[r].extend(nodes.finish)
+        return list(nodes.body)
+
+    def second_loop(self, ctx: _Context, inner: list[Node], levels: Sequence[Level],
+                    finishes: list[list[Node]]) -> None:
+        """The ops that need the final max and sum: those iterating the tiled dim in a second
+        nest over the same levels (after recomputing what they read), the others between."""
+        r = self.level
+        assert r is not None
+        again = set(self.online.again)
+        body: tuple[Node, ...] = tuple(
+            replace(n, op=replace(n.op, name=ctx.fresh(f"{n.op.name}_again")))
+            for n in inner if isinstance(n, OpNode) and n.op.name in again
+        ) + tuple(self.second)
+        for d in reversed(range(r, len(levels))):
+            body = (Loop(count=levels[d].count, steps=level_steps(body, d), body=body,
+                         carried=carried_buffers(body, d, _full_names(ctx))),)
+        finishes[r].extend(replace(n, tiling=n.tiling[:r]) for n in self.between if isinstance(n, OpNode))
+        finishes[r].extend(body)
+
 
 
 # -- whole-stick tiles -----------------------------------------------------------------------
@@ -553,7 +668,8 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
                                              owner, r, levels)
     nest: tuple[Node, ...] = tuple(m_body)
     for d in reversed(range(r, len(levels))):
-        nest = (Loop(count=levels[d].count, steps=level_steps(nest, d), body=nest),)
+        nest = (Loop(count=levels[d].count, steps=level_steps(nest, d), body=nest,
+                     carried=carried_buffers(nest, d, _full_names(ctx))),)
     deviation = Pointwise(
         name=ctx.fresh(f"{op.name}_center"), fn="sub", operands=(per_tile.operands[0], Load(buffer=mean, index=midx)),
         ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
@@ -682,18 +798,30 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
 
 def _verify_loop_steps(tree: LoopTree) -> None:
     """Each loop records exactly the moves its ops make at its level (in one pass: every op
-    adds its entry ``k`` to the k-th enclosing loop's tally)."""
+    adds its entry ``k`` to the k-th enclosing loop's tally) and exactly the buffers its body
+    carries from one iteration to the next."""
+    full = {b.name for b in tree.buffers if b.scope == "full"}
+
     def visit(body: tuple[Node, ...], enclosing: tuple[tuple[Loop, set[TileStep]], ...]) -> None:
         for node in body:
             if isinstance(node, Loop):
                 moves: set[TileStep] = set()
                 visit(node.body, enclosing + ((node, moves),))
+                depth = len(enclosing)
                 if moves != set(node.steps):
-                    depth = len(enclosing)
                     raise TilingError(
                         f"loop tree {tree.name}: the loop at level {depth} (count {node.count}) records steps "
                         f"{_step_list(node.steps)} but its ops move {_step_list(moves)} there; build the loop "
                         f"with steps=level_steps(body, {depth})"
+                    )
+                # its first iteration reads what was written before the loop, which the tree-wide
+                # read-after-write check above sees
+                carried = carried_buffers(node.body, depth, full)
+                if carried != node.carried:
+                    raise TilingError(
+                        f"loop tree {tree.name}: the loop at level {depth} (count {node.count}) records carried "
+                        f"buffers {list(node.carried)} but its body reads {list(carried)} before writing them; "
+                        f"build the loop with carried=carried_buffers(body, {depth}, <full buffers>)"
                     )
             else:
                 for (_, moves), level in zip(enclosing, node.tiling):

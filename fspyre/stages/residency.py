@@ -339,8 +339,8 @@ def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin
     buffer never advances."""
     table = tree.buffer_table()
     taken = {b.name for b in tree.buffers} | {n.name for n in op_nodes(tree)}
-    # A buffer written again after its top-level writer (an accumulator spanning output tiles:
-    # filled, then combined into inside loops) would leave the pinned LX copy stale.
+    # an accumulator is written again after its fill (by its combine, inside the loop): a pin
+    # of the fill would hand later readers the identity instead of the sum
     writes = Counter(n.op.store.buffer for n in op_nodes(tree))
     read_later: set[str] = set()
     pins: list[_Pin] = []

@@ -32,11 +32,15 @@ from fspyre.errors import HintError, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Op, Reduction, iteration_dims
 from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.stages.online_softmax import OnlineOptions, match_online
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TilingOptions:
     mode: str = "hints"  # "none": no loops; "hints": groups from the graph's hint scopes
+    # whether a softmax tiled over its reduction dim stays one group for ``tile`` to rewrite
+    # online (fspyre.stages.online_softmax) rather than being split by loop fission
+    online: OnlineOptions = OnlineOptions()
 
     def __post_init__(self) -> None:
         if self.mode not in ("none", "hints"):
@@ -49,11 +53,11 @@ class TilingOptions:
 def plan_tiling(graph: Graph, options: TilingOptions = TilingOptions()) -> TilingPlan:
     if options.mode == "none":
         return TilingPlan(order=tuple(op.name for op in graph.ops))
-    return _plan_from_hints(graph)
+    return _plan_from_hints(graph, options.online)
 
 
 # -- hints -----------------------------------------------------------------------------------
-def _plan_from_hints(graph: Graph) -> TilingPlan:
+def _plan_from_hints(graph: Graph, online: OnlineOptions) -> TilingPlan:
     scopes = graph.hint_table()
     _check_scopes(graph, scopes)
     slicing = {h.id for h in graph.hints if h.slices}
@@ -84,7 +88,7 @@ def _plan_from_hints(graph: Graph) -> TilingPlan:
             warnings.append(f"hint scope {scope.id} slices={dict(scope.slices)}: no op was built inside it; "
                             f"hint ignored (build the ops to tile inside the `with g.hint(...)` block)")
     plan = TilingPlan(order=tuple(op.name for op in ops), groups=tuple(groups), warnings=tuple(warnings))
-    return split_at_tiled_reductions(graph, plan)
+    return split_at_tiled_reductions(graph, plan, online)
 
 
 def _check_scopes(graph: Graph, scopes: Mapping[int, HintScope]) -> None:
@@ -194,7 +198,7 @@ def _reorder_interlopers(ops: Sequence[Op], keys: Mapping[str, tuple[int, ...]])
 GroupSpec = tuple  # (ops, K) | (ops, K, dims) | (ops, [(K1, dims1), (K2, dims2), ...])
 
 
-def plan_groups(graph: Graph, groups: Sequence[GroupSpec]) -> TilingPlan:
+def plan_groups(graph: Graph, groups: Sequence[GroupSpec], online: OnlineOptions = OnlineOptions()) -> TilingPlan:
     """A TilingPlan from explicit groups, in the anchor's forms (program order = graph order):
 
     - ``(ops, K)``: one loop of K iterations tiling each op's first output dim;
@@ -221,7 +225,7 @@ def plan_groups(graph: Graph, groups: Sequence[GroupSpec]) -> TilingPlan:
         )))
     plan = TilingPlan(order=tuple(op.name for op in graph.ops), groups=tuple(out))
     verify_plan(graph, plan)
-    return split_at_tiled_reductions(graph, plan)
+    return split_at_tiled_reductions(graph, plan, online)
 
 
 def _normalise(gi: int, spec: GroupSpec) -> tuple[Sequence[str], list[tuple[int, Sequence]]]:
@@ -280,10 +284,12 @@ def _level(gi: int, k: int, count, dims, members: Sequence[Op]) -> Level:
 
 
 # -- loop fission ----------------------------------------------------------------------------
-def split_at_tiled_reductions(graph: Graph, plan: TilingPlan) -> TilingPlan:
+def split_at_tiled_reductions(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()) -> TilingPlan:
     """Loop fission of every group in which an op reads a reduction that a level of the group
     tiles over its reduction dim: inside that loop the reduction holds only a partial result,
-    complete once the loop ends.
+    complete once the loop ends. A group holding a softmax, log-softmax or attention that
+    ``fspyre.stages.online_softmax`` recognises stays whole unless ``online`` is disabled:
+    ``tile`` carries its running max and sum across the tiles instead.
 
     Each op of such a group gets a *pass*: the earliest one after every tiled reduction it
     depends on inside the group (a reader of a tiled reduction runs one pass after it), then,
@@ -299,7 +305,16 @@ def split_at_tiled_reductions(graph: Graph, plan: TilingPlan) -> TilingPlan:
     table = graph.op_table()
     fissioned: dict[str, tuple[Group, ...]] = {}
     notes: list[str] = []
+    readers: dict[str, list[str]] = {}
+    for op in graph.ops:
+        for buffer in dict.fromkeys(ld.buffer for ld in op.loads):
+            readers.setdefault(buffer, []).append(op.name)
+    outputs = frozenset(o.buffer for o in graph.outputs)
     for group in plan.groups:
+        ops = [table[n] for n in group.ops]
+        tiled = {op.name: tuple(next(iter(lv.tiled_dims(op)), None) for lv in group.levels) for op in ops}
+        if match_online(ops, tiled, readers, outputs, online) is not None:
+            continue  # one nest: tile rewrites its softmax online (two nests at most, where fission makes three)
         passes = _passes(group, table)
         if len(passes) > 1:
             fissioned[group.ops[0]] = passes

@@ -43,6 +43,7 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import elems_per_stick, tile
+from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
@@ -61,11 +62,12 @@ class SearchOptions:
     - "only-patterns": only what must share a loop: a reduction with the ops that read its
       result;
     - "no-fuse": every op is a group of its own.
-    ``residency``, ``split`` and ``allocation`` are the options the downstream stages will run
-    with: each candidate is judged as it would be compiled."""
+    ``residency``, ``online``, ``split`` and ``allocation`` are the options the downstream
+    stages will run with: each candidate is judged as it would be compiled."""
 
     fuse: str = "max-producers"
     residency: bool = True
+    online: OnlineOptions = OnlineOptions()
     split: SplitOptions = SplitOptions()
     allocation: AllocationOptions = AllocationOptions()
 
@@ -75,7 +77,7 @@ class SearchOptions:
 
 
 def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> TilingSearch:
-    hinted = plan_tiling(graph, TilingOptions(mode="hints"))
+    hinted = plan_tiling(graph, TilingOptions(mode="hints", online=options.online))
     in_group = {name for g in hinted.groups for name in g.ops}
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
@@ -108,7 +110,7 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
 def _whole(ctx: _Search, graph: Graph, plan: TilingPlan) -> tuple[float, int] | None:
     """(estimated time, HBM bytes) of the whole graph compiled under ``plan``."""
     try:
-        placed = place_copies(tile(graph, plan), ctx.machine, ResidencyOptions(
+        placed = place_copies(tile(graph, plan, ctx.options.online), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         report = traffic_report(placed.program)
     except FspyreError:
@@ -231,9 +233,42 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
             if rank >= best_rank:
                 break
             best_rank = rank
+    _try_online(ctx, judge, members, ops, chosen, levels)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
     return GroupSearch(consumer=members[-1], ops=tuple(members),
                        candidates=tuple(c.candidate for c in judge.tried), chosen=best)
+
+
+def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op], chosen: Mapping[str, int],
+                levels: Callable[[Mapping[str, int]], tuple[Level, ...]]) -> None:
+    """Judge tiling the reduction dim of a softmax in the group (an online softmax: its max,
+    sum and value product carried across the tiles), innermost, alone and under the output
+    tiling found: it reads k and v of an attention once where query tiles re-read them.
+    Counts from the coarsest up until one fits, then finer while the estimate improves."""
+    for dim, size in _online_dims(ctx, ops):
+        counts = _counts(ctx, ops, dim, size)
+        for base in ({}, dict(chosen)) if chosen else ({},):
+            best_rank = None
+            for c in counts:
+                rank = _rank(judge(members, levels(base) + (Level(count=c, dims=(dim,), source="auto"),)))
+                if rank[0]:
+                    continue  # refused (tiles too small for whole sticks, ...): a finer count may do
+                if best_rank is not None and rank >= best_rank:
+                    break
+                best_rank = rank
+
+
+def _online_dims(ctx: _Search, ops: Sequence[Op]) -> list[tuple[str, int]]:
+    """The reduction dims an online softmax of the group could be tiled over."""
+    out = []
+    for op in ops:
+        if isinstance(op, Reduction) and op.fn == "amax" and len(op.reduction_ranges) == 1:
+            d = op.reduction_ranges[0]
+            if d.size > 1 and (d.name, d.size) not in out and match_online(
+                    ops, {o.name: (d.name,) for o in ops}, ctx.readers, ctx.outputs,
+                    ctx.options.online) is not None:
+                out.append((d.name, d.size))
+    return out
 
 
 def _first(options: Sequence[int], ok: Callable[[int], bool]) -> int | None:
@@ -309,7 +344,7 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
     sub = _subgraph(ctx, members)
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:
-        placed = place_copies(tile(sub, plan), ctx.machine, ResidencyOptions(
+        placed = place_copies(tile(sub, plan, ctx.options.online), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         tree, alloc = placed.tree, placed.allocation
         report = traffic_report(placed.program)

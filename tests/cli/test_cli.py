@@ -498,3 +498,26 @@ def test_compile_with_the_tiling_search(fspyre_main) -> None:
     assert off.returncode == 0, off.stderr
     bad = fspyre_main("compile", ADD_MUL, "--tiling", "auto", "--fuse", "greedy")
     assert bad.returncode == 2 and "--fuse" in bad.stderr
+
+
+def test_no_online_turns_the_online_softmax_off(fspyre_main, tmp_path: Path) -> None:
+    src = tmp_path / "softmax_c.py"
+    src.write_text(
+        "import fspyre\n"
+        "def build():\n"
+        "    g = fspyre.GraphBuilder('softmax_c')\n"
+        "    B, C = g.dim('B', 8), g.dim('C', 512)\n"
+        "    x = g.input('x', (B, C), 'float32')\n"
+        "    with g.hint(slices={'C': 4}):\n"
+        "        e = g.exp(g.sub(x, g.amax(x, ['C'], keepdim=True)))\n"
+        "        y = g.div(e, g.sum(e, ['C'], keepdim=True))\n"
+        "    g.output('y', y)\n"
+        "    return g.build()\n"
+    )
+    online = fspyre_main("compile", str(src), "--tiling", "hints", "--cores", "4", "--emit", "tree")
+    assert online.returncode == 0, online.stderr
+    assert "carries buf0_acc, buf3_acc" in online.stdout and "buf0_alpha = exp(buf0_alpha)" in online.stdout
+    fission = fspyre_main("compile", str(src), "--tiling", "hints", "--cores", "4", "--emit", "tree", "--no-online")
+    assert fission.returncode == 0, fission.stderr
+    assert "_alpha" not in fission.stdout and fission.stdout.count("for C in 0..4") == 3
+    assert fspyre_main("check", str(src), "--tiling", "hints", "--cores", "4").returncode == 0

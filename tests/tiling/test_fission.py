@@ -22,9 +22,14 @@ from fspyre.machine.memcheck import check_memory
 from fspyre.machine.reference import evaluate_with_bounds
 from fspyre.pretty import pretty
 from fspyre.stages.loop_tree import tile
-from fspyre.stages.tiling_plan import plan_groups, plan_tiling
+from fspyre.stages.online_softmax import OnlineOptions
+from fspyre.stages.tiling_plan import TilingOptions, plan_groups, plan_tiling
 from fspyre.testing import examples
 from fspyre.testing import numpy_ref as R
+
+# The softmax these tests split is rewritten into an online softmax by default
+# (tests/tiling/test_online_softmax.py); here it is the example of loop fission.
+FISSION = OnlineOptions(enabled=False)
 
 FMT = "SEN169_FP16"  # the default machine's float16 format
 
@@ -75,7 +80,7 @@ def check_program(graph, ref: Callable[[np.ndarray], dict[str, R.Ref]], cores: i
     (name,) = graph.inputs
     shape = graph.buffer_table()[name].type.shape
     inputs = {name: sixty_fourths(shape, graph.buffer_table()[name].type.dtype, seed)}
-    tiled = fspyre.compile(graph, machine, tiling="hints")
+    tiled = fspyre.compile(graph, machine, tiling="hints", online=False)
     assert check_memory(tiled.program).clean
     got = fspyre.run(tiled, inputs)
     untiled = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
@@ -94,14 +99,14 @@ def check_program(graph, ref: Callable[[np.ndarray], dict[str, R.Ref]], cores: i
 # -- softmax tiled over its row: three passes ---------------------------------------------------
 def test_softmax_tiled_over_its_row_is_three_passes():
     graph, ref = softmax(64, 512, "float16", [{"A": 2}, {"B": 4}])
-    plan = plan_tiling(graph)
+    plan = plan_tiling(graph, TilingOptions(online=FISSION))
     assert [g.ops for g in plan.groups] == [("buf0",), ("buf1", "buf2", "buf3"), ("buf4",)]
     assert all([lv.count for lv in g.levels] == [2, 4] for g in plan.groups)
     (note,) = plan.notes
     assert note.startswith("loop fission of group [buf0, buf1, buf2, buf3, buf4] into 3 loop nests "
                            "[buf0] | [buf1, buf2, buf3] | [buf4]: buf1 reads buf0, the amax of op buf0 over B")
     assert "notes:" in pretty(plan) and loads(dumps(plan)) == plan
-    tree = tile(graph, plan)
+    tree = tile(graph, plan, FISSION)
     assert [type(n).__name__ for n in tree.body] == ["Loop", "Loop", "Loop"]
     # the exp is read by the sum in its own nest and by the division in the next: a full buffer
     # written through a per-tile copy; the max and the sum reach the next nest as full buffers
@@ -113,14 +118,14 @@ def test_softmax_tiled_over_its_row_is_three_passes():
 
 def test_softmax_tiled_only_over_its_row():
     graph, ref = softmax(8, 1024, "float32", [{"B": 8}])
-    plan = plan_tiling(graph)
+    plan = plan_tiling(graph, TilingOptions(online=FISSION))
     assert [g.ops for g in plan.groups] == [("buf0",), ("buf1", "buf2", "buf3"), ("buf4",)]
     check_program(graph, ref, cores=8)
 
 
 def test_auto_tiling_keeps_the_fissioned_hint_groups():
     graph, ref = softmax(64, 512, "float16", [{"B": 2}])
-    comp = fspyre.compile(graph, fspyre.machine.spyre(cores=2))  # tiling="auto"
+    comp = fspyre.compile(graph, fspyre.machine.spyre(cores=2), online=False)  # tiling="auto"
     assert [g.ops for g in comp.stages["tiling_search"].plan.groups][:3] == \
         [("buf0",), ("buf1", "buf2", "buf3"), ("buf4",)]
     assert comp.stages["tiling_plan"].notes
@@ -136,7 +141,7 @@ def test_a_pass_whose_ops_do_not_iterate_the_tiled_dim_runs_untiled():
         y = g.mul(s, 0.5)  # iterates A only: the level of B does not tile it
     g.output("y", y)
     graph = g.build()
-    plan = plan_tiling(graph)
+    plan = plan_tiling(graph, TilingOptions(online=FISSION))
     assert [g.ops for g in plan.groups] == [("buf0",)] and plan.order == ("buf0", "buf1")
     assert "[buf1] untiled" in plan.notes[0]
 
@@ -158,17 +163,17 @@ def test_ops_that_do_not_read_the_reduction_stay_in_its_nest():
         t = g.neg(x)          # independent of m: first pass
         y = g.sub(t, m)       # reads m: second pass, with its producer t kept beside it
     g.output("y", y)
-    plan = plan_tiling(g.build())
+    plan = plan_tiling(g.build(), TilingOptions(online=FISSION))
     assert [g.ops for g in plan.groups] == [("buf0",), ("buf1", "buf2")]
 
 
 def test_plan_groups_positional_form_is_split_too():
     graph, ref = softmax(64, 512, "float32", [])
-    plan = plan_groups(graph, [(["buf0", "buf1", "buf2", "buf3", "buf4"], [(2, [0]), (4, ["B"])])])
+    plan = plan_groups(graph, [(["buf0", "buf1", "buf2", "buf3", "buf4"], [(2, [0]), (4, ["B"])])], FISSION)
     assert [g.ops for g in plan.groups] == [("buf0",), ("buf1", "buf2", "buf3"), ("buf4",)]
     # the positional level keeps only its own ops' entries in each pass
     assert dict(plan.groups[1].levels[0].op_dims) == {"buf1": ("A",), "buf2": ("A",), "buf3": ("A",)}
-    tree = tile(graph, plan)
+    tree = tile(graph, plan, FISSION)
     assert len(op_nodes(tree)) > 5 and all(isinstance(n, Loop) for n in tree.body)
 
 
@@ -179,7 +184,7 @@ def test_hand_made_plan_is_still_refused():
     plan = TilingPlan(order=tuple(op.name for op in graph.ops),
                       groups=(Group(ops=tuple(op.name for op in graph.ops), levels=(Level(count=4, dims=("B",)),)),))
     with pytest.raises(TilingError, match="split_at_tiled_reductions"):
-        tile(graph, plan)
+        tile(graph, plan, FISSION)
 
 
 # -- properties ----------------------------------------------------------------------------------
@@ -204,7 +209,7 @@ def softmax_programs(draw):
 @given(softmax_programs())
 def test_softmax_tiled_over_its_row_equals_untiled_and_numpy(program):
     (graph, ref), cores, seed = program
-    assert len(plan_tiling(graph).groups) == 3
+    assert len(plan_tiling(graph, TilingOptions(online=FISSION)).groups) == 3
     check_program(graph, ref, cores, seed)
 
 

@@ -84,7 +84,8 @@ def matmul_k() -> Graph:
 
 
 def softmax_over_its_row() -> Graph:
-    """Softmax tiled over the reduced columns (C:4): three loop nests by loop fission."""
+    """Softmax tiled over the reduced columns (C:4): an online softmax in two loops (three
+    loop nests by loop fission with compile(online=False), tests/tiling/test_fission.py)."""
     g = fspyre.GraphBuilder("softmax_over_its_row")
     g.dim("R", 64)
     g.dim("C", 512)
@@ -95,6 +96,53 @@ def softmax_over_its_row() -> Graph:
         y = g.div(e, g.sum(e, ["C"], keepdim=True))
     g.output("y", y)
     return g.build()
+
+
+def softmax_over(rows: int, cols: int, count: int, kind: str = "softmax", dtype: str = "float16",
+                 outer: int = 1) -> Graph:
+    """softmax or log_softmax over C as the torch front end emits it (a float16 input cast to
+    float32 and the result back), tiled over C itself (inside ``outer`` tiles of the rows): an
+    online softmax in two loops."""
+    g = fspyre.GraphBuilder(f"{kind}_columns")
+    B, C = g.dim("B", rows), g.dim("C", cols)
+    x = g.input("x", (B, C), dtype)
+    with g.hint(slices={"B": outer, "C": count} if outer > 1 else {"C": count}):
+        s = g.cast(x, "float32") if dtype != "float32" else x
+        d = g.sub(s, g.amax(s, ["C"], keepdim=True))
+        e = g.exp(d)
+        total = g.sum(e, ["C"], keepdim=True)
+        y = g.div(e, total) if kind == "softmax" else g.sub(d, g.log(total))
+        if dtype != "float32":
+            y = g.cast(y, dtype)
+    g.output("y", y)
+    return g.build()
+
+
+def attention(queries: int, keys: int, head: int, slices: dict[str, int] | None, dtype: str = "float16") -> Graph:
+    """softmax(q k^T / sqrt(head)) v with the casts of examples/attention.py; ``slices={"Sk": n}``
+    tiles the keys: an online softmax carrying its max, sum and value product."""
+    g = fspyre.GraphBuilder("attention_keys")
+    Sq, Sk, E = g.dim("Sq", queries), g.dim("Sk", keys), g.dim("E", head)
+    q, k, v = g.input("q", (Sq, E), dtype), g.input("k", (Sk, E), dtype), g.input("v", (Sk, E), dtype)
+    with g.hint(slices=slices or {}):
+        s = g.cast(g.mul(g.matmul(q, k, "E"), 1.0 / head ** 0.5), "float32")
+        e = g.exp(g.sub(s, g.amax(s, ["Sk"], keepdim=True)))
+        p = g.cast(g.div(e, g.sum(e, ["Sk"], keepdim=True)), dtype)
+        o = g.matmul(p, v, "Sk")
+    g.output("o", o)
+    return g.build()
+
+
+def softmax_columns() -> Graph:
+    return softmax_over(64, 1024, 4)
+
+
+def log_softmax_columns() -> Graph:
+    return softmax_over(64, 512, 4, "log_softmax", "float32")
+
+
+def attention_keys() -> Graph:
+    return attention(64, 512, 64, {"Sk": 4})
 
 
 def var_tiled() -> Graph:
@@ -134,4 +182,7 @@ EXAMPLES = {
     "softmax_over_its_row": softmax_over_its_row,
     "var_tiled": var_tiled,
     "rows_inside_k": rows_inside_k,
+    "softmax_columns": softmax_columns,
+    "log_softmax_columns": log_softmax_columns,
+    "attention_keys": attention_keys,
 }
