@@ -43,7 +43,7 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -252,7 +252,7 @@ def _sum_terms(terms: Sequence[tuple[np.ndarray | int, int]], base: int) -> np.n
 class Access:
     """One tensor operand of an op, for all cores of the op at once."""
 
-    arg: TensorArg
+    arg: TensorArg | KernelArg  # a kernel argument at copy-in and copy-out
     fmt: formats.DataFormat
     lx: bool
     pattern: Pattern
@@ -553,14 +553,14 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     if last.is_input or not all(a.is_input for a in ins):
         raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
                              f"{[a.is_input for a in spec.args]}", op=name)
-    reduced = set(info.get("reduced", ()))
+    reduced = set(cast(tuple, info.get("reduced", ())))
     red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
     out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
     slices = core_slices(list(splits))
     spaces = spec.core_spaces
     all_cores = range(len(slices))
     operands = []
-    for kind, v in info["operands"]:
+    for kind, v in cast(tuple, info["operands"]):
         if kind == "scalar":
             operands.append(("scalar", v))
         else:
@@ -797,6 +797,7 @@ def _select(arr: np.ndarray, p: Pattern, offset: int) -> np.ndarray:
     """The elements of ``arr`` (an element view of ``p.nbytes``) at ``p`` + ``offset``: a view
     when strided (numpy refuses one reaching outside ``arr``)."""
     if p.dims is None:
+        assert p.index is not None  # an index pattern (Pattern: dims or index)
         return arr[p.index + offset] if offset else arr[p.index]
     return np.ndarray(p.view_shape, arr.dtype, arr, (p.start + offset) * p.nbytes, p.view_strides)
 
@@ -870,6 +871,7 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     nb = acc.fmt.nbytes
     m.stored(acc, offset)
     if p.dims is None:
+        assert p.index is not None  # an index pattern (Pattern: dims or index)
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
         if m.check_written:
@@ -1150,8 +1152,8 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
 
 def _trace(op: OpPlan, iters: tuple[int, ...], out_offset: int, m: _Machine) -> None:
     reads, writes = m.trace.setdefault(id(op.spec), ([], []))  # type: ignore[union-attr]
-    reads.append(sum(m.stick_bytes(v, _offset(v, iters)) for kind, v in op.operands
-                     if kind == "tensor" and not v.lx))
+    tensors: list[Access] = [v for kind, v in op.operands if kind == "tensor"]
+    reads.append(sum(m.stick_bytes(v, _offset(v, iters)) for v in tensors if not v.lx))
     writes.append(0 if op.out.lx else m.stick_bytes(op.out, out_offset))
 
 
@@ -1197,8 +1199,8 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
         if miss := numerics.gather_misses(ops, every, tuple(grid)):
             raise ExecutionError(f"op {op.spec.name} (gather): {miss}", op=op.spec.name)
     info = op.spec.op_info
-    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, int(info["count"]), tuple(grid),
-                           int(info.get("correction", 0)))
+    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, cast(int, info["count"]), tuple(grid),
+                           cast(int, info.get("correction", 0)))
     out_shape = tuple(sizes[i] for i in op.out_pos)
     nsplit = sum(1 for s in red_split if s > 1)
     if not nsplit:
@@ -1266,10 +1268,10 @@ def _report_write(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
     for core, slices in _core_list(op):
         if any(slices[i] for i in op.red_pos):
             continue
-        acc = op.out
+        acc, arg = op.out, op.spec.args[-1]
         mem = m.lx[core] if acc.lx else m.hbm
         space = op.spec.core_spaces[core]
-        addrs = _core_addresses(acc.arg, out_syms, [space[i] for i in op.out_pos], iters).reshape(-1)
-        _check_bytes(mem, addrs, acc.fmt.nbytes, _what(op.spec, acc.arg, core))
-        _check_region(m, acc, addrs, _what(op.spec, acc.arg, core))
+        addrs = _core_addresses(arg, out_syms, [space[i] for i in op.out_pos], iters).reshape(-1)
+        _check_bytes(mem, addrs, acc.fmt.nbytes, _what(op.spec, arg, core))
+        _check_region(m, acc, addrs, _what(op.spec, arg, core))
     raise AssertionError("unreachable: the batched bounds check failed, the per-core one did not")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ Value = np.ndarray | float | int | bool
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[object]:
+def _one_thread() -> Iterator[Any]:
     """torch, on the calling thread only, for the duration. The oracle runs everywhere at once
     (parallel test workers, fuzz jobs) on hosts with few cores: library thread pools that
     spin-wait then fight each other and the other processes, and one call that takes 0.1 ms
@@ -53,6 +54,10 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return (np.float32(0.5) * x * (np.float32(1) + _erf(x * np.float32(0.7071067811865476)))).astype(np.float32)
 
 
+def _where(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(c != 0, a, b)
+
+
 POINTWISE: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add,
     "sub": np.subtract,
@@ -84,7 +89,7 @@ POINTWISE: dict[str, Callable[..., np.ndarray]] = {
     "le": np.less_equal,
     "gt": np.greater,
     "ge": np.greater_equal,
-    "where": lambda c, a, b: np.where(c != 0, a, b),
+    "where": _where,
 }
 
 # identity element and pairwise combine of each reduction (used across cores and tiles)
@@ -163,7 +168,7 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
         hit = _gather_hits(operands, grid)
         with np.errstate(all="ignore"):
             return np.sum(np.where(hit, _as(operands[2], ctype), ctype.type(0)), axis=axes, dtype=ctype)
-    x = [_as(v, ctype) for v in operands]
+    x = [np.asarray(_as(v, ctype)) for v in operands]
     if fn != "matmul":
         x = [np.broadcast_to(v, grid) for v in x]
     with np.errstate(all="ignore"):
