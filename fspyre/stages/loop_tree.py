@@ -46,7 +46,7 @@ from fspyre.ir.graph import (
     iteration_dims,
     sym,
 )
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, level_steps, walk
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, Peel, TileStep, TreeBuffer, level_steps, walk
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.spyre import Machine
@@ -95,10 +95,11 @@ def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
         extra={},
     )
     body: list[Node] = []
+    warnings: list[str] = []
     for name in plan.order:
         if name in first_of:
             gi = first_of[name]
-            body.extend(_tile_group(ctx, gi, plan.groups[gi]))
+            body.extend(_tile_group(ctx, gi, plan.groups[gi], warnings))
         elif name not in group_of:
             body.append(OpNode(op=ops[name]))
     buffers: list[TreeBuffer] = []
@@ -107,7 +108,7 @@ def tile(graph: Graph, plan: TilingPlan) -> LoopTree:
         buffers.extend(ctx.extra.get(b.name, ()))
     return verify_loop_tree(LoopTree(
         name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs, body=tuple(body),
-        hints=graph.hints,
+        hints=graph.hints, warnings=tuple(warnings),
     ))
 
 
@@ -164,7 +165,9 @@ def _divisors(n: int, limit: int = 12) -> list[int]:
     return [c for c in range(2, n + 1) if n % c == 0][:limit]
 
 
-def _analyse(op: Op, levels: Sequence[Level]) -> _OpTiling:
+def _levels_of(op: Op, levels: Sequence[Level]) -> tuple[str | None, ...]:
+    """The dim each level tiles in ``op`` (None: invariant there), after refusing a level that
+    names a dim the op lacks or tiles two of its dims."""
     size = {d.name: d.size for d in iteration_dims(op)}
     reduced = {d.name for d in op.reduction_ranges}
     per_level: list[str | None] = []
@@ -191,26 +194,123 @@ def _analyse(op: Op, levels: Sequence[Level]) -> _OpTiling:
                 f"(nested scopes, or slices={{{dims[0]!r}: ..., {dims[1]!r}: ...}} for nested loops)."
             )
         per_level.append(dims[0] if dims else None)
-    remaining = dict(size)
-    for k, tiled in enumerate(per_level):
-        if tiled is None:
-            continue
-        count = levels[k].count
-        if remaining[tiled] % count:
-            after = "" if remaining[tiled] == size[tiled] else f" (of {size[tiled]}, after the outer levels)"
-            raise TilingError(
-                f"op {op.name}: dim {tiled} has range {remaining[tiled]}{after}, which count {count} of "
-                f"{_where(k, levels[k])} does not divide; counts that divide it: {_divisors(remaining[tiled])}"
-            )
-        remaining[tiled] //= count
+    return tuple(per_level)
+
+
+def _analyse(op: Op, per_level: tuple[str | None, ...], tiles: Mapping[tuple[int, str], int]) -> _OpTiling:
+    """``op``'s main-path tiling: every tiled dim's per-tile size is the tile of the innermost
+    level tiling it, and each level moves its dim by that level's tile."""
+    final = {d.name: d.size for d in iteration_dims(op)}
     steps: list[tuple[TileStep, ...]] = []
     for k, tiled in enumerate(per_level):
         if tiled is None:
             steps.append(())
             continue
-        inner = math.prod(levels[j].count for j in range(k + 1, len(levels)) if per_level[j] == tiled)
-        steps.append((TileStep(dim=tiled, extent=remaining[tiled] * inner),))
-    return _OpTiling(op=op, per_level=tuple(per_level), final=remaining, steps=tuple(steps))
+        final[tiled] = tiles[k, tiled]
+        steps.append((TileStep(dim=tiled, extent=tiles[k, tiled]),))
+    return _OpTiling(op=op, per_level=per_level, final=final, steps=tuple(steps))
+
+
+def _full_accesses(ctx: _Context, gi: int, group: Group) -> dict[str, list[tuple[str, sympy.Expr]]]:
+    """Per op of ``group``, the full buffers it reads or writes, with their indices: the ones
+    whose tiles advance through memory (a buffer the group both writes and reads is read as a
+    per-tile buffer; one read only inside the group is one)."""
+    produced = {ctx.ops[n].store.buffer for n in group.ops}
+    out: dict[str, list[tuple[str, sympy.Expr]]] = {}
+    for name in group.ops:
+        op = ctx.ops[name]
+        found = [(ld.buffer, ld.index) for ld in op.loads if ld.buffer not in produced]
+        buf = op.store.buffer
+        if buf in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(buf, ())):
+            found.append((buf, op.store.index))
+        out[name] = found
+    return out
+
+
+def _stick_tile(ctx: _Context, d: str, t0: int, extent: int,
+                accesses: Sequence[tuple[str, sympy.Expr]]) -> tuple[int | None, str]:
+    """The smallest tile of ``d`` from ``t0`` up (below ``extent``) whose step moves every
+    full buffer of ``accesses`` by whole device sticks, and why it grew (empty if it did not).
+
+    In the default layout the last host dim of ``n`` elements is cut into sticks of ``eps``: a
+    step of ``T`` along ``d`` moves ``coef * T`` host elements, ``coef * T % n`` of them along
+    the stick dim, which must be whole sticks. ``_stick_fault`` then checks the whole tile."""
+    conds = []
+    for buffer, index in accesses:
+        btype = ctx.buffers[buffer].type
+        n_last = btype.shape[-1] if btype.shape else 1
+        try:
+            coef = int(sympy.expand(index).coeff(sym(d)))
+        except TypeError:
+            continue  # not linear in d: _stick_fault judges the tile
+        if n_last > 1 and coef:
+            conds.append((coef, n_last, elems_per_stick(btype.dtype), buffer, btype))
+    for tile in range(t0, extent):
+        bad = next((c for c in conds if c[0] * tile % c[1] % c[2]), None)
+        if bad is None:
+            if tile == t0:
+                return tile, ""
+            coef, n_last, eps, buffer, btype = next(c for c in conds if c[0] * t0 % c[1] % c[2])
+            return tile, (f"a tile of {t0} would move {buffer} ({btype}) by {coef * t0 % n_last} elements along its "
+                          f"{eps}-element sticks, not whole sticks, so the tile is rounded up to {tile}")
+    return None, ""
+
+
+def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tuple[str | None, ...]],
+                warnings: list[str]) -> dict[tuple[int, str], int]:
+    """The tile of each (level, dim) of ``group``: a level of count ``c`` on ``E`` elements (the
+    dim's range, or the tile of the nearest outer level on the same dim) takes tiles of
+    ``ceil(E / c)``, rounded up to whole sticks of every full buffer that advances along the
+    dim; the loop runs ``E // tile`` whole tiles and a peeled tail takes the ``E % tile`` left
+    (docs/tiling.md, "Tails"). A tiling whose iteration count differs from the hinted count
+    is reported in ``warnings``."""
+    levels = group.levels
+    accesses = _full_accesses(ctx, gi, group)
+    size: dict[str, int] = {}
+    for name in group.ops:
+        for d in iteration_dims(ctx.ops[name]):
+            if d.name in per_level[name]:
+                size.setdefault(d.name, d.size)
+    tiles: dict[tuple[int, str], int] = {}
+    for k, lv in enumerate(levels):
+        by_dim: dict[str, list[str]] = {}
+        for name in group.ops:
+            d = per_level[name][k]
+            if d is not None:
+                by_dim.setdefault(d, []).append(name)
+        for d, names in by_dim.items():
+            outer = [j for j in range(k) if (j, d) in tiles]
+            extent = tiles[outer[-1], d] if outer else size[d]
+            after = f" (of {size[d]}, after the outer levels)" if outer else ""
+            count = lv.count
+            t0 = -(-extent // count)
+            found = [a for n in names for a in accesses[n]]
+            tile, why = _stick_tile(ctx, d, t0, extent, found)
+            if tile is None:
+                if t0 >= extent:
+                    raise TilingError(
+                        f"op {names[0]}: dim {d} has range {extent}{after}, which count {count} of "
+                        f"{_where(k, lv)} cannot split: one tile would hold all {extent} elements. Use a smaller "
+                        f"count or drop the level."
+                    )
+                raise TilingError(
+                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) in {count}, but no tile of "
+                    f"{t0} to {extent - 1} elements moves every full buffer of the group by whole sticks ("
+                    f"{', '.join(sorted({b for b, _ in found}))}); tile another dim, or keep {names[0]} out of the "
+                    f"hint scope."
+                )
+            main, rem = divmod(extent, tile)
+            used = main + (rem > 0)
+            if used != count:
+                reason = why or f"tiles of ceil({extent}/{count}) = {tile} elements cover {extent} in {used}"
+                tail = f" and a tail of {rem}" if rem else ""
+                warnings.append(
+                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) in {main} tiles of {tile}"
+                    f"{tail}: {used} iterations instead of the hinted {count}, because {reason}. Hint count "
+                    f"{used} to silence this."
+                )
+            tiles[k, d] = tile
+    return tiles
 
 
 def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Level], members: set[str]) -> int | None:
@@ -351,16 +451,30 @@ def _moves(extents: Sequence[int | None]) -> str:
 
 
 # -- one group -------------------------------------------------------------------------------
-def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Item:
+    """An op of a group as its main path runs it (main-tile ranges, graph indices into full
+    buffers), ``steps[L]`` its move at each level, ``tiled`` the dims it tiles: ``_place``
+    makes it an ``OpNode`` at any point of the nest, main loop or peeled tail."""
+
+    op: Op
+    steps: tuple[tuple[TileStep, ...], ...]
+    tiled: frozenset[str]
+
+
+def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tuple[Node, ...]:
     levels = group.levels
     members = set(group.ops)
-    tilings = [_analyse(ctx.ops[name], levels) for name in group.ops]
+    per_level = {name: _levels_of(ctx.ops[name], levels) for name in group.ops}
+    sizes = _tile_sizes(ctx, gi, group, per_level, warnings)
+    tilings = [_analyse(ctx.ops[name], per_level[name], sizes) for name in group.ops]
     tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
-    inner: list[Node] = []
-    fills: list[list[Node]] = [[] for _ in levels]
-    finishes: list[list[Node]] = [[] for _ in levels]
+    inner: list[_Item] = []
+    fills: list[list[_Item]] = [[] for _ in levels]
+    finishes: list[list[_Item]] = [[] for _ in levels]
     for t in tilings:
         op = t.op
+        tiled = frozenset(d for d in t.per_level if d is not None)
         r = _check_reduction(ctx, gi, t, levels, members)
         loads = {}
         for ld in op.loads:
@@ -385,7 +499,7 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             tiles[out] = _TileBuffer(name=out, type=tile_type, producer=t, vars=tuple(vars_))
         if r is not None:
             assert isinstance(per_tile, Reduction)
-            inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, fills, finishes))
+            inner.extend(_tiled_reduction(ctx, t, tiled, per_tile, store, r, fills, finishes))
             continue
         if outside and inside:
             tile_type, vars_ = _tile_type(ctx, t)
@@ -393,21 +507,86 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             ctx.extra.setdefault(out, []).append(TreeBuffer(name=name, type=tile_type, scope="tile"))
             index = _index(tile_type, vars_) if vars_ else op.store.index
             tiles[out] = _TileBuffer(name=name, type=tile_type, producer=t, vars=tuple(vars_))
-            inner.append(OpNode(op=replace(per_tile, store=Store(buffer=name, index=index)), tiling=t.steps))
+            inner.append(_Item(op=replace(per_tile, store=Store(buffer=name, index=index)), steps=t.steps,
+                               tiled=tiled))
             copy = Pointwise(
                 name=ctx.fresh(f"{out}_copy"), fn="copy", operands=(Load(buffer=name, index=index),),
                 ranges=t.dims(op.ranges), store=op.store, hints=op.hints,
             )
-            inner.append(OpNode(op=copy, tiling=t.out_steps()))
+            inner.append(_Item(op=copy, steps=t.out_steps(), tiled=tiled))
         else:
-            inner.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
-    for node in inner + [n for nodes in fills + finishes for n in nodes]:
-        _check_stick_steps(ctx, node, levels)
-    body: tuple[Node, ...] = tuple(inner)
-    for d in reversed(range(len(levels))):
-        body = tuple(fills[d]) + (Loop(count=levels[d].count, steps=level_steps(body, d), body=body),) \
-            + tuple(finishes[d])
-    return body
+            inner.append(_Item(op=replace(per_tile, store=store), steps=t.steps, tiled=tiled))
+    extents = {d: next(x.size for n in group.ops if d in per_level[n] for x in iteration_dims(ctx.ops[n])
+                       if x.name == d) for (_, d) in sizes}
+    return tuple(_nest(ctx, levels, sizes, inner, fills, finishes, 0, extents, {}, (), ()))
+
+
+def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str], int], inner: Sequence[_Item],
+          fills: Sequence[Sequence[_Item]], finishes: Sequence[Sequence[_Item]], k: int, extents: Mapping[str, int],
+          offsets: Mapping[str, int], loops: tuple[tuple[int, int], ...], peeled: tuple[Peel, ...]) -> list[Node]:
+    """The nodes of levels ``k`` and inwards on one path of the nest: ``extents`` are the
+    elements of each tiled dim this path covers, starting at ``offsets``; ``loops`` the
+    (level, count) of the enclosing loops; ``peeled`` the tails the path runs in.
+
+    Level ``k`` runs ``extent // tile`` whole tiles as a loop, then, when elements are left,
+    the same levels inwards once more on the remainder: the peeled tail (docs/tiling.md)."""
+    def place(items: Sequence[_Item]) -> list[Node]:
+        return [_place(ctx, it, extents, offsets, loops, peeled, levels) for it in items]
+
+    if k == len(levels):
+        return place(inner)
+    dims = sorted(d for (j, d) in sizes if j == k)
+    whole = {d: divmod(extents[d], sizes[k, d]) for d in dims}
+    if len({(m, r > 0) for m, r in whole.values()}) > 1:
+        shown = ", ".join(f"{d} ({extents[d]} in tiles of {sizes[k, d]})" for d in dims)
+        raise TilingError(
+            f"{_where(k, levels[k])} tiles {shown}, which leave different numbers of whole tiles or tails; one "
+            f"loop cannot peel them all. Give each dim a count that divides it."
+        )
+    main = next(iter(whole.values()))[0]
+    out = place(fills[k])
+    if main:
+        body = _nest(ctx, levels, sizes, inner, fills, finishes, k + 1, {**extents, **{d: sizes[k, d] for d in dims}},
+                     offsets, loops + ((k, main),), peeled)
+        out.append(Loop(count=main, steps=level_steps(tuple(body), len(loops)), body=tuple(body)))
+    if any(r for _, r in whole.values()):
+        start = {d: offsets.get(d, 0) + main * sizes[k, d] for d in dims}
+        out.extend(_nest(ctx, levels, sizes, inner, fills, finishes, k + 1,
+                         {**extents, **{d: whole[d][1] for d in dims}}, {**offsets, **start}, loops,
+                         peeled + tuple(Peel(dim=d, start=start[d]) for d in dims)))
+    out.extend(place(finishes[k]))
+    return out
+
+
+def _place(ctx: _Context, it: _Item, extents: Mapping[str, int], offsets: Mapping[str, int],
+           loops: tuple[tuple[int, int], ...], peeled: tuple[Peel, ...], levels: Sequence[Level]) -> OpNode:
+    """``it`` on one path of the nest: its tiled dims take the path's extents, its full-buffer
+    indices start at the path's offsets (per-tile buffers stay at their fixed address, a tail
+    using part of the tile), and a tail copy gets a name of its own."""
+    op = it.op
+    shift = {sym(d): sym(d) + offsets[d] for d in it.tiled if offsets.get(d)}
+
+    def moved(buffer: str, index: sympy.Expr) -> sympy.Expr:
+        full = buffer in ctx.buffers and buffer not in ctx.replaced
+        return sympy.expand(index.subs(shift)) if shift and full else index
+
+    def resized(dims: tuple[Dim, ...]) -> tuple[Dim, ...]:
+        return tuple(Dim(d.name, extents[d.name]) if d.name in it.tiled else d for d in dims)
+
+    fields: dict[str, object] = {
+        "operands": tuple(Load(buffer=o.buffer, index=moved(o.buffer, o.index)) if isinstance(o, Load) else o
+                          for o in op.operands),
+        "ranges": resized(op.ranges),
+        "store": Store(buffer=op.store.buffer, index=moved(op.store.buffer, op.store.index)),
+    }
+    if isinstance(op, Reduction):
+        fields["reduction_ranges"] = resized(op.reduction_ranges)
+    if peeled:
+        fields["name"] = ctx.fresh(f"{op.name}_tail")
+    node = OpNode(op=replace(op, **fields), tiling=tuple(it.steps[j] for j, _ in loops),  # type: ignore[arg-type]
+                  origin=op.name if peeled else "", peeled=peeled)
+    _check_stick_steps(ctx, node, loops, levels)
+    return node
 
 
 # -- whole-stick tiles -----------------------------------------------------------------------
@@ -451,7 +630,7 @@ def _stick_fault(index: sympy.Expr, sizes: Mapping[str, int], moves: Sequence[tu
     return None
 
 
-def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> None:
+def _check_stick_steps(ctx: _Context, node: OpNode, loops: Sequence[tuple[int, int]], levels: Sequence[Level]) -> None:
     """Refuse a full buffer whose tiles do not start on a stick boundary or do not move by one
     fixed step (``_stick_fault``).
 
@@ -459,8 +638,9 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
     128-byte sticks, so a tile that starts inside a stick either reads and writes the
     neighbouring tile's elements or, for the last tile, runs past the end of the allocation
     (an emitted program that ``check_memory`` reports out of bounds), and a tile whose elements
-    do not all move by the same step reads the wrong elements. Tails are not done
-    (docs/tiling.md), so such a tiling is refused here, naming counts that keep tiles whole."""
+    do not all move by the same step reads the wrong elements. ``_tile_sizes`` rounds tiles up
+    to whole sticks and peels the rest; what is left here is a view whose tiles wrap the stick
+    dim, which no tile size short of the whole range fixes."""
     op = node.op
     sizes = {d.name: d.size for d in iteration_dims(op)}
     accesses = [(ld.buffer, ld.index, "reads") for ld in op.loads] + [(op.store.buffer, op.store.index, "writes")]
@@ -472,7 +652,7 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
         if n_last == 1:
             continue  # every element of a size-1 stick dim has a stick of its own
         eps = elems_per_stick(btype.dtype)
-        moves = [(s.dim, s.extent, levels[k].count) for k, steps in enumerate(node.tiling) for s in steps]
+        moves = [(s.dim, s.extent, count) for steps, (_, count) in zip(node.tiling, loops) for s in steps]
         fault = _stick_fault(index, sizes, moves, n_last, eps)
         if fault is None:
             continue
@@ -483,7 +663,7 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
                 at = j
                 break
         dim, extent, count = moves[at]
-        k = next(k for k, steps in enumerate(node.tiling) for s in steps if (s.dim, s.extent) == (dim, extent))
+        k = next(k for steps, (k, _) in zip(node.tiling, loops) for s in steps if (s.dim, s.extent) == (dim, extent))
         span = extent * count
         works = []
         for c in range(2, span + 1):
@@ -498,14 +678,13 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
             f"op {op.name} {verb} {buffer} ({btype}) in tiles that cannot advance by one fixed step of whole "
             f"sticks: {_where(k, levels[k])} (count {count}) moves dim {dim} (range {span}) by {extent} elements "
             f"per iteration, so a tile of {buffer} {fault} ({eps}-element sticks along its last dim "
-            f"{btype.dims[-1]}); the device moves whole 128-byte sticks, and fspyre does not peel tails. Counts of "
-            f"{dim} that keep tiles whole sticks: {works[:12] or 'none'}; otherwise tile another dim, or keep "
-            f"{op.name} out of the hint scope."
+            f"{btype.dims[-1]}); the device moves whole 128-byte sticks. Counts of {dim} that keep tiles whole "
+            f"sticks: {works[:12] or 'none'}; otherwise tile another dim, or keep {op.name} out of the hint scope."
         )
 
 
-def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int,
-                     fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
+def _tiled_reduction(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: Reduction, store: Store, r: int,
+                     fills: list[list[_Item]], finishes: list[list[_Item]]) -> list[_Item]:
     """partial + combine in the loop body; identity fill before and finish after level ``r``."""
     op = t.op
     out = op.store.buffer
@@ -541,9 +720,9 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
         name=ctx.fresh(f"{op.name}_finish"), fn=finish_fn, operands=finish_ops,
         ranges=out_dims, store=store, hints=op.hints,
     )
-    fills[r].append(OpNode(op=fill, tiling=outer[:r]))
-    finishes[r].append(OpNode(op=finish, tiling=outer[:r]))
-    return [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)]
+    fills[r].append(_Item(op=fill, steps=outer, tiled=tiled))
+    finishes[r].append(_Item(op=finish, steps=outer, tiled=tiled))
+    return [_Item(op=partial, steps=t.steps, tiled=tiled), _Item(op=combine, steps=outer, tiled=tiled)]
 
 
 # -- verification ----------------------------------------------------------------------------
