@@ -161,10 +161,6 @@ def _where(k: int, level: Level) -> str:
     return f"level {k} ({level.source})" if level.source else f"level {k}"
 
 
-def _divisors(n: int, limit: int = 12) -> list[int]:
-    return [c for c in range(2, n + 1) if n % c == 0][:limit]
-
-
 def _levels_of(op: Op, levels: Sequence[Level]) -> tuple[str | None, ...]:
     """The dim each level tiles in ``op`` (None: invariant there), after refusing a level that
     names a dim the op lacks or tiles two of its dims."""
@@ -245,15 +241,16 @@ def _stick_tile(ctx: _Context, d: str, t0: int, extent: int,
             continue  # not linear in d: _stick_fault judges the tile
         if n_last > 1 and coef:
             conds.append((coef, n_last, elems_per_stick(btype.dtype), buffer, btype))
-    for tile in range(t0, extent):
-        bad = next((c for c in conds if c[0] * tile % c[1] % c[2]), None)
-        if bad is None:
-            if tile == t0:
-                return tile, ""
-            coef, n_last, eps, buffer, btype = next(c for c in conds if c[0] * t0 % c[1] % c[2])
-            return tile, (f"a tile of {t0} would move {buffer} ({btype}) by {coef * t0 % n_last} elements along its "
-                          f"{eps}-element sticks, not whole sticks, so the tile is rounded up to {tile}")
-    return None, ""
+    first = next((c for c in conds if c[0] * t0 % c[1] % c[2]), None)
+    if first is None:
+        return (t0, "") if t0 < extent else (None, "")
+    coef, n_last, eps, buffer, btype = first
+    why = (f"a tile of {t0} would move {buffer} ({btype}) by {coef * t0 % n_last} elements along its "
+           f"{eps}-element sticks, not whole sticks")
+    for tile in range(t0 + 1, extent):
+        if not any(c[0] * tile % c[1] % c[2] for c in conds):
+            return tile, f"{why}, so the tile is rounded up to {tile}"
+    return None, why
 
 
 def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tuple[str | None, ...]],
@@ -281,7 +278,7 @@ def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tu
         for d, names in by_dim.items():
             outer = [j for j in range(k) if (j, d) in tiles]
             extent = tiles[outer[-1], d] if outer else size[d]
-            after = f" (of {size[d]}, after the outer levels)" if outer else ""
+            after = f" of {size[d]} after the outer levels" if outer else ""
             count = lv.count
             t0 = -(-extent // count)
             found = [a for n in names for a in accesses[n]]
@@ -294,10 +291,10 @@ def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tu
                         f"count or drop the level."
                     )
                 raise TilingError(
-                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) in {count}, but no tile of "
-                    f"{t0} to {extent - 1} elements moves every full buffer of the group by whole sticks ("
-                    f"{', '.join(sorted({b for b, _ in found}))}); tile another dim, or keep {names[0]} out of the "
-                    f"hint scope."
+                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) in {count}: {why}, and no "
+                    f"larger tile below {extent} moves every full buffer of the group by whole sticks, so the "
+                    f"level cannot be tiled (the device moves whole 128-byte sticks). Tile another dim, or keep "
+                    f"{names[0]} out of the hint scope."
                 )
             main, rem = divmod(extent, tile)
             used = main + (rem > 0)
@@ -313,14 +310,14 @@ def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tu
     return tiles
 
 
-def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Level], members: set[str]) -> int | None:
-    """The outermost level tiling a reduction dim of ``t.op`` (None if none does), after
+def _check_reduction(ctx: _Context, gi: int, op: Op, per_level: tuple[str | None, ...], levels: Sequence[Level],
+                     members: set[str]) -> int | None:
+    """The outermost level tiling a reduction dim of ``op`` (None if none does), after
     refusing what fspyre cannot tile correctly."""
-    op = t.op
     if not isinstance(op, Reduction):
         return None
     reduced = {d.name for d in op.reduction_ranges}
-    red_levels = [k for k, d in enumerate(t.per_level) if d in reduced]
+    red_levels = [k for k, d in enumerate(per_level) if d in reduced]
     if not red_levels:
         return None
     r = red_levels[0]
@@ -328,30 +325,30 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
     over = [d.name for d in op.reduction_ranges]
     if op.fn not in TILED_REDUCTIONS:
         raise TilingError(
-            f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {t.per_level[r]}, but {op.fn} has no "
+            f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {per_level[r]}, but {op.fn} has no "
             f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}"
             + (", or write var as mean((x - mean(x))**2) and tile that." if op.fn == "var" else ".")
         )
     for k in range(r + 1, len(levels)):
-        d = t.per_level[k]
+        d = per_level[k]
         if d is None:
             raise TilingError(
                 f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles no dim of {op.name} but runs inside "
-                f"{where}, which tiles its reduction dim {t.per_level[r]}; each partial {op.fn} would be folded "
+                f"{where}, which tiles its reduction dim {per_level[r]}; each partial {op.fn} would be folded "
                 f"into the accumulator {levels[k].count} times. Tile a dim of {op.name} at that level too, or "
                 f"put the reduction in a group of its own."
             )
         if d not in reduced:
             raise TilingError(
                 f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles output dim {d} inside {where}, "
-                f"which tiles reduction dim {t.per_level[r]}; an accumulator tile cannot move inside its "
+                f"which tiles reduction dim {per_level[r]}; an accumulator tile cannot move inside its "
                 f"reduction loop. Put the output level outside (the outer hint scope)."
             )
     for reader in ctx.readers.get(op.store.buffer, ()):
         if reader in members:
             raise TilingError(
                 f"op {reader} reads {op.store.buffer}, the {op.fn} of op {op.name}, inside the same loop nest (group "
-                f"{gi}), but {where} tiles the reduction dim {t.per_level[r]}, so {op.store.buffer} is complete only "
+                f"{gi}), but {where} tiles the reduction dim {per_level[r]}, so {op.store.buffer} is complete only "
                 f"after that loop ends (a recurrence like online softmax, which fspyre does not rewrite). Tile a dim "
                 f"that {op.name} keeps, or end the hint scope before {reader}."
             )
@@ -466,6 +463,8 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
     levels = group.levels
     members = set(group.ops)
     per_level = {name: _levels_of(ctx.ops[name], levels) for name in group.ops}
+    reduced_at = {name: _check_reduction(ctx, gi, ctx.ops[name], per_level[name], levels, members)
+                  for name in group.ops}
     sizes = _tile_sizes(ctx, gi, group, per_level, warnings)
     tilings = [_analyse(ctx.ops[name], per_level[name], sizes) for name in group.ops]
     tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
@@ -475,7 +474,7 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
     for t in tilings:
         op = t.op
         tiled = frozenset(d for d in t.per_level if d is not None)
-        r = _check_reduction(ctx, gi, t, levels, members)
+        r = reduced_at[op.name]
         loads = {}
         for ld in op.loads:
             if ld.buffer in tiles and ld not in loads:
