@@ -224,33 +224,46 @@ def _full_accesses(ctx: _Context, gi: int, group: Group) -> dict[str, list[tuple
 
 
 def _stick_tile(ctx: _Context, d: str, t0: int, extent: int,
-                accesses: Sequence[tuple[str, sympy.Expr]]) -> tuple[int | None, str]:
-    """The smallest tile of ``d`` from ``t0`` up (below ``extent``) whose step moves every
-    full buffer of ``accesses`` by whole device sticks, and why it grew (empty if it did not).
+                accesses: Sequence[tuple[str, sympy.Expr, Mapping[str, int]]]) -> tuple[int, str]:
+    """The smallest tile of ``d`` from ``t0`` up whose tiles of every full buffer in
+    ``accesses`` (buffer, index, the op's per-tile sizes) advance by whole device sticks, and
+    why it grew (empty if it did not). When no tile short of ``extent`` does, the whole range:
+    the level makes no loop.
 
     In the default layout the last host dim of ``n`` elements is cut into sticks of ``eps``: a
     step of ``T`` along ``d`` moves ``coef * T`` host elements, ``coef * T % n`` of them along
-    the stick dim, which must be whole sticks. ``_stick_fault`` then checks the whole tile."""
+    the stick dim, which must be whole sticks (a cheap test run first); ``_stick_fault`` then
+    judges the whole tile, tail included, as ``_check_stick_steps`` will."""
     conds = []
-    for buffer, index in accesses:
+    for buffer, index, sizes in accesses:
         btype = ctx.buffers[buffer].type
         n_last = btype.shape[-1] if btype.shape else 1
-        try:
-            coef = int(sympy.expand(index).coeff(sym(d)))
-        except TypeError:
-            continue  # not linear in d: _stick_fault judges the tile
-        if n_last > 1 and coef:
-            conds.append((coef, n_last, elems_per_stick(btype.dtype), buffer, btype))
-    first = next((c for c in conds if c[0] * t0 % c[1] % c[2]), None)
-    if first is None:
-        return (t0, "") if t0 < extent else (None, "")
-    coef, n_last, eps, buffer, btype = first
-    why = (f"a tile of {t0} would move {buffer} ({btype}) by {coef * t0 % n_last} elements along its "
-           f"{eps}-element sticks, not whole sticks")
+        coef = sympy.expand(index).coeff(sym(d))
+        if n_last > 1 and coef != 0:
+            conds.append((int(coef) if coef.is_Integer else 0, n_last, elems_per_stick(btype.dtype), buffer, btype,
+                          index, sizes))
+
+    def fault(tile: int) -> str | None:
+        for coef, n_last, eps, buffer, btype, index, sizes in conds:
+            if coef and coef * tile % n_last % eps:
+                return (f"move {buffer} ({btype}) by {coef * tile % n_last} elements along its {eps}-element sticks, "
+                        f"not whole sticks")
+            main, rem = divmod(extent, tile)
+            why = _stick_fault(index, {**sizes, d: tile}, [(d, tile, main)], n_last, eps)
+            if why is None and rem:  # the tail: its own size, once moved past the whole tiles
+                why = _stick_fault(index, {**sizes, d: rem}, [(d, main * tile, 2)], n_last, eps)
+            if why is not None:
+                return f"give tiles of {buffer} ({btype}) that {why}"
+        return None
+
+    first = fault(t0) if t0 < extent else None
+    if first is None and t0 < extent:
+        return t0, ""
+    why = f"a tile of {t0} would {first}" if first else f"{extent} elements cannot be split further"
     for tile in range(t0 + 1, extent):
-        if not any(c[0] * tile % c[1] % c[2] for c in conds):
+        if fault(tile) is None:
             return tile, f"{why}, so the tile is rounded up to {tile}"
-    return None, why
+    return extent, f"{why}, and no larger tile below {extent} is whole sticks, so the level makes no loop"
 
 
 def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tuple[str | None, ...]],
@@ -258,9 +271,10 @@ def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tu
     """The tile of each (level, dim) of ``group``: a level of count ``c`` on ``E`` elements (the
     dim's range, or the tile of the nearest outer level on the same dim) takes tiles of
     ``ceil(E / c)``, rounded up to whole sticks of every full buffer that advances along the
-    dim; the loop runs ``E // tile`` whole tiles and a peeled tail takes the ``E % tile`` left
-    (docs/tiling.md, "Tails"). A tiling whose iteration count differs from the hinted count
-    is reported in ``warnings``."""
+    dim (up to ``E`` itself, when no smaller tile is whole sticks: then the level makes no
+    loop); the loop runs ``E // tile`` whole tiles and a peeled tail takes the ``E % tile``
+    left (docs/tiling.md, "Tails"). A tiling whose iteration count differs from the hinted
+    count is reported in ``warnings``."""
     levels = group.levels
     accesses = _full_accesses(ctx, gi, group)
     size: dict[str, int] = {}
@@ -280,31 +294,23 @@ def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tu
             extent = tiles[outer[-1], d] if outer else size[d]
             after = f" of {size[d]} after the outer levels" if outer else ""
             count = lv.count
-            t0 = -(-extent // count)
-            found = [a for n in names for a in accesses[n]]
-            tile, why = _stick_tile(ctx, d, t0, extent, found)
-            if tile is None:
-                if t0 >= extent:
-                    raise TilingError(
-                        f"op {names[0]}: dim {d} has range {extent}{after}, which count {count} of "
-                        f"{_where(k, lv)} cannot split: one tile would hold all {extent} elements. Use a smaller "
-                        f"count or drop the level."
-                    )
-                raise TilingError(
-                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) in {count}: {why}, and no "
-                    f"larger tile below {extent} moves every full buffer of the group by whole sticks, so the "
-                    f"level cannot be tiled (the device moves whole 128-byte sticks). Tile another dim, or keep "
-                    f"{names[0]} out of the hint scope."
-                )
+            found = []
+            for n in names:
+                sizes = {x.name: x.size for x in iteration_dims(ctx.ops[n])}
+                for j in range(k):  # the op's tiles after the outer levels
+                    if per_level[n][j] is not None:
+                        sizes[per_level[n][j]] = tiles[j, per_level[n][j]]
+                found += [(b, index, sizes) for b, index in accesses[n]]
+            tile, why = _stick_tile(ctx, d, -(-extent // count), extent, found)
             main, rem = divmod(extent, tile)
             used = main + (rem > 0)
             if used != count:
                 reason = why or f"tiles of ceil({extent}/{count}) = {tile} elements cover {extent} in {used}"
-                tail = f" and a tail of {rem}" if rem else ""
+                shape = f"in {main} tile{'s' if main > 1 else ''} of {tile}" + (f" and a tail of {rem}" if rem else "")
+                fix = f"Hint count {used} to silence this." if used > 1 else "Remove the level to silence this."
                 warnings.append(
-                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) in {main} tiles of {tile}"
-                    f"{tail}: {used} iterations instead of the hinted {count}, because {reason}. Hint count "
-                    f"{used} to silence this."
+                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) {shape}: {used} "
+                    f"iteration{'s' if used > 1 else ''} instead of the hinted {count}, because {reason}. {fix}"
                 )
             tiles[k, d] = tile
     return tiles
@@ -527,8 +533,9 @@ def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str]
     elements of each tiled dim this path covers, starting at ``offsets``; ``loops`` the
     (level, count) of the enclosing loops; ``peeled`` the tails the path runs in.
 
-    Level ``k`` runs ``extent // tile`` whole tiles as a loop, then, when elements are left,
-    the same levels inwards once more on the remainder: the peeled tail (docs/tiling.md)."""
+    Level ``k`` runs ``extent // tile`` whole tiles as a loop (one tile runs in place, without
+    a loop), then, when elements are left, the same levels inwards once more on the remainder:
+    the peeled tail (docs/tiling.md, "Tails")."""
     def place(items: Sequence[_Item]) -> list[Node]:
         return [_place(ctx, it, extents, offsets, loops, peeled, levels) for it in items]
 
@@ -544,9 +551,11 @@ def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str]
         )
     main = next(iter(whole.values()))[0]
     out = place(fills[k])
-    if main:
-        body = _nest(ctx, levels, sizes, inner, fills, finishes, k + 1, {**extents, **{d: sizes[k, d] for d in dims}},
-                     offsets, loops + ((k, main),), peeled)
+    tiled = {**extents, **{d: sizes[k, d] for d in dims}}
+    if main == 1:  # one whole tile runs once, in place: no loop of one iteration
+        out.extend(_nest(ctx, levels, sizes, inner, fills, finishes, k + 1, tiled, offsets, loops, peeled))
+    elif main:
+        body = _nest(ctx, levels, sizes, inner, fills, finishes, k + 1, tiled, offsets, loops + ((k, main),), peeled)
         out.append(Loop(count=main, steps=level_steps(tuple(body), len(loops)), body=tuple(body)))
     if any(r for _, r in whole.values()):
         start = {d: offsets.get(d, 0) + main * sizes[k, d] for d in dims}
