@@ -225,7 +225,8 @@ def test_a_level_no_whole_stick_tile_can_split_makes_no_loop():
     """A: 4 on 128 takes tiles of 64 (whole sticks of the [A] result), leaving 64 rows for
     A: 64: tiles of 1 element are not whole sticks, and no tile short of all 64 is, so the
     inner level makes no loop (docs/tiling.md, "Tails")."""
-    tree = tile(reduction_graph(slices=({"A": 4}, {"A": 64})), plan_tiling(reduction_graph(slices=({"A": 4}, {"A": 64}))))
+    graph = reduction_graph(slices=({"A": 4}, {"A": 64}))
+    tree = tile(graph, plan_tiling(graph))
     msg = " ".join(tree.warnings)
     for part in ("op buf0: level 0 (hint scope 0 slices={'A': 4}) tiles dim A (range 128) in 2 tiles of 64",
                  "op buf0: level 1 (hint scope 1 slices={'A': 64}) tiles dim A (range 64 of 128 after the outer "

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 import fspyre
-from fspyre.errors import TilingError
 from fspyre.machine.memcheck import check_memory
 
 FOUR = fspyre.machine.spyre(cores=4)

@@ -10,7 +10,6 @@ from tiling_examples import EXAMPLES, canonical, matmul_m, nested_reduction
 
 import fspyre
 from fspyre.check import REDUCTION_RTOL
-from fspyre.errors import TilingError
 from fspyre.ir.graph import sym
 from fspyre.ir.program import LoopSpec, OpSpec, op_specs
 from fspyre.testing import inputs_for
