@@ -19,7 +19,7 @@ from fspyre.ir.program import Program
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import tile, verify_loop_tree
-from fspyre.stages.program import emit_program, verify_program
+from fspyre.stages.program import verify_program
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
@@ -113,10 +113,11 @@ def compile(
         tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options))
     tree = done("resident_tree", placed.tree)
     split = done("split_plan", placed.split)
-    alloc = done("allocation", placed.allocation)
+    done("allocation", placed.allocation)
     verify_loop_tree(tree)
-    # emit_program verifies the split plan and allocation against the tree it is given
-    program = done("program", verify_program(emit_program(tree, split, alloc, machine)))
+    # keep_resident emitted the program to judge its copies (emit_program verifies the split
+    # plan and allocation against the tree it is given)
+    program = done("program", verify_program(placed.program))
     # Stages return their warnings as data (a stage called alone still reports them); the
     # runner raises each as a Python warning once, naming the caller of compile.
     found = tuple(dict.fromkeys(plan.warnings + tiled.warnings + split.warnings))

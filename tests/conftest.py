@@ -54,27 +54,27 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("graphviz `dot` is not installed (Debian package graphviz)")
 
 
-def _memory_checked(emit):
-    """``emit_program`` followed by ``check_memory``: an unsafe program fails the test where it
+def _memory_checked(verify):
+    """``verify_program`` followed by ``check_memory``: an unsafe program fails the test where it
     is compiled, with the memory report, instead of being run or returned."""
 
-    def emit_program(tree, splits, allocation, machine):
-        program = emit(tree, splits, allocation, machine)
+    def verify_program(program):
+        program = verify(program)
         report = check_memory(program)
         if not report.clean:
             pytest.fail(f"fspyre.compile emitted a program the memory check rejects:\n{report}", pytrace=False)
         return program
 
-    return emit_program
+    return verify_program
 
 
 @pytest.fixture(autouse=True)
 def _checked_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The pipeline looks its stages up as module globals at call time, so swapping the last
-    # stage here covers every compile, however the test imported ``compile``. (The stage
-    # callback cannot: it is an argument each caller would have to pass.)
+    # The pipeline looks its stages up as module globals at call time, so swapping the check
+    # of its last artifact here covers every compile, however the test imported ``compile``.
+    # (The stage callback cannot: it is an argument each caller would have to pass.)
     if request.node.get_closest_marker("unchecked_memory") is None:
-        monkeypatch.setattr(fspyre.pipeline, "emit_program", _memory_checked(fspyre.pipeline.emit_program))
+        monkeypatch.setattr(fspyre.pipeline, "verify_program", _memory_checked(fspyre.pipeline.verify_program))
 
 
 def parse_journal(text: str) -> dict[str, str]:

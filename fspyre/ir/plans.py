@@ -71,10 +71,15 @@ class TilingPlan:
     order: tuple[str, ...]  # every op of the graph, in the order the program runs them
     groups: tuple[Group, ...] = ()
     warnings: tuple[str, ...] = ()
+    # What the plan did to honour the hints that the user did not write: loop fission of a
+    # group whose ops read a reduction it tiles over its reduction dim (docs/tiling.md).
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         require_tuple(self.order, "tiling plan: order", TilingError, str)
         require_tuple(self.groups, "tiling plan: groups", TilingError, Group)
+        require_tuple(self.warnings, "tiling plan: warnings", TilingError, str)
+        require_tuple(self.notes, "tiling plan: notes", TilingError, str)
 
 
 # -- split plan -----------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, Tensor
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
-from fspyre.machine.indexing import compile_index
+from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import device_coordinates, stick_layout
 from fspyre.machine.rules import core_slices, lx_box, open_grid, program_timeline, row_major_strides
 
@@ -237,6 +237,46 @@ class Access:
     # LX: every core's addresses inside its LX and aligned (LX accesses do not move with the
     # loops, so this is known when the access is planned)
     lx_ok: bool = True
+    replicated: Replicated | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replicated:
+    """A load from LX along grid axes the tensor's coordinates do not use but the op splits
+    across cores: its addresses move along such an axis only from one core's slice to the next
+    (each core holds its own copy of a region and reads it whole). The load reads the view
+    with the points of a slice collapsed (``shape``/``strides``); when every slice holds the
+    same bits, the values do not depend on those axes and are decoded once (size 1 along them),
+    else they are spread back over the points."""
+
+    shape: tuple[int, ...]  # the view with each replicated axis's points collapsed to 1
+    strides: tuple[int, ...]
+    slice_axes: tuple[int, ...]  # the view axes of the slices, compared for equal bits
+    same_shape: tuple[int, ...]  # the values when all slices are equal: the grid, 1 along replicated axes
+
+
+def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
+    """``axes``: the grid axes to try (split across cores, not used by the coordinates)."""
+    if p.dims is None or not p.aligned or not axes:
+        return None
+    shape: list[int] = []
+    strides: list[int] = []
+    slice_axes: list[int] = []
+    same: list[int] = []
+    for k, (n, dims) in enumerate(zip(p.shape, p.axis_dims)):
+        if k in axes and n > 1 and dims[0][1] != 0 and all(st == 0 for _, st in dims[1:]):
+            slice_axes.append(len(shape))
+            shape += [dims[0][0]] + [1] * (len(dims) - 1)
+            strides += [dims[0][1] * p.nbytes] + [0] * (len(dims) - 1)
+            same.append(1)
+        else:
+            shape += [k for k, _ in dims]
+            strides += [st * p.nbytes for _, st in dims]
+            same.append(n)
+    if not slice_axes:
+        return None
+    return Replicated(shape=tuple(shape), strides=tuple(strides), slice_axes=tuple(slice_axes),
+                      same_shape=tuple(same))
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,8 +393,11 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         arg, syms, sizes, splits, cores, slices, lx_bytes, store)
     r = core_range
     lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=_pattern(full, full.shape, nb),
-                  advance=(), core_range=core_range, lx_ok=lx_ok)
+    pattern = _pattern(full, full.shape, nb)
+    used = frozenset().union(*map(free_names, arg.device_coordinates))
+    copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
+                  replicated=None if store else _replicated(pattern, copies))
 
 
 def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
@@ -469,6 +512,10 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
         return None
     accs = [v for kind, v in operands if kind == "tensor"] + [out]
     if any(a.pattern.dims is None or not a.pattern.aligned for a in accs):
+        return None
+    if 4 * max((math.prod(a.pattern.shape) for a in accs[:-1]), default=1) <= total:
+        # the operands do not vary along most of the grid (a copy into every core's LX, say):
+        # whole, the op computes at the operands' size and only the store spreads the bits
         return None
     runs = [a.pattern.axis_dims[axis][-1][0] for a in accs if a.pattern.shape[axis] > 1]
     g = math.gcd(*runs) if runs else sizes[axis]
@@ -587,6 +634,16 @@ class _Machine:
         # trace_hbm: id(OpSpec) -> ([read bytes], [written bytes]) per execution
         self.trace: dict[int, tuple[list[int], list[int]]] | None = None
         self._stick_counts: dict[tuple[int, int], int] = {}
+        # large decoded reads: (id(Access), offset, wide) -> (lx, first byte, end byte, values),
+        # dropped when a store touches those bytes (``_read``)
+        self.decoded: dict[tuple[int, int, bool], tuple[bool, int, int, np.ndarray]] = {}
+
+    def forget(self, lx: bool, lo: int, hi: int) -> None:
+        """Drop the remembered reads that may share a byte with bytes ``lo``..``hi`` of HBM or
+        (on some core) of LX (``_span``)."""
+        stale = [k for k, (mem, a, b, _) in self.decoded.items() if mem == lx and a < hi and lo < b]
+        for k in stale:
+            del self.decoded[k]
 
     def stick_bytes(self, acc: Access, offset: int) -> int:
         """Bytes of the distinct HBM sticks ``acc`` touches ``offset`` elements on. The count
@@ -632,23 +689,79 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
 
 
 def _read(m: _Machine, acc: Access, offset: int, wide: bool = False) -> np.ndarray:
-    # decode gives C order: the reshape is free
-    return formats.decode(_load(m, acc, offset), acc.fmt, wide).reshape(acc.pattern.shape)
+    """The values at the access (grid shape, size 1 where they do not vary), once every byte
+    of them was written. A large read is remembered until a store touches its bytes: the
+    same bytes decode to the same values (a loop re-reading a resident region decodes it once)."""
+    key = (id(acc), offset, wide)
+    hit = m.decoded.get(key)
+    if hit is not None:
+        return hit[3]
+    r = acc.replicated
+    if r is None:
+        # decode gives C order: the reshape is free
+        values = formats.decode(_load(m, acc, offset), acc.fmt, wide).reshape(acc.pattern.shape)
+    else:
+        values = _read_replicated(m, acc, r, offset, wide)
+    if values.size >= _REMEMBER:
+        m.decoded[key] = (acc.lx, *_span(acc, offset), values)
+    return values
+
+
+def _span(acc: Access, offset: int) -> tuple[int, int]:
+    """Bytes ``lo``..``hi`` the access may touch ``offset`` elements on: in HBM, or in LX
+    relative to each core's own LX (the union over cores: the stacked range of an LX access
+    runs across every core's LX and would meet every other LX access)."""
+    nb = acc.fmt.nbytes
+    if acc.lx and acc.core_range is not None:
+        r = acc.core_range[acc.core_range[:, 0] <= acc.core_range[:, 1]]
+        return (int(r[:, 0].min()), int(r[:, 1].max()) + nb) if r.size else (0, 0)
+    p = acc.pattern
+    return (p.lo + offset) * nb, (p.hi + offset + 1) * nb
+
+
+# Decoded reads of at least this many values are remembered (``_Machine.decoded``); smaller
+# ones decode faster than a store can check the remembered ranges.
+_REMEMBER = 1 << 12
+
+
+def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int, wide: bool) -> np.ndarray:
+    nb = acc.fmt.nbytes
+    start = (acc.pattern.start + offset) * nb
+    data = m.view(acc.lx, nb, False)
+    raw = np.ndarray(r.shape, data.dtype, data, start, r.strides)
+    if m.check_written and raw.size:
+        written = m.view(acc.lx, nb, True)
+        if np.ndarray(r.shape, written.dtype, written, start, r.strides).min() != _FULL[nb]:
+            raise _Unwritten
+    first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
+    if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
+        # every slice holds the same bits: the same values, whichever core reads them
+        return formats.decode(first, acc.fmt, wide).reshape(r.same_shape)
+    values = formats.decode(raw, acc.fmt, wide)
+    return np.broadcast_to(values, acc.pattern.view_shape).reshape(acc.pattern.shape)
 
 
 def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    if raw.shape != p.shape:
-        raw = np.broadcast_to(raw, p.shape)
+    if m.decoded:
+        m.forget(acc.lx, *_span(acc, offset))
     if p.dims is None:
         idx = p.index + offset if offset else p.index
-        m.view(acc.lx, nb, False)[idx] = raw
+        m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
         if m.check_written:
             m.view(acc.lx, nb, True)[idx] = _FULL[nb]
         return
-    _select(m.view(acc.lx, nb, False), p, offset)[...] = raw.reshape(p.view_shape)
+    if raw.shape != p.shape:
+        # into view axes without spreading: a grid axis the bits do not vary along stays 1
+        raw = np.ascontiguousarray(raw).reshape((1,) * (len(p.shape) - raw.ndim) + raw.shape)
+        if any(n not in (1, size) for n, size in zip(raw.shape, p.shape)):
+            raise AssertionError(f"store of {raw.shape} onto the grid {p.shape}")
+        raw = raw.reshape([k if n > 1 else 1 for n, dims in zip(raw.shape, p.axis_dims) for k, _ in dims])
+    else:
+        raw = raw.reshape(p.view_shape)
+    _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
 
@@ -797,6 +910,11 @@ def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     if op.spec.is_reduction:
         result = _reduce(op, values, sizes)
     else:
+        if op.fn in numerics.EXACT_POINTWISE:
+            # computed over the operands' own broadcast shape; the store spreads the bits
+            shapes = [np.shape(v) for v in values if isinstance(v, np.ndarray)]
+            if shapes:
+                sizes = np.broadcast_shapes(*shapes)
         result = numerics.pointwise(op.fn, values, op.ctype, sizes)
     if op.bool_store:
         result = numerics.bool_store(result)
@@ -851,6 +969,8 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
                for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if ba is not None]
     out, oba = op.out, b.out
     onb = out.fmt.nbytes
+    if m.decoded:
+        m.forget(out.lx, *_span(out, out_off))
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
     for index in itertools.product(*(range(n) for n in b.outer)):
         for r0 in range(0, b.size, b.step):

@@ -196,9 +196,9 @@ def _device_coordinates(
 def _check_index(layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> None:
     """An index must be integer-linear in ranged vars and stay inside the tensor."""
     const, terms = index.as_coeff_Add()
-    lo = hi = int(const) if const.is_Integer else None
-    if lo is None:
+    if not const.is_Integer:
         raise LoweringError(f"device_coordinates: index {index} has a non-integer constant")
+    lo = hi = int(const)
     for term in sympy.Add.make_args(terms):
         if term == 0:
             continue

@@ -114,6 +114,13 @@ def _as(value: Value, dtype: np.dtype) -> Value:
     return dtype.type(value)
 
 
+# Pointwise fns whose every result is exact or correctly rounded by IEEE, so no numpy kernel
+# choice (``_dense``) can change it: computed once where the operands do not vary, their
+# result may be spread afterwards.
+EXACT_POINTWISE = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "sqrt", "relu",
+                             "copy", "cast", "logical_not", "eq", "ne", "lt", "le", "gt", "ge", "where"})
+
+
 def pointwise(fn: str, operands: Sequence[Value], ctype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """Apply ``fn`` elementwise in compute dtype ``ctype``; the result has ``shape``."""
     if fn == "full":
@@ -447,10 +454,10 @@ def store_bound(pre: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: s
         return np.where(m > top, np.inf, out)
 
 
-def host_bound(values: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: str) -> np.ndarray | None:
+def host_bound(values: np.ndarray, err: np.ndarray, fmt_name: str, dtype: str) -> np.ndarray:
     """Copy-out of a DLFloat16 value to a float16 host array rounds once more (float16 has
     subnormals below 2^-14 and ends at 65504)."""
-    if err is None or dtype != "float16" or fmt_name != "SEN169_FP16":
+    if dtype != "float16" or fmt_name != "SEN169_FP16":
         return err
     m = np.abs(np.asarray(values, dtype=np.float64)) + err
     out = np.where(err > 0, err + ulp(m, 10, 2.0**-24), 0.0)

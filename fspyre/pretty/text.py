@@ -184,6 +184,8 @@ def _tiling_plan(p: TilingPlan, detailed: bool) -> Doc:
             out.append(_under(head, [_level_doc(k, lv) for k, lv in enumerate(g.levels)]))
         else:
             out.append(concat(head, f"  loops {_levels(g)}" if g.levels else "  (no loops)"))
+    if p.notes:
+        out.append(_under("notes:", [text(n) for n in p.notes]))
     if p.warnings:
         out.append(_under("warnings:", [text(w) for w in p.warnings]))
     return lines(out)

@@ -355,8 +355,9 @@ def _check_reduction(ctx: _Context, gi: int, op: Op, per_level: tuple[str | None
             raise TilingError(
                 f"op {reader} reads {op.store.buffer}, the {op.fn} of op {op.name}, inside the same loop nest (group "
                 f"{gi}), but {where} tiles the reduction dim {per_level[r]}, so {op.store.buffer} is complete only "
-                f"after that loop ends (a recurrence like online softmax, which fspyre does not rewrite). Tile a dim "
-                f"that {op.name} keeps, or end the hint scope before {reader}."
+                f"after that loop ends. plan_tiling and plan_groups split such a group into loop nests "
+                f"(fspyre.stages.tiling_plan.split_at_tiled_reductions); pass this plan through it, or end the "
+                f"group before {reader}."
             )
     return r
 

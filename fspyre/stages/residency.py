@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import sympy
 
@@ -36,6 +37,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
 from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
+from fspyre.ir.program import Program
 from fspyre.machine.indexing import free_names
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
@@ -98,11 +100,45 @@ def _hoist_body(body: Sequence[Node]) -> tuple[Node, ...]:
 class Residency:
     """The rewritten tree with the work division and allocation the stage judged it by
     (the same ``divide_work`` and ``allocate`` the pipeline would run next, under the same
-    options), so a caller need not run them again."""
+    options) and the program they emit, so a caller need not run those stages again."""
 
     tree: LoopTree
     split: SplitPlan
     allocation: Allocation
+    program: Program
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Candidate:
+    """A tree with its division and allocation, not yet emitted."""
+
+    tree: LoopTree
+    split: SplitPlan
+    allocation: Allocation
+
+
+class _Judge:
+    """Emits and estimates each candidate at most once: the unchanged tree is compared with
+    every set of copies tried, and the chosen candidate's program is the stage's output."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self._programs: dict[int, tuple[_Candidate, Program]] = {}
+        self._estimates: dict[int, tuple[float, int]] = {}
+
+    def program(self, c: _Candidate) -> Program:
+        if id(c) not in self._programs:  # the candidate is kept alongside, so its id stays its own
+            self._programs[id(c)] = (c, emit_program(c.tree, c.split, c.allocation, self.machine))
+        return self._programs[id(c)][1]
+
+    def estimate(self, c: _Candidate) -> tuple[float, int]:
+        if id(c) not in self._estimates:
+            report = traffic_report(self.program(c))
+            self._estimates[id(c)] = (report.time_ns, report.hbm_bytes)
+        return self._estimates[id(c)]
+
+    def settled(self, c: _Candidate) -> Residency:
+        return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=self.program(c))
 
 
 def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:
@@ -110,28 +146,34 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
         tree = hoist_invariants(tree)
     split = divide_work(tree, machine, options.split)
     alloc = allocate(tree, split, machine, options.allocation)
-    unchanged = Residency(tree=tree, split=split, allocation=alloc)
+    judge = _Judge(machine)
+    return judge.settled(_choose(tree, _Candidate(tree=tree, split=split, allocation=alloc), machine, options, judge))
+
+
+def _choose(tree: LoopTree, unchanged: _Candidate, machine: Machine, options: ResidencyOptions,
+            judge: _Judge) -> _Candidate:
     if not options.enabled or not options.allocation.lx_planning:
         return unchanged
     # a buffer the allocator already keeps in LX gains nothing from a copy
-    regions = [r for r in _regions(tree) if alloc.buffers[r.buffer].memory == "hbm"]
+    regions = [r for r in _regions(tree) if unchanged.allocation.buffers[r.buffer].memory == "hbm"]
     if not regions:
         return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
-    found = _copies(tree, unchanged, regions, machine, options, reduced, set())
-    replicated = {r.name for r in regions if _replicate(r, split, reduced) is not None}
+    found = _copies(tree, unchanged, regions, machine, options, reduced, set(), judge)
+    replicated = {r.name for r in regions if _replicate(r, unchanged.split, reduced) is not None}
     if not replicated:
         return found or unchanged
     # Replicas keep their readers' work division, which may keep other copies' readers from
     # moving theirs: judge the plan without replicas too, and take the faster.
-    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated)
+    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated, judge)
     if found is None or sliced is None:
         return found or sliced or unchanged
-    return found if _estimate(found, machine) <= _estimate(sliced, machine) else sliced
+    return found if judge.estimate(found) <= judge.estimate(sliced) else sliced
 
 
-def _copies(tree: LoopTree, unchanged: Residency, regions: list[_Region], machine: Machine,
-            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str]) -> Residency | None:
+def _copies(tree: LoopTree, unchanged: _Candidate, regions: list[_Region], machine: Machine,
+            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str],
+            judge: _Judge) -> _Candidate | None:
     """The rewrite with the copies of ``regions`` that fit LX and pay off (regions named in
     ``whole`` are not replicated), judged by the real stages; None when none do."""
     split = unchanged.split
@@ -153,8 +195,8 @@ def _copies(tree: LoopTree, unchanged: Residency, regions: list[_Region], machin
                        for r in regions if r not in spilled or r.replicas > 1]
             hints, regions = _align(regions, split, machine, reduced, whole)
             continue
-        done = Residency(tree=rewritten, split=new_split, allocation=new_alloc)
-        if _better(done, unchanged, machine):
+        done = _Candidate(tree=rewritten, split=new_split, allocation=new_alloc)
+        if _better(done, unchanged, judge):
             return done
         if len(regions) == 1 or tries >= _MAX_TRIES:
             return None
@@ -173,7 +215,7 @@ def _region_bytes(r: _Region) -> int:
     return math.prod(d.size for d in r.dims)
 
 
-def _better(new: Residency, old: Residency, machine: Machine) -> bool:
+def _better(new: _Candidate, old: _Candidate, judge: _Judge) -> bool:
     """Copies only take reads off HBM. When every reader kept its work division and nothing
     the old allocation kept in LX was pushed out, the new program moves fewer HBM bytes at
     the same compute; otherwise (a reader's cores moved, or an intermediate lost its LX)
@@ -183,12 +225,7 @@ def _better(new: Residency, old: Residency, machine: Machine) -> bool:
                   if p.memory == "lx")
     if kept_cores and kept_lx:
         return True
-    return _estimate(new, machine) < _estimate(old, machine)
-
-
-def _estimate(r: Residency, machine: Machine) -> tuple[float, int]:
-    report = traffic_report(emit_program(r.tree, r.split, r.allocation, machine))
-    return report.time_ns, report.hbm_bytes
+    return judge.estimate(new) < judge.estimate(old)
 
 
 def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine, reduced: Mapping[str, set[str]],
@@ -400,8 +437,9 @@ def _rewrite_body(body: Sequence[Node], prefix: tuple[int, ...], copies: Mapping
         if isinstance(node, Loop):
             out.append(replace(node, body=_rewrite_body(node.body, path, copies, redirect, scope_of)))
             continue
-        operands = tuple(redirect.get((node.name, o.buffer, o.index), o) if isinstance(o, Load) else o
-                         for o in node.op.operands)
+        # a redirect maps a load to a load, so a reduction's operands stay loads
+        operands: Any = tuple(redirect.get((node.name, o.buffer, o.index), o) if isinstance(o, Load) else o
+                              for o in node.op.operands)
         hints = node.op.hints + ((scope_of[node.name],) if node.name in scope_of else ())
         if operands == node.op.operands and hints == node.op.hints:
             out.append(node)

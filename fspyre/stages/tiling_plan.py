@@ -17,6 +17,10 @@ Hints to groups (docs/tiling.md):
 - An unhinted op between two ops of one run (an *interloper*) moves before the run if it reads
   nothing the run wrote before it, else after the run if nothing later in the run reads it,
   else the plan is refused with a HintError naming the op, the run and both blocking ops.
+- Loop fission (``split_at_tiled_reductions``): a reduction whose reduction dim a level of its
+  group tiles is complete only after that loop ends, so the ops of the group that read it (and
+  what reads those) move into a second loop nest with the same levels, after the first; the
+  plan's ``notes`` say so.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 
 from fspyre.errors import HintError, TilingError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import Graph, HintScope, Op, iteration_dims
+from fspyre.ir.graph import Graph, HintScope, Op, Reduction, iteration_dims
 from fspyre.ir.plans import Group, Level, TilingPlan
 
 
@@ -79,7 +83,8 @@ def _plan_from_hints(graph: Graph) -> TilingPlan:
         if scope.slices and scope.id not in used:
             warnings.append(f"hint scope {scope.id} slices={dict(scope.slices)}: no op was built inside it; "
                             f"hint ignored (build the ops to tile inside the `with g.hint(...)` block)")
-    return TilingPlan(order=tuple(op.name for op in ops), groups=tuple(groups), warnings=tuple(warnings))
+    plan = TilingPlan(order=tuple(op.name for op in ops), groups=tuple(groups), warnings=tuple(warnings))
+    return split_at_tiled_reductions(graph, plan)
 
 
 def _check_scopes(graph: Graph, scopes: Mapping[int, HintScope]) -> None:
@@ -216,7 +221,7 @@ def plan_groups(graph: Graph, groups: Sequence[GroupSpec]) -> TilingPlan:
         )))
     plan = TilingPlan(order=tuple(op.name for op in graph.ops), groups=tuple(out))
     verify_plan(graph, plan)
-    return plan
+    return split_at_tiled_reductions(graph, plan)
 
 
 def _normalise(gi: int, spec: GroupSpec) -> tuple[Sequence[str], list[tuple[int, Sequence]]]:
@@ -272,6 +277,117 @@ def _level(gi: int, k: int, count, dims, members: Sequence[Op]) -> Level:
     if not union:
         raise TilingError(f"{src}: no op of the group iterates any of {dims}")
     return Level(count=count, dims=union, op_dims=FrozenMap(per_op), source=src)
+
+
+# -- loop fission ----------------------------------------------------------------------------
+def split_at_tiled_reductions(graph: Graph, plan: TilingPlan) -> TilingPlan:
+    """Loop fission of every group in which an op reads a reduction that a level of the group
+    tiles over its reduction dim: inside that loop the reduction holds only a partial result,
+    complete once the loop ends.
+
+    Each op of such a group gets a *pass*: the earliest one after every tiled reduction it
+    depends on inside the group (a reader of a tiled reduction runs one pass after it), then,
+    consumers first, the latest one that still precedes its readers' passes, so an op joins the
+    nest of the ops that read it and its result stays a per-tile buffer where it can. Each
+    pass becomes a group of its own, in pass order, with the levels of the original group that
+    tile a dim one of its ops iterates; what a later pass reads from an earlier one is a full
+    buffer, written by the earlier nest and re-read by the later (docs/tiling.md, "Loop
+    fission"). Softmax tiled over its row is three passes: max, sum of exp, normalise. A plan
+    with nothing to split is returned as it is."""
+    table = graph.op_table()
+    fissioned: dict[str, tuple[Group, ...]] = {}
+    notes: list[str] = []
+    for group in plan.groups:
+        passes = _passes(group, table)
+        if len(passes) > 1:
+            fissioned[group.ops[0]] = passes
+            notes.append(_fission_note(group, passes, table))
+    if not fissioned:
+        return plan
+    members = {name for g in plan.groups for name in g.ops}
+    starts = {g.ops[0]: g for g in plan.groups}
+    order: list[str] = []
+    groups: list[Group] = []
+    for name in plan.order:
+        if name in fissioned:
+            for p in fissioned[name]:
+                order.extend(p.ops)
+                groups.extend([p] if p.levels else [])
+        elif name in starts:
+            order.extend(starts[name].ops)
+            groups.append(starts[name])
+        elif name not in members:
+            order.append(name)
+    out = TilingPlan(order=tuple(order), groups=tuple(groups), warnings=plan.warnings,
+                     notes=plan.notes + tuple(notes))
+    return verify_plan(graph, out)
+
+
+def _tiles_its_reduction(op: Op, levels: Sequence[Level]) -> str | None:
+    """The reduction dim of ``op`` that a level tiles (None if it is not a reduction or no
+    level tiles one of its reduction dims)."""
+    if not isinstance(op, Reduction):
+        return None
+    reduced = {d.name for d in op.reduction_ranges}
+    return next((d for lv in levels for d in lv.tiled_dims(op) if d in reduced), None)
+
+
+def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
+    """The group split into passes (one group, unchanged, when nothing in it needs a split).
+    A pass left with no level is returned with ``levels=()``: its ops run untiled."""
+    ops = [table[n] for n in group.ops]
+    writer = {op.store.buffer: op.name for op in ops}
+    boundary = {op.name: int(_tiles_its_reduction(op, group.levels) is not None) for op in ops}
+    producers = {op.name: {writer[ld.buffer] for ld in op.loads if ld.buffer in writer} for op in ops}
+    phase: dict[str, int] = {}
+    for op in ops:  # program order is a data-flow order
+        phase[op.name] = max((phase[p] + boundary[p] for p in producers[op.name]), default=0)
+    if max(phase.values()) == 0:
+        return (group,)
+    consumers: dict[str, list[str]] = {op.name: [] for op in ops}
+    for op in ops:
+        for p in producers[op.name]:
+            consumers[p].append(op.name)
+    for op in reversed(ops):
+        if consumers[op.name]:
+            phase[op.name] = min(phase[c] - boundary[op.name] for c in consumers[op.name])
+    out = []
+    for k in sorted(set(phase.values())):
+        names = tuple(n for n in group.ops if phase[n] == k)
+        levels = tuple(lv for lv in (_restrict(lv, names) for lv in group.levels)
+                       if lv is not None and any(lv.tiled_dims(table[n]) for n in names))
+        out.append(Group(ops=names, levels=levels))
+    return tuple(out)
+
+
+def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op]) -> str:
+    members = set(group.ops)
+    why = ""
+    for name in group.ops:
+        op = table[name]
+        dim = _tiles_its_reduction(op, group.levels)
+        reader = next((r for r in group.ops if r in members and r != name
+                       and any(ld.buffer == op.store.buffer for ld in table[r].loads)), None)
+        if dim is not None and reader is not None:
+            level = next(lv for lv in group.levels if dim in lv.tiled_dims(op))
+            where = f" ({level.source})" if level.source else ""
+            why = (f"{reader} reads {op.store.buffer}, the {op.fn} of op {name} over {dim}, which the loop of "
+                   f"{level.count}{where} tiles, so it is complete only after that loop")
+            break
+    nests = " | ".join(_listing(p.ops) + ("" if p.levels else " untiled") for p in passes)
+    return (f"loop fission of group {_listing(group.ops)} into {len(passes)} loop nests {nests}: {why}; a later "
+            f"nest reads what an earlier one wrote from its full buffer")
+
+
+def _restrict(level: Level, names: Sequence[str]) -> Level | None:
+    """``level`` for the ops ``names`` only (the positional form keeps only their entries)."""
+    if not level.op_dims:
+        return level
+    kept = {n: ds for n, ds in level.op_dims.items() if n in names and ds}
+    dims = tuple(dict.fromkeys(d for ds in kept.values() for d in ds))
+    if not dims:
+        return None
+    return Level(count=level.count, dims=dims, op_dims=FrozenMap(kept), source=level.source)
 
 
 # -- checks ---------------------------------------------------------------------------------

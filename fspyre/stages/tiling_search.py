@@ -43,7 +43,6 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import elems_per_stick, tile
-from fspyre.stages.program import emit_program
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
@@ -92,7 +91,7 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
     position = {name: i for i, name in enumerate(hinted.order)}
     found = [Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels]
     groups = sorted(hinted.groups + tuple(found), key=lambda g: position[g.ops[0]])
-    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings)
+    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings, notes=hinted.notes)
     note = ""
     if found:
         # Each group was judged alone; together they share LX and copies differently. The
@@ -111,7 +110,7 @@ def _whole(ctx: _Search, graph: Graph, plan: TilingPlan) -> tuple[float, int] | 
     try:
         placed = place_copies(tile(graph, plan), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
-        report = traffic_report(emit_program(placed.tree, placed.split, placed.allocation, ctx.machine))
+        report = traffic_report(placed.program)
     except FspyreError:
         return None
     return round(report.time_ns, 6), report.hbm_bytes
@@ -313,7 +312,7 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
         placed = place_copies(tile(sub, plan), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         tree, alloc = placed.tree, placed.allocation
-        report = traffic_report(emit_program(tree, placed.split, alloc, ctx.machine))
+        report = traffic_report(placed.program)
     except FspyreError as err:
         return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
     kept = {o.buffer for o in sub.outputs} | set(sub.inputs)

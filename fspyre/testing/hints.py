@@ -21,9 +21,9 @@ conditions written here independently of the tiling stages (docs/tiling.md, "Leg
 any count >= 2 on any dim (a count that does not divide the range peels a tail, a tile that
 is not whole sticks is rounded up: docs/tiling.md, "Tails"); an op that reads or writes a
 buffer through a view that is not one same-named variable per dim (a reshape) keeps its dims
-untiled; a reduction dim
-is tiled only when nothing else in the group reads the reduction and the reduction is not
-var, and no level inside it leaves the reduction invariant or tiles its output; an unhinted
+untiled; a reduction dim is tiled only when the reduction is not var, and no level inside it
+leaves the reduction invariant or tiles its output (ops of the group that read it are split
+into a later loop nest by loop fission); an unhinted
 hole is only placed where data flow lets it move out of its run. ``any_hint_nests`` draws
 anything a user could write (unknown dims, counts that do not divide, holes that cannot move,
 work-division-only scopes, several dims per scope): compiling must then either succeed or
@@ -252,7 +252,6 @@ def _legal(f: _Facts, members: Sequence[int], prior: Sequence[tuple[str, int]], 
         return True  # dropped with a warning for this group
     if any(dim in f.unaligned[p] for p in members):
         return False
-    inside = set(members)
     for p in members:
         op = f.ops[p]
         if not isinstance(op, Reduction):
@@ -260,7 +259,7 @@ def _legal(f: _Facts, members: Sequence[int], prior: Sequence[tuple[str, int]], 
         reduced = {d.name for d in op.reduction_ranges if d.size > 1}
         tiled_before = any(d in reduced for d, _ in prior)
         if dim in reduced:
-            if op.fn == "var" or any(r in inside and r != p for r in f.readers.get(op.store.buffer, ())):
+            if op.fn == "var":
                 return False
         elif tiled_before:
             return False  # an output level, or an invariant one, inside the reduction level

@@ -27,7 +27,7 @@ terms neglected in the propagation; a real compiler bug is off by far more.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,14 +104,14 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-UNARY = {
+UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0.0), "copy": lambda x: x,
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "reciprocal": lambda x: 1.0 / x, "sigmoid": _sigmoid, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))), "silu": lambda x: x * _sigmoid(x),
 }
 LIPSCHITZ = {"abs": 1.0, "relu": 1.0, "gelu": 1.13, "silu": 1.1, "sin": 1.0, "cos": 1.0}  # not monotone: |f'| <= L
-BINARY = {
+BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "maximum": np.maximum, "minimum": np.minimum, "pow": np.power,
 }
@@ -130,6 +130,7 @@ def pointwise(fn: str, xs: Sequence[Ref | float], names: Sequence[str], shape: S
     """The ideal value and bound of ``fn`` over ``xs`` (Refs or Python scalars), broadcast by
     name to ``names`` and stored as ``dtype``."""
     ops = [_operand(x, names) for x in xs]
+    e: np.ndarray | float
     with np.errstate(all="ignore"):
         if fn == "full":
             v, e = np.full(shape, ops[0][0]), 0.0

@@ -130,6 +130,8 @@ class _Gen:
     def op(self, fn: str, *xs, dtype: str | None = None) -> Val:
         args = [x.t if isinstance(x, Val) else x for x in xs]
         if fn == "cast":
+            if dtype is None:
+                raise ValueError("a cast needs its dtype")
             t = self.g.cast(args[0], dtype)
         elif fn in COMPARE:
             t = self.g.compare(fn, *args)
@@ -277,6 +279,7 @@ class _Gen:
         if a is None:
             return
         fn = self.rng.choice(BINARY)
+        b: Val | float | int | None
         if self.rng.random() < 0.3:
             b = self.rng.choice((0.5, 2, -1.5, 3, 0.125)) if self.is_float(a) or fn in ("div", "pow") else \
                 self.rng.choice((2, -3, 1))
