@@ -738,7 +738,7 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_til
 def verify_loop_tree(tree: LoopTree) -> LoopTree:
     """Tree invariants: one tiling entry per enclosing loop, steps on dims the op iterates,
     each loop's ``steps`` the moves of the ops below it, every buffer known, every read
-    preceded by a write (or an input)."""
+    preceded by a write (or an input), every peeled tail a copy of an op of the main body."""
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")
@@ -771,6 +771,14 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
             raise TilingError(f"loop tree {tree.name}: op {op.name} writes unknown buffer {op.store.buffer}")
         written.add(op.store.buffer)
     _verify_loop_steps(tree)
+    fns = {n.name: n.op.fn for n, _ in walk(tree.body) if isinstance(n, OpNode) and not n.origin}
+    for node, _ in walk(tree.body):
+        if isinstance(node, OpNode) and node.origin and fns.get(node.origin) not in (node.op.fn, None):
+            raise TilingError(f"loop tree {tree.name}: op {node.name}, a tail of {node.origin}, computes "
+                              f"{node.op.fn} where {node.origin} computes {fns[node.origin]}")
+        if isinstance(node, OpNode) and node.origin and node.origin not in fns:
+            raise TilingError(f"loop tree {tree.name}: op {node.name} is a tail of {node.origin}, which is not an "
+                              f"op of the tree's main body")
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
             raise TilingError(

@@ -254,3 +254,19 @@ def test_the_search_tries_tails_when_no_count_divides():
     tried = {lv.count for grp in comp.stages["tiling_search"].groups for c in grp.candidates for lv in c.levels}
     assert {2, 4, 7, 13, 25, 49, 97} <= tried
     assert fspyre.check(graph, machine=machine, comp=comp).equal
+
+
+def test_verify_loop_tree_refuses_a_tail_of_no_op():
+    from dataclasses import replace
+
+    from fspyre.errors import TilingError
+    from fspyre.stages.loop_tree import verify_loop_tree
+
+    tree = fspyre.compile(scaled_sum(100, 128, [("A", 3)]), fspyre.machine.spyre(cores=4),
+                          tiling="hints").stages["loop_tree"]
+    loop, first, *rest = tree.body
+    for origin, match in (("nope", "op buf0_tail is a tail of nope, which is not an op of the tree's main body"),
+                          ("buf1", "op buf0_tail, a tail of buf1, computes mul where buf1 computes add")):
+        bad = replace(tree, body=(loop, replace(first, origin=origin), *rest))
+        with pytest.raises(TilingError, match=match):
+            verify_loop_tree(bad)
