@@ -1,12 +1,14 @@
 """Stage ``tile``: graph + TilingPlan -> LoopTree.
 
 Each group of the plan becomes a nest of ``Loop`` nodes, outermost level first, with the
-group's ops in the innermost body. An op's ranges are divided once per level that tiles one
-of its dims (a dim tiled at two levels is divided twice); its ``OpNode.tiling[L]`` records,
-per enclosing loop, how many elements the tiled dim moves per iteration (an outer level's
-extent is the final extent times the inner counts on that dim). Loads and stores keep the
-graph's full-buffer index for ``"full"`` buffers (the program adds the loop advance); a
-``"tile"`` buffer is indexed with the tile's own contiguous index.
+group's ops in the innermost body. A level of count ``c`` cuts its dim (the range left by the
+outer levels) into tiles of ``ceil(E / c)``, rounded up to whole sticks of every full buffer
+that advances along it (``_tile_sizes``); the loop runs the whole tiles and a peeled tail, a
+copy of the level's body on the remainder, follows it (``_nest``; docs/tiling.md, "Tails").
+An op's ``OpNode.tiling[L]`` records, per enclosing loop, the tile its dim moves per
+iteration. Loads and stores keep the graph's full-buffer index for ``"full"`` buffers (the
+program adds the loop advance; a tail's index starts at its offset); a ``"tile"`` buffer is
+indexed with the tile's own contiguous index, and a tail uses part of it.
 
 Loop-boundary buffers (docs/tiling.md):
 
