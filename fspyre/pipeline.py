@@ -131,7 +131,7 @@ def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: st
     and reports any read of a byte nobody wrote; ``checks="fast"`` skips that bookkeeping:
     identical results on every program that passes with ``"full"``, and no report for one that
     reads unwritten bytes (they read as zero). Bounds and alignment are checked either way."""
-    from fspyre.machine.interpreter import RunOptions, run_program
+    from fspyre.machine.interpreter import RunOptions, run_outputs
 
     if checks not in ("full", "fast"):
         raise ExecutionError(f"run: checks={checks!r}: use 'full' or 'fast'")
@@ -145,5 +145,4 @@ def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: st
     else:
         raise ExecutionError(f"run: expected the Compilation fspyre.compile returns, got {type(comp).__name__}"
                              f"{'; call .build() and compile the graph first' if hasattr(comp, 'build') else ''}")
-    outs, _ = run_program(program, inputs, RunOptions(check_written=checks == "full"))
-    return outs
+    return run_outputs(program, inputs, RunOptions(check_written=checks == "full"))

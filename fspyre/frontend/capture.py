@@ -45,9 +45,31 @@ def _decompositions() -> dict[Any, Callable]:
     table = dict(core_aten_decompositions())  # materializing it costs ~0.5 s: done once
     table.update(get_decompositions([aten._softmax, aten._log_softmax, aten.native_layer_norm]))
     table[aten._transformer_encoder_layer_fwd.default] = _encoder_layer
+    table[aten.gelu_backward.default] = _gelu_backward
+    table[aten.full_like.default] = _full_like
     for keep in (aten.silu.default,):
         table.pop(keep, None)
     return table
+
+
+def _full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """A filled tensor of ``x``'s shape: ``x``'s values are not read, and with this ``x`` is
+    no longer an operand, so an uninitialised ``empty_permuted`` made only for its shape
+    (addcdiv's and lerp's backwards) is dead code and goes."""
+    return torch.full(x.shape, fill_value, dtype=dtype or x.dtype, device=x.device)
+
+
+def _gelu_backward(grad, x, approximate="none"):
+    """gelu's derivative ``Phi(x) + x phi(x)``. torch's decomposition computes the normal CDF
+    Phi with erf, which fspyre has no op for; here Phi(x) is ``gelu(x) / x`` (gelu is
+    ``x Phi(x)`` and an fspyre op), 1/2 at 0. The tanh form needs no erf: torch's own."""
+    from torch._decomp.decompositions import gelu_backward
+
+    if approximate != "none":
+        return gelu_backward(grad, x, approximate)
+    cdf = torch.where(x == 0, 0.5, torch.nn.functional.gelu(x) / x)
+    pdf = torch.exp(x * x * -0.5) * 0.3989422804014327  # 1 / sqrt(2 pi)
+    return grad * (cdf + x * pdf)
 
 
 def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first,

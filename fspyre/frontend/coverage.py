@@ -35,22 +35,24 @@ from fspyre.errors import FspyreError
 
 # OpInfo names (``name`` or ``name.variant``) the front end claims. Not claimed, and why
 # (``--ops NAME -v`` shows each refusal):
-# - log2, exp2, erf, sign, div.floor_rounding, div.trunc_rounding: no fspyre op, and composing
+# - log2, exp2, erf, div.floor_rounding, div.trunc_rounding: no fspyre op, and composing
 #   log2/exp2 from log/exp loses the precision torch keeps; softplus, elu, mish, xlogy,
 #   nan_to_num, fmax, fmin, norm and normalize decompose into such ops (log1p, expm1, isnan,
-#   sign, ...);
+#   ...);
 # - max.reduction_with_dim, min.reduction_with_dim, argmax, argmin: fspyre computes no argmax
 #   indices; arange: its OpInfo samples have no tensor input, which the harness needs;
 # - float_power, softmax.with_dtype, log_softmax.with_dtype: float64;
 # - narrow_copy (aten.narrow_copy has no lowering yet); einsum (a repeated index is a diagonal:
 #   no strided view in the builder);
+# - slice_scatter (lowered: the backward of a slice): every OpInfo sample is 8,000 elements,
+#   past the table's size limit; tests/frontend/test_training.py checks it;
 # - addmm, baddbmm, nn.functional.linear: the builder's matmul stores its product in the
 #   operands' dtype, so with a bias float16 rounds twice (product, then sum) where torch rounds
 #   once; fails one float16 sample in four. Needs a float32 product (GraphBuilder.matmul(dtype=)).
 CLAIMED: tuple[str, ...] = (
     # elementwise unary
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "square", "logical_not",
-    "positive", "logit", "sin", "cos", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
+    "positive", "logit", "sin", "cos", "sign", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
     "nn.functional.hardtanh", "nn.functional.leaky_relu", "nn.functional.relu6", "nn.functional.hardsigmoid",
     "nn.functional.hardswish", "nn.functional.threshold", "nn.functional.glu", "clamp", "clamp_min", "clamp_max",
     # elementwise binary and ternary
@@ -67,9 +69,9 @@ CLAIMED: tuple[str, ...] = (
     "narrow", "select", "split", "split.list_args", "split_with_sizes", "unbind", "chunk", "tensor_split",
     "hsplit", "vsplit", "dsplit",
     # concatenation
-    "cat", "stack", "hstack", "vstack", "dstack", "column_stack",
+    "cat", "stack", "hstack", "vstack", "dstack", "column_stack", "select_scatter",
     # gathering (take_along_dim: its negative-index wrap is aten.remainder, which fspyre lacks)
-    "nn.functional.embedding", "index_select", "gather",
+    "nn.functional.embedding", "index_select", "gather", "__getitem__",
 )
 
 DTYPES = (torch.float16, torch.float32)
@@ -96,14 +98,19 @@ class OpCoverage:
 
 
 def coverage_table(ops: Sequence[str] = CLAIMED, *, samples: int = 4, run: int = 1, max_numel: int = 2048,
-                   dtypes: Sequence[torch.dtype] = DTYPES) -> tuple[OpCoverage, ...]:
+                   dtypes: Sequence[torch.dtype] = DTYPES, grad: bool = False) -> tuple[OpCoverage, ...]:
     """Tally ``samples`` eligible OpInfo reference samples per op and dtype (spread evenly over
     the first ``4 * samples`` eligible ones under a fixed seed, so the choice is deterministic),
-    running the first ``run`` of each op through ``fspyre.compile`` + ``fspyre.run`` as well."""
+    running the first ``run`` of each op through ``fspyre.compile`` + ``fspyre.run`` as well.
+    With ``grad``, the gradients instead (float32 only, ops that torch differentiates): every
+    sample runs its forward and backward graphs on the machine model through aot_autograd."""
     infos = _op_infos()
     missing = [o for o in ops if o not in infos]
     if missing:
         raise ValueError(f"not OpInfo names: {missing}")
+    if grad:
+        return tuple(_cover(infos[o], o, samples, 0, max_numel, (torch.float32,), grad=True) for o in ops
+                     if infos[o].supports_autograd)
     return tuple(_cover(infos[o], o, samples, run, max_numel, dtypes) for o in ops)
 
 
@@ -139,12 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--samples", type=_count(1), default=4, help="samples per op and dtype (default 4)")
     p.add_argument("--run", type=_count(0), default=1,
                    help="samples per op also run on the machine model (default 1)")
+    p.add_argument("--grad", action="store_true",
+                   help="check gradients: forward and backward graphs through aot_autograd, on the machine model")
     p.add_argument("-v", "--verbose", action="store_true", help="list each failing and unsupported sample")
     args = p.parse_args(list(argv) if argv is not None else None)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     start = time.perf_counter()
     try:
-        rows = coverage_table(ops, samples=args.samples, run=args.run)
+        rows = coverage_table(ops, samples=args.samples, run=args.run, grad=args.grad)
     except ValueError as e:
         print(f"fspyre coverage: {e}", file=sys.stderr)
         return 2
@@ -184,7 +193,7 @@ def _leaves(sample: Any) -> list[Any]:
 
 # Ops whose OpInfo samples carry int64 index tensors fspyre takes (as int32). Other ops' int64
 # tensors are positions or sizes held in a tensor (tensor_split), which are data-dependent.
-INDEX_OPS = frozenset({"nn.functional.embedding", "index_select", "gather"})
+INDEX_OPS = frozenset({"nn.functional.embedding", "index_select", "gather", "__getitem__"})
 
 
 def _eligible(sample: Any, dtype: torch.dtype, max_numel: int, indices: bool = False) -> bool:
@@ -206,7 +215,7 @@ def _pick(candidates: list[Any], n: int) -> list[Any]:
 
 
 def _cover(info: Any, name: str, samples: int, run: int, max_numel: int,
-           dtypes: Sequence[torch.dtype]) -> OpCoverage:
+           dtypes: Sequence[torch.dtype], grad: bool = False) -> OpCoverage:
     passing = failing = unsupported = ran = 0
     failures: list[str] = []
     refusals: list[str] = []
@@ -220,7 +229,10 @@ def _cover(info: Any, name: str, samples: int, run: int, max_numel: int,
             pool = list(itertools.islice(eligible, 4 * samples))  # the first few, then spread the pick over them
         for s in _pick(pool, samples):
             sample = _Sample(info.op, s, tuple(x for x in _leaves(s) if isinstance(x, torch.Tensor)))
-            verdict, detail, did_run = _check_sample(sample, dtype, machine=ran < run)
+            if grad:
+                verdict, detail, did_run = _check_gradient(sample)
+            else:
+                verdict, detail, did_run = _check_sample(sample, dtype, machine=ran < run)
             ran += did_run
             label = f"{str(dtype).removeprefix('torch.')} {_describe(sample)}: {detail}"
             if verdict == "pass":
@@ -268,6 +280,66 @@ def _check_sample(sample: _Sample, dtype: torch.dtype, machine: bool) -> tuple[s
     except FspyreError as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return ("fail", f"machine model: {why}", 1) if why else ("pass", "", 1)
+
+
+def _check_gradient(sample: _Sample) -> tuple[str, str, int]:
+    """The float32 gradients of the sample's float outputs, each weighted by a seeded random
+    cotangent, with respect to its float inputs: aot_autograd with fspyre's forward and
+    backward compilers (both graphs compiled and run on the machine model) against float64
+    eager, within ``assert_close``'s float32 tolerance plus twice torch's own float32 error
+    (its largest finite one over the gradient), or equal to torch's float32 result. Backward
+    graphs sum in other orders than torch's fused kernels, and degenerate samples (a layer
+    norm over one element) leave torch's float32 rounding noise where the exact gradient is
+    0. An op that falls back to eager in either graph makes the sample unsupported, naming it."""
+    import warnings
+
+    from torch._functorch.aot_autograd import aot_function
+
+    from fspyre.frontend.dynamo import BackendOptions, aot_compilers
+
+    wrt = [i for i, t in enumerate(sample.tensors) if t.dtype == torch.float32]
+    if not wrt:
+        return "unsupported", "no float input to differentiate", 0
+
+    def grads(fn: Callable, dtype: torch.dtype) -> list[np.ndarray]:
+        leaves = [(t.detach().to(dtype) if i in wrt else t).requires_grad_(i in wrt)
+                  for i, t in enumerate(sample.tensors)]
+        outs = [o for o in torch.utils._pytree.tree_leaves(fn(*leaves))
+                if isinstance(o, torch.Tensor) and o.dtype == dtype and o.requires_grad]
+        gen = torch.Generator().manual_seed(0)
+        cot = [torch.randn(o.shape, generator=gen).to(dtype) for o in outs]
+        got = torch.autograd.grad(outs, [leaves[i] for i in wrt], cot, allow_unused=True)
+        return [np.zeros(leaves[i].shape) if g is None else g.double().numpy() for i, g in zip(wrt, got)]
+
+    try:
+        exact, theirs = grads(sample, torch.float64), grads(sample, torch.float32)
+    except Exception as e:  # noqa: BLE001 -- a sample eager itself cannot differentiate is not ours to count
+        return "unsupported", f"eager raised {type(e).__name__}", 0
+    reports: list[Any] = []
+    options = BackendOptions(tiling="none", cores=4, on_report=reports.append)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours = grads(aot_function(sample, **aot_compilers(options)), torch.float32)
+    except FspyreError as e:
+        return "unsupported", str(e).splitlines()[0][:200], 0
+    eager = [r.summary() for r in reports if r.eager]
+    if eager:
+        return "unsupported", "; ".join(eager)[:300], 1
+    rtol, atol = FP32_TOL
+    for i, e, t, o in zip(wrt, exact, theirs, ours):
+        with np.errstate(invalid="ignore"):  # inf - inf where a gradient is infinite
+            torch_error = np.abs(t - e)
+            slack = atol + 2 * float(torch_error[np.isfinite(torch_error)].max(initial=0))
+            # equal to float64 (infinities too) or to torch's own float32 result (an overflow
+            # to inf that float64 does not have), NaN where float64 has NaN
+            same = (o == e) | (o == t) | (np.isnan(o) & np.isnan(e))
+            off = ~same & ~(np.abs(o - e) <= slack + rtol * np.abs(e))  # a NaN difference is off
+        if off.any():
+            j = int(np.argmax(off.ravel()))
+            return ("fail", f"grad of input {i}: {int(off.sum())} of {e.size} values off, e.g. {o.ravel()[j]!r} "
+                            f"vs {e.ravel()[j]!r} (float64), torch float32 {t.ravel()[j]!r}", 1)
+    return "pass", "", 1
 
 
 def _reference(sample: _Sample, dtype: torch.dtype) -> list[np.ndarray]:

@@ -15,8 +15,11 @@ machine-model interpreter; every other op runs in eager PyTorch between them.
   up in a cache and traces and compiles on a miss. Dynamo's own default (``dynamic=None``)
   recompiles once, with symbolic sizes, at the second shape; from then on the cache does the
   work, so a model fed many sequence lengths stays under Dynamo's recompile limit.
-- **Inference only.** A call that needs gradients (grad mode on and an input, parameters
-  included, that requires grad) is refused: run it under ``torch.no_grad()``.
+- **Training.** A graph Dynamo traces with grad mode on and an input (parameters included)
+  that requires grad goes through aot_autograd (``aot_compilers``): the joint graph is
+  traced with fspyre's decompositions and partitioned into a forward and a backward graph,
+  and each is split, compiled and run like an inference graph, with eager fallback for
+  the backward ops fspyre has no lowering for (scatter-adds of embedding and gather, erf).
 
 Options: ``torch.compile(f, backend="fspyre", options={"tiling": "none", "cores": 8})``;
 ``tiling`` defaults to ``"auto"`` and ``cores`` to 32; ``on_graph`` is called with each
@@ -118,8 +121,45 @@ def register_backend() -> None:
 
 def fspyre_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                    options: Mapping[str, Any] | None = None, mode: str | None = None) -> Callable:
-    """The Dynamo backend (``mode`` is accepted and ignored: fspyre has one)."""
-    return _specialising(gm, example_inputs, BackendOptions.parse(options), compile_parts=True)
+    """The Dynamo backend (``mode`` is accepted and ignored: fspyre has one). A graph traced
+    with grad mode on whose inputs (parameters included) need gradients goes through
+    aot_autograd: its forward and backward graphs are each split and compiled as below."""
+    opts = BackendOptions.parse(options)
+    if _needs_grad(example_inputs):
+        return _training(gm, example_inputs, opts)
+    return _specialising(gm, example_inputs, opts, compile_parts=True)
+
+
+def _needs_grad(inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs)
+
+
+def _training(gm: fx.GraphModule, example_inputs: Sequence[Any], options: BackendOptions) -> Callable:
+    """aot_autograd traces the joint forward-backward graph with fspyre's decompositions and
+    partitions it into a forward graph (which also returns what the backward needs) and a
+    backward graph; each is a graph of core ATen ops, split and compiled like an inference
+    graph (a shape cache of its own, eager fallback between fspyre subgraphs). aot_autograd
+    runs both inside an autograd.Function, with grad mode off."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(**aot_compilers(options))(gm, example_inputs)
+
+
+def aot_compilers(options: BackendOptions) -> dict[str, Any]:
+    """The keyword arguments of ``aot_autograd`` / ``aot_function`` that compile the forward,
+    backward and inference graphs with fspyre (fspyre's decomposition table for the joint
+    graph, so the partitioner sees the ops fspyre lowers)."""
+    from functools import partial
+
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from fspyre.frontend.capture import decompositions
+
+    def compiler(kind: str, graph: fx.GraphModule, inputs: Sequence[Any]) -> Callable:
+        return make_boxed_func(_specialising(graph, inputs, options, compile_parts=True, name=f"torch_compiled_{kind}"))
+
+    return {"fw_compiler": partial(compiler, "forward"), "bw_compiler": partial(compiler, "backward"),
+            "inference_compiler": partial(compiler, "inference"), "decompositions": decompositions()}
 
 
 def explain(fn: Callable | torch.nn.Module, example_inputs: Sequence[Any], *,
@@ -141,7 +181,7 @@ def explain(fn: Callable | torch.nn.Module, example_inputs: Sequence[Any], *,
 
 
 def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: BackendOptions, *,
-                  compile_parts: bool) -> Callable:
+                  compile_parts: bool, name: str = "torch_compiled") -> Callable:
     """A callable for ``gm`` that traces and splits it once per input signature."""
     # Dynamo's inputs are the real tensors (parameters included), in graph-input order:
     # name_tensor_dims names are looked up on them here, while their identity is known.
@@ -152,8 +192,9 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
     def run(*args: Any) -> Any:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             raise FrontendError(
-                "torch_compiled: fspyre compiles inference only, and this call needs gradients; "
-                "run it under torch.no_grad() or torch.inference_mode()"
+                f"{name}: this graph was compiled for inference (no example input needed gradients) and this "
+                f"call needs gradients; compile it with grad mode on (torch.compile does) or call it under "
+                f"torch.no_grad()"
             )
         key = tuple(_signature(a) for a in args)
         if key not in cache:
@@ -162,7 +203,7 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
                 if isinstance(a, torch.Tensor) else None
                 for a, d, s in zip(args, dims, shapes)
             )
-            cache[key] = _specialise(gm, args, names, options, compile_parts=compile_parts)
+            cache[key] = _specialise(gm, args, names, options, compile_parts=compile_parts, name=name)
         with torch.no_grad():
             return cache[key](*args)
 
@@ -176,7 +217,7 @@ def _signature(a: Any) -> Any:
 
 
 def _specialise(gm: fx.GraphModule, args: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
-                options: BackendOptions, *, compile_parts: bool) -> fx.GraphModule:
+                options: BackendOptions, *, compile_parts: bool, name: str) -> fx.GraphModule:
     """The core-ATen graph of ``gm`` for these arguments, with each fspyre subgraph replaced by
     a module that runs it on the interpreter (or, with ``compile_parts=False``, by its ATen
     subgraph, lowered but run in eager)."""
@@ -189,7 +230,6 @@ def _specialise(gm: fx.GraphModule, args: Sequence[Any], dims: Sequence[tuple[st
     with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         aten_gm = decompose(gm, vals)
-    name = "torch_compiled"
     report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
     for part in parts:
         if options.on_graph is not None:

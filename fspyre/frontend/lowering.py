@@ -10,17 +10,19 @@ lowering fails at the node that caused it, not as a wrong number later.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.fx as fx
 
-from fspyre.errors import FrontendError, FspyreError
+from fspyre.errors import FrontendError, FspyreError, FspyreWarning
 from fspyre.frontend.annotations import node_hints
 from fspyre.frontend.dimnames import DimNames, Placeholder, name_dims
 from fspyre.frontend.ops import RULES, describe_node, shape, val
+from fspyre.frontend.scopes import fit_hint_scopes
 from fspyre.ir.builder import GraphBuilder, Tensor
 from fspyre.ir.graph import Dim, Graph, HintScope
 
@@ -154,9 +156,29 @@ def lower_with_constants(program: FxProgram) -> tuple[Graph, dict[str, np.ndarra
                 f"{program.name}: FX node {node.name} has kind {node.op}; fspyre takes ATen call graphs"
             )
     try:
-        return g.build(), ctx.constants
+        graph = g.build()
     except FspyreError as e:
         raise FrontendError(f"{program.name}: {e}") from e
+    graph, moved = fit_hint_scopes(graph, _origins(program.graph, graph, values))
+    for message in moved:
+        warnings.warn(FspyreWarning(f"{program.name}: {message}"), stacklevel=3)
+    return graph, ctx.constants
+
+
+def _origins(fx_graph: fx.Graph, graph: Graph, values: Mapping[str, object]) -> dict[str, str]:
+    """Each op of ``graph`` -> the torch op it lowers (as ``describe_node`` tells it). Ops are
+    built in node order, so a node owns the ops up to the last one whose result it returns."""
+    position = {op.store.buffer: i for i, op in enumerate(graph.ops)}
+    out: dict[str, str] = {}
+    done = 0
+    for node in fx_graph.nodes:
+        value = values.get(node.name)
+        results = value if isinstance(value, tuple) else (value,)
+        last = max((position.get(t.buffer, -1) for t in results if isinstance(t, Tensor)), default=-1)
+        if last >= done:
+            out.update((op.name, describe_node(node)) for op in graph.ops[done:last + 1])
+            done = last + 1
+    return out
 
 
 def _lower_node(ctx: Lowering, node: fx.Node, values: dict[str, object], scopes: dict[int, HintScope]):

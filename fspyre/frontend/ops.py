@@ -395,6 +395,15 @@ def lower_isinf_isnan(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return ctx.g.pointwise("eq", ctx.g.pointwise("abs", x, dtype=_wide(x.dtype)), math.inf, dtype="bool")
 
 
+@rule(aten.sign.default, align=align_pointwise)
+def lower_sign(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``(x > 0) - (x < 0)`` as selections of exact -1, 0, 1: NaN and -0.0 give 0, as torch's
+    ``sign`` does (abs's backward multiplies by it)."""
+    (x,) = xs
+    g, out = ctx.g, ctx.dtype(node)
+    return g.pointwise("where", g.gt(x, 0), 1, g.pointwise("where", g.lt(x, 0), -1, 0, dtype=out), dtype=out)
+
+
 @rule(aten.gelu.default, align=align_pointwise)
 def lower_gelu(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     (x,) = xs
@@ -644,30 +653,14 @@ def lower_name_dims(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return xs[0]  # the operand was already renamed to the user's names
 
 
-# -- gathering: embedding, index_select, x[idx], torch.gather ---------------------------------
+# -- gathering: embedding, index_select, torch.gather ------------------------------------------
 # Each is the builder's ``gather`` over one axis of the values, with an iota of that axis as
 # the positions; the gathered axis is a reduction axis (it leaves the result).
-def _index_arg(node: fx.Node) -> tuple[int, fx.Node]:
-    """(axis, index tensor) of ``aten.index.Tensor`` with a single index tensor."""
-    idx = bind(node)["indices"]
-    tensors = [(j, t) for j, t in enumerate(idx) if t is not None]
-    if len(tensors) != 1 or val(tensors[0][1]).dtype == torch.bool:
-        raise FrontendError(
-            f"{describe_node(node)}: fspyre indexes one dim by one integer tensor (x[:, ids]); this indexes "
-            f"{len(tensors)} dims{' by a mask' if tensors and val(tensors[0][1]).dtype == torch.bool else ''}. "
-            f"Index one dim at a time"
-        )
-    return tensors[0]
-
-
 def _take_args(node: fx.Node) -> tuple[fx.Node, int, fx.Node]:
     """(values, axis, index) of an op that replaces one axis of the values by the index's axes."""
     b = bind(node)
     if node.target is aten.embedding.default:
         return b["weight"], 0, b["indices"]
-    if node.target is aten.index.Tensor:
-        d, t = _index_arg(node)
-        return b["self"], d, t
     x = b["self"]
     return x, _norm(b["dim"], len(shape(x))), b["index"]
 
@@ -691,7 +684,7 @@ def _gather(ctx: Lowering, node: fx.Node, x: Tensor, d: int, idx: Tensor) -> Ten
     return ctx.g.gather(x, k, idx, ctx.iota(Dim(k, x.dims[d].size)))
 
 
-@rule(aten.embedding.default, aten.index_select.default, aten.index.Tensor, align=align_take)
+@rule(aten.embedding.default, aten.index_select.default, align=align_take)
 def lower_take(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     """The builder's gather puts the index's dims first; a permute (a view) moves them to
     where the gathered axis was."""
@@ -729,6 +722,160 @@ def lower_gather(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
         if j != d and a.size != i.size:  # the index covers x's first i.size elements of this dim
             x = ctx.g.slice(x, a.name, 0, i.size, name=i.name)
     return _gather(ctx, node, x, d, idx)
+
+
+# -- advanced indexing: x[i, j], x[:, ids], several index tensors broadcast together ----------
+@dataclass(frozen=True, slots=True)
+class _Arange:
+    """An index tensor that is an ``arange(start, start + step * n, step)`` along one axis of
+    the broadcast index shape, seen through views (``axis`` is None when ``n`` is 1: every
+    element is ``start``)."""
+
+    axis: int | None
+    start: int
+    step: int
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Indexing:
+    """How ``aten.index.Tensor`` reads ``x``. torch's rule: the index tensors broadcast to one
+    shape (``rank`` dims); when the indexed axes are adjacent those dims replace them in
+    place (at ``front``), otherwise they come first (``front`` 0) and the other axes follow.
+    ``ranges`` holds each index that is an arange; when every one is, within ``x``, along its
+    own axis, ``view`` is set: the result is a view of ``x`` (slices, selects, an expand) and
+    nothing is gathered."""
+
+    x: fx.Node
+    axes: tuple[int, ...]
+    indices: tuple[fx.Node, ...]
+    front: int
+    rank: int
+    ranges: tuple[_Arange | None, ...]
+    view: bool
+
+    def out_axis(self, j: int) -> int:
+        """The result axis of ``x``'s axis ``j``, which is not indexed."""
+        if self.front == self.axes[0] and j < self.front:
+            return j
+        return self.rank + j - sum(a < j for a in self.axes)
+
+
+def _indexing(node: fx.Node) -> _Indexing:
+    b = bind(node)
+    x, idx = b["self"], b["indices"]
+    pairs = [(j, t) for j, t in enumerate(idx) if t is not None]
+    if any(val(t).dtype == torch.bool for _, t in pairs):
+        raise FrontendError(
+            f"{describe_node(node)}: indexing by a bool mask gives a result whose size depends on the data; "
+            f"fspyre needs static shapes: use torch.where(mask, x, fill) instead"
+        )
+    axes = tuple(j for j, _ in pairs)
+    indices = tuple(t for _, t in pairs)
+    rank = len(torch.broadcast_shapes(*(shape(t) for t in indices)))
+    adjacent = axes == tuple(range(axes[0], axes[0] + len(axes)))
+    front = axes[0] if adjacent else 0
+    ranges = tuple(_arange_of(t, rank) for t in indices)
+    size = shape(x)
+    view = all(r is not None and 0 <= r.start and r.start + r.step * (r.n - 1) < size[a]
+               for r, a in zip(ranges, axes))
+    varying = [r.axis for r in ranges if r is not None and r.axis is not None]
+    view = view and len(varying) == len(set(varying))  # x[ar, ar] is a diagonal: no view
+    return _Indexing(x=x, axes=axes, indices=indices, front=front, rank=rank, ranges=ranges, view=view)
+
+
+def _arange_of(t: fx.Node, rank: int) -> _Arange | None:
+    """``t`` as an arange along one axis of a ``rank``-dim broadcast shape, or None. Follows
+    the views masks are built with (unsqueeze, size-1 reshapes, expand, dtype copies)."""
+    chain = []
+    while t.target not in (aten.arange.start_step, aten.arange.start, aten.arange.default):
+        if t.target not in (aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten.expand.default,
+                            aten._to_copy.default, aten.clone.default, aten.alias.default):
+            return None
+        chain.append(t)
+        t = t.args[0]
+        if not isinstance(t, fx.Node):
+            return None
+    b = bind(t)
+    start = 0 if t.target is aten.arange.default else b["start"]
+    step = b.get("step", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, step)) or step < 1 or start < 0:
+        return None  # a negative index counts from the end: gathered after wrapping
+    n = shape(t)[0]
+    if n == 1:
+        return _Arange(axis=None, start=start, step=step, n=1)
+    axis, r = 0, 1  # where the arange varies in the current tensor, and its rank
+    for v in reversed(chain):
+        out = shape(v)
+        if v.target is aten.unsqueeze.default:
+            axis += _norm(v.args[1], len(out)) <= axis
+        elif v.target in (aten.view.default, aten.reshape.default):
+            src = shape(v.args[0])
+            if [s for s in src if s != 1] != [s for s in out if s != 1]:
+                return None  # a reshape that merges or splits the varying axis
+            k = sum(s != 1 for s in src[:axis])
+            axis = [j for j, s in enumerate(out) if s != 1][k]
+        elif v.target is aten.expand.default:
+            axis += len(out) - r
+        r = len(out)
+    return _Arange(axis=rank - r + axis, start=start, step=step, n=n)
+
+
+def align_index(node: fx.Node) -> Alignment:
+    """A gathered axis is a reduction axis (it leaves the result); in a view an arange's axis
+    lines up with the result axis it varies along (when its size is kept)."""
+    ix = _indexing(node)
+    out = out_keys(node)
+    xs = shape(ix.x)
+    dst: list[Key | None] = [None if j in ix.axes else out[ix.out_axis(j)] for j in range(len(xs))]
+    if ix.view:
+        for a, r in zip(ix.axes, ix.ranges):
+            assert r is not None
+            if r.axis is not None and r.n == xs[a]:
+                dst[a] = out[ix.front + r.axis]
+        return Alignment(uses=(Use(ix.x, tuple(dst)),), outputs=(out,))
+    red = tuple((("red", node.name, k), xs[a]) for k, a in enumerate(ix.axes))
+    for (key, _), a in zip(red, ix.axes):
+        dst[a] = key
+    bcast = out[ix.front:ix.front + ix.rank]
+    uses = [Use(ix.x, tuple(dst))] + [Use(t, bcast[ix.rank - len(shape(t)):]) for t in ix.indices]
+    return Alignment(uses=tuple(uses), outputs=(out,), reduced=red)
+
+
+@rule(aten.index.Tensor, align=align_index)
+def lower_index(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """A view when every index is an arange (the causal and padding masks transformers builds
+    index ``mask[batch_arange, kv_arange]``); otherwise one gather per index tensor, each
+    index wrapped (negative from the end) and expanded to the broadcast shape, whose dims the
+    later gathers share with their values as batch dims."""
+    ix = _indexing(node)
+    dims = ctx.dims(node)
+    g = ctx.g
+    x = xs[0]
+    if ix.view:
+        names = [x.dims[a].name for a in ix.axes]
+        for name, r in zip(names, ix.ranges):
+            assert r is not None
+            if r.axis is None:
+                x = g.select(x, name, r.start)
+            elif (r.start, r.step, r.n) != (0, 1, next(d.size for d in x.dims if d.name == name)):
+                x = g.slice(x, name, r.start, r.start + r.step * (r.n - 1) + 1, r.step,
+                            name=dims[ix.front + r.axis].name)
+    else:
+        bcast = dims[ix.front:ix.front + ix.rank]
+        for k, a, t, r in zip(ctx.red_names(node), ix.axes, xs[1:], ix.ranges):
+            n = shape(ix.x)[a]
+            if r is None:  # torch counts a negative index from the end; below -n matches nothing
+                t = g.pointwise("where", g.lt(t, 0), g.pointwise("add", t, n, dtype="int32"), t, dtype="int32")
+            if t.dims != bcast:
+                t = g.expand(t, bcast)
+            x = g.gather(x, k, t, ctx.iota(Dim(k, n)))
+    have = {d.name for d in x.dims}
+    x = g.permute(x, [d.name for d in dims if d.name in have])
+    for j, d in enumerate(dims):
+        if d.name not in have:
+            x = g.unsqueeze(x, j, d.name)
+    return g.expand(x, dims) if x.dims != dims else x
 
 
 # -- cumsum ----------------------------------------------------------------------------------
@@ -867,10 +1014,15 @@ def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     result. Every load stays in its piece's bounds, which a select by position (``i < n``)
     would not. Pieces of different sizes are first cut into chunks of the sizes' gcd (slices:
     views), which are equal pieces."""
-    d = _cat_axis(node)
-    out = ctx.dims(node)
     if len(xs) == 1:
         return xs[0]
+    return _concat(ctx, node, xs, _cat_axis(node))
+
+
+def _concat(ctx: Lowering, node: fx.Node, xs: Sequence[Tensor], d: int) -> Tensor:
+    """``xs`` (whose other dims carry the result's names) concatenated along axis ``d`` into
+    the result of ``node``."""
+    out = ctx.dims(node)
     g = ctx.g
     sizes = [x.dims[d].size for x in xs]
     n = math.gcd(*sizes)
@@ -896,3 +1048,41 @@ def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     for j in range(len(pieces) - 2, -1, -1):
         result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
     return g.reshape(result, out)
+
+
+# -- slice_scatter: what the backward of a slice makes (core ATen decomposes select_scatter) --
+def _scatter_range(node: fx.Node) -> tuple[int, int, int, int]:
+    """(axis, start, stop, step) of the region of ``self`` that ``src`` replaces."""
+    b = bind(node)
+    x = shape(b["self"])
+    d = _norm(b["dim"], len(x))
+    start, stop, step = slice(b["start"], b["end"], b["step"]).indices(x[d])
+    return d, start, stop, step
+
+
+def align_slice_scatter(node: fx.Node) -> Alignment:
+    b = bind(node)
+    out = out_keys(node)
+    d = _scatter_range(node)[0]
+    keep = shape(b["src"])[d] == shape(node)[d]
+    dst = tuple(k if j != d or keep else None for j, k in enumerate(out))
+    return Alignment(uses=(Use(b["self"], out), Use(b["src"], dst)), outputs=(out,))
+
+
+@rule(aten.slice_scatter.default, align=align_slice_scatter)
+def lower_slice_scatter(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``self`` with ``src`` in its slice ``start:stop``: the concatenation of ``self``'s part
+    before it, ``src`` and the part after (slices are views; the cat selects, so the values
+    are exact). A strided slice (step > 1) interleaves ``src`` with ``self``: not lowered."""
+    base, src = xs
+    d, start, stop, step = _scatter_range(node)
+    if step != 1:
+        raise FrontendError(
+            f"{describe_node(node)}: fspyre writes into a slice of step 1 only (this one has step {step})")
+    g = ctx.g
+    name, size = base.dims[d].name, base.dims[d].size
+    pieces = ([g.slice(base, name, 0, start, name=f"{name}_0_{start}")] if start > 0 else []) + [src] + (
+        [g.slice(base, name, stop, size, name=f"{name}_{stop}_end")] if stop < size else [])
+    if len(pieces) == 1:
+        return src if src.dtype == ctx.dtype(node) else g.cast(src, ctx.dtype(node))
+    return _concat(ctx, node, pieces, d)

@@ -91,10 +91,16 @@ class OpSplit:
     ``stick_elems[dim]`` is the elements-per-stick a stick dim is split in (its splits count
     whole sticks); ``span_splits`` are the minimum splits the per-core span limit forced;
     ``output_coeffs`` / ``reduction_coeffs`` are the anchor's index-coefficient-keyed form
-    (coefficient of the dim in the write index / first read index -> slices, 1s dropped)."""
+    (coefficient of the dim in the write index / first read index -> slices, 1s dropped).
+
+    ``slices[dim]``, for every dim split in more than one slice, is the element extent of
+    each slice in order: the per-core iteration spaces (core ``c`` takes, per dim, the slice
+    ``fspyre.machine.rules.core_slices`` gives it). Shares are ceil and floor, so a split need
+    not divide its dim (``fspyre.machine.rules.slice_extents``)."""
 
     splits: FrozenMap[str, int]
     cores: int  # cores the op runs on = product of splits
+    slices: FrozenMap[str, tuple[int, ...]] = field(default_factory=FrozenMap)
     stick_elems: FrozenMap[str, int] = field(default_factory=FrozenMap)
     span_splits: FrozenMap[str, int] = field(default_factory=FrozenMap)
     output_coeffs: FrozenMap[int, int] = field(default_factory=FrozenMap)
@@ -102,7 +108,7 @@ class OpSplit:
     hinted: bool = False  # a work_div hint decided the splits
 
     def __post_init__(self) -> None:
-        for name in ("splits", "stick_elems", "span_splits", "output_coeffs", "reduction_coeffs"):
+        for name in ("splits", "slices", "stick_elems", "span_splits", "output_coeffs", "reduction_coeffs"):
             require_map(getattr(self, name), f"op split: {name}", WorkDivisionError)
         prod = 1
         for dim, v in self.splits.items():
@@ -111,6 +117,15 @@ class OpSplit:
             prod *= v
         if prod != self.cores:
             raise TilingError(f"split {dict(self.splits)} uses {prod} cores, not {self.cores}")
+        for dim, ext in self.slices.items():
+            if (not isinstance(ext, tuple) or len(ext) != self.splits.get(dim, 1)
+                    or not all(type(x) is int and x >= 1 for x in ext)):
+                raise WorkDivisionError(f"op split: slices of dim {dim} {ext!r:.60} must be {self.splits.get(dim, 1)} "
+                                        f"positive integer extents, one per slice of its split")
+
+    def extents(self, dim: str, size: int) -> tuple[int, ...]:
+        """The element extents of ``dim``'s slices (the whole ``size`` when unsplit)."""
+        return self.slices.get(dim, (size,))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

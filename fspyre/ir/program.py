@@ -9,13 +9,28 @@ mismatch, not a silent disagreement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Union
 
 import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
+
+# The anchor's program op for a graph fn it names differently; every other op is named by its fn.
+PROGRAM_OP_NAMES = FrozenMap({"matmul": "batchmatmul"})
+_FN_OF_OP = FrozenMap({op: fn for fn, op in PROGRAM_OP_NAMES.items()})
+
+
+def program_op(fn: str) -> str:
+    """The ``OpSpec.op`` the device runs for graph fn ``fn``."""
+    return PROGRAM_OP_NAMES.get(fn, fn)
+
+
+def op_fn(op: str) -> str:
+    """The graph fn an ``OpSpec.op`` computes (the inverse of ``program_op``)."""
+    return _FN_OF_OP.get(op, op)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,8 +84,14 @@ class TensorArg:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpSpec:
     """One op on the device. ``iteration_space`` maps each symbol to ``(size, split)`` in order
-    (output symbols first, then reduction symbols); ``tiled_symbols[L]`` lists the symbols that
-    enclosing loop L (outermost first) tiles. The last arg is the output."""
+    (output symbols first, then reduction symbols), ``split`` being the number of slices of
+    the symbol's range; ``core_spaces[c]`` is core ``c``'s own iteration space, one
+    ``(start, extent)`` per symbol: the slices of each symbol partition its range in order
+    (ceil and floor shares when the split does not divide it), and the cores enumerate the
+    slices first symbol fastest (``fspyre.machine.rules.core_spaces``). Left empty, it is
+    filled with the even division (every split must then divide its size).
+    ``tiled_symbols[L]`` lists the symbols that enclosing loop L (outermost first) tiles.
+    The last arg is the output."""
 
     op: str
     is_reduction: bool
@@ -79,6 +100,10 @@ class OpSpec:
     op_info: FrozenMap[str, object]
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
+    core_spaces: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # per symbol, the extents of its slices in order: read off core_spaces when built
+    slice_extents: tuple[tuple[int, ...], ...] = field(init=False, compare=False, repr=False,
+                                                       metadata={"derived": True})
 
     def __post_init__(self) -> None:
         what = f"op {self.name or self.op}"
@@ -86,11 +111,33 @@ class OpSpec:
         require_map(self.op_info, f"{what}: op_info", LoweringError)
         require_tuple(self.args, f"{what}: args", LoweringError, TensorArg, non_empty=True)
         require_tuple(self.tiled_symbols, f"{what}: tiled_symbols", LoweringError, tuple)
+        require_tuple(self.core_spaces, f"{what}: core_spaces", LoweringError, tuple)
         for s, (size, split) in self.iteration_space.items():
-            if size < 1 or split < 1 or size % split:
+            if size < 1 or split < 1 or split > size:
+                raise LoweringError(f"{what}: symbol {s} of size {size} cannot be split into {split} slices")
+        space = tuple((n, k) for n, k in self.iteration_space.values())
+        extents: tuple[tuple[int, ...], ...] | None
+        if not self.core_spaces:
+            uneven = [(str(s), n, k) for s, (n, k) in self.iteration_space.items() if n % k]
+            if uneven:
+                s, n, k = uneven[0]
+                raise LoweringError(f"{what}: symbol {s} size {n} is not divisible by split {k}; give core_spaces "
+                                    f"for an uneven division")
+            extents, spaces = _even_division(space)
+            object.__setattr__(self, "core_spaces", spaces)
+        else:
+            try:
+                extents = _division_extents(space, self.core_spaces)
+            except TypeError:  # an unhashable item: not a tuple of (start, extent) pairs
+                extents = None
+            if extents is None:
                 raise LoweringError(
-                    f"op {self.name or self.op}: symbol {s} size {size} is not divisible by split {split}"
+                    f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
+                    f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition "
+                    f"its range in order, the cores taking them first symbol fastest "
+                    f"(fspyre.machine.rules.core_spaces)"
                 )
+        object.__setattr__(self, "slice_extents", extents)
 
     @property
     def cores(self) -> int:
@@ -98,6 +145,11 @@ class OpSpec:
         for _, split in self.iteration_space.values():
             n *= split
         return n
+
+    @property
+    def even(self) -> bool:
+        """Every symbol's slices are of one size."""
+        return all(len(set(e)) == 1 for e in self.slice_extents)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +163,40 @@ class LoopSpec:
 
 
 Spec = Union[LoopSpec, OpSpec]
+
+
+# Cached: the ops of a chain, and every candidate of a tiling search, repeat their divisions.
+@lru_cache(maxsize=4096)
+def _even_division(space: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, ...], ...], tuple]:
+    from fspyre.machine.rules import core_spaces, even_extents  # the machine model imports this module
+
+    extents = tuple(even_extents(n, k) for n, k in space)
+    return extents, core_spaces(extents)
+
+
+@lru_cache(maxsize=4096)
+def _division_extents(space: tuple[tuple[int, int], ...], spaces: tuple) -> tuple[tuple[int, ...], ...] | None:
+    """Each symbol's slice extents, read off the cores holding slice ``k`` of it and slice 0 of
+    every other; None unless ``spaces`` is exactly the division of ``space`` they give."""
+    from fspyre.machine.rules import core_spaces
+
+    out, stride = [], 1
+    for i, (size, split) in enumerate(space):
+        row = []
+        for k in range(split):
+            c = k * stride
+            if c >= len(spaces) or not isinstance(spaces[c], tuple) or len(spaces[c]) != len(space):
+                return None
+            pair = spaces[c][i]
+            if not isinstance(pair, tuple) or len(pair) != 2 or type(pair[1]) is not int or pair[1] < 1:
+                return None
+            row.append(pair[1])
+        if sum(row) != size:
+            return None
+        out.append(tuple(row))
+        stride *= split
+    extents = tuple(out)
+    return extents if len(spaces) == stride and core_spaces(extents) == spaces else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

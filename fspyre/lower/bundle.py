@@ -89,6 +89,9 @@ class Execute:
     symbol_ids: tuple[int, ...]
     loops: tuple[int, ...]  # preorder numbers of the enclosing loops, outermost first
     comment: str
+    # each core's [start, extent, ...] per symbol, only for an uneven split (the even ones follow
+    # from the SDSC JSON's split alone, as in the anchor's bundle)
+    core_spaces: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +278,7 @@ def plan_bundle(program: Program) -> BundlePlan:
         stmts.append(Execute(
             index=n_ops, filename=f"sdsc_{n_ops}.json", operands=tuple(operands), symbol_ids=tuple(ids),
             loops=loops, comment=_comment(spec),
+            core_spaces=() if spec.even else tuple(tuple(x for se in space for x in se) for space in spec.core_spaces),
         ))
         n_ops += 1
         return stmts
@@ -313,6 +317,11 @@ def plan_bundle(program: Program) -> BundlePlan:
         maps=tuple(maps), params=tuple(f"arg_{ai}_base_addr" for ai in arg_indices), prelude=tuple(prelude),
         body=main, symbols=tuple(symbols), regions=regions,
     )
+
+
+def core_spaces_attr(spaces: tuple[tuple[int, ...], ...]) -> str:
+    """An array attribute of one [start, extent, start, extent, ...] array per core."""
+    return "[" + ", ".join("[" + ", ".join(map(str, row)) + "]" for row in spaces) + "]"
 
 
 def _comment(spec: OpSpec) -> str:
@@ -371,8 +380,9 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, lines: list[str]) -> None:
         elif isinstance(s, Execute):
             operands = ", ".join(f"%{o}" for o in s.operands)
             ids = ", ".join(str(i) for i in s.symbol_ids)
+            spaces = f', "core_spaces"={core_spaces_attr(s.core_spaces)}' if s.core_spaces else ""
             lines.append(f'{tab}sdscbundle.sdsc_execute ({operands}) {{sdsc_filename="{s.filename}", '
-                         f'"symbol_ids"=[{ids}]}} // {s.comment}')
+                         f'"symbol_ids"=[{ids}]{spaces}}} // {s.comment}')
         else:
             lines.append(f"{tab}scf.for %{s.iv} = %c0 to %{s.bound} step %c1 {{")
             _stmts(s.body, depth + 1, lines)

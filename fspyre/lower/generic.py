@@ -24,6 +24,7 @@ from fspyre.lower.bundle import (
     ExtractArg,
     ForLoop,
     Stmt,
+    core_spaces_attr,
     map_expr,
     plan_bundle,
 )
@@ -71,8 +72,9 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, plan: BundlePlan, lines: list[st
             operands = ", ".join(f"%{o}" for o in s.operands)
             types = ", ".join("index" for _ in s.operands)
             ids = ", ".join(str(i) for i in s.symbol_ids)
+            spaces = f", core_spaces = {core_spaces_attr(s.core_spaces)}" if s.core_spaces else ""
             lines.append(f'{tab}"sdscbundle.sdsc_execute"({operands}) {{sdsc_filename = "{s.filename}", '
-                         f'symbol_ids = [{ids}]}} : ({types}) -> ()  // {s.comment}')
+                         f'symbol_ids = [{ids}]{spaces}}} : ({types}) -> ()  // {s.comment}')
         else:
             assert isinstance(s, ForLoop)
             lines.append(f'{tab}"scf.for"(%c0, %{s.bound}, %c1) ({{')

@@ -43,16 +43,16 @@ def sdsc_json(program: Program) -> dict[str, dict]:
     }
 
 
-def core_offsets(spec: OpSpec, t: TensorArg, slices: np.ndarray) -> list[int]:
-    """Bytes from the tensor's base to the first element of each core's slice.
+def core_offsets(spec: OpSpec, t: TensorArg) -> list[int]:
+    """Bytes from the tensor's base to the first element of each core's slice (its
+    ``core_spaces`` starts).
 
     LX tensors get 0 on every core: each core's scratchpad holds its own slice at the tensor's
     LX address (the interpreter's model)."""
     if t.memory == "lx":
         return [0] * spec.cores
     syms = list(spec.iteration_space)
-    per_core = np.array([size // split for size, split in spec.iteration_space.values()], dtype=np.int64)
-    starts = slices * per_core  # [core, symbol]
+    starts = np.array([[start for start, _ in space] for space in spec.core_spaces], dtype=np.int64)  # [core, symbol]
     strides = row_major_strides(t.device_size)
     offset = np.zeros(spec.cores, dtype=np.int64)
     for coord, stride in zip(t.device_coordinates, strides):
@@ -81,7 +81,7 @@ def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int])
                 "base": base.kind,
                 "offset": base.offset,
             },
-            "core_offsets": core_offsets(spec, t, slices),
+            "core_offsets": core_offsets(spec, t),
             "tile_advance": list(level_advance(spec, t, depth)),
             "bytes": device_bytes(t.device_size, formats.FORMATS[t.device_dtype].nbytes),
         })
@@ -103,11 +103,13 @@ def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int])
             for k, syms in zip(ex.loops, tiled, strict=True)
         ],
         "iteration_space": {
-            str(s): {"size": size, "split": split, "per_core": size // split}
-            for s, (size, split) in spec.iteration_space.items()
+            str(s): {"size": size, "split": split, "per_core": max(ext), "slices": list(ext)}
+            for (s, (size, split)), ext in zip(spec.iteration_space.items(), spec.slice_extents)
         },
         "cores": spec.cores,
         "core_to_slice": [[int(v) for v in row] for row in slices],
+        "core_spaces": [{str(s): [start, n] for s, (start, n) in zip(spec.iteration_space, space)}
+                        for space in spec.core_spaces],
         "tensors": tensors,
         "op_info": {str(k): jsonable(v) for k, v in spec.op_info.items()},
     }

@@ -358,16 +358,14 @@ def encode(values: np.ndarray, fmt: DataFormat) -> np.ndarray:
     return _blockwise(_codec(fmt)[0], np.asarray(values), fmt.storage)
 
 
-def decode(raw: np.ndarray, fmt: DataFormat, wide: bool = False) -> np.ndarray:
+def decode(raw: np.ndarray, fmt: DataFormat) -> np.ndarray:
     """Raw bit patterns of ``fmt`` -> float32 (float formats) or int32 (integer formats),
-    C-contiguous whatever the layout of ``raw`` (a strided view of a memory, say). ``wide``:
-    float formats give the same values as float64 (for a float64 computation, in one pass)."""
+    C-contiguous whatever the layout of ``raw`` (a strided view of a memory, say)."""
     if fmt.nbytes == 2:
         # 65,536 patterns: one gather from a 256 KiB table beats the bit arithmetic (the
         # interpreter decodes every element it reads).
-        return _lookup16(_decode_table(fmt, wide and fmt.is_float), np.asarray(raw, dtype=np.uint16))
-    out = _blockwise(_codec(fmt)[1], np.asarray(raw), np.float32 if fmt.is_float else np.int32)
-    return out.astype(np.float64) if wide and fmt.is_float else out
+        return _lookup16(_decode_table(fmt), np.asarray(raw, dtype=np.uint16))
+    return _blockwise(_codec(fmt)[1], np.asarray(raw), np.float32 if fmt.is_float else np.int32)
 
 
 def lookup16(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
@@ -386,10 +384,8 @@ def _lookup16(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_table(fmt: DataFormat, wide: bool = False) -> np.ndarray:
+def _decode_table(fmt: DataFormat) -> np.ndarray:
     table = _codec(fmt)[1](np.arange(1 << 16, dtype=np.uint16))
-    if wide:
-        table = table.astype(np.float64)
     table.setflags(write=False)
     return table
 

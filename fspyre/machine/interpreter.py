@@ -26,6 +26,13 @@ How it is fast without changing that meaning (docs/semantics.md, "The interprete
   computed, encoded and stored, so no memory-sized temporaries pass through RAM.
 - Values convert through tables (``formats``): decoding a 2-byte format, encoding DLFloat16,
   copying float16 host arrays in and out.
+- A region every core holds its own copy of is read by comparing the copies' bits and
+  decoding one when they agree (``Replicated``); a large decoded read is remembered until a
+  store touches its bytes.
+
+What it reads is what the device reads: the operation from ``OpSpec.op``, each kernel
+argument's tensor inside the argument its ``arg_index`` names (bounds per allocation), device
+coordinates inside their device dims (tests/machine/test_corruptions.py).
 """
 
 from __future__ import annotations
@@ -41,8 +48,8 @@ from typing import Any
 import numpy as np
 
 from fspyre.errors import ExecutionError
-from fspyre.ir.graph import Dim, TensorType
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_OPERANDS, Dim, TensorType
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, op_fn
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
@@ -61,7 +68,24 @@ def _zeros(size: int) -> np.ndarray:
     per core -- 10 ms per run, a sixth of a BertLayer's.)"""
     if size == 0:
         return np.zeros(0, dtype=np.uint8)
+    for i, free in enumerate(_FREE):
+        if free.size == size:
+            return _FREE.pop(i)
     return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+
+
+# Memories of finished runs whose state nobody keeps (``run_outputs``), zeroed where they were
+# written and handed to the next run of the same size: storing into pages already mapped costs
+# about a third of faulting fresh zero pages in (a tiled BertLayer copies its weights into
+# every core's LX: some 45 MB of stores and as many written bits per run). The newest few.
+_FREE: list[np.ndarray] = []
+_FREE_MAX = 4
+
+
+def _release(arr: np.ndarray) -> None:
+    if arr.size:
+        _FREE.append(arr)
+        del _FREE[:-_FREE_MAX]
 
 
 class Memory:
@@ -72,8 +96,8 @@ class Memory:
                  written: np.ndarray | None = None) -> None:
         self.name = name
         self.size = size
-        self.data = np.zeros(size, dtype=np.uint8) if data is None else data
-        self.written = np.zeros(size, dtype=np.uint8) if written is None else written
+        self.data = _zeros(size) if data is None else data
+        self.written = _zeros(size) if written is None else written
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,6 +262,11 @@ class Access:
     # loops, so this is known when the access is planned)
     lx_ok: bool = True
     replicated: Replicated | None = None
+    # HBM: the bytes of the kernel argument the tensor's arg_index names, which every access
+    # must stay inside (the runtime hands the kernel one base per argument); None for an
+    # intermediate, which must stay outside every argument
+    region: tuple[int, int] | None = None
+    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX (``_span``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +299,7 @@ def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
             strides += [dims[0][1] * p.nbytes] + [0] * (len(dims) - 1)
             same.append(1)
         else:
-            shape += [k for k, _ in dims]
+            shape += [size for size, _ in dims]
             strides += [st * p.nbytes for _, st in dims]
             same.append(n)
     if not slice_axes:
@@ -323,7 +352,6 @@ class OpPlan:
     operands: tuple  # ("scalar", value) | ("tensor", Access)
     out: Access
     blocking: Blocking | None = None
-    wide: bool = False  # operands decode to float64 (numerics.operand_dtype: a float matmul)
     bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
 
 
@@ -352,10 +380,11 @@ def _what(spec: OpSpec, arg: TensorArg, core: int) -> _Where:
                   memory=arg.memory)
 
 
-def _core_addresses(arg: TensorArg, syms, sizes, slices, iters) -> np.ndarray:
-    """Byte addresses one core touches (the per-core model, kept for LX boxes and error reports)."""
+def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iters) -> np.ndarray:
+    """Byte addresses one core touches over its ``space`` ((start, extent) per symbol): the
+    per-core model, kept for LX boxes of uneven splits and error reports."""
     fmt = formats.FORMATS[arg.device_dtype]
-    grid = open_grid(list(sizes), [sl * n for sl, n in zip(slices, sizes)])
+    grid = open_grid([n for _, n in space], [start for start, _ in space])
     coords = [np.asarray(compile_index(c, syms)(*grid)) for c in arg.device_coordinates]
     if arg.memory == "hbm":
         strides = row_major_strides(arg.device_size)
@@ -373,12 +402,25 @@ def _core_addresses(arg: TensorArg, syms, sizes, slices, iters) -> np.ndarray:
 
 
 def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
-                 cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool) -> Access:
-    """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``.
+                 cores: Sequence[int], slices: np.ndarray, spaces: Sequence[Sequence[tuple[int, int]]],
+                 lx_bytes: int, store: bool, regions: Mapping[int, tuple[int, int, str]]) -> Access:
+    """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``,
+    which covers ``spaces[core]`` ((start, extent) per symbol).
     A load keeps the size-1 axes its addresses do not vary along (numpy broadcasts the values);
     a store covers the whole grid, as every core stores every element of its slice."""
     fmt = formats.FORMATS[arg.device_dtype]
     nb = fmt.nbytes
+    _check_coordinates(arg, spec, syms, sizes)
+    region = None
+    if arg.arg_index >= 0:
+        region = regions.get(arg.arg_index)
+        if region is None or arg.memory != "hbm":
+            name = spec.name or spec.op
+            raise ExecutionError(
+                f"op {name} tensor {arg.name}: arg_index {arg.arg_index} names no kernel argument "
+                f"(the program's are {sorted(regions)})" if region is None else
+                f"op {name} tensor {arg.name}: an LX tensor cannot be kernel argument {arg.arg_index}",
+                op=name, tensor=arg.name, memory=arg.memory)
     if arg.memory == "hbm":
         grid = open_grid(list(sizes))
         coords = [compile_index(c, syms)(*grid) for c in arg.device_coordinates]
@@ -386,36 +428,51 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         addr = _sum_terms([(c, st * nb) for c, st in zip(coords, strides)], arg.address)
         shape = tuple(sizes) if store else (1,) * (len(sizes) - addr.ndim) + addr.shape
         return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
-                      advance=tuple(arg.tile_advance), core_range=None)
+                      advance=tuple(arg.tile_advance), core_range=None,
+                      region=None if region is None else region[:2])
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
-    planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+    planned = _lx_addresses(arg, syms, sizes, splits, cores, slices, lx_bytes, store) if spec.even else None
     full, core_range = planned if planned is not None else _lx_addresses_per_core(
-        arg, syms, sizes, splits, cores, slices, lx_bytes, store)
+        arg, syms, sizes, splits, cores, spaces, lx_bytes, store)
     r = core_range
     lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
     pattern = _pattern(full, full.shape, nb)
     used = frozenset().union(*map(free_names, arg.device_coordinates))
     copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
+    touched = r[r[:, 0] <= r[:, 1]]
+    span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
     return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
-                  replicated=None if store else _replicated(pattern, copies))
+                  replicated=None if store else _replicated(pattern, copies), lx_span=span)
+
+
+def _check_coordinates(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...]) -> None:
+    """Each device coordinate stays inside its device dim over the op's grid (before any
+    loop advance): the tensor's own bounds, which in LX -- laid out over each core's box --
+    are the only thing a shifted coordinate changes."""
+    grid = open_grid(list(sizes))
+    for d, (c, n) in enumerate(zip(arg.device_coordinates, arg.device_size)):
+        v = np.asarray(compile_index(c, syms)(*grid))
+        lo, hi = (int(v.min()), int(v.max())) if v.size else (0, 0)
+        if lo < 0 or hi >= n:
+            name = spec.name or spec.op
+            raise ExecutionError(f"op {name} tensor {arg.name}: device coordinate {d} ({c}) runs over {lo}..{hi}, "
+                                 f"outside its device size {n}", op=name, tensor=arg.name, memory=arg.memory)
 
 
 def _lx_addresses_per_core(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
-                           cores: Sequence[int], slices: np.ndarray, lx_bytes: int, store: bool
-                           ) -> tuple[np.ndarray, np.ndarray]:
+                           cores: Sequence[int], spaces: Sequence[Sequence[tuple[int, int]]], lx_bytes: int,
+                           store: bool) -> tuple[np.ndarray, np.ndarray]:
     """Byte addresses in the stacked LX over the grid (size 1 along the axes a load does not
     vary along) and each core's local [min, max] ([0, -1]: none): the per-core model, one
-    core at a time."""
-    local = [n // s for n, s in zip(sizes, splits)]
-    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(slices), 1))  # [0, -1]: touches nothing
-    per_core = {core: _core_addresses(arg, syms, local, slices[core], ()) for core in cores}
+    core at a time (what uneven slices run on)."""
+    core_range = np.tile(np.array([[0, -1]], dtype=np.int64), (len(spaces), 1))  # [0, -1]: touches nothing
+    per_core = {core: _core_addresses(arg, syms, spaces[core], ()) for core in cores}
     # an axis the addresses vary along, or the core does (its own LX), is kept at full size
     varies = [store or splits[k] > 1 or any(a.ndim == len(sizes) and a.shape[k] > 1 for a in per_core.values())
               for k in range(len(sizes))]
     full = np.zeros([n if v else 1 for n, v in zip(sizes, varies)], dtype=np.int64)
     for core, a in per_core.items():
-        sl = slices[core]
-        box = tuple(slice(s * n, (s + 1) * n) if v else slice(None) for s, n, v in zip(sl, local, varies))
+        box = tuple(slice(start, start + n) if v else slice(None) for (start, n), v in zip(spaces[core], varies))
         full[box] = (a + core * lx_bytes).reshape((1,) * (len(sizes) - a.ndim) + a.shape)
         core_range[core] = (int(a.min()), int(a.max())) if a.size else (0, -1)
     return full, core_range
@@ -468,15 +525,39 @@ def _lx_addresses(arg: TensorArg, syms, sizes: tuple[int, ...], splits: tuple[in
     return full, core_range
 
 
-def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
+def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, tuple[int, int, str]]) -> OpPlan:
     syms = tuple(spec.iteration_space)
     sizes = tuple(size for size, _ in spec.iteration_space.values())
     splits = tuple(split for _, split in spec.iteration_space.values())
     info = spec.op_info
+    name = spec.name or spec.op
+    # The device runs ``spec.op``: the operation comes from it, not from op_info's "fn" (which
+    # verify_program checks agrees), so a wrong op computes something else or is refused.
+    fn = op_fn(spec.op)
+    arity = POINTWISE_FNS.get(fn, 1) if fn not in REDUCTION_OPERANDS else REDUCTION_OPERANDS[fn]
+    if (fn not in POINTWISE_FNS and fn not in REDUCTION_OPERANDS) or spec.is_reduction != (fn in REDUCTION_OPERANDS):
+        raise ExecutionError(f"op {name}: program op {spec.op!r} with is_reduction={spec.is_reduction} is not an "
+                             f"operation the machine runs", op=name)
+    if len(info["operands"]) != arity:  # type: ignore[arg-type]
+        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives "
+                             f"{len(info['operands'])}", op=name)  # type: ignore[arg-type]
+    *ins, last = spec.args
+    if fn not in REDUCTION_OPERANDS:
+        # a pointwise op writes each output element once: a symbol its output does not use
+        # can only spread the op over cores, one point each (a copy into every core's LX)
+        used = frozenset().union(*map(free_names, last.device_coordinates))
+        for s, (size, split) in spec.iteration_space.items():
+            if s.name not in used and size != split:
+                raise ExecutionError(f"op {name}: symbol {s} (size {size}, split {split}) is not in its output's "
+                                     f"coordinates, so every one of its points writes the same elements", op=name)
+    if last.is_input or not all(a.is_input for a in ins):
+        raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
+                             f"{[a.is_input for a in spec.args]}", op=name)
     reduced = set(info.get("reduced", ()))
     red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
     out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
     slices = core_slices(list(splits))
+    spaces = spec.core_spaces
     all_cores = range(len(slices))
     operands = []
     for kind, v in info["operands"]:
@@ -484,19 +565,20 @@ def _plan_op(spec: OpSpec, program: Program, block: int) -> OpPlan:
             operands.append(("scalar", v))
         else:
             operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
-                                                    program.lx_bytes, store=False)))
+                                                    spaces, program.lx_bytes, store=False, regions=regions)))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
     writers = [c for c in all_cores if all(slices[c][i] == 0 for i in red_pos)]
     out_slices = slices[:, list(out_pos)] if out_pos else np.zeros((len(slices), 0), np.int64)
+    out_spaces = [tuple(space[i] for i in out_pos) for space in spaces]
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
-                       tuple(splits[i] for i in out_pos), writers, out_slices, program.lx_bytes, store=True)
-    fn = str(info["fn"])
+                       tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
+                       store=True, regions=regions)
     ctype = np.dtype(str(info["compute"]))
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
                   blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
-                  wide=numerics.operand_dtype(fn, ctype) == np.float64, bool_store=info.get("store") == "bool")
+                  bool_store=info.get("store") == "bool")
 
 
 def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
@@ -574,6 +656,10 @@ def _plan_kernel_arg(arg: KernelArg) -> Pattern:
             f"kernel arg {arg.name}: device size {list(arg.device_size)} is not the stick layout "
             f"{list(layout.device_size)} of host shape {list(arg.host_shape)}", tensor=arg.name, memory="hbm"
         )
+    if tuple(layout.stride_map) != tuple(arg.stride_map):
+        raise ExecutionError(
+            f"kernel arg {arg.name}: stride map {list(arg.stride_map)} is not the stick layout's "
+            f"{list(layout.stride_map)} of host shape {list(arg.host_shape)}", tensor=arg.name, memory="hbm")
     t = _kernel_type(arg)
     syms = [d.symbol for d in t.dims if d.size > 1]
     coords = device_coordinates(layout, t.contiguous_index(), {d.symbol: d.size for d in t.dims})
@@ -590,6 +676,20 @@ class _ProgramPlan:
     ops: Mapping[int, OpPlan]  # id(OpSpec) -> plan (the program holds the specs alive)
     kernel: tuple[Pattern, ...]
     block: int  # RunOptions.block the op plans cut their grids by
+    regions: Mapping[int, tuple[int, int, str]]  # arg_index -> HBM bytes [lo, hi) and name of the argument
+
+
+def _kernel_regions(program: Program) -> dict[int, tuple[int, int, str]]:
+    """Each kernel argument's HBM bytes, by arg_index: where the runtime puts it. (Its own
+    product of the device size, not the compiler's byte count: the oracle's second computation.)"""
+    regions: dict[int, tuple[int, int, str]] = {}
+    for k in program.kernel_args:
+        region = (k.address, k.address + math.prod(k.device_size) * formats.FORMATS[k.device_dtype].nbytes, k.name)
+        first = regions.setdefault(k.arg_index, region)
+        if first[:2] != region[:2]:
+            raise ExecutionError(f"kernel arg {k.name}: arg_index {k.arg_index} is also {first[2]} at bytes "
+                                 f"{first[0]}..{first[1]}; one argument has one place", tensor=k.name, memory="hbm")
+    return regions
 
 
 _PLANS: OrderedDict[tuple[int, int], tuple[Program, _ProgramPlan]] = OrderedDict()
@@ -606,7 +706,8 @@ def _program_plan(program: Program, block: int) -> _ProgramPlan:
         return hit[1]
     ops: dict[int, OpPlan] = {}
     kernel = tuple(_plan_kernel_arg(a) for a in program.kernel_args)
-    plan = _ProgramPlan(ops=ops, kernel=kernel, block=block)  # op plans fill in lazily, in execution order
+    # op plans fill in lazily, in execution order
+    plan = _ProgramPlan(ops=ops, kernel=kernel, block=block, regions=_kernel_regions(program))
     _PLANS[key] = (program, plan)
     while len(_PLANS) > _PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
@@ -634,9 +735,33 @@ class _Machine:
         # trace_hbm: id(OpSpec) -> ([read bytes], [written bytes]) per execution
         self.trace: dict[int, tuple[list[int], list[int]]] | None = None
         self._stick_counts: dict[tuple[int, int], int] = {}
-        # large decoded reads: (id(Access), offset, wide) -> (lx, first byte, end byte, values),
+        # large decoded reads: (id(Access), offset) -> (lx, first byte, end byte, values),
         # dropped when a store touches those bytes (``_read``)
-        self.decoded: dict[tuple[int, int, bool], tuple[bool, int, int, np.ndarray]] = {}
+        self.decoded: dict[tuple[int, int], tuple[bool, int, int, np.ndarray]] = {}
+        self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
+        # end of the bytes any store reached: in HBM, and in the LX of any core (``recycle``)
+        self.hbm_end = 0
+        self.lx_end = 0
+
+    def stored(self, acc: Access, offset: int) -> None:
+        """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
+        bytes are to be zeroed when the memories are recycled."""
+        lo, hi = _span(acc, offset)
+        if self.decoded:
+            self.forget(acc.lx, lo, hi)
+        if acc.lx:
+            self.lx_end = max(self.lx_end, hi)
+        else:
+            self.hbm_end = max(self.hbm_end, hi)
+
+    def recycle(self) -> None:
+        """Zero every byte a store reached and hand the memories to the next run. Only for a
+        machine whose state nobody keeps."""
+        for mem, rows, end in ((self.hbm, 1, self.hbm_end), (self.lx_all, len(self.lx), self.lx_end)):
+            for arr in (mem.data, mem.written):
+                if arr.size:
+                    arr.reshape(rows, -1)[:, :end] = 0
+                    _release(arr)
 
     def forget(self, lx: bool, lo: int, hi: int) -> None:
         """Drop the remembered reads that may share a byte with bytes ``lo``..``hi`` of HBM or
@@ -688,20 +813,20 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     return raw
 
 
-def _read(m: _Machine, acc: Access, offset: int, wide: bool = False) -> np.ndarray:
+def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     """The values at the access (grid shape, size 1 where they do not vary), once every byte
     of them was written. A large read is remembered until a store touches its bytes: the
     same bytes decode to the same values (a loop re-reading a resident region decodes it once)."""
-    key = (id(acc), offset, wide)
+    key = (id(acc), offset)
     hit = m.decoded.get(key)
     if hit is not None:
         return hit[3]
     r = acc.replicated
     if r is None:
         # decode gives C order: the reshape is free
-        values = formats.decode(_load(m, acc, offset), acc.fmt, wide).reshape(acc.pattern.shape)
+        values = formats.decode(_load(m, acc, offset), acc.fmt).reshape(acc.pattern.shape)
     else:
-        values = _read_replicated(m, acc, r, offset, wide)
+        values = _read_replicated(m, acc, r, offset)
     if values.size >= _REMEMBER:
         m.decoded[key] = (acc.lx, *_span(acc, offset), values)
     return values
@@ -711,11 +836,9 @@ def _span(acc: Access, offset: int) -> tuple[int, int]:
     """Bytes ``lo``..``hi`` the access may touch ``offset`` elements on: in HBM, or in LX
     relative to each core's own LX (the union over cores: the stacked range of an LX access
     runs across every core's LX and would meet every other LX access)."""
-    nb = acc.fmt.nbytes
-    if acc.lx and acc.core_range is not None:
-        r = acc.core_range[acc.core_range[:, 0] <= acc.core_range[:, 1]]
-        return (int(r[:, 0].min()), int(r[:, 1].max()) + nb) if r.size else (0, 0)
-    p = acc.pattern
+    if acc.lx:
+        return acc.lx_span
+    p, nb = acc.pattern, acc.fmt.nbytes
     return (p.lo + offset) * nb, (p.hi + offset + 1) * nb
 
 
@@ -724,7 +847,7 @@ def _span(acc: Access, offset: int) -> tuple[int, int]:
 _REMEMBER = 1 << 12
 
 
-def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int, wide: bool) -> np.ndarray:
+def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np.ndarray:
     nb = acc.fmt.nbytes
     start = (acc.pattern.start + offset) * nb
     data = m.view(acc.lx, nb, False)
@@ -736,8 +859,8 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int, wide:
     first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
     if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
         # every slice holds the same bits: the same values, whichever core reads them
-        return formats.decode(first, acc.fmt, wide).reshape(r.same_shape)
-    values = formats.decode(raw, acc.fmt, wide)
+        return formats.decode(first, acc.fmt).reshape(r.same_shape)
+    values = formats.decode(raw, acc.fmt)
     return np.broadcast_to(values, acc.pattern.view_shape).reshape(acc.pattern.shape)
 
 
@@ -745,8 +868,7 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    if m.decoded:
-        m.forget(acc.lx, *_span(acc, offset))
+    m.stored(acc, offset)
     if p.dims is None:
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
@@ -785,17 +907,37 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
     nb = acc.fmt.nbytes
     if acc.lx:
         return acc.lx_ok
-    size = m.hbm.size
     lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
-    return lo >= 0 and hi <= size
+    if lo < 0 or hi > m.hbm.size:
+        return False
+    if acc.region is not None:
+        return acc.region[0] <= lo and hi <= acc.region[1]
+    return not any(a < hi and lo < b for a, b, _ in m.regions)
 
 
 def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
+    """Run ``program``: its outputs, and the memories afterwards."""
+    outs, m, trace = _execute(program, inputs, options)
+    return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
+
+
+def run_outputs(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
+                ) -> dict[str, np.ndarray]:
+    """Run ``program`` for its outputs alone: the memories are recycled for the next run."""
+    outs, m, _ = _execute(program, inputs, options)
+    outs = {k: v.copy() if np.may_share_memory(v, m.hbm.data) else v for k, v in outs.items()}
+    m.recycle()
+    return outs
+
+
+def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions
+             ) -> tuple[dict[str, np.ndarray], _Machine, tuple[HbmTrace, ...] | None]:
     types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
     host = check_inputs(types, inputs)
     plan = _program_plan(program, options.block)
     m = _Machine(program, options.check_written)
+    m.regions = tuple(plan.regions.values())
     if options.trace_hbm:
         m.trace = {}
     for arg, p in zip(program.kernel_args, plan.kernel):
@@ -824,7 +966,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
         ops, _ = program_timeline(program)
         trace = tuple(HbmTrace(index=t, name=spec.name or spec.op, reads=tuple(m.trace.get(id(spec), ([], []))[0]),
                                writes=tuple(m.trace.get(id(spec), ([], []))[1])) for t, spec, _, _ in ops)
-    return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
+    return outs, m, trace
 
 
 def _check_kernel_bounds(m: _Machine, acc: Access, what: _Where) -> None:
@@ -843,6 +985,27 @@ def _check_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> N
         raise what.error(f"address {bad:#x} is outside {mem.name} ({mem.size} bytes)", bad)
     if lo % nbytes:
         raise what.error(f"address {lo:#x} is not aligned to {nbytes} bytes in {mem.name}", lo)
+
+
+def _check_region(m: _Machine, acc: Access, addrs: np.ndarray, what: _Where) -> None:
+    """HBM bytes stay inside the kernel argument the tensor's arg_index names, and an
+    intermediate's outside every argument: per allocation, not per memory."""
+    if acc.lx or addrs.size == 0:
+        return
+    nb = acc.fmt.nbytes
+    lo, hi = int(addrs.min()), int(addrs.max()) + nb
+    if acc.region is not None:
+        a, b = acc.region
+        if lo < a or hi > b:
+            bad = lo if lo < a else hi - nb
+            raise what.error(f"address {bad:#x} is outside kernel argument {acc.arg.arg_index} (bytes {a:#x}..{b:#x}), "
+                             f"which its arg_index names", bad)
+        return
+    for a, b, name in m.regions:
+        if a < hi and lo < b:
+            bad = max(lo, a)
+            raise what.error(f"address {bad:#x} is inside kernel argument {name} (bytes {a:#x}..{b:#x}), but the "
+                             f"tensor is an intermediate (arg_index -1)", bad)
 
 
 def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> None:
@@ -866,7 +1029,7 @@ def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, progr
                     raise ExecutionError(
                         f"op {spec.name or spec.op}: splits need {spec.cores} cores, the program has {program.cores}",
                         op=spec.name or spec.op)
-                op = plan.ops[id(spec)] = _plan_op(spec, program, plan.block)  # type: ignore[index]
+                op = plan.ops[id(spec)] = _plan_op(spec, program, plan.block, plan.regions)  # type: ignore[index]
             _run_op(op, iters, m)
 
 
@@ -889,7 +1052,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             offsets.append(off)
         out_off = _offset(op.out, iters)
         blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
-        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off, op.wide)
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off)
                   for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
@@ -907,7 +1070,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
 
 def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     """The op's result over a grid of ``sizes`` (the whole grid, or a block of it)."""
-    if op.spec.is_reduction:
+    if op.fn in REDUCTION_OPERANDS:
         result = _reduce(op, values, sizes)
     else:
         if op.fn in numerics.EXACT_POINTWISE:
@@ -969,8 +1132,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
                for (kind, v), ba, off in zip(op.operands, b.operands, offsets) if ba is not None]
     out, oba = op.out, b.out
     onb = out.fmt.nbytes
-    if m.decoded:
-        m.forget(out.lx, *_span(out, out_off))
+    m.stored(out, out_off)
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
     for index in itertools.product(*(range(n) for n in b.outer)):
         for r0 in range(0, b.size, b.step):
@@ -1003,6 +1165,8 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
             op=op.spec.name)
     if list(op.red_pos) != list(range(len(op.out_pos), len(op.syms))):
         raise ExecutionError(f"op {op.spec.name}: reduction symbols must follow output symbols", op=op.spec.name)
+    if any(len(set(op.spec.slice_extents[i])) > 1 for i in op.red_pos):
+        return _reduce_slices(op, values, sizes)
     # split each reduced axis (size n, split s > 1) into (s, n / s): axes of the partials
     grid: list[int] = []
     axes: list[int] = []
@@ -1047,6 +1211,35 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     return acc
 
 
+def _reduce_slices(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
+    """``_reduce`` for slices of any extents: each slice of the split reduced symbols (the
+    part one core reduces) is cut out and reduced, then the parts combine in slice order."""
+    split = [i for i in op.red_pos if op.splits[i] > 1]
+    extents = op.spec.slice_extents
+    full = [v.reshape((1,) * (len(sizes) - v.ndim) + v.shape) if isinstance(v, np.ndarray) else v for v in values]
+    count, correction = op.spec.op_info["count"], op.spec.op_info.get("correction", 0)
+    assert isinstance(count, int) and isinstance(correction, int)
+    red_axes = tuple(op.red_pos)
+    if op.fn == "gather":  # over every core's part at once: each index names one position in all
+        if miss := numerics.gather_misses(full, red_axes, sizes):
+            raise ExecutionError(f"op {op.spec.name} (gather): {miss}", op=op.spec.name)
+    acc = None
+    for key in itertools.product(*(range(op.splits[i]) for i in split)):  # slice order
+        cut = [slice(None)] * len(sizes)
+        grid = list(sizes)
+        for i, k in zip(split, key):
+            start = sum(extents[i][:k])
+            cut[i] = slice(start, start + extents[i][k])
+            grid[i] = extents[i][k]
+        parts = [v[tuple(c if n > 1 else slice(None) for c, n in zip(cut, v.shape))]
+                 if isinstance(v, np.ndarray) else v for v in full]
+        p = numerics.reduce(op.fn, parts, red_axes, op.ctype, count, tuple(grid), correction)
+        acc = p if acc is None else numerics.combine(op.fn, acc, p)
+    out_shape = tuple(sizes[i] for i in op.out_pos)
+    assert acc is not None
+    return acc if acc.shape == out_shape else np.broadcast_to(acc, out_shape)
+
+
 # -- error reports: the per-core model, run only when a batched check failed -------------------
 
 
@@ -1055,28 +1248,28 @@ def _core_list(op: OpPlan) -> list[tuple[int, tuple[int, ...]]]:
 
 
 def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
-    local = [n // s for n, s in zip(op.sizes, op.splits)]
-    for core, slices in _core_list(op):
+    for core, space in enumerate(op.spec.core_spaces):
         for kind, acc in op.operands:
             if kind == "scalar":
                 continue
             mem = m.lx[core] if acc.lx else m.hbm
             what = _what(op.spec, acc.arg, core)
-            addrs = _core_addresses(acc.arg, list(op.syms), local, slices, iters).reshape(-1)
+            addrs = _core_addresses(acc.arg, list(op.syms), space, iters).reshape(-1)
             _check_bytes(mem, addrs, acc.fmt.nbytes, what)
+            _check_region(m, acc, addrs, what)
             if m.check_written:
                 _check_written_bytes(mem, addrs, acc.fmt.nbytes, what)
 
 
 def _report_write(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
-    local = [n // s for n, s in zip(op.sizes, op.splits)]
     out_syms = [op.syms[i] for i in op.out_pos]
     for core, slices in _core_list(op):
         if any(slices[i] for i in op.red_pos):
             continue
         acc = op.out
         mem = m.lx[core] if acc.lx else m.hbm
-        addrs = _core_addresses(acc.arg, out_syms, [local[i] for i in op.out_pos],
-                                [slices[i] for i in op.out_pos], iters).reshape(-1)
+        space = op.spec.core_spaces[core]
+        addrs = _core_addresses(acc.arg, out_syms, [space[i] for i in op.out_pos], iters).reshape(-1)
         _check_bytes(mem, addrs, acc.fmt.nbytes, _what(op.spec, acc.arg, core))
+        _check_region(m, acc, addrs, _what(op.spec, acc.arg, core))
     raise AssertionError("unreachable: the batched bounds check failed, the per-core one did not")

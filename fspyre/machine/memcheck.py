@@ -89,13 +89,13 @@ def program_accesses(program: Program) -> tuple[list[_Access], dict[str, tuple[i
     uses: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
     for t, spec, chain, counts in ops:
         syms = list(spec.iteration_space)
-        sizes = [s for s, _ in spec.iteration_space.values()]
         splits = [p for _, p in spec.iteration_space.values()]
         reduced = reduced_symbols(spec)
         writers = writing_cores(splits, [s in reduced for s in syms])
+        extents = spec.slice_extents
         for k, arg in enumerate(spec.args):
             is_write = k == len(spec.args) - 1
-            lows, highs = coord_bounds(arg.device_coordinates, syms, sizes, splits)
+            lows, highs = coord_bounds(arg.device_coordinates, syms, extents)
             accesses.append(_Access(time=t, spec=spec, arg=arg, is_write=is_write,
                                     cores=writers if is_write else np.ones(len(writers), dtype=bool),
                                     lows=lows, highs=highs, counts=counts))

@@ -154,13 +154,6 @@ def bool_store(values: np.ndarray) -> np.ndarray:
     return (values != 0).astype(values.dtype)
 
 
-def operand_dtype(fn: str, ctype: np.dtype) -> np.dtype:
-    """The dtype ``reduce`` takes ``fn``'s operands in: a float matmul accumulates in float64
-    (``_contract``), so a caller holding float32 values may hand them over already widened
-    (exactly: every float32 is a float64) and save ``reduce`` the conversion."""
-    return np.dtype(np.float64) if fn == "matmul" and ctype.kind == "f" else ctype
-
-
 def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype: np.dtype,
            count: int, grid: tuple[int, ...], correction: int = 0) -> np.ndarray:
     """Reduce over ``axes`` (the trailing axes of the iteration ``grid``) in ``ctype``.
@@ -170,7 +163,7 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
         hit = _gather_hits(operands, grid)
         with np.errstate(all="ignore"):
             return np.sum(np.where(hit, _as(operands[2], ctype), ctype.type(0)), axis=axes, dtype=ctype)
-    x = [_as(v, operand_dtype(fn, ctype)) for v in operands]
+    x = [_as(v, ctype) for v in operands]
     if fn != "matmul":
         x = [np.broadcast_to(v, grid) for v in x]
     with np.errstate(all="ignore"):
@@ -240,12 +233,11 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[i
     am = am.reshape(size(batch), size(m_ax), size(k_ax))
     bm = bm.reshape(size(batch), size(k_ax), size(n_ax))
     if am.dtype.kind == "f":
-        # float32 products are exact in float64 and the K-sum there is far finer than float32,
-        # so the one rounding to float32 afterwards does not depend on how BLAS blocks the
-        # matrices: an M- or N-tile rounds like the same rows of the whole product
-        # (torch's float64 GEMM, single-threaded: see _one_thread)
+        # one float32 GEMM (torch's, single-threaded: see _one_thread) over the stacked
+        # per-core operands, accumulating in float32 like any other sum: its order is BLAS's,
+        # within check's bound for any order (docs/semantics.md)
         with _one_thread() as torch:
-            res = torch.matmul(_float64(torch, am), _float64(torch, bm)).numpy().astype(ctype)
+            res = torch.matmul(_float32(torch, am, ctype), _float32(torch, bm, ctype)).numpy().astype(ctype)
     else:
         res = np.matmul(am, bm)
     if repeat != 1:
@@ -276,13 +268,12 @@ def gather_misses(operands: Sequence[Value], axes: tuple[int, ...], grid: tuple[
     bad = tuple(int(i[0]) for i in np.nonzero(hits != 1))
     return (f"index {int(index[bad + (0,) * len(axes)])} at {list(bad)} matches {int(hits[bad])} of the "
             f"positions {int(pos.min())}..{int(pos.max())}; every index must name exactly one")
-def _float64(torch, x: np.ndarray):
-    """``x`` as a torch float64 tensor; writable float64 operands go in as they lie (BLAS
-    takes a transposed matrix by its strides; GEMM packs either layout into the same panels),
-    others are converted."""
-    if x.dtype == np.float64 and x.flags.writeable and min(x.strides, default=0) >= 0:
+def _float32(torch, x: np.ndarray, ctype: np.dtype):
+    """``x`` as a torch tensor of ``ctype``; operands already of it go in as they lie (BLAS
+    takes a transposed matrix by its strides; GEMM packs either layout into the same panels)."""
+    if x.dtype == ctype and x.flags.writeable and min(x.strides, default=0) >= 0:
         return torch.from_numpy(x)
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=ctype))
 
 
 def combine(fn: str, acc: np.ndarray, part: np.ndarray) -> np.ndarray:

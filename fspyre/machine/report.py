@@ -45,7 +45,8 @@ ASSUMPTIONS = (
     f"memory time = (R + W) / {HBM_BYTES_PER_NS:g} B/ns + {HBM_TURNAROUND_NS_PER_BYTE} ns/B x min(R, W) over the "
     "whole program (fitted one-directional peak and read/write turnaround), charged to each kernel by its "
     "share of the bytes, so the same bytes cost the same whatever the kernel boundaries",
-    f"compute time only for matmul: MACs / cores / {MACS_PER_NS_PER_CORE:g} MAC/ns/core (PT efficiency 1); "
+    f"compute time only for matmul: the MACs of the core with the largest slice (MACs / cores when the split "
+    f"is even) / {MACS_PER_NS_PER_CORE:g} MAC/ns/core (PT efficiency 1); "
     "other ops are memory bound",
     "kernel time = max(memory, compute); program time = sum over kernels; no split penalty, fill or launch cost",
 )
@@ -63,6 +64,7 @@ class OpTraffic:
     lx_read: int  # summed over cores
     lx_write: int
     macs: int
+    core_macs: int = 0  # the MACs of the core with the largest slice (macs / cores when even)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,13 +172,14 @@ def traffic_report(program: Program) -> TrafficReport:
         syms = list(spec.iteration_space)
         sizes = [s for s, _ in spec.iteration_space.values()]
         splits = [p for _, p in spec.iteration_space.values()]
+        extents = spec.slice_extents
         reduced = reduced_symbols(spec)
         writers = writing_cores(splits, [s in reduced for s in syms])
         hr = hw = lr = lw = 0
         for k, arg in enumerate(spec.args):
             is_write = k == len(spec.args) - 1
             elem = FORMATS[arg.device_dtype].nbytes
-            lows, highs = coord_bounds(arg.device_coordinates, syms, sizes, splits)
+            lows, highs = coord_bounds(arg.device_coordinates, syms, extents)
             cores = writers if is_write else np.ones(len(writers), dtype=bool)
             if arg.memory == "hbm":
                 lo, hi = lows[cores].min(axis=0), highs[cores].max(axis=0)
@@ -195,11 +198,13 @@ def traffic_report(program: Program) -> TrafficReport:
                     lw += moved
                 else:
                     lr += moved
-        macs = math.prod(sizes) * iters if spec.op_info.get("fn") == "matmul" else 0
+        matmul = spec.op_info.get("fn") == "matmul"
+        macs = math.prod(sizes) * iters if matmul else 0
+        core_macs = max(math.prod(e for _, e in space) for space in spec.core_spaces) * iters if matmul else 0
         row = OpTraffic(name=spec.name or spec.op, op=str(spec.op_info.get("fn", spec.op)), kernel=kernel_of.setdefault(
                             ("loop", chain[0]) if chain else ("op", t), len(kernel_of)),
                         iterations=iters, cores=spec.cores, hbm_read=hr, hbm_write=hw, lx_read=lr, lx_write=lw,
-                        macs=macs)
+                        macs=macs, core_macs=core_macs)
         out.append(row)
         kernels.setdefault(row.kernel, []).append(row)
     estimates = []
@@ -211,7 +216,7 @@ def traffic_report(program: Program) -> TrafficReport:
     for index, rows in kernels.items():
         r, w = sum(o.hbm_read for o in rows), sum(o.hbm_write for o in rows)
         mem = (r + w) / HBM_BYTES_PER_NS + turnaround_per_byte * (r + w)
-        compute = sum(o.macs / o.cores / MACS_PER_NS_PER_CORE for o in rows if o.macs)
+        compute = sum(o.core_macs / MACS_PER_NS_PER_CORE for o in rows if o.macs)
         estimates.append(KernelEstimate(index=index, ops=tuple(o.name for o in rows), hbm_read=r, hbm_write=w,
                                         macs=sum(o.macs for o in rows), memory_ns=mem, compute_ns=compute))
     comp_r = sum(_arg_bytes(a) for a in program.kernel_args if a.is_input)

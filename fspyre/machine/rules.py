@@ -4,9 +4,12 @@ bytes a device tensor or box occupies. The compiler's stages plan with these rul
 oracle (interpreter, memory check, traffic report, memory map, lowerings) executes and checks
 with them, so each has exactly one home here.
 
+- **Slices of a dim** (``slice_extents``): ``n`` elements (whole ``unit``-element sticks along
+  a stick dim) over ``k`` slices take ceil and floor shares, the larger first; the last slice
+  may end in a partial stick. An even split is the case where all shares are equal.
 - **Core -> slice** (``core_slices``): the splits of an op's iteration space, first symbol
   fastest: ``slice[i] = (core // prod(splits[:i])) % splits[i]`` (the anchor's
-  ``core_to_slice_mapping``).
+  ``core_to_slice_mapping``); ``core_spaces`` writes each core's (start, extent) per symbol.
 - **Coordinate bounds** (``coord_bounds``): each device coordinate's min and max over each
   core's slice. A coordinate is a sum of terms; grouped so that no two groups share a
   variable, its min and max over a core's box of the iteration grid is the sum of each group's
@@ -76,6 +79,47 @@ def box_bytes(extents: np.ndarray, elem_bytes: int) -> np.ndarray:
 # -- slicing across cores -----------------------------------------------------------------------
 
 
+@lru_cache(maxsize=4096)
+def slice_extents(size: int, count: int, unit: int = 1) -> tuple[int, ...]:
+    """Element extents of ``count`` slices of a dim of ``size`` elements, each a whole number
+    of ``unit``-element sticks but the last, which may end in the dim's partial stick: ceil
+    and floor shares of the ``ceil(size / unit)`` sticks, the larger ones first (so slice 0 is
+    a largest). ``1 <= count <= ceil(size / unit)``."""
+    units = -(-size // unit)
+    if not 1 <= count <= units:
+        raise ValueError(f"{count} slices of {units} {'sticks' if unit > 1 else 'elements'}")
+    q, r = divmod(units, count)
+    out = [(q + 1) * unit] * r + [q * unit] * (count - r)
+    out[-1] -= units * unit - size  # the partial stick, in the last slice
+    return tuple(out)
+
+
+def slice_starts(extents: Sequence[int]) -> tuple[int, ...]:
+    out, at = [], 0
+    for e in extents:
+        out.append(at)
+        at += e
+    return tuple(out)
+
+
+def even_extents(size: int, count: int) -> tuple[int, ...]:
+    return (size // count,) * count
+
+
+def core_spaces(extents: Sequence[Sequence[int]]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Each core's ``(start, extent)`` per symbol, from each symbol's slice extents, cores
+    enumerating the slices first symbol fastest (``core_slices``)."""
+    return _core_spaces(tuple(tuple(e) for e in extents))
+
+
+@lru_cache(maxsize=4096)
+def _core_spaces(extents: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    # cached: the ops of a chain, and every OpSpec built or loaded, repeat their divisions
+    starts = [slice_starts(e) for e in extents]
+    slices = core_slices([len(e) for e in extents])
+    return tuple(tuple((starts[i][k], int(extents[i][k])) for i, k in enumerate(row)) for row in slices.tolist())
+
+
 def core_slices(splits: Sequence[int]) -> np.ndarray:
     """``[cores, len(splits)]``: the slice index of each core per symbol, first symbol fastest
     (read-only: cached per splits)."""
@@ -131,35 +175,46 @@ def coord_terms(expr: sympy.Expr) -> tuple[int, tuple[tuple[tuple[sympy.Symbol, 
 
 
 @lru_cache(maxsize=8192)
-def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...], sizes: tuple[int, ...],
-                  splits: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Min and max of ``term`` over each slice block: arrays of shape ``splits`` (block
-    ``(k1, k2, ...)`` holds ``syms[i]`` in ``[k_i * n_i, (k_i + 1) * n_i)``, ``n_i = sizes[i] // splits[i]``).
-    Evaluated on the whole grid of the term's own variables."""
+def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...],
+                  extents: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max of ``term`` over each slice block: arrays of shape ``[len(e) for e in
+    extents]`` (block ``(k1, k2, ...)`` holds ``syms[i]`` in its ``k_i``-th slice, the slices
+    of ``syms[i]`` having the element extents ``extents[i]``, even or not). Evaluated on the
+    whole grid of the term's own variables."""
+    sizes = tuple(sum(e) for e in extents)
     grid = open_grid(list(sizes))
     vals = np.broadcast_to(np.asarray(compile_index(term, syms)(*grid)), sizes)
-    blocks = [x for s, n in zip(splits, sizes) for x in (s, n // s)]
-    vals = vals.reshape(blocks)
-    inner = tuple(range(1, len(blocks), 2))
-    lo, hi = vals.min(axis=inner), vals.max(axis=inner)
+    if all(len(set(e)) == 1 for e in extents):  # even: one reshape, (slice, point) per axis
+        blocks = [x for e in extents for x in (len(e), e[0])]
+        vals = vals.reshape(blocks)
+        inner = tuple(range(1, len(blocks), 2))
+        lo, hi = vals.min(axis=inner), vals.max(axis=inner)
+    else:
+        lo = hi = vals
+        for axis, e in enumerate(extents):
+            cuts = np.array(slice_starts(e), dtype=np.int64)
+            lo = np.minimum.reduceat(lo, cuts, axis=axis)
+            hi = np.maximum.reduceat(hi, cuts, axis=axis)
+        lo, hi = np.array(lo), np.array(hi)
     lo.setflags(write=False)  # cached: shared by every caller
     hi.setflags(write=False)
     return lo, hi
 
 
-def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol], sizes: Sequence[int],
-                 splits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol],
+                 extents: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """``lows, highs`` of shape ``[cores, len(coords)]``: each device coordinate's min and max
-    over each core's slice of the iteration grid (``sizes`` are whole per-tile sizes).
+    over each core's slice of the iteration grid (``extents[i]``: the element extents of the
+    slices of ``syms[i]``, summing to its whole per-tile size; ``OpSpec.slice_extents``).
     Read-only arrays, cached: the ops of a chain or of a candidate tiling repeat the same
     coordinates over the same splits, and the allocator, checker and report all ask."""
-    return _coord_bounds(tuple(coords), tuple(syms), tuple(int(n) for n in sizes), tuple(int(s) for s in splits))
+    return _coord_bounds(tuple(coords), tuple(syms), tuple(map(tuple, extents)))
 
 
 @lru_cache(maxsize=4096)
-def _coord_bounds(coords: tuple[sympy.Expr, ...], syms: tuple[sympy.Symbol, ...], sizes: tuple[int, ...],
-                  splits: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    slices = core_slices(splits)
+def _coord_bounds(coords: tuple[sympy.Expr, ...], syms: tuple[sympy.Symbol, ...],
+                  extents: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+    slices = core_slices([len(e) for e in extents])
     pos = {s: i for i, s in enumerate(syms)}
     lows = np.zeros((len(slices), len(coords)), dtype=np.int64)
     highs = np.zeros_like(lows)
@@ -173,8 +228,7 @@ def _coord_bounds(coords: tuple[sympy.Expr, ...], syms: tuple[sympy.Symbol, ...]
                     f"device coordinate {expr} uses {missing}, which are not among {list(map(str, syms))}"
                 )
             idx = [pos[v] for v in group_syms]
-            lo, hi = term_extremes(term, group_syms, tuple(int(sizes[i]) for i in idx),
-                                   tuple(int(splits[i]) for i in idx))
+            lo, hi = term_extremes(term, group_syms, tuple(extents[i] for i in idx))
             at = tuple(slices[:, i] for i in idx)
             lows[:, d] += lo[at]
             highs[:, d] += hi[at]

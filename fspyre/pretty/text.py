@@ -98,6 +98,17 @@ def _under(head: str | Doc, body: Sequence[Doc]) -> Doc:
     return concat(head, nest(INDENT, concat(hardline(), lines(body)))) if body else concat(head)
 
 
+def _runs(extents: Iterable[int]) -> str:
+    """Slice extents with repeats counted: ``(129 x 1, 128 x 31)``, ``(64 x 2, 22)``."""
+    runs: list[list[int]] = []
+    for e in extents:
+        if runs and runs[-1][0] == e:
+            runs[-1][1] += 1
+        else:
+            runs.append([e, 1])
+    return "(" + ", ".join(f"{e} x {n}" if n > 1 else str(e) for e, n in runs) + ")"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -320,10 +331,14 @@ def _split_row(name: str, s: OpSplit, detailed: bool) -> list[str]:
     why = ["work_div hint"] if s.hinted else []
     if s.span_splits:
         why.append(f"span limit needs {_counts(s.span_splits)}")
+    uneven = {d: e for d, e in s.slices.items() if len(set(e)) > 1}
     if not detailed:
-        split = ", ".join(f"{d}/{k}" for d, k in s.splits.items() if k > 1) or "unsplit"
+        split = ", ".join(f"{d}/{k}" + (f" {_runs(uneven[d])}" if d in uneven else "")
+                          for d, k in s.splits.items() if k > 1) or "unsplit"
         return [name, _plural(s.cores, "core"), split, "; ".join(why)]
     row = [name, f"cores={s.cores}", f"splits={_counts(s.splits)}"]
+    if uneven:
+        row.append("slices={" + ", ".join(f"{d}: {_runs(e)}" for d, e in uneven.items()) + "}")
     if s.stick_elems:
         row.append(f"stick_elems={_counts(s.stick_elems)}")
     # The anchor's op_it_space_splits form, keyed by index coefficient, for comparing dumps.
@@ -394,6 +409,11 @@ def _op_spec(s: OpSpec, detailed: bool) -> Doc:
         ("tiled_symbols", tiled),
         ("args", bracket("[", (_tensor_arg(a, detailed) for a in s.args), "]")),
     ]
+    if not s.even:  # an even division follows from the splits alone
+        names = [_expr(k) for k in s.iteration_space]
+        cores = (text("(" + ", ".join(f"{n}[{a}:{a + e}]" for n, (a, e) in zip(names, space)) + ")")
+                 for space in s.core_spaces)
+        fields.append(("core_spaces", bracket("[", cores, "]")))
     if detailed:
         fields.append(("name", repr(s.name)))
     return _call("OpSpec", fields, force=True)

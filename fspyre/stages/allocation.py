@@ -117,12 +117,12 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
         record = analysis.ops[node.name]
         dims = record.dims
         syms = [d.symbol for d in dims]
-        sizes = [d.size for d in dims]
         cuts = [split.splits.get(d.name, 1) for d in dims]
+        extents = [split.extents(d.name, d.size) for d in dims]
         red = {d.name for d in node.op.reduction_ranges}
         writers = writing_cores(cuts, [d.name in red for d in dims])
         for acc in record.tensors:
-            lows, highs = coord_bounds(acc.coords, syms, sizes, cuts)
+            lows, highs = coord_bounds(acc.coords, syms, extents)
             cores = writers if acc.is_write else np.ones(len(writers), dtype=bool)
             uses.setdefault(acc.buffer, []).append(
                 _Use(time=t, node=node, split=split, access=acc, lows=lows, highs=highs, cores=cores))
@@ -527,7 +527,7 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
     lx = {name for name, p in alloc.buffers.items() if p.memory == "lx"}
     for node in op_nodes(tree):
         record = analysis.ops[node.name]
-        shape: tuple | None = None  # the op's (symbols, sizes, cuts), built at its first LX access
+        shape: tuple | None = None  # the op's (symbols, slice extents), built at its first LX access
         for acc in record.tensors:
             if acc.buffer not in lx:
                 continue
@@ -537,9 +537,9 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
                     f"in LX, which never advances; place it in HBM"
                 )
             if shape is None:
-                split = plan.ops[node.name].splits
-                shape = (tuple(d.symbol for d in record.dims), tuple(d.size for d in record.dims),
-                         tuple(split.get(d.name, 1) for d in record.dims))
+                op_split = plan.ops[node.name]
+                shape = (tuple(d.symbol for d in record.dims),
+                         tuple(op_split.extents(d.name, d.size) for d in record.dims))
             key = (acc.coords, acc.layout.device_size, acc.layout.elem_bytes, shape)
             got = boxes.get(key)
             if got is None:

@@ -22,7 +22,11 @@ Tiled reductions (a level tiles a reduction dim): the op computes a per-tile par
 ``<buf>_part``, ``<op>_combine`` folds it into the accumulator ``<buf>_acc``, which
 ``<op>_fill`` sets to the identity before the first reduction level and ``<op>_finish`` copies
 (mean: scales) into the output after it. Accumulators are float32 for float outputs and int32
-otherwise.
+otherwise. An output level nested inside the reduction level makes the accumulator span the
+inner output tiles (a full buffer of the output's shape). var runs a nest computing the mean
+before its reduction level, then sums squared deviations tile by tile. Ops of the group that
+read a tiled reduction were moved to a later nest by the plan (loop fission); a plan that did
+not do so is refused here.
 """
 
 from __future__ import annotations
@@ -64,12 +68,13 @@ TILED_REDUCTIONS: Mapping[str, tuple[str, str, float, int]] = {
     "prod": ("prod", "mul", 1.0, 1),
     "amax": ("amax", "maximum", -math.inf, INT32_MIN),
     "amin": ("amin", "minimum", math.inf, INT32_MAX),
+    # var's partial is the sum of squared deviations from the mean, computed in a first nest
+    "var": ("sum", "add", 0.0, 0),
 }
 
 
 # Why each reduction missing from TILED_REDUCTIONS has no tile-by-tile form.
 _UNTILED: Mapping[str, str] = {
-    "var": "var needs the mean of the whole range first",
     "gather": "each index is checked to name exactly one position of the whole range",
 }
 
@@ -128,6 +133,18 @@ class _Context:
     taken: set[str]
     replaced: dict[str, TreeBuffer]
     extra: dict[str, list[TreeBuffer]]
+
+    def is_full(self, buffer: str) -> bool:
+        """A buffer addressed through the whole graph shape (moves with the loops): a graph
+        buffer not replaced by its tile, or a helper of full scope (a spanning accumulator)."""
+        if buffer in self.buffers:
+            return buffer not in self.replaced
+        return any(b.name == buffer and b.scope == "full" for bs in self.extra.values() for b in bs)
+
+    def full_type(self, buffer: str) -> TensorType:
+        if buffer in self.buffers:
+            return self.buffers[buffer].type
+        return next(b.type for bs in self.extra.values() for b in bs if b.name == buffer)
 
     def fresh(self, base: str) -> str:
         name, n = base, 1
@@ -209,7 +226,8 @@ def _analyse(op: Op, per_level: tuple[str | None, ...], tiles: Mapping[tuple[int
     return _OpTiling(op=op, per_level=per_level, final=final, steps=tuple(steps))
 
 
-def _full_accesses(ctx: _Context, gi: int, group: Group) -> dict[str, list[tuple[str, sympy.Expr]]]:
+def _full_accesses(ctx: _Context, gi: int, group: Group,
+                   per_level: Mapping[str, tuple[str | None, ...]]) -> dict[str, list[tuple[str, sympy.Expr]]]:
     """Per op of ``group``, the full buffers it reads or writes, with their indices: the ones
     whose tiles advance through memory (a buffer the group both writes and reads is read as a
     per-tile buffer; one read only inside the group is one)."""
@@ -219,7 +237,11 @@ def _full_accesses(ctx: _Context, gi: int, group: Group) -> dict[str, list[tuple
         op = ctx.ops[name]
         found = [(ld.buffer, ld.index) for ld in op.loads if ld.buffer not in produced]
         buf = op.store.buffer
-        if buf in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(buf, ())):
+        # a reduction whose accumulator spans inner output tiles writes its output as a full buffer
+        spans = isinstance(op, Reduction) and any(
+            d not in {x.name for x in op.reduction_ranges} for d in per_level[name][1:] if d is not None
+        ) and any(d in {x.name for x in op.reduction_ranges} for d in per_level[name] if d is not None)
+        if spans or buf in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(buf, ())):
             found.append((buf, op.store.index))
         out[name] = found
     return out
@@ -278,19 +300,19 @@ def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tu
     left (docs/tiling.md, "Tails"). A tiling whose iteration count differs from the hinted
     count is reported in ``warnings``."""
     levels = group.levels
-    accesses = _full_accesses(ctx, gi, group)
+    accesses = _full_accesses(ctx, gi, group, per_level)
     size: dict[str, int] = {}
     for name in group.ops:
-        for d in iteration_dims(ctx.ops[name]):
-            if d.name in per_level[name]:
-                size.setdefault(d.name, d.size)
+        for x in iteration_dims(ctx.ops[name]):
+            if x.name in per_level[name]:
+                size.setdefault(x.name, x.size)
     tiles: dict[tuple[int, str], int] = {}
     for k, lv in enumerate(levels):
         by_dim: dict[str, list[str]] = {}
         for name in group.ops:
-            d = per_level[name][k]
-            if d is not None:
-                by_dim.setdefault(d, []).append(name)
+            tiled = per_level[name][k]
+            if tiled is not None:
+                by_dim.setdefault(tiled, []).append(name)
         for d, names in by_dim.items():
             outer = [j for j in range(k) if (j, d) in tiles]
             extent = tiles[outer[-1], d] if outer else size[d]
@@ -300,8 +322,9 @@ def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tu
             for n in names:
                 sizes = {x.name: x.size for x in iteration_dims(ctx.ops[n])}
                 for j in range(k):  # the op's tiles after the outer levels
-                    if per_level[n][j] is not None:
-                        sizes[per_level[n][j]] = tiles[j, per_level[n][j]]
+                    dj = per_level[n][j]
+                    if dj is not None:
+                        sizes[dj] = tiles[j, dj]
                 found += [(b, index, sizes) for b, index in accesses[n]]
             tile, why = _stick_tile(ctx, d, -(-extent // count), extent, found)
             main, rem = divmod(extent, tile)
@@ -334,8 +357,7 @@ def _check_reduction(ctx: _Context, gi: int, op: Op, per_level: tuple[str | None
     if op.fn not in TILED_REDUCTIONS:
         raise TilingError(
             f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {per_level[r]}, but {op.fn} has no "
-            f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}"
-            + (", or write var as mean((x - mean(x))**2) and tile that." if op.fn == "var" else ".")
+            f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}."
         )
     for k in range(r + 1, len(levels)):
         d = per_level[k]
@@ -345,12 +367,6 @@ def _check_reduction(ctx: _Context, gi: int, op: Op, per_level: tuple[str | None
                 f"{where}, which tiles its reduction dim {per_level[r]}; each partial {op.fn} would be folded "
                 f"into the accumulator {levels[k].count} times. Tile a dim of {op.name} at that level too, or "
                 f"put the reduction in a group of its own."
-            )
-        if d not in reduced:
-            raise TilingError(
-                f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles output dim {d} inside {where}, "
-                f"which tiles reduction dim {per_level[r]}; an accumulator tile cannot move inside its "
-                f"reduction loop. Put the output level outside (the outer hint scope)."
             )
     for reader in ctx.readers.get(op.store.buffer, ()):
         if reader in members:
@@ -468,6 +484,16 @@ class _Item:
     tiled: frozenset[str]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SubNest:
+    """A pass of its own over the levels from the one it is placed at inwards (var's mean):
+    ``fill``, the loops of ``body`` with their tails, ``finish``."""
+
+    fill: _Item
+    body: tuple[_Item, ...]
+    finish: _Item
+
+
 def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tuple[Node, ...]:
     levels = group.levels
     members = set(group.ops)
@@ -478,8 +504,8 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
     tilings = [_analyse(ctx.ops[name], per_level[name], sizes) for name in group.ops]
     tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
     inner: list[_Item] = []
-    fills: list[list[_Item]] = [[] for _ in levels]
-    finishes: list[list[_Item]] = [[] for _ in levels]
+    fills: list[list[_Item | _SubNest]] = [[] for _ in levels]
+    finishes: list[list[_Item | _SubNest]] = [[] for _ in levels]
     for t in tilings:
         op = t.op
         tiled = frozenset(d for d in t.per_level if d is not None)
@@ -499,12 +525,23 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
         inside = any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
         outside = out in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(out, ()))
         store = op.store
+        if r is not None and _spans_output_tiles(t, r):
+            outside = True  # its finish writes a level-r tile, larger than a per-tile buffer
         if not outside:
             tile_type, vars_ = _tile_type(ctx, t)
             ctx.replaced[out] = TreeBuffer(name=out, type=tile_type, scope="tile")
             if vars_:
                 store = Store(buffer=out, index=_index(tile_type, vars_))
             tiles[out] = _TileBuffer(name=out, type=tile_type, producer=t, vars=tuple(vars_))
+        if r is not None and op.fn == "var" and loads:
+            (ld,) = loads
+            raise TilingError(
+                f"op {op.name} (var over {[d.name for d in op.reduction_ranges]}): {_where(r, levels[r])} tiles its "
+                f"reduction dim {t.per_level[r]}, so it reads {ld.buffer} twice, for the mean and for the "
+                f"deviations, but {tiles[ld.buffer].producer.op.name} writes {ld.buffer} tile by tile in the same "
+                f"loop nest. plan_tiling and plan_groups put such producers in an earlier loop nest "
+                f"(fspyre.stages.tiling_plan.split_at_tiled_reductions); pass this plan through it."
+            )
         if r is not None:
             assert isinstance(per_tile, Reduction)
             inner.extend(_tiled_reduction(ctx, t, tiled, per_tile, store, r, fills, finishes))
@@ -530,7 +567,8 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
 
 
 def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str], int], inner: Sequence[_Item],
-          fills: Sequence[Sequence[_Item]], finishes: Sequence[Sequence[_Item]], k: int, extents: Mapping[str, int],
+          fills: Sequence[Sequence[_Item | _SubNest]], finishes: Sequence[Sequence[_Item | _SubNest]], k: int,
+          extents: Mapping[str, int],
           offsets: Mapping[str, int], loops: tuple[tuple[int, int], ...], peeled: tuple[Peel, ...]) -> list[Node]:
     """The nodes of levels ``k`` and inwards on one path of the nest: ``extents`` are the
     elements of each tiled dim this path covers, starting at ``offsets``; ``loops`` the
@@ -539,8 +577,16 @@ def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str]
     Level ``k`` runs ``extent // tile`` whole tiles as a loop (one tile runs in place, without
     a loop), then, when elements are left, the same levels inwards once more on the remainder:
     the peeled tail (docs/tiling.md, "Tails")."""
-    def place(items: Sequence[_Item]) -> list[Node]:
-        return [_place(ctx, it, extents, offsets, loops, peeled, levels) for it in items]
+    def place(items: Sequence[_Item | _SubNest]) -> list[Node]:
+        out: list[Node] = []
+        for it in items:
+            if isinstance(it, _SubNest):  # its own pass over levels k inwards, from this path's tile
+                only = [[it.fill] if j == k else [] for j in range(len(levels))]
+                last = [[it.finish] if j == k else [] for j in range(len(levels))]
+                out.extend(_nest(ctx, levels, sizes, it.body, only, last, k, extents, offsets, loops, peeled))
+            else:
+                out.append(_place(ctx, it, extents, offsets, loops, peeled, levels))
+        return out
 
     if k == len(levels):
         return place(inner)
@@ -578,8 +624,7 @@ def _place(ctx: _Context, it: _Item, extents: Mapping[str, int], offsets: Mappin
     shift = {sym(d): sym(d) + offsets[d] for d in it.tiled if offsets.get(d)}
 
     def moved(buffer: str, index: sympy.Expr) -> sympy.Expr:
-        full = buffer in ctx.buffers and buffer not in ctx.replaced
-        return sympy.expand(index.subs(shift)) if shift and full else index
+        return sympy.expand(index.subs(shift)) if shift and ctx.is_full(buffer) else index
 
     def resized(dims: tuple[Dim, ...]) -> tuple[Dim, ...]:
         return tuple(Dim(d.name, extents[d.name]) if d.name in it.tiled else d for d in dims)
@@ -656,9 +701,9 @@ def _check_stick_steps(ctx: _Context, node: OpNode, loops: Sequence[tuple[int, i
     sizes = {d.name: d.size for d in iteration_dims(op)}
     accesses = [(ld.buffer, ld.index, "reads") for ld in op.loads] + [(op.store.buffer, op.store.index, "writes")]
     for buffer, index, verb in accesses:
-        if buffer in ctx.replaced or buffer not in ctx.buffers:
+        if not ctx.is_full(buffer):
             continue  # a per-tile buffer sits at a fixed address and never advances
-        btype = ctx.buffers[buffer].type
+        btype = ctx.full_type(buffer)
         n_last = btype.shape[-1] if btype.shape else 1
         if n_last == 1:
             continue  # every element of a size-1 stick dim has a stick of its own
@@ -695,45 +740,116 @@ def _check_stick_steps(ctx: _Context, node: OpNode, loops: Sequence[tuple[int, i
 
 
 def _tiled_reduction(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: Reduction, store: Store, r: int,
-                     fills: list[list[_Item]], finishes: list[list[_Item]]) -> list[_Item]:
-    """partial + combine in the loop body; identity fill before and finish after level ``r``."""
+                     fills: list[list[_Item | _SubNest]], finishes: list[list[_Item | _SubNest]]) -> list[_Item]:
+    """partial + combine in the loop body; identity fill before and finish after level ``r``.
+
+    var is the untiled two-pass algorithm with its sums tiled: before level ``r``, a nest of
+    the levels from ``r`` inwards (tails included) computes the mean of the output tile (a
+    tiled mean into the float32 buffer ``<buf>_mean``); the main nest then subtracts it,
+    squares in float32 (``<buf>_dev``) and sums the squares tile by tile; the finish divides by
+    N - correction. Its operand must be whole before the first nest, which loop fission sees to
+    (``split_at_tiled_reductions`` puts in-group producers of a tiled var in an earlier pass)."""
     op = t.op
-    out = op.store.buffer
-    out_type = ctx.buffers[out].type
-    partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[op.fn]
-    acc_float = is_float(out_type.dtype)
-    acc_type = TensorType(dims=t.dims(op.ranges), dtype="float32" if acc_float else "int32")
-    idx = acc_type.contiguous_index()
-    part = ctx.fresh(f"{out}_part")
-    acc = ctx.fresh(f"{out}_acc")
-    ctx.extra.setdefault(out, []).extend(
-        [TreeBuffer(name=part, type=acc_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope="tile")]
+    owner = op.store.buffer
+    out_dtype = ctx.buffers[owner].type.dtype
+    if op.fn != "var":
+        fill, body, finish = _accumulation(ctx, t, tiled, per_tile, op.fn, store, out_dtype, owner, r)
+        fills[r].append(fill)
+        finishes[r].append(finish)
+        return body
+    out_dims, red_dims = t.dims(op.ranges), t.dims(op.reduction_ranges)
+    # the mean spans the output tiles of levels inside r, as the accumulators do
+    spans = _spans_output_tiles(t, r)
+    mean_type = TensorType(dims=ctx.buffers[owner].type.dims if spans else out_dims, dtype="float32")
+    dev_type = TensorType(dims=out_dims + red_dims, dtype="float32")
+    midx, didx = op.store.index if spans else mean_type.contiguous_index(), dev_type.contiguous_index()
+    mean, dev = ctx.fresh(f"{owner}_mean"), ctx.fresh(f"{owner}_dev")
+    ctx.extra.setdefault(owner, []).extend([TreeBuffer(name=mean, type=mean_type, scope="full" if spans else "tile"),
+                                            TreeBuffer(name=dev, type=dev_type, scope="tile")])
+    mean_op = replace(per_tile, name=ctx.fresh(f"{op.name}_sum"), fn="mean", correction=0)
+    m_fill, m_body, m_finish = _accumulation(ctx, t, tiled, mean_op, "mean", Store(buffer=mean, index=midx),
+                                             "float32", owner, r)
+    deviation = Pointwise(
+        name=ctx.fresh(f"{op.name}_center"), fn="sub", operands=(per_tile.operands[0], Load(buffer=mean, index=midx)),
+        ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
     )
-    out_dims = acc_type.dims
+    square = Pointwise(
+        name=ctx.fresh(f"{op.name}_square"), fn="mul",
+        operands=(Load(buffer=dev, index=didx), Load(buffer=dev, index=didx)),
+        ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
+    )
+    squares = replace(per_tile, operands=(Load(buffer=dev, index=didx),), correction=0)
+    fill, body, finish = _accumulation(ctx, t, tiled, squares, "var", store, out_dtype, owner, r)
+    fills[r].extend([_SubNest(fill=m_fill, body=tuple(m_body), finish=m_finish), fill])
+    finishes[r].append(finish)
+    return [_Item(op=deviation, steps=t.steps, tiled=tiled), _Item(op=square, steps=t.steps, tiled=tiled), *body]
+
+
+def _spans_output_tiles(t: _OpTiling, r: int) -> bool:
+    """A level inside the reduction level ``r`` tiles an output dim of the reduction."""
+    return any(t.out_steps()[r + 1:])
+
+
+def _accumulation(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: Reduction, fn: str, store: Store,
+                  out_dtype: str, owner: str, r: int) -> tuple[_Item, list[_Item], _Item]:
+    """The fill (before level ``r``), the loop body (partial, combine) and the finish (after
+    level ``r``) of a tiled ``fn`` of ``per_tile``'s operands into ``store`` (of
+    ``out_dtype``); helper buffers are named after ``store`` and listed after the graph
+    buffer ``owner``.
+
+    The accumulator holds the output tile the body of level ``r`` sees. When no level inside
+    ``r`` tiles an output dim, that is the per-tile output: a ``"tile"`` buffer. Otherwise
+    (an output level nested in the reduction level) it spans the inner output tiles: a
+    ``"full"`` buffer of the whole output shape, which the combine walks with the output's
+    advance and the fill and finish cover one level-``r`` tile at a time. The fill and finish
+    take the graph op's output ranges, which ``_place`` cuts to the output tile at level
+    ``r`` on each path of the nest (a tail's, too)."""
+    op = t.op
+    base = store.buffer
+    partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[fn]
+    acc_float = is_float(out_dtype)
+    acc_dtype = "float32" if acc_float else "int32"
+    part_type = TensorType(dims=t.dims(op.ranges), dtype=acc_dtype)
+    idx = part_type.contiguous_index()
     outer = t.out_steps()
+    if _spans_output_tiles(t, r):
+        # the output's own shape and index, so it walks (and lays out in sticks) as the output does
+        acc_type, acc_scope = TensorType(dims=ctx.buffers[op.store.buffer].type.dims, dtype=acc_dtype), "full"
+        acc_idx = op.store.index
+    else:
+        acc_type, acc_scope = part_type, "tile"
+        acc_idx = acc_type.contiguous_index()
+    part = ctx.fresh(f"{base}_part")
+    acc = ctx.fresh(f"{base}_acc")
+    ctx.extra.setdefault(owner, []).extend(
+        [TreeBuffer(name=part, type=part_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope=acc_scope)]
+    )
+    out_dims = part_type.dims
     partial = replace(per_tile, fn=partial_fn, store=Store(buffer=part, index=idx))
     combine = Pointwise(
-        name=ctx.fresh(f"{op.name}_combine"), fn=combine_fn,
-        operands=(Load(buffer=acc, index=idx), Load(buffer=part, index=idx)),
-        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+        name=ctx.fresh(f"{per_tile.name}_combine"), fn=combine_fn,
+        operands=(Load(buffer=acc, index=acc_idx), Load(buffer=part, index=idx)),
+        ranges=out_dims, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
     )
     fill = Pointwise(
-        name=ctx.fresh(f"{op.name}_fill"), fn="full",
+        name=ctx.fresh(f"{per_tile.name}_fill"), fn="full",
         operands=(Scalar(value=float_identity if acc_float else int_identity),),
-        ranges=out_dims, store=Store(buffer=acc, index=idx), hints=op.hints,
+        ranges=op.ranges, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
     )
-    finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=idx),)
+    finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=acc_idx),)
     finish_fn = "cast"
-    if op.fn == "mean":
-        count = math.prod(d.size for d in op.reduction_ranges)
+    count = math.prod(d.size for d in op.reduction_ranges)
+    if fn == "mean":
         finish_fn, finish_ops = "mul", finish_ops + (Scalar(value=1.0 / count),)
+    elif fn == "var":  # as the untiled var divides: by N - correction, 0 when the correction is larger
+        assert isinstance(op, Reduction)
+        finish_fn, finish_ops = "div", finish_ops + (Scalar(value=float(max(count - op.correction, 0))),)
     finish = Pointwise(
-        name=ctx.fresh(f"{op.name}_finish"), fn=finish_fn, operands=finish_ops,
-        ranges=out_dims, store=store, hints=op.hints,
+        name=ctx.fresh(f"{per_tile.name}_finish"), fn=finish_fn, operands=finish_ops,
+        ranges=op.ranges, store=store, hints=op.hints,
     )
-    fills[r].append(_Item(op=fill, steps=outer, tiled=tiled))
-    finishes[r].append(_Item(op=finish, steps=outer, tiled=tiled))
-    return [_Item(op=partial, steps=t.steps, tiled=tiled), _Item(op=combine, steps=outer, tiled=tiled)]
+    body = [_Item(op=partial, steps=t.steps, tiled=tiled), _Item(op=combine, steps=outer, tiled=tiled)]
+    return _Item(op=fill, steps=outer, tiled=tiled), body, _Item(op=finish, steps=outer, tiled=tiled)
 
 
 # -- verification ----------------------------------------------------------------------------

@@ -15,20 +15,18 @@ import sympy
 
 from fspyre.errors import LoweringError, TilingError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import Load, Reduction, Scalar, iteration_dims
+from fspyre.ir.graph import REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, SplitPlan
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, walk_specs
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, op_fn, program_op, walk_specs
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
-from fspyre.machine.rules import device_bytes, row_major_strides
+from fspyre.machine.rules import core_spaces, device_bytes, row_major_strides
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
 from fspyre.stages.split_plan import verify_split_plan
-
-PROGRAM_OP_NAMES = {"matmul": "batchmatmul"}  # the anchor's name for every matmul
 
 
 def tile_advance(
@@ -127,7 +125,8 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
     dims = record.dims
     syms = [d.symbol for d in dims]
     full = record.full
-    split = splits.ops[op.name].splits
+    op_split = splits.ops[op.name]
+    split = op_split.splits
 
     # A dim tiled down to one element per tile leaves the iteration space but still moves the
     # address: the advance is computed with its symbol kept (the anchor's squeezed advance).
@@ -182,13 +181,14 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
     tiled = tuple(tuple(sympy.Symbol(s.dim, integer=True, nonnegative=True) for s in level if s.dim in names)
                   for level in node.tiling)
     return OpSpec(
-        op=PROGRAM_OP_NAMES.get(op.fn, op.fn),
+        op=program_op(op.fn),
         is_reduction=isinstance(op, Reduction),
         iteration_space=FrozenMap((d.symbol, (d.size, split.get(d.name, 1))) for d in dims),
         args=tuple(args),
         op_info=FrozenMap(info),
         tiled_symbols=tiled,
         name=op.name,
+        core_spaces=core_spaces([op_split.extents(d.name, d.size) for d in dims]),
     )
 
 
@@ -196,12 +196,14 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
 # -- verification ----------------------------------------------------------------------------
 def verify_program(program: Program) -> Program:
     """The program agrees with itself: kernel arguments numbered 0..n-1 and inside HBM; each op
-    on at most the program's cores, with one advance per enclosing loop and ``tiled_symbols``
-    for each loop (or none), its inputs before its one output, operands naming its inputs,
-    coordinates over its iteration symbols; each tensor placed the same way by every op that
-    uses it (memory, address, size, dtype, argument), a kernel argument exactly as the argument
-    list places it. Linear in the program;
-    the meaning (bounds per core, overlaps, values) is the interpreter's and ``check_memory``'s."""
+    on at most the program's cores (its ``core_spaces`` partitioning its iteration space, which
+    ``OpSpec`` checks when built, so a loaded or edited program cannot skip it), with one
+    advance per enclosing loop and ``tiled_symbols`` for each loop (or none), its inputs before
+    its one output, operands naming its inputs, coordinates over its iteration symbols; each
+    tensor placed the same way by every op that uses it (memory, address, size, dtype,
+    argument), a kernel argument exactly as the argument list places it. Linear in the
+    program; the meaning (bounds per core, overlaps, values) is the interpreter's and
+    ``check_memory``'s."""
     where = f"program {program.name}"
     kernel: dict[int, KernelArg] = {}
     n = len({k.buffer for k in program.kernel_args})  # an output may be an input's, or another output's, buffer
@@ -239,6 +241,10 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
     if out.is_input or any(not a.is_input for a in ins):
         raise LoweringError(f"{where}: its args must be its inputs, then its one output; got is_input "
                             f"{[a.is_input for a in spec.args]}")
+    fn = spec.op_info.get("fn")
+    if op_fn(spec.op) != fn or spec.is_reduction != (fn in REDUCTION_FNS):
+        raise LoweringError(f"{where}: program op {spec.op!r} (is_reduction={spec.is_reduction}) does not run "
+                            f"op_info fn {fn!r}; the device reads the op, so the two must name one operation")
     operands = spec.op_info.get("operands", ())
     if not isinstance(operands, tuple):
         raise LoweringError(f"{where}: op_info operands must be a tuple of (kind, value) pairs, got {operands!r:.60}")

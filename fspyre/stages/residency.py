@@ -147,7 +147,10 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
     split = divide_work(tree, machine, options.split)
     alloc = allocate(tree, split, machine, options.allocation)
     judge = _Judge(machine)
-    return judge.settled(_choose(tree, _Candidate(tree=tree, split=split, allocation=alloc), machine, options, judge))
+    unchanged = _Candidate(tree=tree, split=split, allocation=alloc)
+    if options.enabled and options.allocation.lx_planning:
+        unchanged = _pinned(unchanged, machine, options, judge)
+    return judge.settled(_choose(unchanged.tree, unchanged, machine, options, judge))
 
 
 def _choose(tree: LoopTree, unchanged: _Candidate, machine: Machine, options: ResidencyOptions,
@@ -253,7 +256,9 @@ def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine, reduc
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
             continue
         proposal = {**{n: FrozenMap(w) for n, w in zip(r.readers, wanted) if w != dict(split.ops[n].splits)},
-                    f"{r.name}_copy": FrozenMap((d, common.get(d, 1)) for d in names)}
+                    # a size-1 dim is not iterated: a work_div on it would be a warning about a
+                    # scope the user never wrote
+                    f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}
         if any(n in hints and hints[n] != h for n, h in proposal.items()):
             continue
         hints.update(proposal)
@@ -275,7 +280,8 @@ def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
         return None
     hints = {n: FrozenMap(first.splits) for n in r.readers}
-    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)] + [(d.name, 1) for d in r.dims])
+    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)]
+                                        + [(d.name, 1) for d in r.dims if d.size > 1])
     return replace(r, replicas=first.cores), hints
 
 
@@ -293,6 +299,92 @@ def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: _R
         if k > 1:
             return {**{n: 1 for n in split.splits}, d.name: k}
     return None
+
+
+# -- graph outputs that later ops read -------------------------------------------------------
+def _pinned(unchanged: _Candidate, machine: Machine, options: ResidencyOptions, judge: _Judge) -> _Candidate:
+    """A buffer that must be in HBM (a graph output, a buffer a loop reads tile by tile, ...)
+    and that later top-level ops read is written into LX for them and copied to HBM once,
+    where the allocator keeps that LX buffer (the anchor pins an intermediate that is also a
+    graph output in LX with an HBM clone); otherwise they read back what was just written."""
+    pins = _pins(unchanged.tree, unchanged.split, unchanged.allocation)
+    while pins:
+        pinned = _pin(unchanged.tree, pins)
+        try:
+            split = divide_work(pinned, machine, options.split)
+        except FspyreError:
+            return unchanged  # a pin's work division was refused: leave the tree as it was
+        alloc = allocate(pinned, split, machine, options.allocation)
+        kept = [p for p in pins if alloc.buffers[p.name].memory == "lx"]
+        if len(kept) == len(pins):
+            done = _Candidate(tree=pinned, split=split, allocation=alloc)
+            return done if _better(done, unchanged, judge) else unchanged
+        pins = kept  # the rest did not fit (or are sliced differently by a reader): without them
+    return unchanged
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pin:
+    name: str  # the LX buffer the writer stores into (and, with "_out", the copy to HBM)
+    buffer: str  # the graph output
+    writer: str
+    split: FrozenMap[str, int]  # the writer's work division, which the copy must repeat
+
+
+def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin]:
+    """Top-level writers of an HBM buffer that later top-level ops read, storing it whole with
+    its own contiguous index (so the LX buffer and the copy share the writer's iteration).
+    Readers inside loops keep reading the HBM buffer: a loop advances through it, and an LX
+    buffer never advances."""
+    table = tree.buffer_table()
+    taken = {b.name for b in tree.buffers} | {n.name for n in op_nodes(tree)}
+    read_later: set[str] = set()
+    pins: list[_Pin] = []
+    for node in reversed(tree.body):
+        if not isinstance(node, OpNode):
+            continue
+        b = node.op.store.buffer
+        if (b in read_later and allocation.buffers[b].memory == "hbm" and table[b].scope == "full"
+                and node.op.store.index == table[b].type.contiguous_index()
+                and set(table[b].type.names) <= {d.name for d in node.op.ranges}):
+            pins.append(_Pin(name=_fresh(f"{b}_pin", taken), buffer=b, writer=node.name,
+                             split=FrozenMap((d, k) for d, k in split.ops[node.name].splits.items()
+                                             if d in table[b].type.names)))
+        read_later |= {ld.buffer for ld in node.op.loads}
+    return pins[::-1]
+
+
+def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
+    table = tree.buffer_table()
+    of_buffer = {p.buffer: p for p in pins}
+    by_writer = {p.writer: p for p in pins}
+    first = max((h.id for h in tree.hints), default=-1) + 1
+    scopes = tuple(HintScope(id=first + i, work_div=p.split) for i, p in enumerate(pins))
+    body: list[Node] = []
+    for node in tree.body:
+        if not isinstance(node, OpNode):
+            body.append(node)
+            continue
+        op = node.op
+        # a redirect keeps a load a load, so a reduction's operands stay loads
+        operands: Any = tuple(Load(buffer=of_buffer[o.buffer].name, index=o.index)
+                              if isinstance(o, Load) and o.buffer in of_buffer else o for o in op.operands)
+        p = by_writer.get(op.name)
+        store = op.store if p is None else Store(buffer=p.name, index=op.store.index)
+        body.append(node if operands == op.operands and p is None
+                    else replace(node, op=replace(op, operands=operands, store=store)))
+        if p is not None:
+            btype = table[p.buffer].type
+            index = btype.contiguous_index()
+            body.append(OpNode(op=Pointwise(
+                name=f"{p.name}_out", fn="copy", operands=(Load(buffer=p.name, index=index),), ranges=btype.dims,
+                store=Store(buffer=p.buffer, index=index), hints=(scopes[pins.index(p)].id,))))
+    buffers: list[TreeBuffer] = []
+    for b in tree.buffers:
+        buffers.append(b)
+        if b.name in of_buffer:
+            buffers.append(TreeBuffer(name=of_buffer[b.name].name, type=b.type))
+    return replace(tree, body=tuple(body), buffers=tuple(buffers), hints=tree.hints + scopes)
 
 
 # -- finding re-read regions ----------------------------------------------------------------

@@ -4,21 +4,29 @@ Per op, on its per-tile iteration space (following torch-spyre's ``work_division
 
 1. **Stick adjustment.** A dim whose variable is the stick coordinate of some tensor the op
    touches is counted in sticks: ``ceil(size / eps)`` with ``eps`` the largest
-   elements-per-stick among those tensors, so every core gets whole sticks. A stick dim whose
-   size is not a whole number of sticks is not split at all (a slice would start mid-stick).
+   elements-per-stick among those tensors, so every core gets whole sticks (the last slice
+   may end in the dim's partial stick).
 2. **Span reduction** (pass 1, mandatory). A tensor whose per-core span (the outermost device
    dim a core touches more than once, times the bytes below it) exceeds ``machine.span_limit``
    forces splits: per device dim outer to inner, every combination of divisors of the dim's
    variables (at least the splits already committed) within the core budget; the fewest slices
    that fit win, else the smallest span. More than one split reduction dim is an error.
 3. **User hint.** ``g.hint(work_div={"M": 2})`` on the op's scopes is authoritative (validated
-   like the anchor: integers >= 1 dividing the stick-adjusted size). An op that does not
-   iterate a hinted dim is not split along it (as a loop-invariant op under ``slices``); a
+   like the anchor: integers >= 1, at most the stick-adjusted size; a count that does not
+   divide it gives uneven slices). An op that does not
+   iterate a hinted dim, or iterates it at one point (a one-element tile), is not split along
+   it (as a loop-invariant op under ``slices``); a
    hinted dim no op of the scope iterates, and a hint that would exceed the core budget, are
    dropped with a warning in ``SplitPlan.warnings`` (docs/tiling.md, "Hint warnings").
-4. **Work distribution** (pass 3). Output dims by decreasing adjusted size each take the
-   largest divisor of their size that the remaining cores allow (``rem //= split``: leftover
-   cores stay unused), then at most one reduction dim, the one taking the most cores.
+4. **Work distribution** (pass 3). The output dims' splits that make the largest core's share
+   (the product over dims of ``ceil(adjusted / split)``) smallest within the core budget,
+   uneven slices allowed; the anchor's choice (dims by decreasing adjusted size each take the
+   largest divisor the remaining cores allow, ``rem //= split``) wins ties. Then at most one
+   reduction dim, the one whose largest slice the remaining cores make smallest.
+
+Uneven slices: a split ``k`` of ``n`` units (elements, or sticks along a stick dim) gives
+ceil and floor shares, the larger first (``fspyre.machine.rules.slice_extents``); each op's
+slice extents are recorded in ``OpSplit.slices``, so every core's iteration space is explicit.
 
 Never split: the reduction dims of ``var`` (the interpreter cannot combine partial
 variances) and dims no tensor index uses (every core would read the same elements; the
@@ -47,7 +55,7 @@ from fspyre.ir.graph import HintScope, Op, Pointwise, Reduction, iteration_dims
 from fspyre.ir.looptree import LoopTree, TreeBuffer, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
 from fspyre.machine.indexing import free_names
-from fspyre.machine.rules import coord_terms, term_extremes
+from fspyre.machine.rules import coord_terms, slice_extents, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
 from fspyre.stages.access import Access, access_plan, analyze_accesses, op_dims
 
@@ -72,6 +80,20 @@ def divisors(n: int, at_most: int | None = None) -> list[int]:
 def core_split(n: int, cores: int) -> int:
     """The largest divisor of ``n`` that is at most ``cores``."""
     return max(divisors(n, cores))
+
+
+def useful_splits(n: int, cores: int) -> list[int]:
+    """The splits of ``n`` units worth trying within ``cores``: for each largest-slice size
+    ``ceil(n / k)`` reachable, the fewest slices ``k`` that reach it (more would only add
+    cores without shrinking the largest share)."""
+    out, k = [], 1
+    while k <= min(n, cores):
+        out.append(k)
+        q = -(-n // k)  # this k's largest slice; the next useful k has a smaller one
+        if q == 1:
+            break
+        k = -(-n // (q - 1))
+    return out
 
 
 def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitOptions()) -> SplitPlan:
@@ -135,9 +157,10 @@ class _Span:
     it covers. Extents come from slice 0, term by term (coordinates are sums of one-variable
     terms)."""
 
-    def __init__(self, acc: Access, sizes: Mapping[str, int]) -> None:
+    def __init__(self, acc: Access, sizes: Mapping[str, int], eps: Mapping[str, int]) -> None:
         self.acc = acc
         self.sizes = sizes
+        self.eps = eps
         self.coords = [coord_terms(c) for c in acc.coords[:-1]]
         # each group's variable names, looked up per candidate split (a name, not str(Symbol))
         self.names = [[tuple(v.name for v in syms) for syms, _ in groups] for _, groups in self.coords]
@@ -148,10 +171,11 @@ class _Span:
         _, groups = self.coords[d]
         ext = 1
         for names, (syms, term) in zip(self.names[d], groups):
-            per = tuple(self.sizes[v] // split.get(v, 1) for v in names)
+            # slice 0, a largest slice (ceil shares come first)
+            per = tuple(slice_extents(self.sizes[v], split.get(v, 1), self.eps.get(v, 1))[0] for v in names)
             if math.prod(per) > _MAX_GRID:
                 return self.acc.layout.device_size[d]  # too large to sweep: assume the whole dim
-            lo, hi = term_extremes(term, syms, per, (1,) * len(per))
+            lo, hi = term_extremes(term, syms, tuple((n,) for n in per))
             ext += int(hi.max() - lo.min())
         return min(ext, self.acc.layout.device_size[d])
 
@@ -166,10 +190,12 @@ class _Span:
         return [v for names in self.names[d] for v in names]
 
 
-def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, int]) -> int:
-    """Bytes one core spans in ``access``'s tensor when the op's dims of ``sizes`` (per-tile
-    elements) are split by ``split`` (reference section 3.2)."""
-    return _Span(access, sizes).bytes(split)
+def per_core_span(access: Access, sizes: Mapping[str, int], split: Mapping[str, int],
+                  eps: Mapping[str, int] | None = None) -> int:
+    """Bytes one core (with a largest slice) spans in ``access``'s tensor when the op's dims of
+    ``sizes`` (per-tile elements) are split by ``split``, in whole ``eps``-element sticks along
+    the stick dims (reference section 3.2)."""
+    return _Span(access, sizes, eps or {}).bytes(split)
 
 
 def _replicates(op: Op, table: Mapping[str, TreeBuffer]) -> bool:
@@ -195,9 +221,6 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
             eps[v] = max(eps.get(v, 0), acc.layout.elems_per_stick)
     adjusted = {n: -(-size[n] // eps[n]) if n in eps else size[n] for n in names}
     blocked: dict[str, str] = {}
-    for n, e in eps.items():
-        if size[n] % e:
-            blocked[n] = f"{size[n]} elements are not a whole number of {e}-element sticks"
     used = set().union(*(free_names(acc.index) for acc in accesses))
     for n in names:
         # the anchor's iteration space holds only vars some index uses
@@ -207,7 +230,7 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
         for n in reduction:
             blocked[n] = "partial variances cannot be combined across cores"
 
-    spans = [_Span(acc, size) for acc in accesses]
+    spans = [_Span(acc, size, eps) for acc in accesses]
     committed = _span_reduction(op, spans, adjusted, blocked, reduction, budget, limit, notes)
 
     if hint:
@@ -231,6 +254,7 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
     return OpSplit(
         splits=final,
         cores=math.prod(final.values()),
+        slices=FrozenMap((n, slice_extents(size[n], k, eps.get(n, 1))) for n, k in final.items() if k > 1),
         stick_elems=FrozenMap((n, eps[n]) for n in names if n in eps),
         span_splits=FrozenMap((n, committed[n]) for n in names if n in committed),
         output_coeffs=out_coeffs,
@@ -304,8 +328,10 @@ def _apply_hint(op: Op, hint: Mapping[str, object], adjusted: Mapping[str, int],
             raise HintError(f"{where}: the count must be an integer")
         if k < 1:
             raise HintError(f"{where}: the count must be positive")
-        if name not in all_dims:
-            continue  # not split along a dim it lacks; _uniterated_work_div warns when no op has it
+        if all_dims.get(name, 1) == 1:
+            # not split along a dim it lacks, or iterates at one point (a tile of one element):
+            # _uniterated_work_div warns when no op of the scope iterates it
+            continue
         if k > 1 and name in blocked:
             raise HintError(f"{where}: dim {name} may not be split ({blocked[name]})")
         used = math.prod(split.values()) // split.get(name, 1)
@@ -316,9 +342,9 @@ def _apply_hint(op: Op, hint: Mapping[str, object], adjusted: Mapping[str, int],
             )
             continue
         n = adjusted.get(name, all_dims[name])
-        if n % k:
-            unit = f"{n} sticks" if n != all_dims[name] else f"{n}"
-            raise HintError(f"{where}: {k} does not evenly divide the size of {name} ({unit}); pick a divisor of {n}")
+        if k > n:
+            unit = f"{n} sticks" if n != all_dims[name] else f"{n} elements"
+            raise HintError(f"{where}: {k} slices are more than dim {name} has ({unit}); hint at most {n}")
         if name in committed and committed[name] != k:
             notes.append(f"{where}: overrides the span split {committed[name]}")
         if k > 1:
@@ -335,7 +361,9 @@ def _apply_hint(op: Op, hint: Mapping[str, object], adjusted: Mapping[str, int],
 
 def _distribute(names: Sequence[str], adjusted: Mapping[str, int], blocked: Mapping[str, str], reduction: set[str],
                 committed: Mapping[str, int], budget: int) -> dict[str, int]:
-    """Pass 3 (torch-spyre ``multi_dim_iteration_space_split``)."""
+    """Pass 3: torch-spyre's ``multi_dim_iteration_space_split`` (each output dim by
+    decreasing size takes the largest divisor the remaining cores allow), unless uneven
+    slices or another combination make the largest core's share smaller."""
     split = dict(committed)
     rem = budget
     for m in committed.values():
@@ -344,19 +372,63 @@ def _distribute(names: Sequence[str], adjusted: Mapping[str, int], blocked: Mapp
     outs = sorted((n for n in free if n not in reduction), key=lambda n: -adjusted[n])
     reds = [] if any(v in reduction for v in committed) else sorted(
         (n for n in free if n in reduction), key=lambda n: -adjusted[n])
+    anchor: dict[str, int] = {}
+    left = rem
     for n in outs:
-        if rem <= 1:
+        if left <= 1:
             break
-        s = core_split(adjusted[n], rem)
+        s = core_split(adjusted[n], left)
         if s > 1:
-            split[n] = s
-            rem //= s
+            anchor[n] = s
+            left //= s
+    chosen = _balanced(outs, adjusted, rem, anchor)
+    split.update({n: s for n, s in chosen.items() if s > 1})
+    rem //= math.prod(chosen.values())
     if reds and rem > 1:
-        best = max(reds, key=lambda n: core_split(adjusted[n], rem))  # max keeps the first on ties
-        s = core_split(adjusted[best], rem)
+        # the reduction dim whose largest slice shrinks most (max keeps the first on ties)
+        best = max(reds, key=lambda n: adjusted[n] / -(-adjusted[n] // min(adjusted[n], rem)))
+        s = useful_splits(adjusted[best], rem)[-1]
         if s > 1:
             split[best] = s
     return split
+
+
+def _balanced(outs: Sequence[str], adjusted: Mapping[str, int], budget: int,
+              anchor: Mapping[str, int]) -> dict[str, int]:
+    """The splits of ``outs`` (within ``budget`` cores) whose largest core share, the product
+    of ``ceil(adjusted / split)``, is smallest, and among those the one using the most cores
+    (the work spreads wider though the largest share is the same). Ties go to ``anchor`` (the
+    anchor's choice), then to fewer uneven dims and more slices for the earlier (larger) dims."""
+    units = tuple(adjusted[n] for n in outs)
+    got = _balanced_units(units, budget, tuple(anchor.get(n, 1) for n in outs))
+    return {n: k for n, k in zip(outs, got) if k > 1}
+
+
+@lru_cache(maxsize=4096)
+def _balanced_units(units: tuple[int, ...], budget: int, anchor: tuple[int, ...]) -> tuple[int, ...]:
+    # cached: the ops of a chain, and the candidates of a tiling search, repeat their shapes
+    def key(sp: Sequence[int]) -> tuple:
+        share = math.prod(-(-n // k) for n, k in zip(units, sp))
+        uneven = sum(1 for n, k in zip(units, sp) if n % k)
+        return (share, -math.prod(sp), uneven, tuple(-k for k in sp))
+
+    best, best_key = anchor, (*key(anchor)[:2], -1)  # the anchor's choice wins ties
+    sp = [1] * len(units)
+
+    def visit(i: int, left: int) -> None:
+        nonlocal best, best_key
+        if i == len(units):
+            k = key(sp)
+            if k < best_key:
+                best, best_key = tuple(sp), k
+            return
+        for s in range(1, min(units[i], left) + 1):
+            sp[i] = s
+            visit(i + 1, left // s)
+        sp[i] = 1
+
+    visit(0, budget)
+    return best
 
 
 @lru_cache(maxsize=8192)
@@ -414,7 +486,7 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
             key = (acc.coords, acc.layout.device_size, acc.layout.elem_bytes, tuple(sizes.items()), split.splits)
             got = seen.get(key)
             if got is None:
-                got = seen[key] = per_core_span(acc, sizes, split.splits)
+                got = seen[key] = per_core_span(acc, sizes, split.splits, split.stick_elems)
             if got > machine.span_limit:
                 raise WorkDivisionError(
                     f"split plan: op {name} spans {got} bytes of tensor {acc.buffer} per core with splits "
@@ -456,16 +528,27 @@ def verify_split_shapes(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Sp
             )
         if split.cores == 1:
             continue
+        stray = [d for d in split.slices if split.splits.get(d, 1) == 1]
+        if stray:
+            raise WorkDivisionError(f"split plan: op {name} lists slices of dim {stray[0]}, which it does not split")
         for d in dims:
             k = split.splits[d.name]
             if k == 1:
                 continue
             eps = split.stick_elems.get(d.name, 1)
-            if d.size % (k * eps):
-                unit = f"{eps}-element sticks" if eps > 1 else "elements"
+            ext = split.slices.get(d.name)
+            units = -(-d.size // eps)
+            if ext is None or sum(ext) != d.size:
+                got = "lists no slice extents" if ext is None else f"has slices of {sum(ext)} elements in all"
                 raise WorkDivisionError(
-                    f"split plan: op {name} splits dim {d.name} (size {d.size}) into {k} slices, which is not "
-                    f"a whole number of {unit} per core; split it by a divisor of {d.size // eps}"
+                    f"split plan: op {name} splits dim {d.name} (size {d.size}) into {k} slices but {got}; the plan "
+                    f"was made for another tree: divide_work(tree, machine)"
+                )
+            if any(e % eps for e in ext[:-1]):
+                raise WorkDivisionError(
+                    f"split plan: op {name} splits dim {d.name} (size {d.size}) into slices of {list(ext)} elements, "
+                    f"which are not whole {eps}-element sticks per core (only the last may end in a partial stick); "
+                    f"use fspyre.machine.rules.slice_extents({d.size}, {min(k, units)}, {eps})"
                 )
     return plan
 

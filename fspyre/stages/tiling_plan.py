@@ -292,8 +292,10 @@ def split_at_tiled_reductions(graph: Graph, plan: TilingPlan) -> TilingPlan:
     pass becomes a group of its own, in pass order, with the levels of the original group that
     tile a dim one of its ops iterates; what a later pass reads from an earlier one is a full
     buffer, written by the earlier nest and re-read by the later (docs/tiling.md, "Loop
-    fission"). Softmax tiled over its row is three passes: max, sum of exp, normalise. A plan
-    with nothing to split is returned as it is."""
+    fission"). A var tiled over its reduction dim reads its operand in two nests of its own
+    (the mean, then the squared deviations), so its producers in the group run a pass before
+    it. Softmax tiled over its row is three passes: max, sum of exp, normalise. A plan with
+    nothing to split is returned as it is."""
     table = graph.op_table()
     fissioned: dict[str, tuple[Group, ...]] = {}
     notes: list[str] = []
@@ -337,11 +339,17 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
     A pass left with no level is returned with ``levels=()``: its ops run untiled."""
     ops = [table[n] for n in group.ops]
     writer = {op.store.buffer: op.name for op in ops}
-    boundary = {op.name: int(_tiles_its_reduction(op, group.levels) is not None) for op in ops}
+    tiled = {op.name for op in ops if _tiles_its_reduction(op, group.levels) is not None}
+    # a tiled var reads its operand in two nests (mean, then deviations): it must be whole
+    whole = {op.name for op in ops if op.name in tiled and op.fn == "var"}
     producers = {op.name: {writer[ld.buffer] for ld in op.loads if ld.buffer in writer} for op in ops}
+
+    def gap(p: str, c: str) -> int:
+        return int(p in tiled or c in whole)
+
     phase: dict[str, int] = {}
     for op in ops:  # program order is a data-flow order
-        phase[op.name] = max((phase[p] + boundary[p] for p in producers[op.name]), default=0)
+        phase[op.name] = max((phase[p] + gap(p, op.name) for p in producers[op.name]), default=0)
     if max(phase.values()) == 0:
         return (group,)
     consumers: dict[str, list[str]] = {op.name: [] for op in ops}
@@ -350,7 +358,7 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
             consumers[p].append(op.name)
     for op in reversed(ops):
         if consumers[op.name]:
-            phase[op.name] = min(phase[c] - boundary[op.name] for c in consumers[op.name])
+            phase[op.name] = min(phase[c] - gap(op.name, c) for c in consumers[op.name])
     out = []
     for k in sorted(set(phase.values())):
         names = tuple(n for n in group.ops if phase[n] == k)
@@ -361,22 +369,26 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
 
 
 def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op]) -> str:
-    members = set(group.ops)
-    why = ""
+    written = {table[n].store.buffer: n for n in group.ops}
+    why = []
     for name in group.ops:
         op = table[name]
         dim = _tiles_its_reduction(op, group.levels)
-        reader = next((r for r in group.ops if r in members and r != name
-                       and any(ld.buffer == op.store.buffer for ld in table[r].loads)), None)
-        if dim is not None and reader is not None:
-            level = next(lv for lv in group.levels if dim in lv.tiled_dims(op))
-            where = f" ({level.source})" if level.source else ""
-            why = (f"{reader} reads {op.store.buffer}, the {op.fn} of op {name} over {dim}, which the loop of "
-                   f"{level.count}{where} tiles, so it is complete only after that loop")
-            break
+        if dim is None:
+            continue
+        level = next(lv for lv in group.levels if dim in lv.tiled_dims(op))
+        loop = f"the loop of {level.count}" + (f" ({level.source})" if level.source else "")
+        if op.fn == "var" and any(ld.buffer in written for ld in op.loads):
+            (ld,) = op.loads
+            why.append(f"the var of op {name} over {dim}, which {loop} tiles, reads {ld.buffer} whole twice (for "
+                       f"the mean, then the deviations), so it runs after the nest of {written[ld.buffer]}")
+        reader = next((r for r in group.ops if any(ld.buffer == op.store.buffer for ld in table[r].loads)), None)
+        if reader is not None:
+            why.append(f"{reader} reads {op.store.buffer}, the {op.fn} of op {name} over {dim}, which {loop} tiles, "
+                       f"so it is complete only after that loop")
     nests = " | ".join(_listing(p.ops) + ("" if p.levels else " untiled") for p in passes)
-    return (f"loop fission of group {_listing(group.ops)} into {len(passes)} loop nests {nests}: {why}; a later "
-            f"nest reads what an earlier one wrote from its full buffer")
+    return (f"loop fission of group {_listing(group.ops)} into {len(passes)} loop nests {nests}: {'; '.join(why)}; "
+            f"a later nest reads what an earlier one wrote from its full buffer")
 
 
 def _restrict(level: Level, names: Sequence[str]) -> Level | None:

@@ -36,3 +36,19 @@ def test_main_prints_the_table(capsys) -> None:
 def test_main_rejects_unknown_ops(capsys) -> None:
     assert coverage.main(["--ops", "no_such_op"]) == 2
     assert "not OpInfo names" in capsys.readouterr().err
+
+
+# The ops whose backward graphs hold the ops that appear only in training: threshold_backward
+# (relu), the layer-norm and softmax backward decompositions, sums to a broadcast operand's
+# size (add, mul), matmul transposes, slice and select backward (narrow, select, cat), and
+# gelu's, whose torch decomposition needs erf.
+GRAD_OPS = ("nn.functional.relu", "nn.functional.layer_norm", "nn.functional.rms_norm", "softmax", "log_softmax",
+            "add", "mul", "sum", "mean", "var", "amax", "mm", "bmm", "narrow", "select", "cat",
+            "nn.functional.silu", "nn.functional.gelu", "sigmoid", "tanh", "abs")
+
+
+def test_gradients_of_the_backward_only_ops_run_on_fspyre_and_match() -> None:
+    rows = coverage.coverage_table(GRAD_OPS, samples=1, grad=True)
+    assert [r.op for r in rows] == list(GRAD_OPS)
+    bad = [r for r in rows if r.failing or r.unsupported or r.passing == 0 or r.ran != r.passing]
+    assert not bad, "\n" + coverage.format_table(bad, verbose=True)

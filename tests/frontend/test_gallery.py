@@ -23,11 +23,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMALL = {
     "add_mul": {"rows": 64, "cols": 256},  # B:4 tiles of 64: whole float16 sticks
     "softmax": {"rows": 32, "cols": 64},
+    "softmax_row_tiled": {"rows": 8, "cols": 256},  # N:4 tiles of 64: whole float16 sticks
     "layernorm": {"tokens": 16},
     "rmsnorm": {"tokens": 16},
     "mlp": {"tokens": 8},
     "attention": {"queries": 32, "keys": 16, "head_dim": 8},
     "residual_layernorm": {"tokens": 16},
+    "llama_decoder_layer": {"batch": 1, "seq": 16},
 }
 MACHINE = fspyre.machine.spyre(cores=8)
 

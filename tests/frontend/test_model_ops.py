@@ -9,6 +9,8 @@ values (so copy-in does not round them) and results are held to one DLFloat16 ro
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -368,6 +370,76 @@ def test_an_embedding_id_out_of_range_is_refused_when_it_runs() -> None:
         fspyre.evaluate(cap.graph, cap.inputs(torch.tensor([1, 10]), table))
 
 
+
+# -- x[i, j]: several index tensors broadcast together ----------------------------------------
+INDEXINGS = {  # name: (function, numpy's advanced indexing of the same: the op's definition)
+    "adjacent": (lambda x, i, j: x[i, j], lambda x, i, j: x[i, j]),
+    "adjacent_after_a_slice": (lambda x, i, j: x[:, i, j], lambda x, i, j: x[:, i, j]),
+    "apart_so_index_dims_first": (lambda x, i, j: x[i, :, j], lambda x, i, j: x[i, :, j]),
+    "with_a_sliced_dim": (lambda x, i, j: x[i[:, :1], 2:4], lambda x, i, j: x[i[:, :1], 2:4]),
+    "three_indices": (lambda x, i, j: x[i, i.T, j[:1]], lambda x, i, j: x[i, i.T, j[:1]]),
+    "negative_from_the_end": (lambda x, i, j: x[-1 - i, j - 6], lambda x, i, j: x[-1 - i, j - 6]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEXINGS))
+def test_several_index_tensors_gather_exactly(case) -> None:
+    """Each index tensor is expanded to the broadcast shape and gathered in turn; the values
+    are selected, so the result equals eager and numpy bit for bit (on the machine too)."""
+    f, ref = INDEXINGS[case]
+    x = randn(5, 6, 7)
+    i, j = torch.tensor([[0, 4], [2, 1]]), torch.tensor([5, 3])
+    (got,) = run(f, x, i, j)
+    np.testing.assert_array_equal(got, eager(f, x, i, j)[0])
+    np.testing.assert_array_equal(got, ref(x.numpy(), i.numpy(), j.numpy()))
+
+
+def padding_mask(m: torch.Tensor) -> torch.Tensor:
+    """transformers' ``padding_mask_function`` on the expanded index grids of ``sdpa_mask``:
+    ``m[batch_arange[:, None, None, None], kv_arange[None, None, None, :]]``."""
+    b = torch.arange(m.shape[0])[:, None, None, None]
+    k = torch.arange(m.shape[1])[None, None, None, :].expand(1, 1, 3, -1)
+    return m[b, k]
+
+
+def strided_rows(m: torch.Tensor) -> torch.Tensor:
+    return m[torch.arange(m.shape[0])[:, None], torch.arange(1, 9, 2)[None, :]]
+
+
+@pytest.mark.parametrize("f", [padding_mask, strided_rows])
+def test_index_tensors_that_are_aranges_are_views(f) -> None:
+    """An index that is an arange (through unsqueeze and expand) along its own broadcast dim
+    reads a slice of the values: no gather, and the only op is the output's copy."""
+    m = randn(2, 16) > 0
+    cap = capture(f, (m,))
+    assert [op.fn for op in cap.graph.ops] == ["copy"]
+    (got,) = run(f, m)
+    np.testing.assert_array_equal(got, eager(f, m)[0])
+
+
+def test_the_same_arange_twice_is_a_diagonal_gathered() -> None:
+    def diagonal(m):
+        r = torch.arange(m.shape[0])
+        return m[r, r]
+
+    m = randn(6, 6)
+    assert [op.fn for op in capture(diagonal, (m,)).graph.ops] == ["gather", "gather"]
+    np.testing.assert_array_equal(run(diagonal, m)[0], np.diagonal(m.numpy()))
+
+
+def test_a_bool_mask_index_is_refused_naming_static_shapes() -> None:
+    with pytest.raises(fspyre.FspyreError, match=r"static shapes"):
+        capture(lambda x, m: x[m], (randn(5, 3), torch.tensor([True, False, True, True, False])))
+
+
+def test_an_index_out_of_range_in_the_second_index_is_refused_when_it_runs() -> None:
+    f = INDEXINGS["adjacent"][0]
+    x, i = randn(5, 6, 7), torch.tensor([[0, 4], [2, 1]])
+    cap = capture(f, (x, i, torch.tensor([5, 3])))
+    with pytest.raises(fspyre.FspyreError, match=r"gather\): index 6 at \[0, 1, \d\] matches 0 of the positions 0..5"):
+        fspyre.evaluate(cap.graph, cap.inputs(x, i, torch.tensor([5, 6])))
+
+
 # -- hints through nn.Linear on [B, S, D] -------------------------------------------------------
 class LlamaMLP(torch.nn.Module):
     def __init__(self, hidden: int = 32, inner: int = 64) -> None:
@@ -439,3 +511,23 @@ def test_llama_decoder_layer() -> None:
     x = name_tensor_dims(randn(2, 8, 32), ["B", "S", "D"])
     (got,) = run(layer, x)
     close(got, eager(layer, x)[0], torch.float32)
+
+
+def test_a_hint_no_op_can_honour_is_left_for_the_compile_to_refuse() -> None:
+    """Tiles of 4 float16 elements cut 64-element sticks: the hint cannot keep any op, so
+    capture leaves it as written (no warning, no error: tiling="none" ignores hints) and the
+    compile with hints refuses it, naming the op."""
+
+    def f(x, y):
+        with spyre_hint(slices={"C": 4}):
+            return torch.relu(x + y)
+
+    args = [name_tensor_dims(randn(8, 16, dtype=torch.float16, seed=i), ["R", "C"]) for i in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fspyre.FspyreWarning)
+        cap = capture(f, args)
+    assert all(op.hints for op in cap.graph.ops)
+    with pytest.raises(fspyre.FspyreError, match=r"op buf\d"):
+        fspyre.compile(cap.graph, machine=MACHINE, tiling="hints")
+    got = fspyre.run(fspyre.compile(cap.graph, machine=MACHINE, tiling="none"), cap.inputs(*args))["out"]
+    close(got, eager(f, *args)[0], torch.float16)

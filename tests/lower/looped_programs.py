@@ -115,7 +115,7 @@ def _tile_op(spec: OpSpec, levels: Sequence[tuple[str, int]], lx: frozenset[str]
                 steps.append(0)
         args.append(replace(t, tile_advance=tuple(steps)))
     return replace(
-        spec, iteration_space=FrozenMap(space), args=tuple(args),
+        spec, iteration_space=FrozenMap(space), args=tuple(args), core_spaces=(),  # the even division
         tiled_symbols=tuple(tuple(s for s in syms if str(s) == dim) for dim, _ in levels),
     )
 
@@ -209,6 +209,10 @@ def all_programs() -> dict[str, Program]:
         "row_sum": untiled(row_sum_graph()),
         "matmul": untiled(matmul_graph()),
         "add_mul_lx_planned": untiled(add_mul_graph(), lx_planning=True),
+        # uneven work division: a partial last stick, a reduction split unevenly, uneven rows
+        "add_mul_uneven": untiled(add_mul_graph(5, 150)),
+        "row_sum_uneven": untiled(row_sum_graph(1, 300)),
+        "matmul_uneven": untiled(matmul_graph(7, 128, 64)),
         **looped_cases(),
         **{name: p for name, (p, _) in hinted_cases().items()},
     }

@@ -9,6 +9,7 @@ the matching op of the unrolled program (which test_lower_unroll.py runs on the 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
@@ -25,7 +26,7 @@ from fspyre.lower.unroll import unroll
 MAP_RE = re.compile(r"^#map_(\d+) = affine_map<\(([d0-9, ]*)\)\[s0\] -> \(s0((?: [+-] \d+\*d\d+)*)\)>$")
 APPLY_RE = re.compile(r"^%(addr_\d+) = affine\.apply #map_(\d+)\(([^)]*)\)\[%(\w+)\]$")
 EXEC_RE = re.compile(r'^sdscbundle\.sdsc_execute \(([^)]*)\) \{sdsc_filename="(sdsc_\d+\.json)", '
-                     r'"symbol_ids"=\[([-0-9, ]*)\]\} // .+$')
+                     r'"symbol_ids"=\[([-0-9, ]*)\](?:, "core_spaces"=(\[[\[\]0-9, ]*\]))?\} // .+$')
 
 PROGRAMS = all_programs()
 
@@ -166,6 +167,9 @@ def test_bundle_structure(name):
         ids = [int(v) for v in m.group(3).split(", ") if v]
         assert len(operands) == len(ids) == len(op.args)
         assert all(i < 0 for i in ids)
+        # an uneven split writes every core's (start, extent) per symbol; an even one leaves it to the split
+        spaces = [[x for se in space for x in se] for space in op.core_spaces]
+        assert (json.loads(m.group(4)) == spaces) if m.group(4) else op.even
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))

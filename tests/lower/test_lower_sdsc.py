@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = all_programs()
 
 OP_KEYS = {"schema", "file", "index", "op", "name", "is_reduction", "loops", "iteration_space", "cores",
-           "core_to_slice", "tensors", "op_info"}
+           "core_to_slice", "core_spaces", "tensors", "op_info"}
 TENSOR_KEYS = {"name", "role", "operand", "arg_index", "device_dtype", "device_size", "device_coordinates",
                "allocation", "address", "core_offsets", "tile_advance", "bytes"}
 
@@ -36,8 +36,9 @@ def test_schema_keys_and_strict_json(name):
         assert json.loads(json.dumps(doc, allow_nan=False)) == doc
         assert set(doc) == OP_KEYS and doc["schema"] == SCHEMA and doc["file"] == filename
         for space in doc["iteration_space"].values():
-            assert set(space) == {"size", "split", "per_core"}
-            assert space["per_core"] * space["split"] == space["size"]
+            assert set(space) == {"size", "split", "per_core", "slices"}
+            assert len(space["slices"]) == space["split"] and sum(space["slices"]) == space["size"]
+            assert space["per_core"] == max(space["slices"])
         for t in doc["tensors"]:
             assert set(t) == TENSOR_KEYS
             assert set(t["address"]) == {"symbol_id", "value", "base", "offset"}
@@ -82,7 +83,10 @@ def test_core_mapping_and_offsets(name):
         expected = [list(reversed(p)) for p in itertools.product(*(range(s) for s in reversed(splits)))]
         assert doc["core_to_slice"] == expected
         syms = list(spec.iteration_space)
-        per_core = [size // split for size, split in spec.iteration_space.values()]
+        slices_of = [doc["iteration_space"][str(s)]["slices"] for s in syms]
+        starts = [[sum(ext[:k]) for k in range(len(ext))] for ext in slices_of]
+        assert doc["core_spaces"] == [
+            {str(s): [starts[i][k], slices_of[i][k]] for i, (s, k) in enumerate(zip(syms, sl))} for sl in expected]
         for t, arg in zip(doc["tensors"], spec.args):
             if arg.memory == "lx":
                 assert t["core_offsets"] == [0] * spec.cores
@@ -90,7 +94,7 @@ def test_core_mapping_and_offsets(name):
             strides = [math.prod(arg.device_size[i + 1:]) for i in range(len(arg.device_size))]
             nbytes = formats.FORMATS[arg.device_dtype].nbytes
             for core, slices in enumerate(expected):
-                point = {s: k * n for s, k, n in zip(syms, slices, per_core)}
+                point = {s: starts[i][k] for i, (s, k) in enumerate(zip(syms, slices))}
                 coords = [int(sympy.sympify(c).subs(point)) for c in arg.device_coordinates]
                 assert t["core_offsets"][core] == sum(c * st for c, st in zip(coords, strides)) * nbytes
 

@@ -148,9 +148,12 @@ def test_block_option_is_checked():
 
 
 def lx_accesses(program):
-    """(arg, syms, sizes, splits, cores, slices, store) of every LX access, as the
-    interpreter plans them (a store: the writing cores over the output symbols)."""
+    """(arg, syms, sizes, splits, cores, slices, spaces, store) of every LX access of an op
+    split evenly, as the interpreter plans them (a store: the writing cores over the output
+    symbols). The all-cores plan is for even splits; uneven ones run the per-core model."""
     for spec in op_specs(program):
+        if not spec.even:
+            continue
         syms = tuple(spec.iteration_space)
         sizes = tuple(n for n, _ in spec.iteration_space.values())
         splits = tuple(k for _, k in spec.iteration_space.values())
@@ -160,11 +163,12 @@ def lx_accesses(program):
         out = [i for i, s in enumerate(syms) if s not in reduced]
         for arg in spec.args[:-1]:
             if arg.memory == "lx":
-                yield arg, syms, sizes, splits, range(len(slices)), slices, False
+                yield arg, syms, sizes, splits, range(len(slices)), slices, spec.core_spaces, False
         if spec.args[-1].memory == "lx":
             writers = [c for c in range(len(slices)) if all(slices[c][i] == 0 for i in red)]
             yield (spec.args[-1], tuple(syms[i] for i in out), tuple(sizes[i] for i in out),
-                   tuple(splits[i] for i in out), writers, slices[:, out], True)
+                   tuple(splits[i] for i in out), writers, slices[:, out],
+                   [tuple(space[i] for i in out) for space in spec.core_spaces], True)
 
 
 @settings(max_examples=examples(40), deadline=None,
@@ -177,9 +181,9 @@ def test_lx_plans_for_all_cores_at_once_are_the_per_core_model(data, prog, cores
     graph, comp = compiled(data, prog, cores, lx, tiling, residency)
     program = comp.program
     for args in lx_accesses(program):
-        arg, syms, sizes, splits, cores, slices, store = args
+        arg, syms, sizes, splits, cores, slices, spaces, store = args
         fast = interpreter._lx_addresses(arg, syms, sizes, splits, cores, slices, program.lx_bytes, store)
-        slow = interpreter._lx_addresses_per_core(arg, syms, sizes, splits, cores, slices, program.lx_bytes, store)
+        slow = interpreter._lx_addresses_per_core(arg, syms, sizes, splits, cores, spaces, program.lx_bytes, store)
         assert fast is not None, args[0].name
         assert fast[0].shape == slow[0].shape and np.array_equal(fast[0], slow[0]), args[0].name
         assert np.array_equal(fast[1], slow[1]), args[0].name

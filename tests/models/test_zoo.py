@@ -62,18 +62,19 @@ def test_layer_matches_eager(name, path, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("path", ["from_torch", "torch_compile"])
 def test_tiny_causal_lm_from_input_ids_to_logits(path, dtype):
-    """Embedding lookup of int64 ids, two Llama decoder layers, the final norm and the LM head."""
-    lm, ids = TinyCausalLM(), token_ids()
+    """Embedding lookup of int64 ids, transformers' own causal-and-padding mask, two Llama
+    decoder layers, the final norm and the LM head."""
+    lm, args = TinyCausalLM(), token_ids()
     with torch.no_grad():
-        exact = copy.deepcopy(lm).double()(ids).numpy()
+        exact = copy.deepcopy(lm).double()(*args).numpy()
         lm = lm.to(dtype)
-        theirs = float(np.abs(lm(ids).double().numpy() - exact).max())
+        theirs = float(np.abs(lm(*args).double().numpy() - exact).max())
         if path == "from_torch":
-            cap = capture(lm, (ids,))
-            got = fspyre.run(fspyre.compile(cap.graph, MACHINE), cap.inputs(ids))[cap.output_names[0]]
+            cap = capture(lm, args)
+            got = fspyre.run(fspyre.compile(cap.graph, MACHINE), cap.inputs(*args))[cap.output_names[0]]
         else:
-            got = torch.compile(lm, backend="fspyre", options={"cores": 8})(ids).numpy()
+            got = torch.compile(lm, backend="fspyre", options={"cores": 8})(*args).numpy()
     ours = float(np.abs(np.asarray(got, np.float64) - exact).max())
     print(f"tiny causal LM {path} {dtype}: torch {theirs:.3g}, fspyre {ours:.3g} ({ours / theirs:.2f}x)")
-    assert got.shape == exact.shape == (ids.shape[0], ids.shape[1], 256)
+    assert got.shape == exact.shape == (args[0].shape[0], args[0].shape[1], 256)
     assert ours <= FACTOR[dtype] * theirs, f"fspyre's error {ours:.3g} > {FACTOR[dtype]} x torch's {theirs:.3g}"

@@ -121,9 +121,9 @@ CASES = {c.name: c for c in (
 
 
 class TinyCausalLM(torch.nn.Module):
-    """LlamaForCausalLM with 2 decoder layers, from ``input_ids`` to logits. The causal mask is
-    passed in as a 4-d additive mask (built from ``arange``): transformers' own mask builder
-    indexes a tensor by two index tensors at once, which fspyre does not capture yet."""
+    """LlamaForCausalLM with 2 decoder layers, from ``input_ids`` and a 2-d padding mask to
+    logits. transformers builds the 4-d causal mask itself (``create_causal_mask``): its
+    padding term indexes the padding mask by two arange grids at once."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -135,12 +135,14 @@ class TinyCausalLM(torch.nn.Module):
                           attn_implementation="eager", use_cache=False)
         self.lm = LlamaForCausalLM(cfg).eval()
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1])
-        causal = torch.where(positions[None, :] > positions[:, None], float("-inf"), 0.0).to(self.lm.dtype)
-        mask = causal[None, None].expand(ids.shape[0], 1, -1, -1)
-        return self.lm(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits
 
 
-def token_ids() -> torch.Tensor:
-    return torch.randint(0, 256, (B, S), generator=torch.Generator().manual_seed(3))
+def token_ids() -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [B, S] and their padding mask: the first sequence's last 3 tokens are
+    padding (right padding: every query still sees key 0, so no row is fully masked)."""
+    ids = torch.randint(0, 256, (B, S), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(B, S, dtype=torch.int64)
+    mask[0, -3:] = 0
+    return ids, mask

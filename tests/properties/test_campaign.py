@@ -119,9 +119,9 @@ def test_raw_exception_is_a_crash_and_input_mutation_is_caught():
 
 
 def test_refusals_are_classified_by_cause():
-    err = TilingError("op buf3 (sum over ['K']): hint scope 1 tiles output dim M inside hint scope 0, "
-                      "which tiles reduction dim K; an accumulator tile cannot move inside its own loop")
-    assert classify_refusal(err) == "output-dim level inside a reduction-dim level"
+    err = TilingError("op buf3 (sum over ['K']): level 1 (hint scope 1 slices={'C': 2}) tiles no dim of buf3 but "
+                      "runs inside level 0, which tiles its reduction dim K")
+    assert classify_refusal(err) == "reduction left invariant inside its reduction level"
     assert classify_refusal(TilingError("something new")).startswith("other TilingError")
 
 

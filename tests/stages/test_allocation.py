@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from workloads import add_mul, compile, softmax
 
 import fspyre
-from fspyre.errors import AllocationError
+from fspyre.errors import AllocationError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.plans import Placement
 from fspyre.ir.serialize import dumps, loads
@@ -416,13 +416,18 @@ def test_emit_program_refuses_a_split_and_allocation_made_for_another_tree():
     m = tiled.machine
     tree, split, alloc = (tiled.stages[k] for k in ("loop_tree", "split_plan", "allocation"))
     assert emit_program(tree, split, alloc, m) == tiled.program
-    # buf0 is one [512, 1024] tile in the tiled tree, the whole [1024, 4096] tensor untiled
-    with pytest.raises(AllocationError, match=r"LX buffer buf0 is placed with 32768 bytes per core, but op buf0 uses "
-                                              r"262144 of it per core with splits {'A': 32, 'B': 1}; allocate"):
+    # buf0 is one [512, 1024] tile in the tiled tree, the whole [1024, 4096] tensor untiled: the
+    # split plan's slice extents (16 rows per core, 32 untiled) already give the plan away
+    with pytest.raises(WorkDivisionError, match=r"op buf0 splits dim A \(size 1024\) into 32 slices but has slices "
+                                                r"of 512 elements in all; the plan was made for another tree"):
         emit_program(untiled.stages["loop_tree"], split, alloc, m)  # was accepted, and ran
-    with pytest.raises(AllocationError, match=r"LX buffer buf0 is placed with 262144 bytes per core, but op buf0 uses "
-                                              r"32768 of it"):
+    with pytest.raises(WorkDivisionError, match=r"op buf0 splits dim A \(size 512\) into 32 slices but has slices "
+                                                r"of 1024 elements in all"):
         emit_program(tree, untiled.stages["split_plan"], untiled.stages["allocation"], m)
+    # the same split plan with another tree's allocation: the LX footprints differ
+    with pytest.raises(AllocationError, match=r"LX buffer buf0 is placed with 262144 bytes per core, but op buf0 uses "
+                                              r"32768 of it per core with splits {'A': 32, 'B': 1}; allocate"):
+        emit_program(tree, split, untiled.stages["allocation"], m)
 
 
 def test_verify_allocation_names_the_buffer_and_the_numbers():

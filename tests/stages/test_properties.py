@@ -25,7 +25,7 @@ from fspyre.ir.program import op_specs
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.memcheck import check_memory
-from fspyre.machine.rules import coord_bounds, core_slices, open_grid
+from fspyre.machine.rules import coord_bounds, open_grid
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.split_plan import SplitOptions, splits_from_index_coeffs
@@ -79,10 +79,13 @@ def check_split_invariants(comp, machine: Machine) -> None:
         assert sum(1 for d, k in split.splits.items() if k > 1 and d in reduced) <= 1, (node.name, split)
         sizes = {d.name: d.size for d in (*op.ranges, *op.reduction_ranges)}
         for d, k in split.splits.items():
-            assert sizes[d] % k == 0
-            eps = split.stick_elems.get(d)
-            if eps and k > 1:
-                assert sizes[d] % eps == 0 and (sizes[d] // eps) % k == 0, (node.name, d, sizes[d], k)
+            # ceil and floor shares, the larger first; whole sticks but for the last slice
+            eps = split.stick_elems.get(d, 1)
+            ext = split.extents(d, sizes[d])
+            assert len(ext) == k and sum(ext) == sizes[d] and min(ext) >= 1, (node.name, d, ext)
+            assert all(e % eps == 0 for e in ext[:-1]), (node.name, d, ext, eps)
+            units = [-(-e // eps) for e in ext]
+            assert max(units) - min(units) <= 1 and units == sorted(units, reverse=True), (node.name, d, ext)
         if op.fn == "var":
             assert all(split.splits.get(d, 1) == 1 for d in reduced)
         assert splits_from_index_coeffs(op, split) == dict(split.splits)
@@ -146,13 +149,11 @@ def test_coordinate_bounds_are_the_interpreters(graph, cores):
         raise
     for spec in op_specs(comp.program):
         syms = list(spec.iteration_space)
-        sizes = [s for s, _ in spec.iteration_space.values()]
-        splits = [p for _, p in spec.iteration_space.values()]
-        per = [s // p for s, p in zip(sizes, splits)]
         for arg in spec.args:
-            lows, highs = coord_bounds(arg.device_coordinates, syms, sizes, splits)
-            for core, slices in enumerate(core_slices(splits)):
-                grid = open_grid(per, [int(k) * n for k, n in zip(slices, per)])
+            lows, highs = coord_bounds(arg.device_coordinates, syms, spec.slice_extents)
+            for core, space in enumerate(spec.core_spaces):
+                per = [n for _, n in space]
+                grid = open_grid(per, [start for start, _ in space])
                 for d, c in enumerate(arg.device_coordinates):
                     v = np.broadcast_to(np.asarray(compile_index(c, syms)(*grid)), tuple(per))
                     assert (v.min(), v.max()) == (lows[core, d], highs[core, d]), (spec.name, arg.name, core, d)

@@ -19,6 +19,7 @@ from fspyre.errors import HintError, MachineError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.looptree import loop_counts, op_nodes
 from fspyre.ir.plans import OpSplit
+from fspyre.ir.program import op_specs
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.rules import core_slices
 from fspyre.machine.spyre import Machine
@@ -82,16 +83,20 @@ def test_tensors_sharing_a_stick_dim_split_it_in_the_largest_sticks():
     assert fspyre.check(graph, comp=compile(graph, tiling="none")).equal
 
 
-def test_a_stick_dim_that_is_not_whole_sticks_is_not_split():
-    graph = pointwise((4, 150))  # 150 = 2 sticks + 22: a slice would start inside a stick
-    assert splits_of(graph)["buf0"] == {"A": 4, "B": 1}
-    assert fspyre.check(graph, comp=compile(graph, tiling="none")).equal
+def test_a_stick_dim_that_is_not_whole_sticks_puts_the_partial_stick_in_the_last_slice():
+    graph = pointwise((4, 150))  # 150 = 2 sticks + 22: every slice starts on a stick
+    split = plan(graph).ops["buf0"]
+    assert dict(split.splits) == {"A": 4, "B": 3} and dict(split.slices) == {"A": (1, 1, 1, 1), "B": (64, 64, 22)}
+    comp = compile(graph, tiling="none")
+    assert fspyre.check(graph, comp=comp).equal
+    spaces = op_specs(comp.program)[0].core_spaces  # core 4k + a: row a, stick k
+    assert spaces[0] == ((0, 1), (0, 64)) and spaces[5] == ((1, 1), (64, 64)) and spaces[11] == ((3, 1), (128, 22))
 
 
 @pytest.mark.parametrize("shape, want, cores", [
     ((24, 64), {"A": 24, "B": 1}, 24),  # 32 // 24 = 1 core left: 8 cores idle
     ((7, 64), {"A": 7, "B": 1}, 7),
-    ((48, 192), {"A": 24, "B": 1}, 24),  # 48 -> 24 cores, 32 // 24 = 1 left for B's 3 sticks
+    ((48, 192), {"A": 10, "B": 3}, 30),  # 5 rows x 1 stick a core at most (24 x 1: 2 rows x 3 sticks)
     ((3, 640), {"A": 3, "B": 10}, 30),  # 3, then 32 // 3 = 10 of B's 10 sticks
 ])
 def test_shapes_that_leave_cores_unused(shape, want, cores):
@@ -230,10 +235,14 @@ def test_a_work_div_hint_is_authoritative():
     assert splits_of(graph, use_hints=False)["buf0"] == {"A": 32, "B": 1}
 
 
-def test_a_hint_must_divide_the_stick_adjusted_size():
+def test_a_hint_that_does_not_divide_gives_uneven_slices_of_whole_sticks():
+    graph = hinted({"B": 3})  # B = 256 elements = 4 sticks: 2, 1, 1
+    split = plan(graph).ops["buf0"]
+    assert dict(split.splits) == {"A": 1, "B": 3} and dict(split.slices) == {"B": (128, 64, 64)}
+    assert fspyre.check(graph, comp=compile(graph, tiling="none")).equal
     with pytest.raises(HintError) as err:
-        plan(hinted({"B": 3}))  # B = 256 elements = 4 sticks
-    assert "3 does not evenly divide the size of B (4 sticks)" in str(err.value)
+        plan(hinted({"B": 5}))
+    assert "work_div hint {'B': 5}: 5 slices are more than dim B has (4 sticks); hint at most 4" in str(err.value)
 
 
 def test_a_hint_beyond_the_core_budget_is_skipped_with_a_warning():
@@ -359,8 +368,13 @@ def test_coordinate_terms_group_by_shared_variables():
     const, groups = coord_terms(sympy.floor(c1 / 64) + 3 + sympy.Mod(c2, 4) + sympy.floor((2 * c2 + c3) / 8))
     assert const == 3 and sorted(tuple(map(str, v)) for v, _ in groups) == [("c1",), ("c2", "c3")]
     # over cores splitting c2 in 2: the (c2, c3) group is swept as one block per slice
-    lows, highs = coord_bounds([sympy.floor((2 * c2 + c3) / 8)], [c2, c3], [8, 4], [2, 1])
+    lows, highs = coord_bounds([sympy.floor((2 * c2 + c3) / 8)], [c2, c3], [(4, 4), (4,)])
     assert lows[:, 0].tolist() == [0, 1] and highs[:, 0].tolist() == [1, 2]
+    # uneven slices of c2 (5 and 3): 2 * c2 + c3 runs over 0..11, then 10..17
+    lows, highs = coord_bounds([sympy.floor((2 * c2 + c3) / 8)], [c2, c3], [(5, 3), (4,)])
+    assert lows[:, 0].tolist() == [0, 1] and highs[:, 0].tolist() == [1, 2]
+    lows, highs = coord_bounds([2 * c2 + c3], [c2, c3], [(5, 3), (1, 3)])
+    assert lows[:, 0].tolist() == [0, 10, 1, 11] and highs[:, 0].tolist() == [8, 14, 11, 17]
     assert np.array_equal(core_slices(()), np.zeros((1, 0)))
 
 
@@ -398,8 +412,10 @@ def test_verify_split_plan_checks_cores_sticks_and_span():
     # B of 128 fp16 elements is 2 sticks: 4 slices would put half a stick on each core
     small = pointwise((64, 128))
     base = plan(small)
-    mid_stick = OpSplit(splits=FrozenMap({"A": 1, "B": 4}), cores=4, stick_elems=FrozenMap({"B": 64}))
-    with pytest.raises(WorkDivisionError, match=r"op buf0 splits dim B \(size 128\) into 4 slices, which is not a "
-                                                r"whole number of 64-element sticks per core; split it by a divisor "
-                                                r"of 2"):
+    mid_stick = OpSplit(splits=FrozenMap({"A": 1, "B": 4}), cores=4, stick_elems=FrozenMap({"B": 64}),
+                        slices=FrozenMap({"B": (32, 32, 32, 32)}))
+    with pytest.raises(WorkDivisionError, match=r"op buf0 splits dim B \(size 128\) into slices of \[32, 32, 32, 32\] "
+                                                r"elements, which are not whole 64-element sticks per core \(only the "
+                                                r"last may end in a partial stick\); use "
+                                                r"fspyre.machine.rules.slice_extents\(128, 2, 64\)"):
         verify_split_plan(untiled_tree(small), replace(base, ops=base.ops.set("buf0", mid_stick)), M32)

@@ -157,6 +157,20 @@ def reduction_graph(fn="sum", slices=({"A": 2}, {"K": 4}), dtype="float16"):
     return g.build()
 
 
+def test_tiled_var_is_a_mean_nest_then_a_sum_of_squared_deviations():
+    tree = tree_of(reduction_graph("var", dtype="float32"))
+    assert shape(tree.body) == [(2, [
+        "buf0_sum_fill:full", (4, ["buf0_sum:sum", "buf0_sum_combine:add"]), "buf0_sum_finish:mul", "buf0_fill:full",
+        (4, ["buf0_center:sub", "buf0_square:mul", "buf0:sum", "buf0_combine:add"]), "buf0_finish:div"])]
+    b = tree.buffer_table()
+    assert (b["buf0_mean"].scope, b["buf0_mean"].type.dtype, b["buf0_mean"].type.shape) == ("tile", "float32", (64,))
+    assert (b["buf0_dev"].scope, b["buf0_dev"].type.dtype, b["buf0_dev"].type.shape) == ("tile", "float32", (64, 64))
+    mean_finish = tree.body[0].body[2].op
+    assert mean_finish.store.buffer == "buf0_mean" and mean_finish.operands[1].value == 1 / 256
+    finish = tree.body[0].body[-1].op
+    assert finish.operands[1].value == 255.0 and finish.store.buffer == "buf0"  # N - correction
+
+
 def test_nested_tiled_reduction_layout():
     tree = tree_of(reduction_graph())
     assert shape(tree.body) == [(2, ["buf0_fill:full", (4, ["buf0:sum", "buf0_combine:add"]), "buf0_finish:cast"])]
@@ -237,9 +251,17 @@ def test_a_level_no_whole_stick_tile_can_split_makes_no_loop():
     assert shape(tree.body) == [(2, ["buf0:sum"])]
 
 
-def test_reduction_level_inside_output_level_only():
-    refuse(reduction_graph(slices=({"K": 2}, {"A": 2})), "op buf0 (sum over ['K'])",
-           "tiles output dim A inside level 0", "Put the output level outside")
+def test_output_level_inside_the_reduction_level_accumulates_across_its_tiles():
+    tree = tree_of(reduction_graph(slices=({"K": 2}, {"A": 2})))
+    assert shape(tree.body) == ["buf0_fill:full", (2, [(2, ["buf0:sum", "buf0_combine:add"])]), "buf0_finish:cast"]
+    fill, loop, finish = tree.body
+    b = tree.buffer_table()
+    # the accumulator spans the A tiles: the whole output, walked by the combine as A moves
+    assert (b["buf0_acc"].scope, b["buf0_acc"].type.dtype, b["buf0_acc"].type.shape) == ("full", "float32", (128,))
+    assert (b["buf0_part"].scope, b["buf0_part"].type.shape) == ("tile", (64,))
+    assert fill.op.ranges == finish.op.ranges == (Dim("A", 128),) and fill.tiling == finish.tiling == ()
+    _, combine = loop.body[0].body
+    assert combine.op.ranges == (Dim("A", 64),) and combine.tiling == ((), (TileStep(dim="A", extent=64),))
 
 
 def test_invariant_level_inside_reduction_level():
@@ -259,9 +281,7 @@ def test_invariant_level_inside_reduction_level():
            "folded into the accumulator 2 times")
 
 
-def test_var_and_in_loop_readers_of_partial_results():
-    refuse(reduction_graph("var", slices=({"K": 2},), dtype="float32"), "op buf0 (var over ['K'])",
-           "no tile-by-tile combine")
+def test_in_loop_readers_of_partial_results_in_a_hand_made_plan():
     g = fspyre.GraphBuilder("softmax")
     g.dim("A", 64)
     g.dim("B", 256)
@@ -273,7 +293,8 @@ def test_var_and_in_loop_readers_of_partial_results():
     graph = g.build()
     # plan_tiling splits the group by loop fission (tests/tiling/test_fission.py); a hand-made
     # plan that keeps the reader in the reduction's nest is refused
-    plan = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(Level(count=2, dims=("B",)),)),))
+    level = Level(count=2, dims=("B",))
+    plan = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(level,)),))
     with pytest.raises(TilingError, match="op buf1 reads buf0, the amax of op buf0.*tiles the reduction dim B.*"
                                           "split_at_tiled_reductions"):
         tile(graph, plan)

@@ -83,6 +83,47 @@ def matmul_k() -> Graph:
     return matmul({"K": 4}, "matmul_k")
 
 
+def softmax_over_its_row() -> Graph:
+    """Softmax tiled over the reduced columns (C:4): three loop nests by loop fission."""
+    g = fspyre.GraphBuilder("softmax_over_its_row")
+    g.dim("R", 64)
+    g.dim("C", 512)
+    x = g.input("x", ["R", "C"], "float16")
+    with g.hint(slices={"C": 4}):
+        m = g.amax(x, ["C"], keepdim=True)
+        e = g.exp(g.sub(x, m))
+        y = g.div(e, g.sum(e, ["C"], keepdim=True))
+    g.output("y", y)
+    return g.build()
+
+
+def var_tiled() -> Graph:
+    """var over K tiled K:4 inside a row level: a mean nest, then squared deviations."""
+    g = fspyre.GraphBuilder("var_tiled")
+    g.dim("A", 128)
+    g.dim("K", 1024)
+    x = g.input("x", ["A", "K"], "float16")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"K": 4}):
+            v = g.reduce("var", x, ["K"], correction=1)
+    g.output("v", v)
+    return g.build()
+
+
+def rows_inside_k() -> Graph:
+    """Row sums with the reduced dim K outer and the rows inside it: an accumulator spanning
+    the row tiles."""
+    g = fspyre.GraphBuilder("rows_inside_k")
+    g.dim("A", 256)
+    g.dim("K", 512)
+    x = g.input("x", ["A", "K"], "float16")
+    with g.hint(slices={"K": 4}):
+        with g.hint(slices={"A": 2}):
+            r = g.sum(x, ["K"])
+    g.output("r", r)
+    return g.build()
+
+
 def peeled() -> Graph:
     """Tails on both levels (docs/tiling.md, "Tails"): A: 3 on 100 rows takes tiles of 34, a
     loop of 2 and a tail of 32 rows; B: 2 on 200 fp16 columns takes tiles of 128 (100 is not
@@ -122,6 +163,9 @@ EXAMPLES = {
     "nested_reduction": nested_reduction,
     "matmul_m": matmul_m,
     "matmul_k": matmul_k,
+    "softmax_over_its_row": softmax_over_its_row,
+    "var_tiled": var_tiled,
+    "rows_inside_k": rows_inside_k,
     "peeled": peeled,
     "peeled_reduction": peeled_reduction,
 }

@@ -41,12 +41,12 @@ def add_graph() -> fspyre.Graph:
 # -- error reports -----------------------------------------------------------------------------
 
 
-def with_arg(program: Program, op_index: int, arg_index: int, **changes) -> Program:
+def with_arg(program: Program, op_index: int, position: int, **changes) -> Program:
     """``program`` with one TensorArg of one OpSpec replaced (the program is frozen)."""
     specs = op_specs(program)
     spec = specs[op_index]
     args = list(spec.args)
-    args[arg_index] = dataclasses.replace(args[arg_index], **changes)
+    args[position] = dataclasses.replace(args[position], **changes)
     new = dataclasses.replace(spec, args=tuple(args))
 
     def swap(body):
@@ -84,12 +84,32 @@ def test_never_written_read_names_op_tensor_core_and_address():
     program = compiled(add_graph(), cores=1)
     first = op_specs(program)[0]
     # the first op reads the graph output's HBM segment, which only the last op writes
-    target = program.kernel_args[-1].address
-    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": target}))
+    out = program.kernel_args[-1]
+    target = out.address
+    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": target}), arg_index=out.arg_index)
     with pytest.raises(ExecutionError) as info:
         run_program(bad, inputs_for(add_graph()))
     msg = str(info.value)
     assert f"op {first.name} tensor x core 0: reads HBM address {target:#x}, which was never written" == msg
+
+
+def test_an_argument_tensor_stays_inside_the_argument_its_arg_index_names():
+    """The runtime hands the kernel one base per argument: a tensor moved into another
+    argument's bytes without its arg_index, or renumbered, reads outside its own argument."""
+    program = compiled(add_graph(), cores=1)
+    first = op_specs(program)[0]
+    out = program.kernel_args[-1]
+    moved = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": out.address}))
+    message = (rf"op {first.name} tensor x core 0: address 0x[0-9a-f]+ is outside kernel argument 0 "
+               r"\(bytes 0x0\.\.0x[0-9a-f]+\), which its arg_index names")
+    with pytest.raises(ExecutionError, match=message):
+        run_program(moved, inputs_for(add_graph()))
+    renumbered = with_arg(program, 0, 0, arg_index=out.arg_index)
+    with pytest.raises(ExecutionError, match=rf"outside kernel argument {out.arg_index} "):
+        run_program(renumbered, inputs_for(add_graph()))
+    intermediate = with_arg(program, 0, 0, arg_index=-1)
+    with pytest.raises(ExecutionError, match=r"is inside kernel argument x .* but the tensor is an intermediate"):
+        run_program(intermediate, inputs_for(add_graph()))
 
 
 def test_misaligned_address():
@@ -118,7 +138,8 @@ def test_program_with_fewer_cores_than_its_splits():
 def test_check_written_can_be_turned_off_and_then_unwritten_bytes_read_as_zero():
 
     program = compiled(add_graph(), cores=1)
-    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": program.kernel_args[-1].address}))
+    out = program.kernel_args[-1]
+    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": out.address}), arg_index=out.arg_index)
     outs, _ = run_program(bad, inputs_for(add_graph()), RunOptions(check_written=False))
     assert np.all(outs["z"] == 0)
 
@@ -412,8 +433,8 @@ def _plants(program: Program):
         for sym, (size, split) in spec.iteration_space.items():
             if split > 1:
                 space = FrozenMap({s: ((n, 1) if s == sym else (n, k)) for s, (n, k) in spec.iteration_space.items()})
-                yield f"op {oi} split of {sym} -> 1", _replace_spec(program, spec,
-                                                                   dataclasses.replace(spec, iteration_space=space))
+                yield f"op {oi} split of {sym} -> 1", _replace_spec(
+                    program, spec, dataclasses.replace(spec, iteration_space=space, core_spaces=()))
 
 
 @pytest.mark.parametrize("options", [RunOptions(), RunOptions(block=16), RunOptions(block=16, check_written=False)],
