@@ -26,6 +26,7 @@ withdrawn the same way (the allocator refuses to place them in LX).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -338,13 +339,16 @@ def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin
     buffer never advances."""
     table = tree.buffer_table()
     taken = {b.name for b in tree.buffers} | {n.name for n in op_nodes(tree)}
+    # an accumulator is written again after its fill (by its combine, inside the loop): a pin
+    # of the fill would hand later readers the identity instead of the sum
+    writes = Counter(n.op.store.buffer for n in op_nodes(tree))
     read_later: set[str] = set()
     pins: list[_Pin] = []
     for node in reversed(tree.body):
         if not isinstance(node, OpNode):
             continue
         b = node.op.store.buffer
-        if (b in read_later and allocation.buffers[b].memory == "hbm" and table[b].scope == "full"
+        if (b in read_later and writes[b] == 1 and allocation.buffers[b].memory == "hbm" and table[b].scope == "full"
                 and node.op.store.index == table[b].type.contiguous_index()
                 and set(table[b].type.names) <= {d.name for d in node.op.ranges}):
             pins.append(_Pin(name=_fresh(f"{b}_pin", taken), buffer=b, writer=node.name,

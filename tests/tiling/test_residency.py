@@ -288,3 +288,29 @@ def test_a_copy_of_a_one_row_tile_gets_no_work_div_on_its_size_1_dim():
     comp = fspyre.compile(g.build(), spyre(cores=2), tiling="hints")
     assert any(n.op.name == "buf0_lx_copy" for n in op_nodes(comp.stages["resident_tree"]))
     assert comp.warnings == ()
+
+
+def test_an_accumulator_filled_at_the_top_level_is_never_pinned():
+    """Row sums with the rows tiled inside the column loop: the accumulator is filled before
+    the loop and combined in it, then finished after it. Pinning the fill would hand the
+    finish the identity (every sum 0) -- a bug the fission tests caught."""
+    g = fspyre.GraphBuilder("acc")
+    g.dim("A", 256)
+    g.dim("K", 512)
+    x = g.input("x", ["A", "K"], "float16")
+    with g.hint(slices={"K": 4}):
+        with g.hint(slices={"A": 2}):
+            r = g.sum(x, "K")
+    g.output("r", r)
+    g.output("y", g.mul(r, 0.5))
+    graph = g.build()
+    machine = spyre(cores=4)
+    comp = fspyre.compile(graph, machine, tiling="hints")
+    assert not any(n.name.endswith("_pin_out") and n.op.store.buffer.endswith("_acc")
+                   for n in op_nodes(comp.stages["resident_tree"]))
+    inputs = inputs_for(graph, 5)
+    got = fspyre.run(comp, inputs)
+    want = np.sum(inputs["x"].astype(np.float64), axis=1)
+    np.testing.assert_allclose(got["r"].astype(np.float64), want, rtol=2**-8, atol=2**-6)
+    report = fspyre.check(graph, inputs, machine=machine, comp=comp)
+    assert report.equal and report.safe, str(report)
