@@ -110,7 +110,7 @@ def compile(
     else:
         plan = plan_tiling(graph, TilingOptions(mode=tiling, online=OnlineOptions(enabled=online)))
     done("tiling_plan", plan)
-    tree = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
+    tree = tiled = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
     # keep_resident judges its copies by dividing and allocating; its result carries both
     placed = place_copies(
         tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options))
@@ -123,7 +123,7 @@ def compile(
     program = done("program", verify_program(placed.program))
     # Stages return their warnings as data (a stage called alone still reports them); the
     # runner raises each as a Python warning once, naming the caller of compile.
-    found = tuple(dict.fromkeys(plan.warnings + split.warnings))
+    found = tuple(dict.fromkeys(plan.warnings + tiled.warnings + split.warnings))
     for text in found:
         warnings.warn(f"{graph.name}: {text}", FspyreWarning, stacklevel=2)
     return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)

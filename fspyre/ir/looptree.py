@@ -35,9 +35,31 @@ class TileStep:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Peel:
+    """A peeled tail starts dim ``dim`` at element ``start`` of the full range."""
+
+    dim: str
+    start: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, str):
+            raise TilingError(f"peel: dim {self.dim!r:.60} must be a dim name")
+        require_int(self.start, f"peel of dim {self.dim}: start", TilingError, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OpNode:
+    """An op with its per-tile ranges. ``tiling[L]`` is what enclosing loop L moves.
+
+    A node of a peeled tail (docs/tiling.md, "Tails") is a copy of the op ``origin`` (the name
+    the op has in the loop's main body) run once after a loop, on the remainder the loop's
+    whole tiles leave: its ranges are the remainder's, its full-buffer indices start at the
+    ``peeled`` offsets, and its name is its own."""
+
     op: Op
     tiling: tuple[tuple[TileStep, ...], ...] = ()
+    origin: str = ""
+    peeled: tuple[Peel, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, (Pointwise, Reduction)):
@@ -45,6 +67,10 @@ class OpNode:
         require_tuple(self.tiling, f"op {self.op.name}: tiling", TilingError, tuple)
         for level in self.tiling:
             require_tuple(level, f"op {self.op.name}: a tiling level", TilingError, TileStep)
+        require_tuple(self.peeled, f"op {self.op.name}: peeled", TilingError, Peel)
+        if not isinstance(self.origin, str) or bool(self.origin) != bool(self.peeled):
+            raise TilingError(f"op {self.op.name}: a peeled tail names its origin op and its offsets, got origin "
+                              f"{self.origin!r:.60} and {len(self.peeled)} offsets")
 
     @property
     def name(self) -> str:
@@ -148,6 +174,7 @@ class LoopTree:
     outputs: tuple[Output, ...]
     body: tuple[Node, ...]
     hints: tuple[HintScope, ...] = ()  # the graph's scopes: divide_work reads work_div here
+    warnings: tuple[str, ...] = ()  # hinted counts the stage changed (docs/tiling.md, "Tails")
 
     def __post_init__(self) -> None:
         what = f"loop tree {self.name}"
@@ -156,6 +183,7 @@ class LoopTree:
         require_tuple(self.outputs, f"{what}: outputs", TilingError, Output)
         require_tuple(self.body, f"{what}: body", TilingError, (Loop, OpNode))
         require_tuple(self.hints, f"{what}: hints", TilingError, HintScope)
+        require_tuple(self.warnings, f"{what}: warnings", TilingError, str)
 
     def buffer_table(self) -> dict[str, TreeBuffer]:
         return {b.name: b for b in self.buffers}

@@ -256,6 +256,13 @@ def _steps(level: tuple[TileStep, ...]) -> str:
     return ", ".join(f"{s.dim}+{s.extent}" for s in level) or "invariant"
 
 
+def _peeled(node: OpNode) -> str:
+    """Where a peeled tail starts: "  tail A@68, B@128" (empty for other ops)."""
+    if not node.origin:
+        return ""
+    return "  tail " + ", ".join(f"{p.dim}@{p.start}" for p in node.peeled)
+
+
 def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
     table = t.buffer_table()
 
@@ -267,7 +274,7 @@ def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
                 inner = compact(n.body)
                 out.append(_under(f"for {var} in 0..{n.count}:  {tiles}", inner))
             else:
-                out.append(text(f"{_call_text(n.op)}  {_space(n.op)}"))
+                out.append(text(f"{_call_text(n.op)}  {_space(n.op)}{_peeled(n)}"))
         return out
 
     def scoped(name: str) -> str:
@@ -288,6 +295,8 @@ def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
                 head = f"[{_path(p)}] {op.name}: {op.fn}({ins}) -> {scoped(op.store.buffer)}"
                 levels = ", ".join(f"L{k}: {_steps(lv)}" for k, lv in enumerate(n.tiling))
                 detail = [_op_doc(op), text(f"tiling=[{levels}]")]
+                if n.origin:
+                    detail.append(text(f"tail of {n.origin}:{_peeled(n)[len('  tail'):]}"))
                 out.append(_under(head, detail))
         return out
 

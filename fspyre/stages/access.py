@@ -77,13 +77,15 @@ def op_dims(op: Op) -> tuple[Dim, ...]:
 
 
 def full_sizes(node: OpNode, counts: Sequence[int]) -> dict[str, int]:
-    """Each iteration dim's size before tiling: the per-tile size times the count of every
-    enclosing loop that tiles it (a dim tiled at two levels was divided twice)."""
+    """Each iteration dim's range over all iterations of the enclosing loops: the per-tile
+    size plus, per enclosing loop that moves it, ``count - 1`` steps (a whole range when the
+    loops divide it; a peeled tail's op covers only its remainder, its index starting at the
+    tail's offset)."""
     sizes = {d.name: d.size for d in iteration_dims(node.op)}
     for level, count in zip(node.tiling, counts):
         for step in level:
             if step.dim in sizes:
-                sizes[step.dim] *= count
+                sizes[step.dim] += (count - 1) * step.extent
     return sizes
 
 

@@ -1,12 +1,14 @@
 """Stage ``tile``: graph + TilingPlan -> LoopTree.
 
 Each group of the plan becomes a nest of ``Loop`` nodes, outermost level first, with the
-group's ops in the innermost body. An op's ranges are divided once per level that tiles one
-of its dims (a dim tiled at two levels is divided twice); its ``OpNode.tiling[L]`` records,
-per enclosing loop, how many elements the tiled dim moves per iteration (an outer level's
-extent is the final extent times the inner counts on that dim). Loads and stores keep the
-graph's full-buffer index for ``"full"`` buffers (the program adds the loop advance); a
-``"tile"`` buffer is indexed with the tile's own contiguous index.
+group's ops in the innermost body. A level of count ``c`` cuts its dim (the range left by the
+outer levels) into tiles of ``ceil(E / c)``, rounded up to whole sticks of every full buffer
+that advances along it (``_tile_sizes``); the loop runs the whole tiles and a peeled tail, a
+copy of the level's body on the remainder, follows it (``_nest``; docs/tiling.md, "Tails").
+An op's ``OpNode.tiling[L]`` records, per enclosing loop, the tile its dim moves per
+iteration. Loads and stores keep the graph's full-buffer index for ``"full"`` buffers (the
+program adds the loop advance; a tail's index starts at its offset); a ``"tile"`` buffer is
+indexed with the tile's own contiguous index, and a tail uses part of it.
 
 Loop-boundary buffers (docs/tiling.md):
 
@@ -55,6 +57,7 @@ from fspyre.ir.looptree import (
     LoopTree,
     Node,
     OpNode,
+    Peel,
     TileStep,
     TreeBuffer,
     carried_buffers,
@@ -114,10 +117,11 @@ def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()
         online=online,
     )
     body: list[Node] = []
+    warnings: list[str] = []
     for name in plan.order:
         if name in first_of:
             gi = first_of[name]
-            body.extend(_tile_group(ctx, gi, plan.groups[gi]))
+            body.extend(_tile_group(ctx, gi, plan.groups[gi], warnings))
         elif name not in group_of:
             body.append(OpNode(op=ops[name]))
     # a buffer an online softmax no longer writes (its max and sum live in accumulators)
@@ -130,7 +134,7 @@ def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()
         buffers.extend(ctx.extra.get(b.name, ()))
     return verify_loop_tree(LoopTree(
         name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs, body=tuple(body),
-        hints=graph.hints,
+        hints=graph.hints, warnings=tuple(warnings),
     ))
 
 
@@ -149,6 +153,18 @@ class _Context:
     replaced: dict[str, TreeBuffer]
     extra: dict[str, list[TreeBuffer]]
     online: OnlineOptions
+
+    def is_full(self, buffer: str) -> bool:
+        """A buffer addressed through the whole graph shape (moves with the loops): a graph
+        buffer not replaced by its tile, or a helper of full scope (a spanning accumulator)."""
+        if buffer in self.buffers:
+            return buffer not in self.replaced
+        return any(b.name == buffer and b.scope == "full" for bs in self.extra.values() for b in bs)
+
+    def full_type(self, buffer: str) -> TensorType:
+        if buffer in self.buffers:
+            return self.buffers[buffer].type
+        return next(b.type for bs in self.extra.values() for b in bs if b.name == buffer)
 
     def fresh(self, base: str) -> str:
         name, n = base, 1
@@ -179,22 +195,14 @@ class _OpTiling:
     def dims(self, dims: Sequence[Dim]) -> tuple[Dim, ...]:
         return tuple(Dim(d.name, self.final[d.name]) for d in dims)
 
-    def dims_at(self, dims: Sequence[Dim], depth: int, levels: Sequence[Level]) -> tuple[Dim, ...]:
-        """``dims`` as the body of loop level ``depth`` sees them: divided only by the levels
-        outside it."""
-        return tuple(Dim(d.name, self.final[d.name] * math.prod(
-            levels[k].count for k in range(depth, len(levels)) if self.per_level[k] == d.name)) for d in dims)
-
 
 def _where(k: int, level: Level) -> str:
     return f"level {k} ({level.source})" if level.source else f"level {k}"
 
 
-def _divisors(n: int, limit: int = 12) -> list[int]:
-    return [c for c in range(2, n + 1) if n % c == 0][:limit]
-
-
-def _analyse(op: Op, levels: Sequence[Level]) -> _OpTiling:
+def _levels_of(op: Op, levels: Sequence[Level]) -> tuple[str | None, ...]:
+    """The dim each level tiles in ``op`` (None: invariant there), after refusing a level that
+    names a dim the op lacks or tiles two of its dims."""
     size = {d.name: d.size for d in iteration_dims(op)}
     reduced = {d.name for d in op.reduction_ranges}
     per_level: list[str | None] = []
@@ -221,39 +229,148 @@ def _analyse(op: Op, levels: Sequence[Level]) -> _OpTiling:
                 f"(nested scopes, or slices={{{dims[0]!r}: ..., {dims[1]!r}: ...}} for nested loops)."
             )
         per_level.append(dims[0] if dims else None)
-    remaining = dict(size)
-    for k, tiled in enumerate(per_level):
-        if tiled is None:
-            continue
-        count = levels[k].count
-        if remaining[tiled] % count:
-            after = "" if remaining[tiled] == size[tiled] else f" (of {size[tiled]}, after the outer levels)"
-            raise TilingError(
-                f"op {op.name}: dim {tiled} has range {remaining[tiled]}{after}, which count {count} of "
-                f"{_where(k, levels[k])} does not divide; counts that divide it: {_divisors(remaining[tiled])}"
-            )
-        remaining[tiled] //= count
+    return tuple(per_level)
+
+
+def _analyse(op: Op, per_level: tuple[str | None, ...], tiles: Mapping[tuple[int, str], int]) -> _OpTiling:
+    """``op``'s main-path tiling: every tiled dim's per-tile size is the tile of the innermost
+    level tiling it, and each level moves its dim by that level's tile."""
+    final = {d.name: d.size for d in iteration_dims(op)}
     steps: list[tuple[TileStep, ...]] = []
     for k, tiled in enumerate(per_level):
         if tiled is None:
             steps.append(())
             continue
-        inner = math.prod(levels[j].count for j in range(k + 1, len(levels)) if per_level[j] == tiled)
-        steps.append((TileStep(dim=tiled, extent=remaining[tiled] * inner),))
-    return _OpTiling(op=op, per_level=tuple(per_level), final=remaining, steps=tuple(steps))
+        final[tiled] = tiles[k, tiled]
+        steps.append((TileStep(dim=tiled, extent=tiles[k, tiled]),))
+    return _OpTiling(op=op, per_level=per_level, final=final, steps=tuple(steps))
 
 
-def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Level], members: set[str],
-                     online: bool = False) -> int | None:
-    """The outermost level tiling a reduction dim of ``t.op`` (None if none does), after
+def _full_accesses(ctx: _Context, gi: int, group: Group,
+                   per_level: Mapping[str, tuple[str | None, ...]]) -> dict[str, list[tuple[str, sympy.Expr]]]:
+    """Per op of ``group``, the full buffers it reads or writes, with their indices: the ones
+    whose tiles advance through memory (a buffer the group both writes and reads is read as a
+    per-tile buffer; one read only inside the group is one)."""
+    produced = {ctx.ops[n].store.buffer for n in group.ops}
+    out: dict[str, list[tuple[str, sympy.Expr]]] = {}
+    for name in group.ops:
+        op = ctx.ops[name]
+        found = [(ld.buffer, ld.index) for ld in op.loads if ld.buffer not in produced]
+        buf = op.store.buffer
+        # a reduction whose accumulator spans inner output tiles writes its output as a full buffer
+        spans = isinstance(op, Reduction) and any(
+            d not in {x.name for x in op.reduction_ranges} for d in per_level[name][1:] if d is not None
+        ) and any(d in {x.name for x in op.reduction_ranges} for d in per_level[name] if d is not None)
+        if spans or buf in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(buf, ())):
+            found.append((buf, op.store.index))
+        out[name] = found
+    return out
+
+
+def _stick_tile(ctx: _Context, d: str, t0: int, extent: int,
+                accesses: Sequence[tuple[str, sympy.Expr, Mapping[str, int]]]) -> tuple[int, str]:
+    """The smallest tile of ``d`` from ``t0`` up whose tiles of every full buffer in
+    ``accesses`` (buffer, index, the op's per-tile sizes) advance by whole device sticks, and
+    why it grew (empty if it did not). When no tile short of ``extent`` does, the whole range:
+    the level makes no loop.
+
+    In the default layout the last host dim of ``n`` elements is cut into sticks of ``eps``: a
+    step of ``T`` along ``d`` moves ``coef * T`` host elements, ``coef * T % n`` of them along
+    the stick dim, which must be whole sticks (a cheap test run first); ``_stick_fault`` then
+    judges the whole tile, tail included, as ``_check_stick_steps`` will."""
+    conds = []
+    for buffer, index, sizes in accesses:
+        btype = ctx.buffers[buffer].type
+        n_last = btype.shape[-1] if btype.shape else 1
+        coef = sympy.expand(index).coeff(sym(d))
+        if n_last > 1 and coef != 0:
+            conds.append((int(coef) if coef.is_Integer else 0, n_last, elems_per_stick(btype.dtype), buffer, btype,
+                          index, sizes))
+
+    def fault(tile: int) -> str | None:
+        for coef, n_last, eps, buffer, btype, index, sizes in conds:
+            if coef and coef * tile % n_last % eps:
+                return (f"move {buffer} ({btype}) by {coef * tile % n_last} elements along its {eps}-element sticks, "
+                        f"not whole sticks")
+            main, rem = divmod(extent, tile)
+            why = _stick_fault(index, {**sizes, d: tile}, [(d, tile, main)], n_last, eps)
+            if why is None and rem:  # the tail: its own size, once moved past the whole tiles
+                why = _stick_fault(index, {**sizes, d: rem}, [(d, main * tile, 2)], n_last, eps)
+            if why is not None:
+                return f"give tiles of {buffer} ({btype}) that {why}"
+        return None
+
+    first = fault(t0) if t0 < extent else None
+    if first is None and t0 < extent:
+        return t0, ""
+    why = f"a tile of {t0} would {first}" if first else f"{extent} elements cannot be split further"
+    for tile in range(t0 + 1, extent):
+        if fault(tile) is None:
+            return tile, f"{why}, so the tile is rounded up to {tile}"
+    return extent, f"{why}, and no larger tile below {extent} is whole sticks, so the level makes no loop"
+
+
+def _tile_sizes(ctx: _Context, gi: int, group: Group, per_level: Mapping[str, tuple[str | None, ...]],
+                warnings: list[str]) -> dict[tuple[int, str], int]:
+    """The tile of each (level, dim) of ``group``: a level of count ``c`` on ``E`` elements (the
+    dim's range, or the tile of the nearest outer level on the same dim) takes tiles of
+    ``ceil(E / c)``, rounded up to whole sticks of every full buffer that advances along the
+    dim (up to ``E`` itself, when no smaller tile is whole sticks: then the level makes no
+    loop); the loop runs ``E // tile`` whole tiles and a peeled tail takes the ``E % tile``
+    left (docs/tiling.md, "Tails"). A tiling whose iteration count differs from the hinted
+    count is reported in ``warnings``."""
+    levels = group.levels
+    accesses = _full_accesses(ctx, gi, group, per_level)
+    size: dict[str, int] = {}
+    for name in group.ops:
+        for x in iteration_dims(ctx.ops[name]):
+            if x.name in per_level[name]:
+                size.setdefault(x.name, x.size)
+    tiles: dict[tuple[int, str], int] = {}
+    for k, lv in enumerate(levels):
+        by_dim: dict[str, list[str]] = {}
+        for name in group.ops:
+            tiled = per_level[name][k]
+            if tiled is not None:
+                by_dim.setdefault(tiled, []).append(name)
+        for d, names in by_dim.items():
+            outer = [j for j in range(k) if (j, d) in tiles]
+            extent = tiles[outer[-1], d] if outer else size[d]
+            after = f" of {size[d]} after the outer levels" if outer else ""
+            count = lv.count
+            found = []
+            for n in names:
+                sizes = {x.name: x.size for x in iteration_dims(ctx.ops[n])}
+                for j in range(k):  # the op's tiles after the outer levels
+                    dj = per_level[n][j]
+                    if dj is not None:
+                        sizes[dj] = tiles[j, dj]
+                found += [(b, index, sizes) for b, index in accesses[n]]
+            tile, why = _stick_tile(ctx, d, -(-extent // count), extent, found)
+            main, rem = divmod(extent, tile)
+            used = main + (rem > 0)
+            if used != count:
+                reason = why or f"tiles of ceil({extent}/{count}) = {tile} elements cover {extent} in {used}"
+                shape = f"in {main} tile{'s' if main > 1 else ''} of {tile}" + (f" and a tail of {rem}" if rem else "")
+                fix = f"Hint count {used} to silence this." if used > 1 else "Remove the level to silence this."
+                warnings.append(
+                    f"op {names[0]}: {_where(k, lv)} tiles dim {d} (range {extent}{after}) {shape}: {used} "
+                    f"iteration{'s' if used > 1 else ''} instead of the hinted {count}, because {reason}. {fix}"
+                )
+            tiles[k, d] = tile
+    return tiles
+
+
+def _check_reduction(ctx: _Context, gi: int, op: Op, per_level: tuple[str | None, ...], levels: Sequence[Level],
+                     members: set[str], online: bool = False) -> int | None:
+    """The outermost level tiling a reduction dim of ``op`` (None if none does), after
     refusing what fspyre cannot tile correctly. ``online``: the op's max or sum is carried
     by an online softmax (``fspyre.stages.online_softmax``), so its readers in the group
     read the running value as the recurrence intends."""
-    op = t.op
     if not isinstance(op, Reduction):
         return None
     reduced = {d.name for d in op.reduction_ranges}
-    red_levels = [k for k, d in enumerate(t.per_level) if d in reduced]
+    red_levels = [k for k, d in enumerate(per_level) if d in reduced]
     if not red_levels:
         return None
     r = red_levels[0]
@@ -261,15 +378,15 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
     over = [d.name for d in op.reduction_ranges]
     if op.fn not in TILED_REDUCTIONS:
         raise TilingError(
-            f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {t.per_level[r]}, but {op.fn} has no "
+            f"op {op.name} ({op.fn} over {over}): {where} tiles its reduction dim {per_level[r]}, but {op.fn} has no "
             f"tile-by-tile combine ({_UNTILED[op.fn]}). Tile another dim of {op.name}."
         )
     for k in range(r + 1, len(levels)):
-        d = t.per_level[k]
+        d = per_level[k]
         if d is None:
             raise TilingError(
                 f"op {op.name} ({op.fn} over {over}): {_where(k, levels[k])} tiles no dim of {op.name} but runs inside "
-                f"{where}, which tiles its reduction dim {t.per_level[r]}; each partial {op.fn} would be folded "
+                f"{where}, which tiles its reduction dim {per_level[r]}; each partial {op.fn} would be folded "
                 f"into the accumulator {levels[k].count} times. Tile a dim of {op.name} at that level too, or "
                 f"put the reduction in a group of its own."
             )
@@ -277,7 +394,7 @@ def _check_reduction(ctx: _Context, gi: int, t: _OpTiling, levels: Sequence[Leve
         if reader in members:
             raise TilingError(
                 f"op {reader} reads {op.store.buffer}, the {op.fn} of op {op.name}, inside the same loop nest (group "
-                f"{gi}), but {where} tiles the reduction dim {t.per_level[r]}, so {op.store.buffer} is complete only "
+                f"{gi}), but {where} tiles the reduction dim {per_level[r]}, so {op.store.buffer} is complete only "
                 f"after that loop ends. plan_tiling and plan_groups split such a group into loop nests "
                 f"(fspyre.stages.tiling_plan.split_at_tiled_reductions), unless it is a softmax, log-softmax or "
                 f"attention that fspyre.stages.online_softmax rewrites; pass this plan through it, or end the "
@@ -379,21 +496,48 @@ def _moves(extents: Sequence[int | None]) -> str:
 
 
 # -- one group -------------------------------------------------------------------------------
-def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Item:
+    """An op of a group as its main path runs it (main-tile ranges, graph indices into full
+    buffers), ``steps[L]`` its move at each level, ``tiled`` the dims it tiles: ``_place``
+    makes it an ``OpNode`` at any point of the nest, main loop or peeled tail."""
+
+    op: Op
+    steps: tuple[tuple[TileStep, ...], ...]
+    tiled: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SubNest:
+    """A pass of its own over the levels from the one it is placed at inwards (var's mean, an
+    online softmax's normalising pass): ``fill``, the loops of ``body`` with their tails,
+    ``finish``."""
+
+    fill: tuple[_Item, ...]
+    body: tuple[_Item, ...]
+    finish: tuple[_Item, ...]
+
+
+def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tuple[Node, ...]:
     levels = group.levels
     members = set(group.ops)
-    tilings = [_analyse(ctx.ops[name], levels) for name in group.ops]
-    online = match_online([t.op for t in tilings], {t.op.name: t.per_level for t in tilings}, ctx.readers,
-                          ctx.outputs, ctx.online)
+    per_level = {name: _levels_of(ctx.ops[name], levels) for name in group.ops}
+    online = match_online([ctx.ops[name] for name in group.ops], per_level, ctx.readers, ctx.outputs, ctx.online)
     recurrence = _Recurrence(online) if online is not None else None
+    reduced_at = {name: _check_reduction(ctx, gi, ctx.ops[name], per_level[name], levels, members,
+                                         online=recurrence is not None and recurrence.role(name) in ("amax", "sum"))
+                  for name in group.ops}
+    sizes = _tile_sizes(ctx, gi, group, per_level, warnings)
+    tilings = [_analyse(ctx.ops[name], per_level[name], sizes) for name in group.ops]
     tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
-    inner: list[Node] = []
-    fills: list[list[Node]] = [[] for _ in levels]
-    finishes: list[list[Node]] = [[] for _ in levels]
+    inner: list[_Item] = []
+    fills: list[list[_Item | _SubNest]] = [[] for _ in levels]
+    finishes: list[list[_Item | _SubNest]] = [[] for _ in levels]
     for t in tilings:
         op = t.op
+        tiled = frozenset(d for d in t.per_level if d is not None)
         role = recurrence.role(op.name) if recurrence else None
-        r = _check_reduction(ctx, gi, t, levels, members, online=role in ("amax", "sum"))
+        r = reduced_at[op.name]
         if role == "div":  # attention: e / l is folded into the finish, and its readers read e
             tiles[op.store.buffer] = tiles[ctx.ops[online.exp].store.buffer]  # type: ignore[union-attr]
             continue
@@ -433,9 +577,9 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
         if r is not None:
             assert isinstance(per_tile, Reduction)
             if recurrence is not None and role in ("amax", "sum", "matmul"):
-                inner.extend(recurrence.step(ctx, t, per_tile, store, r, role, tiles, fills, finishes))
+                inner.extend(recurrence.step(ctx, t, tiled, per_tile, store, r, role, tiles, fills, finishes))
             else:
-                inner.extend(_tiled_reduction(ctx, t, per_tile, store, r, levels, fills, finishes))
+                inner.extend(_tiled_reduction(ctx, t, tiled, per_tile, store, r, fills, finishes))
             continue
         if outside and inside:
             tile_type, vars_ = _tile_type(ctx, t)
@@ -443,23 +587,100 @@ def _tile_group(ctx: _Context, gi: int, group: Group) -> tuple[Node, ...]:
             ctx.extra.setdefault(out, []).append(TreeBuffer(name=name, type=tile_type, scope="tile"))
             index = _index(tile_type, vars_) if vars_ else op.store.index
             tiles[out] = _TileBuffer(name=name, type=tile_type, producer=t, vars=tuple(vars_))
-            target.append(OpNode(op=replace(per_tile, store=Store(buffer=name, index=index)), tiling=t.steps))
+            target.append(_Item(op=replace(per_tile, store=Store(buffer=name, index=index)), steps=t.steps,
+                                tiled=tiled))
             copy = Pointwise(
                 name=ctx.fresh(f"{out}_copy"), fn="copy", operands=(Load(buffer=name, index=index),),
                 ranges=t.dims(op.ranges), store=op.store, hints=op.hints,
             )
-            target.append(OpNode(op=copy, tiling=t.out_steps()))
+            target.append(_Item(op=copy, steps=t.out_steps(), tiled=tiled))
         else:
-            target.append(OpNode(op=replace(per_tile, store=store), tiling=t.steps))
+            target.append(_Item(op=replace(per_tile, store=store), steps=t.steps, tiled=tiled))
     if recurrence is not None and online.two_pass:  # type: ignore[union-attr]
-        recurrence.second_loop(ctx, inner, levels, finishes)
-    for node in op_nodes(tuple(inner) + tuple(n for nodes in fills + finishes for n in nodes)):
-        _check_stick_steps(ctx, node, levels)
-    body: tuple[Node, ...] = tuple(inner)
-    for d in reversed(range(len(levels))):
-        body = tuple(fills[d]) + (Loop(count=levels[d].count, steps=level_steps(body, d), body=body,
-                                       carried=carried_buffers(body, d, _full_names(ctx))),) + tuple(finishes[d])
-    return body
+        recurrence.second_pass(ctx, inner, finishes)
+    extents = {d: next(x.size for n in group.ops if d in per_level[n] for x in iteration_dims(ctx.ops[n])
+                       if x.name == d) for (_, d) in sizes}
+    return tuple(_nest(ctx, levels, sizes, inner, fills, finishes, 0, extents, {}, (), ()))
+
+
+def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str], int], inner: Sequence[_Item],
+          fills: Sequence[Sequence[_Item | _SubNest]], finishes: Sequence[Sequence[_Item | _SubNest]], k: int,
+          extents: Mapping[str, int],
+          offsets: Mapping[str, int], loops: tuple[tuple[int, int], ...], peeled: tuple[Peel, ...]) -> list[Node]:
+    """The nodes of levels ``k`` and inwards on one path of the nest: ``extents`` are the
+    elements of each tiled dim this path covers, starting at ``offsets``; ``loops`` the
+    (level, count) of the enclosing loops; ``peeled`` the tails the path runs in.
+
+    Level ``k`` runs ``extent // tile`` whole tiles as a loop (one tile runs in place, without
+    a loop), then, when elements are left, the same levels inwards once more on the remainder:
+    the peeled tail (docs/tiling.md, "Tails")."""
+    def place(items: Sequence[_Item | _SubNest]) -> list[Node]:
+        out: list[Node] = []
+        for it in items:
+            if isinstance(it, _SubNest):  # its own pass over levels k inwards, from this path's tile
+                only = [list(it.fill) if j == k else [] for j in range(len(levels))]
+                last = [list(it.finish) if j == k else [] for j in range(len(levels))]
+                out.extend(_nest(ctx, levels, sizes, it.body, only, last, k, extents, offsets, loops, peeled))
+            else:
+                out.append(_place(ctx, it, extents, offsets, loops, peeled, levels))
+        return out
+
+    if k == len(levels):
+        return place(inner)
+    dims = sorted(d for (j, d) in sizes if j == k)
+    whole = {d: divmod(extents[d], sizes[k, d]) for d in dims}
+    if len({(m, r > 0) for m, r in whole.values()}) > 1:
+        shown = ", ".join(f"{d} ({extents[d]} in tiles of {sizes[k, d]})" for d in dims)
+        raise TilingError(
+            f"{_where(k, levels[k])} tiles {shown}, which leave different numbers of whole tiles or tails; one "
+            f"loop cannot peel them all. Give each dim a count that divides it."
+        )
+    main = next(iter(whole.values()))[0]
+    out = place(fills[k])
+    tiled = {**extents, **{d: sizes[k, d] for d in dims}}
+    if main == 1:  # one whole tile runs once, in place: no loop of one iteration
+        out.extend(_nest(ctx, levels, sizes, inner, fills, finishes, k + 1, tiled, offsets, loops, peeled))
+    elif main:
+        body = _nest(ctx, levels, sizes, inner, fills, finishes, k + 1, tiled, offsets, loops + ((k, main),), peeled)
+        out.append(Loop(count=main, steps=level_steps(tuple(body), len(loops)), body=tuple(body),
+                        carried=carried_buffers(tuple(body), len(loops), _full_names(ctx))))
+    if any(r for _, r in whole.values()):
+        start = {d: offsets.get(d, 0) + main * sizes[k, d] for d in dims}
+        out.extend(_nest(ctx, levels, sizes, inner, fills, finishes, k + 1,
+                         {**extents, **{d: whole[d][1] for d in dims}}, {**offsets, **start}, loops,
+                         peeled + tuple(Peel(dim=d, start=start[d]) for d in dims)))
+    out.extend(place(finishes[k]))
+    return out
+
+
+def _place(ctx: _Context, it: _Item, extents: Mapping[str, int], offsets: Mapping[str, int],
+           loops: tuple[tuple[int, int], ...], peeled: tuple[Peel, ...], levels: Sequence[Level]) -> OpNode:
+    """``it`` on one path of the nest: its tiled dims take the path's extents, its full-buffer
+    indices start at the path's offsets (per-tile buffers stay at their fixed address, a tail
+    using part of the tile), and a tail copy gets a name of its own."""
+    op = it.op
+    shift = {sym(d): sym(d) + offsets[d] for d in it.tiled if offsets.get(d)}
+
+    def moved(buffer: str, index: sympy.Expr) -> sympy.Expr:
+        return sympy.expand(index.subs(shift)) if shift and ctx.is_full(buffer) else index
+
+    def resized(dims: tuple[Dim, ...]) -> tuple[Dim, ...]:
+        return tuple(Dim(d.name, extents[d.name]) if d.name in it.tiled else d for d in dims)
+
+    fields: dict[str, object] = {
+        "operands": tuple(Load(buffer=o.buffer, index=moved(o.buffer, o.index)) if isinstance(o, Load) else o
+                          for o in op.operands),
+        "ranges": resized(op.ranges),
+        "store": Store(buffer=op.store.buffer, index=moved(op.store.buffer, op.store.index)),
+    }
+    if isinstance(op, Reduction):
+        fields["reduction_ranges"] = resized(op.reduction_ranges)
+    if peeled:
+        fields["name"] = ctx.fresh(f"{op.name}_tail")
+    node = OpNode(op=replace(op, **fields), tiling=tuple(it.steps[j] for j, _ in loops),  # type: ignore[arg-type]
+                  origin=op.name if peeled else "", peeled=peeled)
+    _check_stick_steps(ctx, node, loops, levels)
+    return node
 
 
 def _full_names(ctx: _Context) -> set[str]:
@@ -479,20 +700,21 @@ class _Recurrence:
         if online.div is not None and online.matmul is not None:
             self.roles |= {online.div: "div", online.matmul: "matmul"}
         self.roles |= {name: "second" for name in online.second} | {name: "between" for name in online.between}
-        self.second: list[Node] = []
-        self.between: list[Node] = []
+        self.second: list[_Item] = []
+        self.between: list[_Item] = []
         self.carried: dict[str, Carried] = {}  # "amax" (the running max), "alpha", "sum"
         self.level: int | None = None
 
     def role(self, name: str) -> str | None:
         return self.roles.get(name)
 
-    def nodes_for(self, role: str | None, inner: list[Node]) -> list[Node]:
+    def nodes_for(self, role: str | None, inner: list[_Item]) -> list[_Item]:
         """Where the nodes of an op with ``role`` go: the second loop, the gap, or ``inner``."""
         return self.second if role == "second" else self.between if role == "between" else inner
 
-    def step(self, ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int, role: str,
-             tiles: dict[str, _TileBuffer], fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
+    def step(self, ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: Reduction, store: Store, r: int,
+             role: str, tiles: dict[str, _TileBuffer], fills: list[list[_Item | _SubNest]],
+             finishes: list[list[_Item | _SubNest]]) -> list[_Item]:
         out = t.op.store.buffer
         if role == "matmul":
             acc_type = TensorType(dims=t.dims(t.op.ranges), dtype="float32")
@@ -518,26 +740,25 @@ class _Recurrence:
                 self.carried["sum"] = acc
             tiles[out] = replace(tiles[out], name=acc.name, type=acc.type)
         ctx.extra.setdefault(out, []).extend(nodes.buffers)
-        fills[r].extend(nodes.fill)
-        finishes[r].extend(nodes.finish)
-        return list(nodes.body)
 
-    def second_loop(self, ctx: _Context, inner: list[Node], levels: Sequence[Level],
-                    finishes: list[list[Node]]) -> None:
+        def items(made: Sequence[OpNode]) -> list[_Item]:
+            return [_Item(op=n.op, steps=n.tiling, tiled=tiled) for n in made]
+
+        fills[r].extend(items(nodes.fill))
+        finishes[r].extend(items(nodes.finish))
+        return items(nodes.body)
+
+    def second_pass(self, ctx: _Context, inner: Sequence[_Item], finishes: list[list[_Item | _SubNest]]) -> None:
         """The ops that need the final max and sum: those iterating the tiled dim in a second
-        nest over the same levels (after recomputing what they read), the others between."""
+        pass over the same levels (after recomputing what they read), tails included; the
+        others between the passes."""
         r = self.level
         assert r is not None
         again = set(self.online.again)
-        body: tuple[Node, ...] = tuple(
-            replace(n, op=replace(n.op, name=ctx.fresh(f"{n.op.name}_again")))
-            for n in inner if isinstance(n, OpNode) and n.op.name in again
-        ) + tuple(self.second)
-        for d in reversed(range(r, len(levels))):
-            body = (Loop(count=levels[d].count, steps=level_steps(body, d), body=body,
-                         carried=carried_buffers(body, d, _full_names(ctx))),)
-        finishes[r].extend(replace(n, tiling=n.tiling[:r]) for n in self.between if isinstance(n, OpNode))
-        finishes[r].extend(body)
+        body = tuple(replace(it, op=replace(it.op, name=ctx.fresh(f"{it.op.name}_again")))
+                     for it in inner if it.op.name in again) + tuple(self.second)
+        finishes[r].extend(replace(it, steps=it.steps[:r]) for it in self.between)
+        finishes[r].append(_SubNest(fill=(), body=body, finish=()))
 
 
 
@@ -582,7 +803,7 @@ def _stick_fault(index: sympy.Expr, sizes: Mapping[str, int], moves: Sequence[tu
     return None
 
 
-def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> None:
+def _check_stick_steps(ctx: _Context, node: OpNode, loops: Sequence[tuple[int, int]], levels: Sequence[Level]) -> None:
     """Refuse a full buffer whose tiles do not start on a stick boundary or do not move by one
     fixed step (``_stick_fault``).
 
@@ -590,21 +811,21 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
     128-byte sticks, so a tile that starts inside a stick either reads and writes the
     neighbouring tile's elements or, for the last tile, runs past the end of the allocation
     (an emitted program that ``check_memory`` reports out of bounds), and a tile whose elements
-    do not all move by the same step reads the wrong elements. Tails are not done
-    (docs/tiling.md), so such a tiling is refused here, naming counts that keep tiles whole."""
+    do not all move by the same step reads the wrong elements. ``_tile_sizes`` rounds tiles up
+    to whole sticks and peels the rest; what is left here is a view whose tiles wrap the stick
+    dim, which no tile size short of the whole range fixes."""
     op = node.op
     sizes = {d.name: d.size for d in iteration_dims(op)}
     accesses = [(ld.buffer, ld.index, "reads") for ld in op.loads] + [(op.store.buffer, op.store.index, "writes")]
-    made = {b.name: b for bs in ctx.extra.values() for b in bs if b.scope == "full"}  # spanning accumulators
     for buffer, index, verb in accesses:
-        if buffer in ctx.replaced or (buffer not in ctx.buffers and buffer not in made):
+        if not ctx.is_full(buffer):
             continue  # a per-tile buffer sits at a fixed address and never advances
-        btype = ctx.buffers[buffer].type if buffer in ctx.buffers else made[buffer].type
+        btype = ctx.full_type(buffer)
         n_last = btype.shape[-1] if btype.shape else 1
         if n_last == 1:
             continue  # every element of a size-1 stick dim has a stick of its own
         eps = elems_per_stick(btype.dtype)
-        moves = [(s.dim, s.extent, levels[k].count) for k, steps in enumerate(node.tiling) for s in steps]
+        moves = [(s.dim, s.extent, count) for steps, (_, count) in zip(node.tiling, loops) for s in steps]
         fault = _stick_fault(index, sizes, moves, n_last, eps)
         if fault is None:
             continue
@@ -615,7 +836,7 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
                 at = j
                 break
         dim, extent, count = moves[at]
-        k = next(k for k, steps in enumerate(node.tiling) for s in steps if (s.dim, s.extent) == (dim, extent))
+        k = next(k for steps, (k, _) in zip(node.tiling, loops) for s in steps if (s.dim, s.extent) == (dim, extent))
         span = extent * count
         works = []
         for c in range(2, span + 1):
@@ -630,27 +851,26 @@ def _check_stick_steps(ctx: _Context, node: OpNode, levels: Sequence[Level]) -> 
             f"op {op.name} {verb} {buffer} ({btype}) in tiles that cannot advance by one fixed step of whole "
             f"sticks: {_where(k, levels[k])} (count {count}) moves dim {dim} (range {span}) by {extent} elements "
             f"per iteration, so a tile of {buffer} {fault} ({eps}-element sticks along its last dim "
-            f"{btype.dims[-1]}); the device moves whole 128-byte sticks, and fspyre does not peel tails. Counts of "
-            f"{dim} that keep tiles whole sticks: {works[:12] or 'none'}; otherwise tile another dim, or keep "
-            f"{op.name} out of the hint scope."
+            f"{btype.dims[-1]}); the device moves whole 128-byte sticks. Counts of {dim} that keep tiles whole "
+            f"sticks: {works[:12] or 'none'}; otherwise tile another dim, or keep {op.name} out of the hint scope."
         )
 
 
-def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: Store, r: int,
-                     levels: Sequence[Level], fills: list[list[Node]], finishes: list[list[Node]]) -> list[Node]:
+def _tiled_reduction(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: Reduction, store: Store, r: int,
+                     fills: list[list[_Item | _SubNest]], finishes: list[list[_Item | _SubNest]]) -> list[_Item]:
     """partial + combine in the loop body; identity fill before and finish after level ``r``.
 
     var is the untiled two-pass algorithm with its sums tiled: before level ``r``, a nest of
-    the levels from ``r`` inwards computes the mean of the output tile (a tiled mean into the
-    float32 per-tile buffer ``<buf>_mean``); the main nest then subtracts it, squares in
-    float32 (``<buf>_dev``) and sums the squares tile by tile; the finish divides by N -
-    correction. Its operand must be whole before the first nest, which loop fission sees to
+    the levels from ``r`` inwards (tails included) computes the mean of the output tile (a
+    tiled mean into the float32 buffer ``<buf>_mean``); the main nest then subtracts it,
+    squares in float32 (``<buf>_dev``) and sums the squares tile by tile; the finish divides by
+    N - correction. Its operand must be whole before the first nest, which loop fission sees to
     (``split_at_tiled_reductions`` puts in-group producers of a tiled var in an earlier pass)."""
     op = t.op
     owner = op.store.buffer
     out_dtype = ctx.buffers[owner].type.dtype
     if op.fn != "var":
-        fill, body, finish = _accumulation(ctx, t, per_tile, op.fn, store, out_dtype, owner, r, levels)
+        fill, body, finish = _accumulation(ctx, t, tiled, per_tile, op.fn, store, out_dtype, owner, r)
         fills[r].append(fill)
         finishes[r].append(finish)
         return body
@@ -664,12 +884,8 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
     ctx.extra.setdefault(owner, []).extend([TreeBuffer(name=mean, type=mean_type, scope="full" if spans else "tile"),
                                             TreeBuffer(name=dev, type=dev_type, scope="tile")])
     mean_op = replace(per_tile, name=ctx.fresh(f"{op.name}_sum"), fn="mean", correction=0)
-    m_fill, m_body, m_finish = _accumulation(ctx, t, mean_op, "mean", Store(buffer=mean, index=midx), "float32",
-                                             owner, r, levels)
-    nest: tuple[Node, ...] = tuple(m_body)
-    for d in reversed(range(r, len(levels))):
-        nest = (Loop(count=levels[d].count, steps=level_steps(nest, d), body=nest,
-                     carried=carried_buffers(nest, d, _full_names(ctx))),)
+    m_fill, m_body, m_finish = _accumulation(ctx, t, tiled, mean_op, "mean", Store(buffer=mean, index=midx),
+                                             "float32", owner, r)
     deviation = Pointwise(
         name=ctx.fresh(f"{op.name}_center"), fn="sub", operands=(per_tile.operands[0], Load(buffer=mean, index=midx)),
         ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
@@ -680,10 +896,10 @@ def _tiled_reduction(ctx: _Context, t: _OpTiling, per_tile: Reduction, store: St
         ranges=out_dims + red_dims, store=Store(buffer=dev, index=didx), hints=op.hints,
     )
     squares = replace(per_tile, operands=(Load(buffer=dev, index=didx),), correction=0)
-    fill, body, finish = _accumulation(ctx, t, squares, "var", store, out_dtype, owner, r, levels)
-    fills[r].extend([m_fill, *nest, m_finish, fill])
+    fill, body, finish = _accumulation(ctx, t, tiled, squares, "var", store, out_dtype, owner, r)
+    fills[r].extend([_SubNest(fill=(m_fill,), body=tuple(m_body), finish=(m_finish,)), fill])
     finishes[r].append(finish)
-    return [OpNode(op=deviation, tiling=t.steps), OpNode(op=square, tiling=t.steps), *body]
+    return [_Item(op=deviation, steps=t.steps, tiled=tiled), _Item(op=square, steps=t.steps, tiled=tiled), *body]
 
 
 def _spans_output_tiles(t: _OpTiling, r: int) -> bool:
@@ -691,8 +907,8 @@ def _spans_output_tiles(t: _OpTiling, r: int) -> bool:
     return any(t.out_steps()[r + 1:])
 
 
-def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, store: Store, out_dtype: str,
-                  owner: str, r: int, levels: Sequence[Level]) -> tuple[OpNode, list[Node], OpNode]:
+def _accumulation(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: Reduction, fn: str, store: Store,
+                  out_dtype: str, owner: str, r: int) -> tuple[_Item, list[_Item], _Item]:
     """The fill (before level ``r``), the loop body (partial, combine) and the finish (after
     level ``r``) of a tiled ``fn`` of ``per_tile``'s operands into ``store`` (of
     ``out_dtype``); helper buffers are named after ``store`` and listed after the graph
@@ -702,7 +918,9 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
     ``r`` tiles an output dim, that is the per-tile output: a ``"tile"`` buffer. Otherwise
     (an output level nested in the reduction level) it spans the inner output tiles: a
     ``"full"`` buffer of the whole output shape, which the combine walks with the output's
-    advance and the fill and finish cover one level-``r`` tile at a time."""
+    advance and the fill and finish cover one level-``r`` tile at a time. The fill and finish
+    take the graph op's output ranges, which ``_place`` cuts to the output tile at level
+    ``r`` on each path of the nest (a tail's, too)."""
     op = t.op
     base = store.buffer
     partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[fn]
@@ -723,7 +941,7 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
     ctx.extra.setdefault(owner, []).extend(
         [TreeBuffer(name=part, type=part_type, scope="tile"), TreeBuffer(name=acc, type=acc_type, scope=acc_scope)]
     )
-    out_dims, span_dims = part_type.dims, t.dims_at(op.ranges, r, levels)
+    out_dims = part_type.dims
     partial = replace(per_tile, fn=partial_fn, store=Store(buffer=part, index=idx))
     combine = Pointwise(
         name=ctx.fresh(f"{per_tile.name}_combine"), fn=combine_fn,
@@ -733,7 +951,7 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
     fill = Pointwise(
         name=ctx.fresh(f"{per_tile.name}_fill"), fn="full",
         operands=(Scalar(value=float_identity if acc_float else int_identity),),
-        ranges=span_dims, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
+        ranges=op.ranges, store=Store(buffer=acc, index=acc_idx), hints=op.hints,
     )
     finish_ops: tuple[Load | Scalar, ...] = (Load(buffer=acc, index=acc_idx),)
     finish_fn = "cast"
@@ -745,17 +963,17 @@ def _accumulation(ctx: _Context, t: _OpTiling, per_tile: Reduction, fn: str, sto
         finish_fn, finish_ops = "div", finish_ops + (Scalar(value=float(max(count - op.correction, 0))),)
     finish = Pointwise(
         name=ctx.fresh(f"{per_tile.name}_finish"), fn=finish_fn, operands=finish_ops,
-        ranges=span_dims, store=store, hints=op.hints,
+        ranges=op.ranges, store=store, hints=op.hints,
     )
-    body: list[Node] = [OpNode(op=partial, tiling=t.steps), OpNode(op=combine, tiling=outer)]
-    return OpNode(op=fill, tiling=outer[:r]), body, OpNode(op=finish, tiling=outer[:r])
+    body = [_Item(op=partial, steps=t.steps, tiled=tiled), _Item(op=combine, steps=outer, tiled=tiled)]
+    return _Item(op=fill, steps=outer, tiled=tiled), body, _Item(op=finish, steps=outer, tiled=tiled)
 
 
 # -- verification ----------------------------------------------------------------------------
 def verify_loop_tree(tree: LoopTree) -> LoopTree:
     """Tree invariants: one tiling entry per enclosing loop, steps on dims the op iterates,
     each loop's ``steps`` the moves of the ops below it, every buffer known, every read
-    preceded by a write (or an input)."""
+    preceded by a write (or an input), every peeled tail a copy of an op of the main body."""
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")
@@ -788,6 +1006,14 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
             raise TilingError(f"loop tree {tree.name}: op {op.name} writes unknown buffer {op.store.buffer}")
         written.add(op.store.buffer)
     _verify_loop_steps(tree)
+    fns = {n.name: n.op.fn for n, _ in walk(tree.body) if isinstance(n, OpNode) and not n.origin}
+    for node, _ in walk(tree.body):
+        if isinstance(node, OpNode) and node.origin and fns.get(node.origin) not in (node.op.fn, None):
+            raise TilingError(f"loop tree {tree.name}: op {node.name}, a tail of {node.origin}, computes "
+                              f"{node.op.fn} where {node.origin} computes {fns[node.origin]}")
+        if isinstance(node, OpNode) and node.origin and node.origin not in fns:
+            raise TilingError(f"loop tree {tree.name}: op {node.name} is a tail of {node.origin}, which is not an "
+                              f"op of the tree's main body")
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
             raise TilingError(

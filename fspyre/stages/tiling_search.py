@@ -16,7 +16,8 @@ tiling"):
   free).
 - Shrink, then grow back: starting untiled, each of the consumer's output dims in turn (the
   outermost first) takes the smallest count that fits, trying the counts that divide the dim
-  into whole sticks from the coarsest up (fitting is not monotone in the count: tiles too
+  into whole sticks (tiles of power-of-two sticks with a peeled tail when none does) from the
+  coarsest up (fitting is not monotone in the count: tiles too
   small for the cores make work division split a reduction, and its partials leave LX); if
   no count of a dim fits, that dim keeps its finest and the next dim is tried. Then every
   tiled dim grows back, by binary search, to the largest tile that still fits. Last, the
@@ -298,7 +299,10 @@ def _tileable_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
 
 def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
     """Counts > 1 dividing ``size`` whose tiles are whole sticks wherever ``dim`` is a buffer's
-    stick dim (the unit-stride dim of a load or store)."""
+    stick dim (the unit-stride dim of a load or store). When none does, short of tiles of one
+    element (a prime size; a stick dim of no whole-stick divisor, such as 100 fp16 columns),
+    the counts of tiles of ``stick * 2**k`` elements: ``tile`` peels the remainder
+    (docs/tiling.md, "Tails")."""
     var = sympy.Symbol(dim, integer=True, nonnegative=True)
     stick = 1
     for op in ops:
@@ -306,7 +310,11 @@ def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
             btype = ctx.buffers[access.buffer].type
             if btype.dims and btype.dims[-1].size > 1 and access.index.coeff(var) == 1:
                 stick = max(stick, elems_per_stick(btype.dtype))
-    return [c for c in range(2, size + 1) if size % c == 0 and (size // c) % stick == 0]
+    exact = [c for c in range(2, size + 1) if size % c == 0 and (size // c) % stick == 0]
+    if any(c < size for c in exact):
+        return exact
+    tiles = (stick << k for k in range(size.bit_length()))
+    return sorted(set(exact) | {-(-size // t) for t in tiles if t < size})
 
 
 # -- judging one candidate ------------------------------------------------------------------------

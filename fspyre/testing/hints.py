@@ -18,12 +18,12 @@ so a falsifying example reads as the hints to write.
 
 ``legal_hint_nests`` draws nests that fspyre must compile, by construction from sufficient
 conditions written here independently of the tiling stages (docs/tiling.md, "Legal hints"):
-counts divide the remaining range; a dim that is the last (stick) dim of any buffer keeps
-tiles of whole 64-element sticks; an op that reads or writes a buffer through a view that
-is not one same-named variable per dim (a reshape) keeps its dims untiled; a reduction dim
-is tiled only when no level inside it leaves the reduction invariant (ops of the group that
-read it are split into a later loop nest by loop fission; an output level inside it gets an
-accumulator spanning its tiles); an unhinted
+any count >= 2 on any dim (a count that does not divide the range peels a tail, a tile that
+is not whole sticks is rounded up: docs/tiling.md, "Tails"); an op that reads or writes a
+buffer through a view that is not one same-named variable per dim (a reshape) keeps its dims
+untiled; a reduction dim is tiled only when no level inside it leaves the reduction invariant
+(ops of the group that read it are split into a later loop nest by loop fission; an output
+level inside it gets an accumulator spanning its tiles); an unhinted
 hole is only placed where data flow lets it move out of its run. ``any_hint_nests`` draws
 anything a user could write (unknown dims, counts that do not divide, holes that cannot move,
 work-division-only scopes, several dims per scope): compiling must then either succeed or
@@ -32,7 +32,6 @@ raise an FspyreError.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -43,8 +42,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Op, Reduction, TensorType, iteration_dims
 from fspyre.ir.looptree import LoopTree, op_nodes
 
-STICK = 64  # the largest elements-per-stick of any format: tiles of it suit every dtype
-COUNTS = (2, 3, 4, 8)
+COUNTS = (2, 3, 4, 5, 8)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +165,6 @@ class _Facts:
     iterated: tuple[frozenset[str], ...]  # per op: dims of size > 1
     reduced: tuple[frozenset[str], ...]  # per op: reduction dims of size > 1
     unaligned: tuple[frozenset[str], ...]  # per op: dims it walks through a non-aligned access
-    sticks: frozenset[str]  # last dims of any buffer
     readers: Mapping[str, tuple[int, ...]]  # buffer -> positions of the ops reading it
     writer: Mapping[str, int]
 
@@ -207,10 +204,8 @@ def _facts(graph: Graph) -> _Facts:
         iterated.append(it)
         reduced.append(frozenset(d.name for d in op.reduction_ranges if d.size > 1))
         unaligned.append(frozenset(bad))
-    sticks = frozenset(b.type.dims[-1].name for b in graph.buffers if b.type.dims and b.type.dims[-1].size > 1)
     return _Facts(
         ops=graph.ops, size=size, iterated=tuple(iterated), reduced=tuple(reduced), unaligned=tuple(unaligned),
-        sticks=sticks,
         readers={k: tuple(v) for k, v in readers.items()},
         writer={op.store.buffer: i for i, op in enumerate(graph.ops)},
     )
@@ -256,11 +251,6 @@ def _legal(f: _Facts, members: Sequence[int], prior: Sequence[tuple[str, int]], 
     """Can a level (dim, count) follow the ``prior`` levels of a group of ops ``members``?"""
     if not any(dim in f.iterated[p] for p in members):
         return True  # dropped with a warning for this group
-    remaining = f.size[dim] // math.prod(c for d, c in prior if d == dim)
-    if remaining % count:
-        return False
-    if dim in f.sticks and (remaining // count) % STICK:
-        return False
     if any(dim in f.unaligned[p] for p in members):
         return False
     for p in members:

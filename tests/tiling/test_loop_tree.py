@@ -236,11 +236,19 @@ def refuse(graph, *parts):
     return str(err.value)
 
 
-def test_count_must_divide_the_range():
-    refuse(reduction_graph(slices=({"A": 3},)), "op buf0: dim A has range 128", "count 3 of level 0",
-           "hint scope 0 slices={'A': 3}", "[2, 4, 8, 16, 32, 64, 128]")
-    refuse(reduction_graph(slices=({"A": 4}, {"A": 64})), "dim A has range 32 (of 128, after the outer levels)",
-           "count 64 of level 1")
+def test_a_level_no_whole_stick_tile_can_split_makes_no_loop():
+    """A: 4 on 128 takes tiles of 64 (whole sticks of the [A] result), leaving 64 rows for
+    A: 64: tiles of 1 element are not whole sticks, and no tile short of all 64 is, so the
+    inner level makes no loop (docs/tiling.md, "Tails")."""
+    graph = reduction_graph(slices=({"A": 4}, {"A": 64}))
+    tree = tile(graph, plan_tiling(graph))
+    msg = " ".join(tree.warnings)
+    for part in ("op buf0: level 0 (hint scope 0 slices={'A': 4}) tiles dim A (range 128) in 2 tiles of 64",
+                 "op buf0: level 1 (hint scope 1 slices={'A': 64}) tiles dim A (range 64 of 128 after the outer "
+                 "levels) in 1 tile of 64", "a tile of 1 would move buf0 (float16[A=128]) by 1 elements",
+                 "so the level makes no loop"):
+        assert part in msg, msg
+    assert shape(tree.body) == [(2, ["buf0:sum"])]
 
 
 def test_output_level_inside_the_reduction_level_accumulates_across_its_tiles():

@@ -10,7 +10,6 @@ from tiling_examples import EXAMPLES, canonical, matmul_m, nested_reduction
 
 import fspyre
 from fspyre.check import REDUCTION_RTOL
-from fspyre.errors import TilingError
 from fspyre.ir.graph import sym
 from fspyre.ir.program import LoopSpec, OpSpec, op_specs
 from fspyre.testing import inputs_for
@@ -186,7 +185,9 @@ def test_squeezed_intermediate_read_inside_the_loop():
     assert np.array_equal(got["z"], want["z"])
 
 
-def test_stick_misaligned_tile_is_refused_by_name():
+def test_stick_misaligned_tile_is_rounded_up_with_a_warning():
+    """B: 16 on 512 fp16 columns would be tiles of 32 elements, half sticks: the tile is rounded
+    up to 64 (8 iterations) and the warning names the op, dim, both counts and why."""
     g = fspyre.GraphBuilder("g")
     g.dim("A", 64)
     g.dim("B", 512)
@@ -194,13 +195,16 @@ def test_stick_misaligned_tile_is_refused_by_name():
     with g.hint(slices={"B": 16}):
         y = g.exp(x)
     g.output("y", y)
-    with pytest.raises(TilingError) as err:
-        fspyre.compile(g.build())
-    msg = str(err.value)
-    for part in ("op buf0 reads x (float16[A=64, B=512])", "cannot advance by one fixed step of whole sticks",
-                 "hint scope 0 slices={'B': 16}) (count 16) moves dim B (range 512) by 32 elements",
-                 "64-element stick", "Counts of B that keep tiles whole sticks: [2, 4, 8]"):
+    graph = g.build()
+    with pytest.warns(fspyre.FspyreWarning) as caught:
+        comp = fspyre.compile(graph)
+    msg = " ".join(str(w.message) for w in caught)
+    for part in ("op buf0: level 0 (hint scope 0 slices={'B': 16}) tiles dim B (range 512) in 8 tiles of 64",
+                 "8 iterations instead of the hinted 16", "a tile of 32 would move x (float16[A=64, B=512]) by 32",
+                 "64-element sticks", "Hint count 8"):
         assert part in msg, msg
+    assert [s.count for s in comp.program.body if hasattr(s, "count")] == [8]
+    assert fspyre.check(graph, comp=comp).equal
 
 
 def test_fp32_tiles_of_half_a_half_stick_are_fine():

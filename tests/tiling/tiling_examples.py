@@ -172,6 +172,38 @@ def rows_inside_k() -> Graph:
     return g.build()
 
 
+def peeled() -> Graph:
+    """Tails on both levels (docs/tiling.md, "Tails"): A: 3 on 100 rows takes tiles of 34, a
+    loop of 2 and a tail of 32 rows; B: 2 on 200 fp16 columns takes tiles of 128 (100 is not
+    whole 64-element sticks, rounded up), a loop of 1 run in place and a tail of 72."""
+    g = fspyre.GraphBuilder("peeled")
+    g.dim("A", 100)
+    g.dim("B", 200)
+    a = g.input("a", ["A", "B"], "float16")
+    b = g.input("b", ["A", "B"], "float16")
+    with g.hint(slices={"A": 3}):
+        with g.hint(slices={"B": 2}):
+            y = g.add(a, b)
+            z = g.mul(y, a)
+    g.output("z", z)
+    return g.build()
+
+
+def peeled_reduction() -> Graph:
+    """Row sums with tails on the output level (A: 2 on 100: tiles of 50 rounded up to 64, whole
+    sticks of the [A] result, run in place, and a tail of 36) and on the reduction level (K: 3
+    on 320 fp16 columns: tiles of 107 rounded up to 128, a loop of 2 and a tail of 64)."""
+    g = fspyre.GraphBuilder("peeled_reduction")
+    g.dim("A", 100)
+    g.dim("K", 320)
+    x = g.input("x", ["A", "K"], "float16")
+    with g.hint(slices={"A": 2}):
+        with g.hint(slices={"K": 3}):
+            r = g.sum(g.mul(x, 0.5), ["K"])
+    g.output("r", r)
+    return g.build()
+
+
 EXAMPLES = {
     "canonical": canonical,
     "softmax_rows": softmax_rows,
@@ -185,4 +217,6 @@ EXAMPLES = {
     "softmax_columns": softmax_columns,
     "log_softmax_columns": log_softmax_columns,
     "attention_keys": attention_keys,
+    "peeled": peeled,
+    "peeled_reduction": peeled_reduction,
 }

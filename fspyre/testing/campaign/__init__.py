@@ -41,7 +41,7 @@ REFUSAL_CAUSES = (
     # nest and a tiled var compile since loop fission and spanning accumulators: no cause)
     ("reduction left invariant inside its reduction level", r"tiles no dim of .* but runs inside"),
     ("gather tiled over its reduction dim", r"no tile-by-tile combine"),
-    ("count does not divide", r"does not divide"),
+    ("dims of one level leave different tails", r"one loop cannot peel them all"),
     ("one level tiles output and reduction dim", r"tiles output dim .* and reduction dim .* at once"),
     ("one level tiles two dims of an op", r"at once; one counted loop"),
     ("reader not walking producer tiles", r"in tiles of .* moving|not one iteration variable per dim"),

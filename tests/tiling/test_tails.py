@@ -1,0 +1,273 @@
+"""Tails (issue 13, docs/tiling.md "Tails"): a count that does not divide its dim, and a tile
+that is not whole sticks, compile to a loop of whole tiles and a peeled tail, and run equal
+to the untiled program and to numpy computing the graph from its definition
+(fspyre/testing/numpy_ref.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fspyre
+from fspyre.check import REDUCTION_RTOL
+from fspyre.ir.looptree import Loop, OpNode, Peel, walk
+from fspyre.ir.program import LoopSpec, OpSpec
+from fspyre.ir.serialize import dumps, loads
+from fspyre.machine.memcheck import check_memory
+from fspyre.testing import examples
+from fspyre.testing import numpy_ref as R
+
+SETTINGS = settings(max_examples=examples(40), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+pytestmark = pytest.mark.filterwarnings("ignore::fspyre.FspyreWarning")
+
+
+def quarters(rng: np.random.Generator, shape, lo: int = -8, hi: int = 8) -> np.ndarray:
+    """Multiples of 1/4 in [lo/4, hi/4): exact in every float format, so inputs carry no error."""
+    return (rng.integers(lo, hi, shape) / 4).astype(np.float32)
+
+
+def scaled_sum(rows: int, cols: int, levels, dtype: str = "float16", fn: str | None = None):
+    """y = 0.5 x + w over [A=rows, B=cols]; the output is y * x, or ``fn`` of y over B. Each
+    (dim, count) of ``levels`` is one nested hint scope, outermost first."""
+    g = fspyre.GraphBuilder("tails")
+    g.dim("A", rows)
+    g.dim("B", cols)
+    x = g.input("x", ["A", "B"], dtype)
+    w = g.input("w", ["A", "B"], dtype)
+    scopes = [g.hint(slices={d: c}) for d, c in levels]
+    for s in scopes:
+        s.__enter__()
+    y = g.add(g.mul(x, 0.5), w)
+    out = g.mul(y, x) if fn is None else g.reduce(fn, y, ["B"])
+    for s in reversed(scopes):
+        s.__exit__(None, None, None)
+    g.output("z", out)
+    return g.build()
+
+
+def numpy_reference(graph, inputs, fn: str | None, fmt: str) -> R.Ref:
+    dtype = graph.buffer_table()["x"].type.dtype
+    shape = graph.buffer_table()["x"].type.shape
+    x = R.exact(["A", "B"], inputs["x"], dtype)
+    w = R.exact(["A", "B"], inputs["w"], dtype)
+    half = R.pointwise("mul", [x, 0.5], ["A", "B"], shape, dtype, fmt)
+    y = R.pointwise("add", [half, w], ["A", "B"], shape, dtype, fmt)
+    if fn is None:
+        return R.pointwise("mul", [y, x], ["A", "B"], shape, dtype, fmt)
+    return R.reduce(fn, y, ["B"], ["A"], False, dtype, fmt)
+
+
+def agree(graph, tiled, untiled, inputs, fn, machine) -> None:
+    got, want = tiled["z"].astype(np.float64), untiled["z"].astype(np.float64)
+    dtype = graph.buffer_table()["x"].type.dtype
+    if fn in (None, "amax", "amin"):  # the same operations on the same values
+        assert np.array_equal(got, want)
+    else:  # a reassociated float32 sum, rounded once (docs/tiling.md, "Numerics")
+        tol = REDUCTION_RTOL[dtype] * max(1.0, float(np.abs(want).max()))
+        assert float(np.abs(got - want).max()) <= tol
+    ref = numpy_reference(graph, inputs, fn, machine.fp16_format)
+    assert R.accept(tiled["z"], ref).all()
+
+
+def compile_and_run(graph, machine, inputs):
+    comp = fspyre.compile(graph, machine, tiling="hints")
+    tree = comp.stages["loop_tree"]
+    assert loads(dumps(tree)) == tree
+    assert check_memory(comp.program).clean
+    return comp, fspyre.run(comp, inputs)
+
+
+def tails(tree) -> list[OpNode]:
+    return [n for n, _ in walk(tree.body) if isinstance(n, OpNode) and n.origin]
+
+
+# -- the issue's example ---------------------------------------------------------------------
+def test_a_count_of_3_on_100_rows_peels_a_tail():
+    """A: 3 on 100 rows: tiles of ceil(100 / 3) = 34, a loop of 2, and a tail of 32 rows that
+    starts at row 68; its ops are copies of the loop's, named apart, pointing at their origin."""
+    graph = scaled_sum(100, 128, [("A", 3)])
+    machine = fspyre.machine.spyre(cores=4)
+    rng = np.random.default_rng(0)
+    inputs = {"x": quarters(rng, (100, 128)), "w": quarters(rng, (100, 128))}
+    comp, got = compile_and_run(graph, machine, inputs)
+    assert not comp.warnings  # 3 iterations, as hinted
+    loop, *rest = comp.stages["loop_tree"].body
+    assert isinstance(loop, Loop) and loop.count == 2 and [(s.dim, s.extent) for s in loop.steps] == [("A", 34)]
+    assert [n.op.ranges[0].size for n in loop.body] == [34, 34, 34]
+    assert [(n.origin, n.peeled, n.op.ranges[0].size) for n in rest] == [
+        (o, (Peel(dim="A", start=68),), 32) for o in ("buf0", "buf1", "buf2")]
+    assert len({n.name for n in rest} | {n.name for n in loop.body}) == 6
+    # the program: the loop, then the tail's three ops outside it; bundle.mlir likewise
+    spec_loop, *spec_tail = comp.program.body
+    assert isinstance(spec_loop, LoopSpec) and spec_loop.count == 2
+    assert [s.name for s in spec_tail] == [n.name for n in rest] and all(isinstance(s, OpSpec) for s in spec_tail)
+    mlir = comp.bundle_mlir
+    after_loop = mlir[mlir.index("scf.for"):].split("\n\t\t}\n", 1)[1]
+    assert after_loop.count("sdscbundle.sdsc_execute") == 3
+    untiled = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
+    agree(graph, got, untiled, inputs, None, machine)
+
+
+def test_tail_ops_address_the_rows_after_the_loop():
+    """The tail's full-buffer indices start at row 68 (68 x 128 elements), its per-tile
+    buffer (y, read only inside the nest) at the tile's start: the tail uses part of it."""
+    graph = scaled_sum(100, 128, [("A", 3)])
+    tree = fspyre.compile(graph, fspyre.machine.spyre(cores=4), tiling="hints").stages["loop_tree"]
+    table = tree.buffer_table()
+    mul_tail = next(n for n in tails(tree) if n.origin == "buf0")
+    (load,) = [o for o in mul_tail.op.operands if hasattr(o, "buffer")]
+    assert str(load.index) == "128*A + B + 8704"
+    assert table["buf0"].scope == "tile" and table["buf0"].type.shape == (34, 128)
+    assert str(mul_tail.op.store.index) == "128*A + B"
+
+
+# -- properties --------------------------------------------------------------------------------
+@st.composite
+def tail_levels(draw, reduced: bool):
+    """One or two nested levels on A and/or B with counts that need not divide; when B is
+    reduced, A levels come first (an output level inside a reduction level is refused)."""
+    dims = draw(st.lists(st.sampled_from("AB"), min_size=1, max_size=2))
+    if reduced:
+        dims = sorted(dims)
+    return [(d, draw(st.integers(2, 7))) for d in dims]
+
+
+@SETTINGS
+@given(st.data(), st.integers(2, 130), st.integers(2, 200), st.sampled_from(["float16", "bfloat16", "float32"]),
+       st.sampled_from([None, "sum", "mean", "amax", "amin"]), st.sampled_from([1, 3, 32]))
+def test_tails_agree_with_untiled_and_numpy(data, rows, cols, dtype, fn, cores):
+    levels = data.draw(tail_levels(fn is not None), label="levels")
+    graph = scaled_sum(rows, cols, levels, dtype, fn)
+    machine = fspyre.machine.spyre(cores=cores)
+    rng = np.random.default_rng(rows * 1000 + cols)
+    inputs = {"x": quarters(rng, (rows, cols)), "w": quarters(rng, (rows, cols))}
+    comp, got = compile_and_run(graph, machine, inputs)
+    untiled = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
+    agree(graph, got, untiled, inputs, fn, machine)
+
+
+@pytest.mark.parametrize("fn", ["sum", "mean", "prod", "amax", "amin"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int32"])
+def test_reductions_tiled_with_a_tail_on_the_reduced_dim(fn, dtype):
+    """K: 3 on 100 columns: whole-stick tiles (64 of 2-byte formats, 64 of 4-byte ones after
+    rounding 34 up to 32-element sticks), the partial and combine of the tail after the loop,
+    the finish after both; mean scales by 1/100, the whole range."""
+    g = fspyre.GraphBuilder(f"tail_{fn}_{dtype}")
+    g.dim("A", 8)
+    g.dim("K", 100)
+    x = g.input("x", ["A", "K"], dtype)
+    with g.hint(slices={"K": 3}):
+        r = g.reduce(fn, x, ["K"])
+    g.output("r", r)
+    graph = g.build()
+    rng = np.random.default_rng(1)
+    values = rng.integers(-2, 3, (8, 100)) if dtype == "int32" else quarters(rng, (8, 100))
+    if fn == "prod":  # keep products representable: mostly ones, a few halves and twos
+        values = rng.choice(np.array([0.5, 1.0, 1.0, 1.0, 2.0, -1.0]), (8, 100)).astype(np.float32)
+        if dtype == "int32":
+            values = rng.choice(np.array([1] * 8 + [-1, 2]), (8, 100))  # far from int32 wrapping
+    inputs = {"x": values}
+    machine = fspyre.machine.spyre(cores=4)
+    comp, got = compile_and_run(graph, machine, inputs)
+    tree = comp.stages["loop_tree"]
+    names = [n.op.name for n, _ in walk(tree.body) if isinstance(n, OpNode)]
+    assert names[0].endswith("_fill") and names[-1].endswith("_finish")
+    assert any(n.origin and n.op.name.startswith("buf0_combine") for n in tails(tree))
+    want = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)["r"].astype(np.float64)
+    have = got["r"].astype(np.float64)
+    out_dtype = graph.buffer_table()[graph.outputs[0].buffer].type.dtype
+    if fn in ("amax", "amin") or out_dtype == "int32":  # exact in any order
+        assert np.array_equal(have, want)
+    else:  # a float mean of int32 is scaled once by 1/100, untiled divides: an ulp apart
+        assert np.abs(have - want).max() <= REDUCTION_RTOL[out_dtype] * max(1.0, np.abs(want).max())
+    ref = R.reduce(fn, R.exact(["A", "K"], values, dtype), ["K"], ["A"], False, dtype, machine.fp16_format)
+    assert R.accept(got["r"], ref).all()
+
+
+def test_nested_levels_on_one_dim_with_tails_on_both():
+    """A: 3 then A: 2 on 100 rows: outer tiles of 34 (a loop of 2, a tail of 32), inner tiles
+    of 17: the outer loop's tile runs an inner loop of 2, the outer tail an inner loop of 1
+    (in place) and an inner tail of 15."""
+    graph = scaled_sum(100, 64, [("A", 3), ("A", 2)])
+    machine = fspyre.machine.spyre(cores=2)
+    rng = np.random.default_rng(3)
+    inputs = {"x": quarters(rng, (100, 64)), "w": quarters(rng, (100, 64))}
+    comp, got = compile_and_run(graph, machine, inputs)
+    tree = comp.stages["loop_tree"]
+    rows = sorted((n.op.ranges[0].size, tuple((p.dim, p.start) for p in n.peeled))
+                  for n in tails(tree) if n.origin.startswith("buf1"))
+    assert rows == [(15, (("A", 68), ("A", 85))), (17, (("A", 68),))]
+    outer = tree.body[0]
+    assert isinstance(outer, Loop) and outer.count == 2 and isinstance(outer.body[0], Loop)
+    assert outer.body[0].count == 2
+    untiled = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
+    agree(graph, got, untiled, inputs, None, machine)
+
+
+def test_sub_stick_tiles_warn_with_the_count_used():
+    """B: 4 on 200 fp16 columns asks for tiles of 50 elements, not whole 64-element sticks:
+    rounded up to 64, a loop of 3 and a tail of 8 -- 4 iterations as hinted, no warning;
+    B: 3 (tiles of 67 -> 128) runs 2 iterations and says so."""
+    rng = np.random.default_rng(4)
+    inputs = {"x": quarters(rng, (6, 200)), "w": quarters(rng, (6, 200))}
+    machine = fspyre.machine.spyre(cores=4)
+    for count, used, warned in ((4, 4, False), (3, 2, True)):
+        graph = scaled_sum(6, 200, [("B", count)])
+        with pytest.warns(fspyre.FspyreWarning) if warned else _no_warning():
+            comp, got = compile_and_run(graph, machine, inputs)
+        if warned:
+            (text,) = comp.warnings
+            for part in ("op buf0", "dim B (range 200)", f"{used} iterations instead of the hinted {count}",
+                         "64-element sticks", f"Hint count {used}"):
+                assert part in text, text
+        untiled = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
+        agree(graph, got, untiled, inputs, None, machine)
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("error", fspyre.FspyreWarning)
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+def test_the_search_tries_tails_when_no_count_divides():
+    """97 rows (prime) under a small LX: the only dividing count makes tiles of one row, so
+    the search also judges tiles of 2, 4, ..., 64 rows (counts 49, 25, ..., 2) with a peeled
+    tail; whatever it picks runs equal to the untiled reference."""
+    g = fspyre.GraphBuilder("softmax97")
+    g.dim("R", 97)
+    g.dim("C", 512)
+    x = g.input("x", ["R", "C"], "float16")
+    e = g.exp(g.sub(x, g.amax(x, ["C"], keepdim=True)))
+    g.output("y", g.div(e, g.sum(e, ["C"], keepdim=True)))
+    graph = g.build()
+    machine = fspyre.machine.spyre(cores=4, lx_bytes=16384)
+    comp = fspyre.compile(graph, machine)
+    tried = {lv.count for grp in comp.stages["tiling_search"].groups for c in grp.candidates for lv in c.levels}
+    assert {2, 4, 7, 13, 25, 49, 97} <= tried
+    assert fspyre.check(graph, machine=machine, comp=comp).equal
+
+
+def test_verify_loop_tree_refuses_a_tail_of_no_op():
+    from dataclasses import replace
+
+    from fspyre.errors import TilingError
+    from fspyre.stages.loop_tree import verify_loop_tree
+
+    tree = fspyre.compile(scaled_sum(100, 128, [("A", 3)]), fspyre.machine.spyre(cores=4),
+                          tiling="hints").stages["loop_tree"]
+    loop, first, *rest = tree.body
+    for origin, match in (("nope", "op buf0_tail is a tail of nope, which is not an op of the tree's main body"),
+                          ("buf1", "op buf0_tail, a tail of buf1, computes mul where buf1 computes add")):
+        bad = replace(tree, body=(loop, replace(first, origin=origin), *rest))
+        with pytest.raises(TilingError, match=match):
+            verify_loop_tree(bad)
