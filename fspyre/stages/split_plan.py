@@ -343,8 +343,12 @@ def _apply_hint(op: Op, hint: Mapping[str, object], adjusted: Mapping[str, int],
             continue
         n = adjusted.get(name, all_dims[name])
         if k > n:
+            # one slice per unit is as far as the hint can go (a tile of the dim may be smaller
+            # than the scope's other ops' dims): honoured that far, and said so
             unit = f"{n} sticks" if n != all_dims[name] else f"{n} elements"
-            raise HintError(f"{where}: {k} slices are more than dim {name} has ({unit}); hint at most {n}")
+            warnings.append(f"{where}: {k} slices are more than dim {name} has ({unit}), so it is split into {n}; "
+                            f"hint at most {n} to silence this")
+            k = n
         if name in committed and committed[name] != k:
             notes.append(f"{where}: overrides the span split {committed[name]}")
         if k > 1:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from workloads import compile, pointwise
 
 import fspyre
-from fspyre.errors import FspyreWarning, HintError
+from fspyre.errors import FspyreWarning
 from fspyre.ir.program import op_specs
 from fspyre.ir.serialize import dumps, loads
 from fspyre.lower.sdsc import sdsc_json
@@ -138,14 +138,18 @@ def test_printed_forms(golden):
     golden.check("97x96.program", pretty(comp.program))
 
 
-def test_hint_counts_are_at_most_the_units():
+def test_hint_counts_beyond_the_units_split_one_unit_per_core_and_warn():
     g = fspyre.GraphBuilder("add")
     A, B = g.dim("A", 5), g.dim("B", 150)
     a, b = (g.input(n, (A, B), "float16") for n in "ab")
     with g.hint(work_div={"B": 4}):  # 150 elements are 3 sticks
         g.output("y", g.add(a, b))
-    with pytest.raises(HintError, match=r"4 slices are more than dim B has \(3 sticks\); hint at most 3"):
-        compile(g.build(), tiling="none")
+    graph = g.build()
+    with pytest.warns(fspyre.FspyreWarning, match=r"4 slices are more than dim B has \(3 sticks\), so it is split "
+                                                   r"into 3; hint at most 3"):
+        comp = compile(graph, tiling="none")
+    assert dict(comp.stages["split_plan"].ops["buf0"].splits)["B"] == 3
+    assert fspyre.check(graph, comp=comp).equal
 
 
 def test_core_spaces_that_do_not_partition_are_refused():
