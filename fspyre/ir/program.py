@@ -40,8 +40,9 @@ class TensorArg:
     ``device_coordinates`` map the op's iteration symbols to one coordinate per device dim of
     ``device_size``; ``allocation`` is exactly one of ``{"hbm": addr}`` / ``{"lx": addr}``;
     ``tile_advance[L]`` is the byte step per iteration of enclosing loop L (outermost first),
-    0 where the tensor does not advance. ``arg_index`` is the kernel argument, -1 for
-    intermediates.
+    0 where the tensor does not advance; in LX (where each core lays out its own box) it steps
+    from one slot of the allocation to the next (a region kept across sibling loops).
+    ``arg_index`` is the kernel argument, -1 for intermediates.
     """
 
     name: str
@@ -69,8 +70,9 @@ class TensorArg:
                 f"tensor {self.name}: {len(self.device_coordinates)} coordinates "
                 f"for device rank {len(self.device_size)}"
             )
-        if self.memory == "lx" and any(self.tile_advance):
-            raise LoweringError(f"tensor {self.name}: an LX tensor cannot advance across loop iterations")
+        if self.memory == "lx" and any(a < 0 for a in self.tile_advance):
+            # an LX tensor advances only through the slots its allocation laid out, upwards
+            raise LoweringError(f"tensor {self.name}: LX tile_advance {list(self.tile_advance)} must not be negative")
 
     @property
     def memory(self) -> str:

@@ -155,8 +155,25 @@ def test_softmax_512x8192_tiled_8_ways_on_its_reduction_dim():
     _, want = _run(graph, {"x": x}, "none", fspyre.machine.spyre())
     assert np.abs(got["y"].astype(np.float64) - want["y"]).max() <= REDUCTION_RTOL["float16"]
     assert numpy_ref.accept(got["y"], _softmax_ref(x, "softmax", "float16")).all()
-    # x once per loop: the second loop's read is the one a streamed softmax cannot avoid
+    # the compulsory minimum: each core's 16 rows of x (256 KiB) stay in LX from the first
+    # loop to the second, one slot per tile
+    assert traffic_report(comp.program).traffic_ratio == pytest.approx(1.0)
+    kept = comp.stages["allocation"].buffers["x_lx"]
+    assert kept.memory == "lx" and kept.nbytes == 8 * 16 * 1024 * 2
+    assert sorted(set(kept.advances.values())) == [(16 * 1024 * 2,)]
+
+
+def test_softmax_whose_rows_do_not_fit_lx_re_reads_x_in_the_second_loop():
+    """With 384 KiB of LX per core, each core's 256 KiB of x does not fit beside the tiles the
+    loops compute: the slots are withdrawn and the second loop reads x from HBM again (ratio
+    1.5, as before the slots), still equal."""
+    graph = softmax_over(512, 8192, 8)
+    machine = fspyre.machine.spyre(lx_bytes=384 * 1024)
+    comp = fspyre.compile(graph, machine, tiling="hints")
+    assert "x_lx" not in comp.stages["allocation"].buffers
     assert traffic_report(comp.program).traffic_ratio == pytest.approx(1.5)
+    x = _dlfloat16((np.random.default_rng(3).standard_normal((512, 8192)) * 4).astype(np.float16))
+    assert fspyre.check(graph, {"x": x}, machine=machine, comp=comp).equal
 
 
 def test_attention_4096_keys_tiled_8_ways_reads_q_k_v_once():
