@@ -577,6 +577,11 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
                        tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
                        store=True, regions=regions)
     ctype = np.dtype(str(info["compute"]))
+    if ctype.kind in "iu":
+        info_i = np.iinfo(ctype)
+        for kind, v in operands:
+            if kind == "scalar" and not info_i.min <= v <= info_i.max:  # NaN fails both
+                raise ExecutionError(f"op {name}: scalar operand {v} does not fit its compute type {ctype}", op=name)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
                   blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
