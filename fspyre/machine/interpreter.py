@@ -1067,7 +1067,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
     else:
         _write(m, op.out, out_off, _compute(op, values, op.sizes))
     if m.trace is not None:
-        _trace(op, iters, out_off, m)
+        _trace(op, offsets, out_off, m.trace, m)
 
 
 def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
@@ -1150,10 +1150,13 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
                 _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = _FULL[onb]
 
 
-def _trace(op: OpPlan, iters: tuple[int, ...], out_offset: int, m: _Machine) -> None:
-    reads, writes = m.trace.setdefault(id(op.spec), ([], []))  # type: ignore[union-attr]
-    tensors: list[Access] = [v for kind, v in op.operands if kind == "tensor"]
-    reads.append(sum(m.stick_bytes(v, _offset(v, iters)) for v in tensors if not v.lx))
+def _trace(op: OpPlan, offsets: Sequence[int], out_offset: int, trace: dict[int, tuple[list[int], list[int]]],
+           m: _Machine) -> None:
+    """Record the HBM bytes this iteration of ``op`` read and wrote (``offsets``: the element
+    offset of each operand in it, as ``_run_op`` checked them)."""
+    reads, writes = trace.setdefault(id(op.spec), ([], []))
+    reads.append(sum(m.stick_bytes(v, off) for (kind, v), off in zip(op.operands, offsets)
+                     if kind == "tensor" and not v.lx))
     writes.append(0 if op.out.lx else m.stick_bytes(op.out, out_offset))
 
 
@@ -1206,10 +1209,10 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     if not nsplit:
         return part if part.shape == out_shape else np.broadcast_to(part, out_shape)
     part = np.broadcast_to(part, out_shape + tuple(s for s in red_split if s > 1))
-    acc = None
-    for key in itertools.product(*(range(s) for s in red_split if s > 1)):  # slice order
-        p = part[(..., *key)]
-        acc = p if acc is None else numerics.combine(op.fn, acc, p)
+    keys = itertools.product(*(range(s) for s in red_split if s > 1))  # slice order; nsplit > 0 of them
+    acc = part[(...,) + next(keys)]
+    for key in keys:
+        acc = numerics.combine(op.fn, acc, part[(...,) + key])
     return acc
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import sympy
 
 from fspyre.errors import FspyreError, TilingError
-from fspyre.ir.graph import Buffer, Graph, Op, Output, Reduction
+from fspyre.ir.graph import Buffer, Graph, Load, Op, Output, Reduction, Store
 from fspyre.ir.plans import Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
@@ -306,7 +306,8 @@ def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
     var = sympy.Symbol(dim, integer=True, nonnegative=True)
     stick = 1
     for op in ops:
-        for access in (*op.loads, op.store):
+        accesses: tuple[Load | Store, ...] = (*op.loads, op.store)
+        for access in accesses:
             btype = ctx.buffers[access.buffer].type
             if btype.dims and btype.dims[-1].size > 1 and access.index.coeff(var) == 1:
                 stick = max(stick, elems_per_stick(btype.dtype))
