@@ -361,9 +361,9 @@ def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin
 def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
     table = tree.buffer_table()
     of_buffer = {p.buffer: p for p in pins}
-    by_writer = {p.writer: p for p in pins}
     first = max((h.id for h in tree.hints), default=-1) + 1
     scopes = tuple(HintScope(id=first + i, work_div=p.split) for i, p in enumerate(pins))
+    by_writer = {p.writer: (p, scope) for p, scope in zip(pins, scopes)}
     body: list[Node] = []
     for node in tree.body:
         if not isinstance(node, OpNode):
@@ -373,16 +373,17 @@ def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
         # a redirect keeps a load a load, so a reduction's operands stay loads
         operands: Any = tuple(Load(buffer=of_buffer[o.buffer].name, index=o.index)
                               if isinstance(o, Load) and o.buffer in of_buffer else o for o in op.operands)
-        p = by_writer.get(op.name)
-        store = op.store if p is None else Store(buffer=p.name, index=op.store.index)
-        body.append(node if operands == op.operands and p is None
+        pinned = by_writer.get(op.name)
+        store = op.store if pinned is None else Store(buffer=pinned[0].name, index=op.store.index)
+        body.append(node if operands == op.operands and pinned is None
                     else replace(node, op=replace(op, operands=operands, store=store)))
-        if p is not None:
+        if pinned is not None:
+            p, scope = pinned
             btype = table[p.buffer].type
             index = btype.contiguous_index()
             body.append(OpNode(op=Pointwise(
                 name=f"{p.name}_out", fn="copy", operands=(Load(buffer=p.name, index=index),), ranges=btype.dims,
-                store=Store(buffer=p.buffer, index=index), hints=(scopes[pins.index(p)].id,))))
+                store=Store(buffer=p.buffer, index=index), hints=(scope.id,))))
     buffers: list[TreeBuffer] = []
     for b in tree.buffers:
         buffers.append(b)
