@@ -262,6 +262,7 @@ class Access:
     # loops, so this is known when the access is planned)
     lx_ok: bool = True
     replicated: Replicated | None = None
+    spread: Spread | None = None  # LX store: the same bytes to several cores (``_spread``)
     # HBM: the bytes of the kernel argument the tensor's arg_index names, which every access
     # must stay inside (the runtime hands the kernel one base per argument); None for an
     # intermediate, which must stay outside every argument
@@ -282,10 +283,27 @@ class Replicated:
     strides: tuple[int, ...]
     slice_axes: tuple[int, ...]  # the view axes of the slices, compared for equal bits
     same_shape: tuple[int, ...]  # the values when all slices are equal: the grid, 1 along replicated axes
+    cores: frozenset[int]  # the cores whose LX the load reads
 
 
-def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
-    """``axes``: the grid axes to try (split across cores, not used by the coordinates)."""
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """An LX store that puts one region on several cores: the grid axes it splits across cores
+    are not in the tensor's coordinates (one point per core, the same local addresses on
+    each), every other axis is whole on each core, and each core's elements fill its local
+    bytes ``lo``..``hi`` without a gap. When the stored bits do not vary along those axes
+    (``_store``), every core of ``cores`` then holds the same bytes there, all written: the
+    ``_Machine.replicas`` record a load of that region trusts instead of comparing the copies."""
+
+    axes: tuple[int, ...]  # the grid axes the cores differ along
+    cores: frozenset[int]
+    lo: int
+    hi: int
+
+
+def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int]) -> Replicated | None:
+    """``axes``: the grid axes to try (split across cores, not used by the coordinates);
+    ``cores``: those the load touches."""
     if p.dims is None or not p.aligned or not axes:
         return None
     shape: list[int] = []
@@ -305,7 +323,31 @@ def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
     if not slice_axes:
         return None
     return Replicated(shape=tuple(shape), strides=tuple(strides), slice_axes=tuple(slice_axes),
-                      same_shape=tuple(same))
+                      same_shape=tuple(same), cores=cores)
+
+
+def _spread(p: Pattern, sizes: tuple[int, ...], splits: tuple[int, ...], copies: Sequence[int],
+            core_range: np.ndarray, nb: int) -> Spread | None:
+    """The ``Spread`` of an LX store, or None. ``copies``: its grid axes split across cores
+    and not used by the coordinates."""
+    axes = [k for k, s in enumerate(splits) if s > 1]
+    if p.dims is None or not p.aligned or not axes or any(k not in copies or sizes[k] != splits[k] for k in axes):
+        return None
+    touched = np.nonzero(core_range[:, 0] <= core_range[:, 1])[0]
+    if touched.size < 2 or not (core_range[touched] == core_range[touched[0]]).all():
+        return None
+    lo, hi = (int(x) for x in core_range[touched[0]])
+    # without a gap: the strides of the other axes, finest first, are the running products
+    # of the sizes before them (each element once, the run exactly filling lo..hi)
+    reach = 1
+    for n, st in sorted((d for k, dims in enumerate(p.axis_dims) if k not in axes for d in dims if d[0] > 1),
+                        key=lambda d: abs(d[1])):
+        if st != reach:
+            return None
+        reach *= n
+    if reach * nb != hi - lo + nb:
+        return None
+    return Spread(axes=tuple(axes), cores=frozenset(int(c) for c in touched), lo=lo, hi=hi + nb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,10 +481,12 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     pattern = _pattern(full, full.shape, nb)
     used = frozenset().union(*map(free_names, arg.device_coordinates))
     copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
-    touched = r[r[:, 0] <= r[:, 1]]
+    on = r[:, 0] <= r[:, 1]
+    touched = r[on]
     span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
     return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
-                  replicated=None if store else _replicated(pattern, copies), lx_span=span)
+                  replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist())),
+                  spread=_spread(pattern, sizes, splits, copies, r, nb) if store and lx_ok else None, lx_span=span)
 
 
 def _check_coordinates(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...]) -> None:
@@ -739,6 +783,8 @@ class _Machine:
         # dropped when a store touches those bytes (``_read``)
         self.decoded: dict[tuple[int, int], tuple[bool, int, int, np.ndarray]] = {}
         self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
+        # LX regions one store put on several cores, untouched since (``Spread``)
+        self.replicas: list[Spread] = []
         # end of the bytes any store reached: in HBM, and in the LX of any core (``recycle``)
         self.hbm_end = 0
         self.lx_end = 0
@@ -750,6 +796,8 @@ class _Machine:
         if self.decoded:
             self.forget(acc.lx, lo, hi)
         if acc.lx:
+            if self.replicas:  # the span is the union over cores: a store to one core's copy ends it
+                self.replicas = [t for t in self.replicas if not (t.lo < hi and lo < t.hi)]
             self.lx_end = max(self.lx_end, hi)
         else:
             self.hbm_end = max(self.hbm_end, hi)
@@ -853,11 +901,16 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
     start = (acc.pattern.start + offset) * nb
     data = m.view(acc.lx, nb, False)
     raw = np.ndarray(r.shape, data.dtype, data, start, r.strides)
+    first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
+    lo, hi = acc.lx_span
+    if any(t.lo <= lo and hi <= t.hi and r.cores <= t.cores for t in m.replicas):
+        # one store put these bytes on every core the load reads, and no store touched them
+        # since (``Spread``): they are written and the same on every core, unread
+        return formats.decode(first, acc.fmt).reshape(r.same_shape)
     if m.check_written and raw.size:
         written = m.view(acc.lx, nb, True)
         if np.ndarray(r.shape, written.dtype, written, start, r.strides).min() != _FULL[nb]:
             raise _Unwritten
-    first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
     if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
         # every slice holds the same bits: the same values, whichever core reads them
         return formats.decode(first, acc.fmt).reshape(r.same_shape)
@@ -877,9 +930,10 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         if m.check_written:
             m.view(acc.lx, nb, True)[idx] = _FULL[nb]
         return
+    shape = (1,) * (len(p.shape) - raw.ndim) + raw.shape
     if raw.shape != p.shape:
         # into view axes without spreading: a grid axis the bits do not vary along stays 1
-        raw = np.ascontiguousarray(raw).reshape((1,) * (len(p.shape) - raw.ndim) + raw.shape)
+        raw = np.ascontiguousarray(raw).reshape(shape)
         if any(n not in (1, size) for n, size in zip(raw.shape, p.shape)):
             raise AssertionError(f"store of {raw.shape} onto the grid {p.shape}")
         raw = raw.reshape([k if n > 1 else 1 for n, dims in zip(raw.shape, p.axis_dims) for k, _ in dims])
@@ -888,6 +942,8 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
+    if acc.spread is not None and all(shape[k] == 1 for k in acc.spread.axes):
+        m.replicas.append(acc.spread)  # the same bits to every core (after ``stored`` ended the old ones)
 
 
 def _write(m: _Machine, acc: Access, offset: int, values: np.ndarray) -> None:
