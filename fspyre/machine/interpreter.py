@@ -37,6 +37,7 @@ coordinates inside their device dims (tests/machine/test_corruptions.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import mmap
@@ -395,6 +396,9 @@ class OpPlan:
     out: Access
     blocking: Blocking | None = None
     bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
+    # an exact unary op between 2-byte formats: the output bits of each of the 65,536 input
+    # patterns (``_recode_table``), so a copy moves bits instead of decoding and encoding
+    recode: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,10 +623,29 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
                        tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
                        store=True, regions=regions)
     ctype = np.dtype(str(info["compute"]))
+    bool_store = info.get("store") == "bool"
+    recode = None
+    if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
+        src = operands[0][1].fmt
+        if src.nbytes == 2 and out.fmt.nbytes == 2:
+            recode = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
                   blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
-                  bool_store=info.get("store") == "bool")
+                  bool_store=bool_store, recode=recode)
+
+
+@functools.lru_cache(maxsize=None)
+def _recode_table(fn: str, ctype: str, bool_store: bool, src: str, dst: str) -> np.ndarray:
+    """The bits a unary ``fn`` stores for each 2-byte pattern it reads: the op computed on every
+    pattern's value (``_pointwise``). Exact (correctly rounded) fns only, so that each result
+    is the one the op gives in any array, and a gather computes the op."""
+    values = formats.decode(np.arange(1 << 16, dtype=np.uint16), formats.FORMATS[src])
+    with np.errstate(all="ignore"):  # every pattern, NaN included, whether the program holds it or not
+        result = _pointwise(fn, ctype=np.dtype(ctype), bool_store=bool_store, values=[values], sizes=values.shape)
+    table = formats.encode(result, formats.FORMATS[dst])
+    table.setflags(write=False)
+    return table
 
 
 def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
@@ -1110,7 +1133,10 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             offsets.append(off)
         out_off = _offset(op.out, iters)
         blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
-        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off)
+        # bits, not values, where the op is a gather from its table (unless the copies each
+        # core holds are to be compared and decoded once)
+        bits = op.recode is not None and op.operands[0][1].replicated is None
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked or bits else _read(m, v, off)
                   for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
@@ -1120,6 +1146,9 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
     assert out_off is not None  # _report_write raised otherwise
     if blocked:
         _run_blocks(op, offsets, out_off, m)
+    elif bits:
+        assert op.recode is not None  # ``bits`` says so
+        _store(m, op.out, out_off, formats.lookup16(op.recode, values[0]).reshape(op.operands[0][1].pattern.shape))
     else:
         _write(m, op.out, out_off, _compute(op, values, op.sizes))
     if m.trace is not None:
@@ -1130,16 +1159,18 @@ def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     """The op's result over a grid of ``sizes`` (the whole grid, or a block of it)."""
     if op.fn in REDUCTION_OPERANDS:
         result = _reduce(op, values, sizes)
-    else:
-        if op.fn in numerics.EXACT_POINTWISE:
-            # computed over the operands' own broadcast shape; the store spreads the bits
-            shapes = [np.shape(v) for v in values if isinstance(v, np.ndarray)]
-            if shapes:
-                sizes = np.broadcast_shapes(*shapes)
-        result = numerics.pointwise(op.fn, values, op.ctype, sizes)
-    if op.bool_store:
-        result = numerics.bool_store(result)
-    return result
+        return numerics.bool_store(result) if op.bool_store else result
+    return _pointwise(op.fn, ctype=op.ctype, bool_store=op.bool_store, values=values, sizes=sizes)
+
+
+def _pointwise(fn: str, *, ctype: np.dtype, bool_store: bool, values: list, sizes: tuple[int, ...]) -> np.ndarray:
+    if fn in numerics.EXACT_POINTWISE:
+        # computed over the operands' own broadcast shape; the store spreads the bits
+        shapes = [np.shape(v) for v in values if isinstance(v, np.ndarray)]
+        if shapes:
+            sizes = np.broadcast_shapes(*shapes)
+    result = numerics.pointwise(fn, values, ctype, sizes)
+    return numerics.bool_store(result) if bool_store else result
 
 
 def _independent(op: OpPlan, offsets: Sequence[int], out_off: int) -> bool:
@@ -1194,13 +1225,18 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
     for index in itertools.product(*(range(n) for n in b.outer)):
         for r0 in range(0, b.size, b.step):
-            block = [formats.decode(_block_view(arr, v, ba, off, index, r0, b.step), v.fmt)
-                     .reshape(ones + (b.step if ba.cut else 1,) + ba.values_tail)
-                     for v, ba, off, arr in tensors]
-            values = iter(block)
-            result = _compute(op, [v if kind == "scalar" else next(values) for kind, v in op.operands],
-                              ones + (b.step,) + op.sizes[b.axis + 1:])
-            raw = np.broadcast_to(formats.encode(result, out.fmt), ones + (b.step,) + oba.values_tail)
+            if op.recode is not None:  # a gather of the output bits (``OpPlan.recode``)
+                (v, ba, off, arr), = tensors
+                bits = formats.lookup16(op.recode, _block_view(arr, v, ba, off, index, r0, b.step)).reshape(
+                    ones + (b.step if ba.cut else 1,) + ba.values_tail)
+            else:
+                block = [formats.decode(_block_view(arr, v, ba, off, index, r0, b.step), v.fmt)
+                         .reshape(ones + (b.step if ba.cut else 1,) + ba.values_tail)
+                         for v, ba, off, arr in tensors]
+                values = iter(block)
+                bits = formats.encode(_compute(op, [v if kind == "scalar" else next(values) for kind, v in op.operands],
+                                               ones + (b.step,) + op.sizes[b.axis + 1:]), out.fmt)
+            raw = np.broadcast_to(bits, ones + (b.step,) + oba.values_tail)
             _block_view(odata, out, oba, out_off, index, r0, b.step)[...] = raw.reshape((b.step, *oba.tail_shape))
             if m.check_written:
                 _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = _FULL[onb]

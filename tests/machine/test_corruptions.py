@@ -277,7 +277,8 @@ def _rows_of(cores) -> list[int]:
 
 
 def _insert_after(program: Program, target, new) -> Program:
-    return dataclasses.replace(program, body=tuple(x for s in program.body for x in ((s, new) if s is target else (s,))))
+    body = tuple(x for s in program.body for x in ((s, new) if s is target else (s,)))
+    return dataclasses.replace(program, body=body)
 
 
 def _with_cores(spec: OpSpec, cores: int) -> OpSpec:
