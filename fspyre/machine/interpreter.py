@@ -962,11 +962,34 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         raw = raw.reshape([k if n > 1 else 1 for n, dims in zip(raw.shape, p.axis_dims) for k, _ in dims])
     else:
         raw = raw.reshape(p.view_shape)
+    spread = acc.spread
+    if spread is not None and all(shape[k] == 1 for k in spread.axes):
+        _store_spread(m, acc, spread, raw)
+        return
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
-    if acc.spread is not None and all(shape[k] == 1 for k in acc.spread.axes):
-        m.replicas.append(acc.spread)  # the same bits to every core (after ``stored`` ended the old ones)
+
+
+def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray) -> None:
+    """The store of bits that do not vary along the cores of a ``Spread`` (``raw``: view
+    axes, 1 along those of the cores): into the first core's LX through the access's view,
+    then its bytes ``lo``..``hi`` -- exactly those the store writes on each core -- copied
+    whole into every other core's LX. Every core's LX holds its copy, as the device's do."""
+    p, nb, lx = acc.pattern, acc.fmt.nbytes, m.lx_bytes
+    first = p.start * nb // lx  # the core of the grid's first point
+    at_first = tuple(0 if k in spread.axes else slice(None)
+                     for k, dims in enumerate(p.axis_dims) for _ in dims)
+    _select(m.view(True, nb, False), p, 0)[at_first] = raw[at_first]
+    data, written = m.lx_all.data, m.lx_all.written
+    src = data[first * lx + spread.lo:first * lx + spread.hi]
+    for core in spread.cores:
+        at = core * lx
+        if core != first:
+            data[at + spread.lo:at + spread.hi] = src
+        if m.check_written:
+            written[at + spread.lo:at + spread.hi] = 0xFF
+    m.replicas.append(spread)  # after ``stored`` ended those the store overlaps
 
 
 def _write(m: _Machine, acc: Access, offset: int, values: np.ndarray) -> None:
