@@ -17,6 +17,7 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
+from fspyre.ir.kinds import COMPUTE_DTYPES, MEMORIES, ComputeDtype, Memory
 
 # The anchor's program op for a graph fn it names differently; every other op is named by its fn.
 PROGRAM_OP_NAMES = FrozenMap({"matmul": "batchmatmul"})
@@ -38,10 +39,10 @@ class TensorArg:
     """One tensor operand of an OpSpec.
 
     ``device_coordinates`` map the op's iteration symbols to one coordinate per device dim of
-    ``device_size``; ``allocation`` is exactly one of ``{"hbm": addr}`` / ``{"lx": addr}``;
-    ``tile_advance[L]`` is the byte step per iteration of enclosing loop L (outermost first),
-    0 where the tensor does not advance. ``arg_index`` is the kernel argument, -1 for
-    intermediates.
+    ``device_size``; the tensor lives at byte ``address`` of ``memory`` (the anchor writes the
+    pair as its ``allocation`` map, ``{"hbm": addr}``); ``tile_advance[L]`` is the byte step
+    per iteration of enclosing loop L (outermost first), 0 where the tensor does not advance.
+    ``arg_index`` is the kernel argument, -1 for intermediates.
     """
 
     name: str
@@ -50,20 +51,21 @@ class TensorArg:
     device_dtype: str
     device_size: tuple[int, ...]
     device_coordinates: tuple[sympy.Expr, ...]
-    allocation: FrozenMap[str, int]
+    memory: Memory
+    address: int
     tile_advance: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         what = f"tensor {self.name}"
-        require_map(self.allocation, f"{what}: allocation", LoweringError)
         require_tuple(self.device_size, f"{what}: device_size", LoweringError, int, non_empty=True)
         if any(isinstance(n, bool) or n < 1 for n in self.device_size):
             raise LoweringError(f"{what}: device_size {list(self.device_size)} must be positive")
         require_tuple(self.device_coordinates, f"{what}: device_coordinates", LoweringError, (sympy.Basic, int))
         require_tuple(self.tile_advance, f"{what}: tile_advance", LoweringError, int)
         require_int(self.arg_index, f"{what}: arg_index", LoweringError, -1)
-        if len(self.allocation) != 1 or next(iter(self.allocation)) not in ("hbm", "lx"):
-            raise LoweringError(f"tensor {self.name}: allocation {dict(self.allocation)} must be one of hbm / lx")
+        if self.memory not in MEMORIES:
+            raise LoweringError(f"{what}: memory {self.memory!r} must be one of {list(MEMORIES)}")
+        require_int(self.address, f"{what}: address", LoweringError, 0)
         if len(self.device_coordinates) != len(self.device_size):
             raise LoweringError(
                 f"tensor {self.name}: {len(self.device_coordinates)} coordinates "
@@ -72,13 +74,65 @@ class TensorArg:
         if self.memory == "lx" and any(self.tile_advance):
             raise LoweringError(f"tensor {self.name}: an LX tensor cannot advance across loop iterations")
 
-    @property
-    def memory(self) -> str:
-        return next(iter(self.allocation))
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArgOperand:
+    """An operand the op reads from its input tensor ``args[index]``."""
+
+    index: int
+
+    def __post_init__(self) -> None:
+        require_int(self.index, "arg operand: index", LoweringError, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalarOperand:
+    """A constant operand, in the Python type the graph gave it (a float promotes the compute)."""
+
+    value: bool | int | float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, (bool, int, float)):
+            raise LoweringError(f"scalar operand {self.value!r:.60} must be a bool, int or float")
+
+
+Operand = Union[ArgOperand, ScalarOperand]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpInfo:
+    """What the device computes for an op beyond its name (``OpSpec.op``, which says the fn).
+
+    ``operands`` in the fn's order, each an input arg or a scalar; ``compute`` the dtype the
+    fn computes in; ``bool_store``: the output is bool, stored as ``value != 0``
+    (docs/semantics.md; its bytes alone cannot say so). A reduction's ``reduced`` symbols
+    (its reduction ranges of size > 1), ``count`` of elements each output reduces (``mean``
+    and ``var`` divide by it) and ``var``'s ``correction``; a pointwise op keeps the
+    defaults. The anchor's dict form of all this is written by the SDSC lowering
+    (``fspyre.lower.sdsc.anchor_op_info``)."""
+
+    operands: tuple[Operand, ...]
+    compute: ComputeDtype
+    bool_store: bool = False
+    reduced: tuple[sympy.Symbol, ...] = ()
+    count: int = 1
+    correction: int = 0
+
+    def __post_init__(self) -> None:
+        require_tuple(self.operands, "op info: operands", LoweringError, (ArgOperand, ScalarOperand))
+        if self.compute not in COMPUTE_DTYPES:
+            raise LoweringError(f"op info: compute {self.compute!r} must be one of {list(COMPUTE_DTYPES)}")
+        if not isinstance(self.bool_store, bool):
+            raise LoweringError(f"op info: bool_store {self.bool_store!r:.60} must be True or False")
+        require_tuple(self.reduced, "op info: reduced", LoweringError, sympy.Symbol)
+        require_int(self.count, "op info: count", LoweringError, 1)
+        if type(self.correction) is not int:
+            raise LoweringError(f"op info: correction {self.correction!r:.60} must be an integer")
 
     @property
-    def address(self) -> int:
-        return next(iter(self.allocation.values()))
+    def args(self) -> tuple[int, ...]:
+        """The input args the operands read, in operand order."""
+        return tuple(o.index for o in self.operands if isinstance(o, ArgOperand))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,7 +151,7 @@ class OpSpec:
     is_reduction: bool
     iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]
     args: tuple[TensorArg, ...]
-    op_info: FrozenMap[str, object]
+    op_info: OpInfo
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
     core_spaces: tuple[tuple[tuple[int, int], ...], ...] = ()
@@ -108,7 +162,9 @@ class OpSpec:
     def __post_init__(self) -> None:
         what = f"op {self.name or self.op}"
         require_map(self.iteration_space, f"{what}: iteration_space", LoweringError)
-        require_map(self.op_info, f"{what}: op_info", LoweringError)
+        if not isinstance(self.op_info, OpInfo):
+            raise LoweringError(f"{what}: op_info must be an OpInfo, got a {type(self.op_info).__name__} "
+                                f"{self.op_info!r:.60}")
         require_tuple(self.args, f"{what}: args", LoweringError, TensorArg, non_empty=True)
         require_tuple(self.tiled_symbols, f"{what}: tiled_symbols", LoweringError, tuple)
         require_tuple(self.core_spaces, f"{what}: core_spaces", LoweringError, tuple)

@@ -104,7 +104,7 @@ def _tile_op(spec: OpSpec, levels: Sequence[tuple[str, int]], lx: frozenset[str]
     args = []
     for t in spec.args:
         if t.name in lx or t.memory == "lx":
-            args.append(replace(t, arg_index=-1, allocation=FrozenMap({"lx": 0}), tile_advance=(0,) * len(levels)))
+            args.append(replace(t, arg_index=-1, memory="lx", address=0, tile_advance=(0,) * len(levels)))
             continue
         steps = []
         for dim, _ in levels:
