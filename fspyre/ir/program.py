@@ -9,7 +9,7 @@ mismatch, not a silent disagreement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
 
@@ -142,8 +142,8 @@ class OpSpec:
     the symbol's range; ``core_spaces[c]`` is core ``c``'s own iteration space, one
     ``(start, extent)`` per symbol: the slices of each symbol partition its range in order
     (ceil and floor shares when the split does not divide it), and the cores enumerate the
-    slices first symbol fastest (``fspyre.machine.rules.core_spaces``). Left empty, it is
-    filled with the even division (every split must then divide its size).
+    slices first symbol fastest (``fspyre.machine.rules.core_spaces``, which ``emit_program``
+    writes them with; ``even_core_spaces`` gives the even division of an iteration space).
     ``tiled_symbols[L]`` lists the symbols that enclosing loop L (outermost first) tiles.
     The last arg is the output."""
 
@@ -152,12 +152,9 @@ class OpSpec:
     iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]
     args: tuple[TensorArg, ...]
     op_info: OpInfo
+    core_spaces: tuple[tuple[tuple[int, int], ...], ...]
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
-    core_spaces: tuple[tuple[tuple[int, int], ...], ...] = ()
-    # per symbol, the extents of its slices in order: read off core_spaces when built
-    slice_extents: tuple[tuple[int, ...], ...] = field(init=False, compare=False, repr=False,
-                                                       metadata={"derived": True})
 
     def __post_init__(self) -> None:
         what = f"op {self.name or self.op}"
@@ -171,29 +168,29 @@ class OpSpec:
         for s, (size, split) in self.iteration_space.items():
             if size < 1 or split < 1 or split > size:
                 raise LoweringError(f"{what}: symbol {s} of size {size} cannot be split into {split} slices")
-        space = tuple((n, k) for n, k in self.iteration_space.values())
-        extents: tuple[tuple[int, ...], ...] | None
-        if not self.core_spaces:
-            uneven = [(str(s), n, k) for s, (n, k) in self.iteration_space.items() if n % k]
-            if uneven:
-                s, n, k = uneven[0]
-                raise LoweringError(f"{what}: symbol {s} size {n} is not divisible by split {k}; give core_spaces "
-                                    f"for an uneven division")
-            extents, spaces = _even_division(space)
-            object.__setattr__(self, "core_spaces", spaces)
-        else:
-            try:
-                extents = _division_extents(space, self.core_spaces)
-            except TypeError:  # an unhashable item: not a tuple of (start, extent) pairs
-                extents = None
-            if extents is None:
-                raise LoweringError(
-                    f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
-                    f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition "
-                    f"its range in order, the cores taking them first symbol fastest "
-                    f"(fspyre.machine.rules.core_spaces)"
-                )
-        object.__setattr__(self, "slice_extents", extents)
+        try:
+            extents = _division_extents(self._space, self.core_spaces)
+        except TypeError:  # an unhashable item: not a tuple of (start, extent) pairs
+            extents = None
+        if extents is None:
+            raise LoweringError(
+                f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
+                f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition "
+                f"its range in order, the cores taking them first symbol fastest "
+                f"(fspyre.machine.rules.core_spaces; even_core_spaces for the even division)"
+            )
+
+    @property
+    def _space(self) -> tuple[tuple[int, int], ...]:
+        return tuple((n, k) for n, k in self.iteration_space.values())
+
+    @property
+    def slice_extents(self) -> tuple[tuple[int, ...], ...]:
+        """Per symbol, the extents of its slices in order: read off ``core_spaces`` (cached,
+        outside the record; the constructor checked they divide the iteration space)."""
+        extents = _division_extents(self._space, self.core_spaces)
+        assert extents is not None
+        return extents
 
     @property
     def cores(self) -> int:
@@ -221,15 +218,19 @@ class LoopSpec:
 Spec = Union[LoopSpec, OpSpec]
 
 
-# Cached: the ops of a chain, and every candidate of a tiling search, repeat their divisions.
-@lru_cache(maxsize=4096)
-def _even_division(space: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, ...], ...], tuple]:
+def even_core_spaces(iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]) -> tuple:
+    """The ``core_spaces`` that divide ``iteration_space`` evenly (every split divides its size)."""
     from fspyre.machine.rules import core_spaces, even_extents  # the machine model imports this module
 
-    extents = tuple(even_extents(n, k) for n, k in space)
-    return extents, core_spaces(extents)
+    uneven = [(str(s), n, k) for s, (n, k) in iteration_space.items() if n % k]
+    if uneven:
+        s, n, k = uneven[0]
+        raise LoweringError(f"symbol {s} size {n} is not divisible by split {k}; an uneven division needs "
+                            f"core_spaces from fspyre.machine.rules.core_spaces")
+    return core_spaces([even_extents(n, k) for n, k in iteration_space.values()])
 
 
+# Cached: the ops of a chain, and every candidate of a tiling search, repeat their divisions.
 @lru_cache(maxsize=4096)
 def _division_extents(space: tuple[tuple[int, int], ...], spaces: tuple) -> tuple[tuple[int, ...], ...] | None:
     """Each symbol's slice extents, read off the cores holding slice ``k`` of it and slice 0 of

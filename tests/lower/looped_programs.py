@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import fspyre
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces
 from fspyre.machine import formats
 from fspyre.machine.hostio import random_inputs
 from fspyre.machine.indexing import compile_index
@@ -115,7 +115,7 @@ def _tile_op(spec: OpSpec, levels: Sequence[tuple[str, int]], lx: frozenset[str]
                 steps.append(0)
         args.append(replace(t, tile_advance=tuple(steps)))
     return replace(
-        spec, iteration_space=FrozenMap(space), args=tuple(args), core_spaces=(),  # the even division
+        spec, iteration_space=FrozenMap(space), args=tuple(args), core_spaces=even_core_spaces(FrozenMap(space)),
         tiled_symbols=tuple(tuple(s for s in syms if str(s) == dim) for dim, _ in levels),
     )
 

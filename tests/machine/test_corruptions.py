@@ -24,7 +24,7 @@ import sympy
 import fspyre
 from fspyre.errors import FspyreError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_fn, op_specs
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces, op_fn, op_specs
 from fspyre.machine.interpreter import run_program
 from fspyre.machine.spyre import spyre
 from fspyre.stages.program import verify_program
@@ -118,8 +118,8 @@ def _spec_plants(spec: OpSpec):
         def respace(new, sym=sym):
             # the per-core spaces follow the corrupted split (an even division), as they would
             # in a program whose split was wrong from the start
-            return dataclasses.replace(spec, core_spaces=(), iteration_space=FrozenMap(
-                (s, new if s == sym else v) for s, v in spec.iteration_space.items()))
+            space = FrozenMap((s, new if s == sym else v) for s, v in spec.iteration_space.items())
+            return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
         if split > 1:
             yield "split", respace((size, 1))
         if size % (2 * split) == 0 and split * 2 <= 32:

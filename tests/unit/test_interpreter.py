@@ -12,7 +12,7 @@ import pytest
 import fspyre
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, Program, op_specs
+from fspyre.ir.program import LoopSpec, Program, even_core_spaces, op_specs
 from fspyre.machine import formats
 from fspyre.machine.formats import FORMATS, round_to
 from fspyre.machine.interpreter import RunOptions, run_program
@@ -433,8 +433,8 @@ def _plants(program: Program):
         for sym, (size, split) in spec.iteration_space.items():
             if split > 1:
                 space = FrozenMap({s: ((n, 1) if s == sym else (n, k)) for s, (n, k) in spec.iteration_space.items()})
-                yield f"op {oi} split of {sym} -> 1", _replace_spec(
-                    program, spec, dataclasses.replace(spec, iteration_space=space, core_spaces=()))
+                unsplit = dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
+                yield f"op {oi} split of {sym} -> 1", _replace_spec(program, spec, unsplit)
 
 
 @pytest.mark.parametrize("options", [RunOptions(), RunOptions(block=16), RunOptions(block=16, check_written=False)],
