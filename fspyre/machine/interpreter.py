@@ -43,11 +43,12 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from fspyre.errors import ExecutionError
+from fspyre.ir import kinds
 from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_OPERANDS, Dim, TensorType
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, ScalarOperand, Spec, TensorArg, op_fn
 from fspyre.machine import formats, numerics
@@ -364,7 +365,7 @@ class _Where:
     op: str = ""
     tensor: str = ""
     core: int = -1
-    memory: str = ""
+    memory: kinds.Memory | Literal[""] = ""
 
     def __str__(self) -> str:
         return self.text
