@@ -44,13 +44,14 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal
 
 import numpy as np
 
 from fspyre.errors import ExecutionError
+from fspyre.ir import kinds
 from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_OPERANDS, Dim, TensorType
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, op_fn
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, ScalarOperand, Spec, TensorArg, op_fn
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
@@ -410,7 +411,7 @@ class _Where:
     op: str = ""
     tensor: str = ""
     core: int = -1
-    memory: str = ""
+    memory: kinds.Memory | Literal[""] = ""
 
     def __str__(self) -> str:
         return self.text
@@ -579,16 +580,16 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     splits = tuple(split for _, split in spec.iteration_space.values())
     info = spec.op_info
     name = spec.name or spec.op
-    # The device runs ``spec.op``: the operation comes from it, not from op_info's "fn" (which
-    # verify_program checks agrees), so a wrong op computes something else or is refused.
+    # The device runs ``spec.op``: the operation comes from it (op_info says only how), so a
+    # wrong op computes something else or is refused.
     fn = op_fn(spec.op)
     arity = POINTWISE_FNS.get(fn, 1) if fn not in REDUCTION_OPERANDS else REDUCTION_OPERANDS[fn]
     if (fn not in POINTWISE_FNS and fn not in REDUCTION_OPERANDS) or spec.is_reduction != (fn in REDUCTION_OPERANDS):
         raise ExecutionError(f"op {name}: program op {spec.op!r} with is_reduction={spec.is_reduction} is not an "
                              f"operation the machine runs", op=name)
-    if len(info["operands"]) != arity:  # type: ignore[arg-type]
-        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives "
-                             f"{len(info['operands'])}", op=name)  # type: ignore[arg-type]
+    if len(info.operands) != arity:
+        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives {len(info.operands)}",
+                             op=name)
     *ins, last = spec.args
     if fn not in REDUCTION_OPERANDS:
         # a pointwise op writes each output element once: a symbol its output does not use
@@ -601,18 +602,18 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     if last.is_input or not all(a.is_input for a in ins):
         raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
                              f"{[a.is_input for a in spec.args]}", op=name)
-    reduced = set(cast(tuple, info.get("reduced", ())))
+    reduced = set(info.reduced)
     red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
     out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
     slices = core_slices(list(splits))
     spaces = spec.core_spaces
     all_cores = range(len(slices))
-    operands = []
-    for kind, v in cast(tuple, info["operands"]):
-        if kind == "scalar":
-            operands.append(("scalar", v))
+    operands: list[tuple[str, Any]] = []
+    for o in info.operands:
+        if isinstance(o, ScalarOperand):
+            operands.append(("scalar", o.value))
         else:
-            operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
+            operands.append(("tensor", _plan_access(spec.args[o.index], spec, syms, sizes, splits, all_cores, slices,
                                                     spaces, program.lx_bytes, store=False, regions=regions)))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
@@ -622,8 +623,8 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
                        tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
                        store=True, regions=regions)
-    ctype = np.dtype(str(info["compute"]))
-    bool_store = info.get("store") == "bool"
+    ctype = np.dtype(info.compute)
+    bool_store = info.bool_store
     recode = None
     if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
         src = operands[0][1].fmt
@@ -1317,8 +1318,7 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
         if miss := numerics.gather_misses(ops, every, tuple(grid)):
             raise ExecutionError(f"op {op.spec.name} (gather): {miss}", op=op.spec.name)
     info = op.spec.op_info
-    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, cast(int, info["count"]), tuple(grid),
-                           cast(int, info.get("correction", 0)))
+    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, info.count, tuple(grid), info.correction)
     out_shape = tuple(sizes[i] for i in op.out_pos)
     nsplit = sum(1 for s in red_split if s > 1)
     if not nsplit:
@@ -1337,8 +1337,7 @@ def _reduce_slices(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarr
     split = [i for i in op.red_pos if op.splits[i] > 1]
     extents = op.spec.slice_extents
     full = [v.reshape((1,) * (len(sizes) - v.ndim) + v.shape) if isinstance(v, np.ndarray) else v for v in values]
-    count, correction = op.spec.op_info["count"], op.spec.op_info.get("correction", 0)
-    assert isinstance(count, int) and isinstance(correction, int)
+    count, correction = op.spec.op_info.count, op.spec.op_info.correction
     red_axes = tuple(op.red_pos)
     if op.fn == "gather":  # over every core's part at once: each index names one position in all
         if miss := numerics.gather_misses(full, red_axes, sizes):
