@@ -43,7 +43,7 @@ import math
 import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -258,10 +258,11 @@ class Access:
     fmt: formats.DataFormat
     lx: bool
     pattern: Pattern
-    advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM)
+    advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM; LX: from slot to slot)
     core_range: np.ndarray | None  # LX: [cores, 2] local byte min/max per core (bounds per core)
-    # LX: every core's addresses inside its LX and aligned (LX accesses do not move with the
-    # loops, so this is known when the access is planned)
+    # LX: every core's addresses inside its LX and aligned at the first iteration (known when
+    # the access is planned; an access walking LX slots is checked again per iteration
+    # against ``lx_span``)
     lx_ok: bool = True
     replicated: Replicated | None = None
     spread: Spread | None = None  # LX store: the same bytes to several cores (``_spread``)
@@ -269,7 +270,7 @@ class Access:
     # must stay inside (the runtime hands the kernel one base per argument); None for an
     # intermediate, which must stay outside every argument
     region: tuple[int, int] | None = None
-    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX (``_span``)
+    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX, at offset 0 (``_span``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,10 +434,10 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
     fmt = formats.FORMATS[arg.device_dtype]
     grid = open_grid([n for _, n in space], [start for start, _ in space])
     coords = [np.asarray(compile_index(c, syms)(*grid)) for c in arg.device_coordinates]
+    moved = sum(i * a for i, a in zip(iters, arg.tile_advance))
     if arg.memory == "hbm":
         strides = row_major_strides(arg.device_size)
-        base = arg.address + sum(i * a for i, a in zip(iters, arg.tile_advance))
-        return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
+        return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], arg.address + moved)
     # LX: each core holds its own slice, laid out row-major over the slice's extent per device
     # dim (whole sticks in the stick dim), at the same LX address on every core.
     box_lo = np.array([[int(c.min()) if c.size else 0 for c in coords]])
@@ -444,7 +445,7 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
     lo_arr, ext_arr = lx_box(box_lo, box_hi, arg.device_size)  # the one rule, shared with memcheck
     lows, extents = lo_arr[0].tolist(), ext_arr[0].tolist()
     strides = row_major_strides(extents)
-    base = arg.address - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
+    base = arg.address + moved - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
     return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
 
 
@@ -489,7 +490,8 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     on = r[:, 0] <= r[:, 1]
     touched = r[on]
     span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=tuple(arg.tile_advance), core_range=core_range,
+                  lx_ok=lx_ok,
                   replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist())),
                   spread=_spread(pattern, sizes, splits, copies, r, nb) if store and lx_ok else None, lx_span=span)
 
@@ -684,7 +686,9 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
     in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)
     lx_overlap = False
     for (kind, v), same in zip(operands, in_place):
-        if kind == "tensor" and v.lx and out.lx and not same:
+        if kind == "tensor" and v.lx and out.lx and (any(v.advance) or any(out.advance)):
+            lx_overlap = True  # slots walked by the loops: the ranges below are those of the first iteration
+        elif kind == "tensor" and v.lx and out.lx and not same:
             a, b = v.core_range, out.core_range
             assert a is not None and b is not None  # LX accesses have per-core ranges
             both = (a[:, 0] <= a[:, 1]) & (b[:, 0] <= b[:, 1])
@@ -910,7 +914,8 @@ def _span(acc: Access, offset: int) -> tuple[int, int]:
     relative to each core's own LX (the union over cores: the stacked range of an LX access
     runs across every core's LX and would meet every other LX access)."""
     if acc.lx:
-        return acc.lx_span
+        lo, hi = acc.lx_span
+        return lo + offset * acc.fmt.nbytes, hi + offset * acc.fmt.nbytes
     p, nb = acc.pattern, acc.fmt.nbytes
     return (p.lo + offset) * nb, (p.hi + offset + 1) * nb
 
@@ -926,7 +931,7 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
     data = m.view(acc.lx, nb, False)
     raw = np.ndarray(r.shape, data.dtype, data, start, r.strides)
     first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
-    lo, hi = acc.lx_span
+    lo, hi = _span(acc, offset)
     if any(t.lo <= lo and hi <= t.hi and r.cores <= t.cores for t in m.replicas):
         # one store put these bytes on every core the load reads, and no store touched them
         # since (``Spread``): they are written and the same on every core, unread
@@ -965,23 +970,26 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         raw = raw.reshape(p.view_shape)
     spread = acc.spread
     if spread is not None and all(shape[k] == 1 for k in spread.axes):
-        _store_spread(m, acc, spread, raw)
+        _store_spread(m, acc, spread, raw, offset)
         return
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
 
 
-def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray) -> None:
+def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int) -> None:
     """The store of bits that do not vary along the cores of a ``Spread`` (``raw``: view
-    axes, 1 along those of the cores): into the first core's LX through the access's view,
-    then its bytes ``lo``..``hi`` -- exactly those the store writes on each core -- copied
-    whole into every other core's LX. Every core's LX holds its copy, as the device's do."""
+    axes, 1 along those of the cores), ``offset`` elements on (an LX tensor walking its
+    slots): into the first core's LX through the access's view, then its bytes ``lo``..``hi``
+    -- exactly those the store writes on each core -- copied whole into every other core's LX.
+    Every core's LX holds its copy, as the device's do."""
     p, nb, lx = acc.pattern, acc.fmt.nbytes, m.lx_bytes
-    first = p.start * nb // lx  # the core of the grid's first point
+    if offset:
+        spread = replace(spread, lo=spread.lo + offset * nb, hi=spread.hi + offset * nb)
+    first = (p.start + offset) * nb // lx  # the core of the grid's first point
     at_first = tuple(0 if k in spread.axes else slice(None)
                      for k, dims in enumerate(p.axis_dims) for _ in dims)
-    _select(m.view(True, nb, False), p, 0)[at_first] = raw[at_first]
+    _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]
     data, written = m.lx_all.data, m.lx_all.written
     src = data[first * lx + spread.lo:first * lx + spread.hi]
     for core in spread.cores:
@@ -1011,7 +1019,10 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
         return True
     nb = acc.fmt.nbytes
     if acc.lx:
-        return acc.lx_ok
+        if not offset:
+            return acc.lx_ok
+        lo, hi = _span(acc, offset)  # the slot this iteration picks, on every core
+        return acc.lx_ok and lo >= 0 and hi <= m.lx_bytes
     lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
     if lo < 0 or hi > m.hbm.size:
         return False

@@ -12,7 +12,12 @@ re-read are worth a copy (docs/tiling.md, "LX residency"):
   region in the same iteration -- row-tiled softmax reads ``x`` for its max and again for
   the subtraction;
 - *loop-invariant*: an op inside a loop reads a region no level of that loop moves -- the
-  weights of a matmul under a token loop.
+  weights of a matmul under a token loop;
+- *across loops*: sibling loops walk the same regions tile by tile -- the two loops of an
+  online softmax whose result is kept read ``x`` once each, the passes of loop fission read
+  what the first pass read. The first loop copies each tile into an LX buffer that holds one
+  slot per iteration (the allocator lays the slots out: ``fspyre.stages.allocation``), and
+  the later loops read the tile back from its slot.
 
 For each such region the stage places one ``copy`` op into a per-tile buffer right before
 the outermost node that holds its readers, inside the innermost loop that moves the region,
@@ -193,10 +198,12 @@ def _copies(tree: LoopTree, unchanged: _Candidate, regions: list[_Region], machi
         new_alloc = allocate(rewritten, new_split, machine, options.allocation)
         spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
         if spilled:
-            # a replicated copy that did not fit gets one more chance as one slice per core
+            # a replicated copy that did not fit gets one more chance as one slice per core, a
+            # region kept across loops as the copies of its loops' own re-reads
             whole |= {r.name for r in spilled if r.replicas > 1}
             regions = [replace(r, replicas=1) if r.name in whole else r
                        for r in regions if r not in spilled or r.replicas > 1]
+            regions += [part for r in spilled for part in r.parts]
             hints, regions = _align(regions, split, machine, reduced, whole)
             continue
         done = _Candidate(tree=rewritten, split=new_split, allocation=new_alloc)
@@ -216,7 +223,7 @@ _MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs 
 
 
 def _region_bytes(r: _Region) -> int:
-    return math.prod(d.size for d in r.dims)
+    return math.prod(d.size for d in r.dims) * r.slots
 
 
 def _better(new: _Candidate, old: _Candidate, judge: _Judge) -> bool:
@@ -276,8 +283,8 @@ def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     otherwise."""
     names = {d.name for d in r.dims}
     first = split.ops[r.readers[0]]
-    if first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
-        return None
+    if r.slots > 1 or first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
+        return None  # (a region kept across loops is sliced like its readers, one slot per iteration)
     if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
         return None
     hints = {n: FrozenMap(first.splits) for n in r.readers}
@@ -410,6 +417,12 @@ class _Region:
     # region, so the copy runs once on each of those cores and each writes the whole region
     # into its own LX.
     replicas: int = 1
+    # A region kept across sibling loops (``slots`` > 1, the iterations of the loops that walk
+    # it): the copy sits in the first loop and writes a full-scope buffer the allocator gives
+    # one LX slot per iteration; ``parts`` are the copies each loop would make on its own,
+    # tried instead when the slots do not fit.
+    slots: int = 1
+    parts: tuple[_Region, ...] = ()
 
 
 def _regions(tree: LoopTree) -> list[_Region]:
@@ -421,7 +434,10 @@ def _regions(tree: LoopTree) -> list[_Region]:
             order[node.name] = len(order)
             written_at[node.op.store.buffer] = order[node.name]
     found: dict[tuple, list[tuple[tuple[int, ...], str, int]]] = {}
-    for path, node in _op_paths(tree.body, ()):
+    counts: dict[tuple[int, ...], int] = {}  # loop path -> count
+    for path, node in _op_paths(tree.body, (), counts):
+        if node.peeled:
+            continue  # a peeled tail reads its own remainder, once
         for ld in node.op.loads:
             buf = table[ld.buffer]
             if buf.scope != "full":
@@ -437,25 +453,57 @@ def _regions(tree: LoopTree) -> list[_Region]:
             found.setdefault(key, []).append((path, node.name, len(node.tiling)))
     regions: list[_Region] = []
     taken = {b.name for b in tree.buffers} | set(order)
+
+    def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> _Region | None:
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
+        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
+            return None  # written at or after the place the copy would go
+        return _Region(name=_fresh(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
+                       stick=elems_per_stick(table[buffer].type.dtype), steps=steps, anchor=anchor,
+                       readers=tuple(dict.fromkeys(name for _, name, _ in uses)), slots=slots, parts=parts)
+
+    # the same regions walked by sibling loops (same steps, different loops at some level)
+    siblings: dict[tuple, list[tuple[int, ...]]] = {}
+    for buffer, index, walked, steps, outer in found:
+        if steps:
+            siblings.setdefault((buffer, index, walked, steps), []).append(outer)
+    across = {k: outers for k, outers in siblings.items() if len(outers) > 1}
     for (buffer, index, walked, steps, outer), uses in found.items():
-        readers = tuple(dict.fromkeys(name for _, name, _ in uses))
+        if (buffer, index, walked, steps) in across:
+            continue
         deeper = any(d > len(outer) for _, _, d in uses)
         if len(uses) < 2 and not deeper:
             continue  # read once per iteration of the loops that move it: nothing to save
-        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
-        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
-            continue  # written at or after the place the copy would go
-        name = _fresh(f"{buffer}_lx", taken)
-        regions.append(_Region(name=name, buffer=buffer, index=index, dims=walked,
-                               stick=elems_per_stick(table[buffer].type.dtype), steps=steps,
-                               anchor=anchor, readers=readers))
+        made = region(buffer, index, walked, steps, outer, uses)
+        if made is not None:
+            regions.append(made)
+    for (buffer, index, walked, steps), outers in across.items():
+        outers = sorted(outers)  # program order: the first loop makes the copy
+        shared = 0
+        while len({o[shared] for o in outers}) == 1:
+            shared += 1
+        # one slot per iteration of the loops below the shared ones that walk the region
+        slots = math.prod(counts[outers[0][:k + 1]] for k in range(shared, len(outers[0])) if steps[k])
+        everyone = [u for outer in outers for u in found[(buffer, index, walked, steps, outer)]]
+        made = region(buffer, index, walked, steps, outers[0], everyone, slots)
+        parts = []
+        for outer in outers:
+            uses = found[(buffer, index, walked, steps, outer)]
+            if len(uses) >= 2 or any(d > len(outer) for _, _, d in uses):
+                part = region(buffer, index, walked, steps, outer, uses)
+                if part is not None:
+                    parts.append(part)
+        regions.extend([replace(made, parts=tuple(parts))] if made is not None else parts)
     return regions
 
 
-def _op_paths(body: Sequence[Node], prefix: tuple[int, ...]):
+def _op_paths(body: Sequence[Node], prefix: tuple[int, ...], counts: dict[tuple[int, ...], int] | None = None):
+    """``(path, op node)`` in program order; ``counts`` collects each loop's count by path."""
     for i, node in enumerate(body):
         if isinstance(node, Loop):
-            yield from _op_paths(node.body, prefix + (i,))
+            if counts is not None:
+                counts[prefix + (i,)] = node.count
+            yield from _op_paths(node.body, prefix + (i,), counts)
         else:
             yield prefix + (i,), node
 
@@ -503,6 +551,10 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
     for r in regions:
         ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
         local = ttype.contiguous_index()
+        if r.slots > 1:
+            # kept across loops: a full-scope twin of the buffer, addressed like it, which the
+            # loops walk slot by slot in LX
+            ttype, local = table[r.buffer].type, r.index
         cname = f"{r.name}_copy"
         # a replicated copy runs once per core (its leading dim, split one slot per core) and
         # every core stores the whole region at the same place of its own LX: the store index
@@ -512,7 +564,8 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
                          ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
                          hints=(scope_of[cname],) if cname in scope_of else ())
         copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
-        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype, scope="tile"))
+        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype,
+                                                         scope="full" if r.slots > 1 else "tile"))
         for reader in r.readers:
             redirect[(reader, r.buffer, r.index)] = Load(buffer=r.name, index=local)
     body = _rewrite_body(tree.body, (), copies, redirect, scope_of)
