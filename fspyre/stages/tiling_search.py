@@ -250,9 +250,12 @@ def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequen
         for base in ({}, dict(chosen)) if chosen else ({},):
             best_rank = None
             for c in counts:
-                rank = _rank(judge(members, levels(base) + (Level(count=c, dims=(dim,), source="auto"),)))
-                if rank[0]:
-                    continue  # refused (tiles too small for whole sticks, ...): a finer count may do
+                cand = judge(members, levels(base) + (Level(count=c, dims=(dim,), source="auto"),))
+                if cand.verdict != "fits":
+                    # refused (tiles too small for whole sticks, ...) or spilling: a finer count
+                    # may fit, and spilling estimates need not fall as the tiles shrink
+                    continue
+                rank = _rank(cand)
                 if best_rank is not None and rank >= best_rank:
                     break
                 best_rank = rank
