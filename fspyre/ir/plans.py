@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from fspyre.errors import AllocationError, TilingError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
 from fspyre.ir.graph import Op, iteration_dims
+from fspyre.ir.kinds import FUSE_MODES, MEMORIES, VERDICTS, FuseMode, Memory, Verdict
 
 
 # -- tiling plan ----------------------------------------------------------------------------
@@ -157,7 +158,7 @@ class Placement:
     using it, the byte step of its address per iteration of each enclosing loop, outermost
     first (``TensorArg.tile_advance``). Empty for every other buffer."""
 
-    memory: str  # "hbm" | "lx"
+    memory: Memory
     address: int
     nbytes: int
     arg_index: int = -1
@@ -167,8 +168,8 @@ class Placement:
     advances: FrozenMap[str, tuple[int, ...]] = field(default_factory=FrozenMap)
 
     def __post_init__(self) -> None:
-        if self.memory not in ("hbm", "lx"):
-            raise AllocationError(f"placement memory {self.memory!r} must be 'hbm' or 'lx'")
+        if self.memory not in MEMORIES:
+            raise AllocationError(f"placement memory {self.memory!r} must be one of {list(MEMORIES)}")
         require_int(self.address, f"{self.memory} address", AllocationError, 0)
         if self.address % 128:
             raise AllocationError(f"{self.memory} address {self.address} must be a non-negative multiple of 128")
@@ -216,14 +217,14 @@ class Candidate:
     report's figures for the group alone (-1 when refused)."""
 
     levels: tuple[Level, ...]
-    verdict: str
+    verdict: Verdict
     reason: str = ""
     time_ns: float = -1.0
     hbm_bytes: int = -1
 
     def __post_init__(self) -> None:
-        if self.verdict not in ("fits", "spills", "refused"):
-            raise TilingError(f"candidate verdict {self.verdict!r} must be 'fits', 'spills' or 'refused'")
+        if self.verdict not in VERDICTS:
+            raise TilingError(f"candidate verdict {self.verdict!r} must be one of {list(VERDICTS)}")
 
     @property
     def iterations(self) -> int:
@@ -260,5 +261,9 @@ class TilingSearch:
 
     plan: TilingPlan
     groups: tuple[GroupSearch, ...]
-    fuse: str
+    fuse: FuseMode
     note: str = ""  # why the searched groups were not used, when they were not
+
+    def __post_init__(self) -> None:
+        if self.fuse not in FUSE_MODES:
+            raise TilingError(f"tiling search: fuse {self.fuse!r} must be one of {list(FUSE_MODES)}")

@@ -150,9 +150,7 @@ def writing_cores(splits: Sequence[int], reduced: Sequence[bool]) -> np.ndarray:
 
 
 def reduced_symbols(spec: OpSpec) -> set[sympy.Symbol]:
-    reduced = spec.op_info.get("reduced", ()) if spec.is_reduction else ()
-    assert isinstance(reduced, tuple)
-    return set(reduced)
+    return set(spec.op_info.reduced) if spec.is_reduction else set()
 
 
 @lru_cache(maxsize=8192)

@@ -41,6 +41,7 @@ import numpy as np
 from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
+from fspyre.ir.kinds import LX_SOLVERS, LxSolver
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, op_nodes
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
@@ -49,18 +50,16 @@ from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
 from fspyre.stages.split_plan import verify_split_shapes
 
-SOLVERS = ("greedy", "firstfit", "bestfit")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AllocationOptions:
     lx_planning: bool = True
-    lx_solver: str = "greedy"  # "greedy" | "firstfit" | "bestfit"
+    lx_solver: LxSolver = "greedy"
     hbm_reuse: bool = True  # pool intermediates whose lifetimes do not overlap share addresses
 
     def __post_init__(self) -> None:
-        if self.lx_solver not in SOLVERS:
-            raise AllocationError(f"lx_solver={self.lx_solver!r}: use one of {list(SOLVERS)}")
+        if self.lx_solver not in LX_SOLVERS:
+            raise AllocationError(f"lx_solver={self.lx_solver!r}: use one of {list(LX_SOLVERS)}")
 
 
 def _align(n: int, a: int = HBM_ALIGN) -> int:
@@ -347,14 +346,14 @@ def _in_place_parents(name: str, us: Sequence[_Use], at_time: Mapping[int, Seque
 # -- solvers ------------------------------------------------------------------------------------
 
 
-def solve(items: Sequence[LiveBuffer], capacity: int, solver: str = "greedy") -> dict[str, tuple[int, str]]:
+def solve(items: Sequence[LiveBuffer], capacity: int, solver: LxSolver = "greedy") -> dict[str, tuple[int, str]]:
     """Place ``items`` in ``[0, capacity)``: name -> (address, the parent whose slot it took or
     ""). Items left out do not fit (they stay in HBM)."""
     if solver == "greedy":
         return _greedy(items, capacity)
     if solver in ("firstfit", "bestfit"):
         return _fit(items, capacity, best=solver == "bestfit")
-    raise AllocationError(f"lx_solver={solver!r}: use one of {list(SOLVERS)}")
+    raise AllocationError(f"lx_solver={solver!r}: use one of {list(LX_SOLVERS)}")
 
 
 class _Free:
