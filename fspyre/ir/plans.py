@@ -151,7 +151,12 @@ class SplitPlan:
 class Placement:
     """Where a buffer lives. HBM: ``address`` is a byte address in device memory and
     ``arg_index`` >= 0 for kernel arguments. LX: ``address`` is the same on every core and
-    ``nbytes`` is the per-core footprint (128-byte aligned)."""
+    ``nbytes`` is the per-core footprint (128-byte aligned).
+
+    ``advances``: an LX buffer that loops walk through (a region kept in LX across sibling
+    loops, docs/tiling.md, "LX residency") holds one slot per iteration of those loops; per op
+    using it, the byte step of its address per iteration of each enclosing loop, outermost
+    first (``TensorArg.tile_advance``). Empty for every other buffer."""
 
     memory: Memory
     address: int
@@ -160,6 +165,7 @@ class Placement:
     live: tuple[int, int] = (0, 0)  # [first, last + 1) in program time (op index); loops included
     reason: str = ""  # why an intermediate is not in LX
     in_place_of: str = ""  # the LX buffer whose slot this one takes over at its last use
+    advances: FrozenMap[str, tuple[int, ...]] = field(default_factory=FrozenMap)
 
     def __post_init__(self) -> None:
         if self.memory not in MEMORIES:
@@ -173,6 +179,15 @@ class Placement:
                 or not 0 <= self.live[0] <= self.live[1]):
             raise AllocationError(f"{self.memory} placement at {self.address}: live {self.live!r:.60} must be a "
                                   f"(first, last + 1) pair of op indices, first <= last + 1")
+        require_map(self.advances, f"{self.memory} placement at {self.address}: advances", AllocationError)
+        if self.advances and self.memory != "lx":
+            raise AllocationError(f"hbm placement at {self.address}: advances are for LX slots; an HBM buffer "
+                                  f"advances by its layout")
+        for op, steps in self.advances.items():
+            require_tuple(steps, f"lx placement at {self.address}: advances of op {op}", AllocationError, int)
+            if any(s < 0 or s % 128 for s in steps):
+                raise AllocationError(f"lx placement at {self.address}: op {op} advances by {list(steps)} bytes; "
+                                      f"LX slots are non-negative multiples of 128 bytes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

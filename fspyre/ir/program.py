@@ -41,7 +41,9 @@ class TensorArg:
     ``device_coordinates`` map the op's iteration symbols to one coordinate per device dim of
     ``device_size``; the tensor lives at byte ``address`` of ``memory`` (the anchor writes the
     pair as its ``allocation`` map, ``{"hbm": addr}``); ``tile_advance[L]`` is the byte step
-    per iteration of enclosing loop L (outermost first), 0 where the tensor does not advance.
+    per iteration of enclosing loop L (outermost first), 0 where the tensor does not advance;
+    in LX (where each core lays out its own box) it steps from one slot of the allocation to
+    the next (a region kept across sibling loops).
     ``arg_index`` is the kernel argument, -1 for intermediates.
     """
 
@@ -71,8 +73,9 @@ class TensorArg:
                 f"tensor {self.name}: {len(self.device_coordinates)} coordinates "
                 f"for device rank {len(self.device_size)}"
             )
-        if self.memory == "lx" and any(self.tile_advance):
-            raise LoweringError(f"tensor {self.name}: an LX tensor cannot advance across loop iterations")
+        if self.memory == "lx" and any(a < 0 for a in self.tile_advance):
+            # an LX tensor advances only through the slots its allocation laid out, upwards
+            raise LoweringError(f"tensor {self.name}: LX tile_advance {list(self.tile_advance)} must not be negative")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -185,7 +185,13 @@ def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.
                   f"allocation [{arg.address:#x}, {end:#x}) ends past HBM ({program.hbm_bytes} bytes)")
         return
     _, ext = lx_box(acc.lows, acc.highs, arg.device_size)
-    nbytes = box_bytes(ext, elem) * acc.cores
+    # an access walking LX slots reaches its last slot in the last iteration of its loops
+    if any(a < 0 for a in arg.tile_advance):
+        issue("out_of_bounds", acc, -1, arg.address,
+              f"LX tile_advance {list(arg.tile_advance)} steps below the allocation at LX {arg.address:#x}")
+        return
+    reach = sum((n - 1) * a for n, a in zip(acc.counts, arg.tile_advance))
+    nbytes = (box_bytes(ext, elem) + reach) * acc.cores
     have = lx_bytes.setdefault(arg.name, np.zeros(program.cores, dtype=np.int64))
     n = min(len(nbytes), program.cores)
     have[:n] = np.maximum(have[:n], nbytes[:n])

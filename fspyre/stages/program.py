@@ -154,7 +154,10 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         buffer, coords = acc.buffer, acc.coords
         b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
         advance = (0,) * len(counts)
-        if b.scope == "full" and any(node.tiling):
+        if place.memory == "lx":
+            # an LX buffer advances only through its slots, as the allocator laid them out
+            advance = place.advances.get(op.name, advance)
+        elif b.scope == "full" and any(node.tiling):
             adv_syms = syms + [d.symbol for d in squeezed]
             adv_coords = coords
             if squeezed:

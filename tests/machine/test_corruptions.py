@@ -22,7 +22,7 @@ import pytest
 import sympy
 
 import fspyre
-from fspyre.errors import FspyreError
+from fspyre.errors import ExecutionError, FspyreError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces, op_fn, op_specs
 from fspyre.machine.interpreter import run_program
@@ -243,3 +243,87 @@ def test_every_planted_corruption_is_caught(cores, tiling):
     assert counts["verifier"] and counts["execution error"] and counts["numeric mismatch"]
     assert not missed, f"{len(missed)} of {sum(counts.values())} corruptions pass silently: {missed}"
     assert not by_verifier, f"the oracle runs {len(by_verifier)} corrupted programs as if right: {by_verifier}"
+
+
+# -- the copies each core holds of one region ---------------------------------------------------
+# A weight copied into every core's LX is read as one copy when one store provably put the same
+# bytes on every core (interpreter ``Spread``), and the copies are compared otherwise. These
+# plants make one core's copy differ -- by a later store, or by that core's copy reading another
+# source -- and require exactly that core's output rows to change, as core-by-core execution
+# gives: the rows the other cores compute stay bit for bit those of the clean program.
+
+
+def _replica_program():
+    g = fspyre.GraphBuilder("matmul")
+    M, K, N = g.dim("M", 32), g.dim("K", 128), g.dim("N", 128)
+    a, b = g.input("a", (M, K), "float16"), g.input("b", (K, N), "float16")
+    bias = g.input("bias", (N,), "float16")
+    with g.hint(slices={"M": 2}):
+        g.output("y", g.add(g.matmul(a, b), bias))
+    graph = g.build()
+    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
+    copy = next(s for s in op_specs(program) if s.name == "b_lx_copy")
+    (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
+    mm = loop.body[0]
+    # every core holds b whole; the matmul runs twice over 16 rows, 4 rows per core
+    assert copy.iteration_space[next(iter(copy.iteration_space))] == (4, 4) and loop.count == 2
+    assert mm.op == "batchmatmul" and [space[0] for space in mm.core_spaces] == [(0, 4), (4, 4), (8, 4), (12, 4)]
+    return graph, program, copy
+
+
+def _rows_of(cores) -> list[int]:
+    return [16 * i + 4 * c + r for i in range(2) for c in cores for r in range(4)]
+
+
+def _insert_after(program: Program, target, new) -> Program:
+    body = tuple(x for s in program.body for x in ((s, new) if s is target else (s,)))
+    return dataclasses.replace(program, body=body)
+
+
+def _with_cores(spec: OpSpec, cores: int) -> OpSpec:
+    """``spec`` spread over ``cores`` of its copy symbol (the first) instead of all."""
+    first = next(iter(spec.iteration_space))
+    return dataclasses.replace(spec, core_spaces=(), iteration_space=FrozenMap(
+        (s, (cores, cores) if s == first else v) for s, v in spec.iteration_space.items()))
+
+
+def _expect_rows(program, inputs, changed_b, cores) -> np.ndarray:
+    """The clean output, with the rows ``cores`` compute taken from a run where b is ``changed_b``."""
+    clean, _ = run_program(program, inputs)
+    other, _ = run_program(program, {**inputs, "b": changed_b})
+    want = clean["y"].copy()
+    rows = _rows_of(cores)
+    want[rows] = other["y"][rows]
+    assert not np.array_equal(want, clean["y"])  # the plant changes something
+    return want
+
+
+@pytest.mark.parametrize("cores", [1, 3])
+def test_a_store_to_some_cores_copies_changes_their_rows_only(cores):
+    # b negated into the LX of cores 0..cores-1 after the copy: their copy of b is -b
+    graph, program, copy = _replica_program()
+    inputs = inputs_for(graph)
+    neg = dataclasses.replace(_with_cores(copy, cores), op="neg", op_info=copy.op_info.set("fn", "neg"), name="neg_b")
+    outs, _ = run_program(_insert_after(program, copy, neg), inputs)
+    assert np.array_equal(outs["y"], _expect_rows(program, inputs, -inputs["b"], range(cores)))
+
+
+def test_one_cores_copy_read_from_another_source_changes_its_rows_only():
+    # the last core's copy reads b one row on (K + 1, wrapping): the copies differ from the start
+    graph, program, copy = _replica_program()
+    inputs = inputs_for(graph)
+    cores_sym = next(iter(copy.iteration_space))
+    src = copy.args[0]
+    k = src.device_coordinates[1]
+    shifted = dataclasses.replace(src, device_coordinates=(
+        src.device_coordinates[0], sympy.Mod(k + sympy.floor(cores_sym / 3), 128), src.device_coordinates[2]))
+    bad = _at(program, copy, dataclasses.replace(copy, args=(shifted, copy.args[1])))
+    outs, _ = run_program(bad, inputs)
+    assert np.array_equal(outs["y"], _expect_rows(program, inputs, np.roll(inputs["b"], -1, axis=0), [3]))
+
+
+def test_one_cores_copy_never_written_is_reported():
+    # the copy runs on cores 0..2 only: core 3 reads bytes nobody wrote
+    graph, program, copy = _replica_program()
+    with pytest.raises(ExecutionError, match="core 3.*never written"):
+        run_program(_at(program, copy, _with_cores(copy, 3)), inputs_for(graph))
