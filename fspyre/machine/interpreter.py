@@ -43,14 +43,15 @@ import math
 import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 
 from fspyre.errors import ExecutionError
+from fspyre.ir import kinds
 from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_OPERANDS, Dim, TensorType
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, op_fn
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, ScalarOperand, Spec, TensorArg, op_fn
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
@@ -293,10 +294,11 @@ class Access:
     fmt: formats.DataFormat
     lx: bool
     pattern: Pattern
-    advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM)
+    advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM; LX: from slot to slot)
     core_range: np.ndarray | None  # LX: [cores, 2] local byte min/max per core (bounds per core)
-    # LX: every core's addresses inside its LX and aligned (LX accesses do not move with the
-    # loops, so this is known when the access is planned)
+    # LX: every core's addresses inside its LX and aligned at the first iteration (known when
+    # the access is planned; an access walking LX slots is checked again per iteration
+    # against ``lx_span``)
     lx_ok: bool = True
     replicated: Replicated | None = None
     spread: Spread | None = None  # LX store: the same bytes to several cores (``_spread``)
@@ -304,7 +306,7 @@ class Access:
     # must stay inside (the runtime hands the kernel one base per argument); None for an
     # intermediate, which must stay outside every argument
     region: tuple[int, int] | None = None
-    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX (``_span``)
+    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX, at offset 0 (``_span``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +448,7 @@ class _Where:
     op: str = ""
     tensor: str = ""
     core: int = -1
-    memory: str = ""
+    memory: kinds.Memory | Literal[""] = ""
 
     def __str__(self) -> str:
         return self.text
@@ -468,10 +470,10 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
     fmt = formats.FORMATS[arg.device_dtype]
     grid = open_grid([n for _, n in space], [start for start, _ in space])
     coords = [np.asarray(compile_index(c, syms)(*grid)) for c in arg.device_coordinates]
+    moved = sum(i * a for i, a in zip(iters, arg.tile_advance))
     if arg.memory == "hbm":
         strides = row_major_strides(arg.device_size)
-        base = arg.address + sum(i * a for i, a in zip(iters, arg.tile_advance))
-        return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
+        return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], arg.address + moved)
     # LX: each core holds its own slice, laid out row-major over the slice's extent per device
     # dim (whole sticks in the stick dim), at the same LX address on every core.
     box_lo = np.array([[int(c.min()) if c.size else 0 for c in coords]])
@@ -479,7 +481,7 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
     lo_arr, ext_arr = lx_box(box_lo, box_hi, arg.device_size)  # the one rule, shared with memcheck
     lows, extents = lo_arr[0].tolist(), ext_arr[0].tolist()
     strides = row_major_strides(extents)
-    base = arg.address - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
+    base = arg.address + moved - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
     return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
 
 
@@ -524,7 +526,8 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     on = r[:, 0] <= r[:, 1]
     touched = r[on]
     span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=tuple(arg.tile_advance), core_range=core_range,
+                  lx_ok=lx_ok,
                   replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist())),
                   spread=_spread(pattern, sizes, splits, copies, r, nb) if store and lx_ok else None, lx_span=span)
 
@@ -615,16 +618,16 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     splits = tuple(split for _, split in spec.iteration_space.values())
     info = spec.op_info
     name = spec.name or spec.op
-    # The device runs ``spec.op``: the operation comes from it, not from op_info's "fn" (which
-    # verify_program checks agrees), so a wrong op computes something else or is refused.
+    # The device runs ``spec.op``: the operation comes from it (op_info says only how), so a
+    # wrong op computes something else or is refused.
     fn = op_fn(spec.op)
     arity = POINTWISE_FNS.get(fn, 1) if fn not in REDUCTION_OPERANDS else REDUCTION_OPERANDS[fn]
     if (fn not in POINTWISE_FNS and fn not in REDUCTION_OPERANDS) or spec.is_reduction != (fn in REDUCTION_OPERANDS):
         raise ExecutionError(f"op {name}: program op {spec.op!r} with is_reduction={spec.is_reduction} is not an "
                              f"operation the machine runs", op=name)
-    if len(info["operands"]) != arity:  # type: ignore[arg-type]
-        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives "
-                             f"{len(info['operands'])}", op=name)  # type: ignore[arg-type]
+    if len(info.operands) != arity:
+        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives {len(info.operands)}",
+                             op=name)
     *ins, last = spec.args
     if fn not in REDUCTION_OPERANDS:
         # a pointwise op writes each output element once: a symbol its output does not use
@@ -637,18 +640,18 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     if last.is_input or not all(a.is_input for a in ins):
         raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
                              f"{[a.is_input for a in spec.args]}", op=name)
-    reduced = set(cast(tuple, info.get("reduced", ())))
+    reduced = set(info.reduced)
     red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
     out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
     slices = core_slices(list(splits))
     spaces = spec.core_spaces
     all_cores = range(len(slices))
-    operands = []
-    for kind, v in cast(tuple, info["operands"]):
-        if kind == "scalar":
-            operands.append(("scalar", v))
+    operands: list[tuple[str, Any]] = []
+    for o in info.operands:
+        if isinstance(o, ScalarOperand):
+            operands.append(("scalar", o.value))
         else:
-            operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
+            operands.append(("tensor", _plan_access(spec.args[o.index], spec, syms, sizes, splits, all_cores, slices,
                                                     spaces, program.lx_bytes, store=False, regions=regions)))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
@@ -658,8 +661,8 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
                        tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
                        store=True, regions=regions)
-    ctype = np.dtype(str(info["compute"]))
-    bool_store = info.get("store") == "bool"
+    ctype = np.dtype(info.compute)
+    bool_store = info.bool_store
     recode = None
     if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
         src = operands[0][1].fmt
@@ -719,7 +722,9 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
     in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)
     lx_overlap = False
     for (kind, v), same in zip(operands, in_place):
-        if kind == "tensor" and v.lx and out.lx and not same:
+        if kind == "tensor" and v.lx and out.lx and (any(v.advance) or any(out.advance)):
+            lx_overlap = True  # slots walked by the loops: the ranges below are those of the first iteration
+        elif kind == "tensor" and v.lx and out.lx and not same:
             a, b = v.core_range, out.core_range
             assert a is not None and b is not None  # LX accesses have per-core ranges
             both = (a[:, 0] <= a[:, 1]) & (b[:, 0] <= b[:, 1])
@@ -945,7 +950,8 @@ def _span(acc: Access, offset: int) -> tuple[int, int]:
     relative to each core's own LX (the union over cores: the stacked range of an LX access
     runs across every core's LX and would meet every other LX access)."""
     if acc.lx:
-        return acc.lx_span
+        lo, hi = acc.lx_span
+        return lo + offset * acc.fmt.nbytes, hi + offset * acc.fmt.nbytes
     p, nb = acc.pattern, acc.fmt.nbytes
     return (p.lo + offset) * nb, (p.hi + offset + 1) * nb
 
@@ -961,7 +967,7 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
     data = m.view(acc.lx, nb, False)
     raw = np.ndarray(r.shape, data.dtype, data, start, r.strides)
     first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
-    lo, hi = acc.lx_span
+    lo, hi = _span(acc, offset)
     if any(t.lo <= lo and hi <= t.hi and r.cores <= t.cores for t in m.replicas):
         # one store put these bytes on every core the load reads, and no store touched them
         # since (``Spread``): they are written and the same on every core, unread
@@ -1000,23 +1006,26 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         raw = raw.reshape(p.view_shape)
     spread = acc.spread
     if spread is not None and all(shape[k] == 1 for k in spread.axes):
-        _store_spread(m, acc, spread, raw)
+        _store_spread(m, acc, spread, raw, offset)
         return
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = m.full(acc.lx, nb)
 
 
-def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray) -> None:
+def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int) -> None:
     """The store of bits that do not vary along the cores of a ``Spread`` (``raw``: view
-    axes, 1 along those of the cores): into the first core's LX through the access's view,
-    then its bytes ``lo``..``hi`` -- exactly those the store writes on each core -- copied
-    whole into every other core's LX. Every core's LX holds its copy, as the device's do."""
+    axes, 1 along those of the cores), ``offset`` elements on (an LX tensor walking its
+    slots): into the first core's LX through the access's view, then its bytes ``lo``..``hi``
+    -- exactly those the store writes on each core -- copied whole into every other core's LX.
+    Every core's LX holds its copy, as the device's do."""
     p, nb, lx = acc.pattern, acc.fmt.nbytes, m.lx_bytes
-    first = p.start * nb // lx  # the core of the grid's first point
+    if offset:
+        spread = replace(spread, lo=spread.lo + offset * nb, hi=spread.hi + offset * nb)
+    first = (p.start + offset) * nb // lx  # the core of the grid's first point
     at_first = tuple(0 if k in spread.axes else slice(None)
                      for k, dims in enumerate(p.axis_dims) for _ in dims)
-    _select(m.view(True, nb, False), p, 0)[at_first] = raw[at_first]
+    _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]
     data, written = m.lx_all.data, m.lx_all.written
     src = data[first * lx + spread.lo:first * lx + spread.hi]
     for core in spread.cores:
@@ -1046,7 +1055,10 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
         return True
     nb = acc.fmt.nbytes
     if acc.lx:
-        return acc.lx_ok
+        if not offset:
+            return acc.lx_ok
+        lo, hi = _span(acc, offset)  # the slot this iteration picks, on every core
+        return acc.lx_ok and lo >= 0 and hi <= m.lx_bytes
     lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
     if lo < 0 or hi > m.hbm.size:
         return False
@@ -1211,7 +1223,7 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
     else:
         _write(m, op.out, out_off, _compute(op, values, op.sizes))
     if m.trace is not None:
-        _trace(op, iters, out_off, m)
+        _trace(op, offsets, out_off, m.trace, m)
 
 
 def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
@@ -1302,10 +1314,13 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
                 _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = full
 
 
-def _trace(op: OpPlan, iters: tuple[int, ...], out_offset: int, m: _Machine) -> None:
-    reads, writes = m.trace.setdefault(id(op.spec), ([], []))  # type: ignore[union-attr]
-    tensors: list[Access] = [v for kind, v in op.operands if kind == "tensor"]
-    reads.append(sum(m.stick_bytes(v, _offset(v, iters)) for v in tensors if not v.lx))
+def _trace(op: OpPlan, offsets: Sequence[int], out_offset: int, trace: dict[int, tuple[list[int], list[int]]],
+           m: _Machine) -> None:
+    """Record the HBM bytes this iteration of ``op`` read and wrote (``offsets``: the element
+    offset of each operand in it, as ``_run_op`` checked them)."""
+    reads, writes = trace.setdefault(id(op.spec), ([], []))
+    reads.append(sum(m.stick_bytes(v, off) for (kind, v), off in zip(op.operands, offsets)
+                     if kind == "tensor" and not v.lx))
     writes.append(0 if op.out.lx else m.stick_bytes(op.out, out_offset))
 
 
@@ -1351,17 +1366,16 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
         if miss := numerics.gather_misses(ops, every, tuple(grid)):
             raise ExecutionError(f"op {op.spec.name} (gather): {miss}", op=op.spec.name)
     info = op.spec.op_info
-    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, cast(int, info["count"]), tuple(grid),
-                           cast(int, info.get("correction", 0)))
+    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, info.count, tuple(grid), info.correction)
     out_shape = tuple(sizes[i] for i in op.out_pos)
     nsplit = sum(1 for s in red_split if s > 1)
     if not nsplit:
         return part if part.shape == out_shape else np.broadcast_to(part, out_shape)
     part = np.broadcast_to(part, out_shape + tuple(s for s in red_split if s > 1))
-    acc = None
-    for key in itertools.product(*(range(s) for s in red_split if s > 1)):  # slice order
-        p = part[(..., *key)]
-        acc = p if acc is None else numerics.combine(op.fn, acc, p)
+    keys = itertools.product(*(range(s) for s in red_split if s > 1))  # slice order; nsplit > 0 of them
+    acc = part[(...,) + next(keys)]
+    for key in keys:
+        acc = numerics.combine(op.fn, acc, part[(...,) + key])
     return acc
 
 
@@ -1371,8 +1385,7 @@ def _reduce_slices(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarr
     split = [i for i in op.red_pos if op.splits[i] > 1]
     extents = op.spec.slice_extents
     full = [v.reshape((1,) * (len(sizes) - v.ndim) + v.shape) if isinstance(v, np.ndarray) else v for v in values]
-    count, correction = op.spec.op_info["count"], op.spec.op_info.get("correction", 0)
-    assert isinstance(count, int) and isinstance(correction, int)
+    count, correction = op.spec.op_info.count, op.spec.op_info.correction
     red_axes = tuple(op.red_pos)
     if op.fn == "gather":  # over every core's part at once: each index names one position in all
         if miss := numerics.gather_misses(full, red_axes, sizes):

@@ -24,7 +24,7 @@ import sympy
 import fspyre
 from fspyre.errors import ExecutionError, FspyreError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_specs
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces, op_fn, op_specs
 from fspyre.machine.interpreter import run_program
 from fspyre.machine.spyre import spyre
 from fspyre.stages.program import verify_program
@@ -97,10 +97,10 @@ def _arg_changes(arg: TensorArg, space: tuple[sympy.Symbol, ...]):
     if len(set(coords)) > 1:
         yield "device_coordinates", {"device_coordinates": coords[1:] + coords[:1]}
     mem = arg.memory
-    yield "address", {"allocation": FrozenMap({mem: arg.address + 128})}
+    yield "address", {"address": arg.address + 128}
     if arg.address >= 128:
-        yield "address", {"allocation": FrozenMap({mem: arg.address - 128})}
-    yield "memory", {"allocation": FrozenMap({"lx" if mem == "hbm" else "hbm": arg.address})}
+        yield "address", {"address": arg.address - 128}
+    yield "memory", {"memory": "lx" if mem == "hbm" else "hbm"}
     for level, a in enumerate(arg.tile_advance):
         adv = list(arg.tile_advance)
         adv[level] = 2 * a if a else 128
@@ -118,8 +118,8 @@ def _spec_plants(spec: OpSpec):
         def respace(new, sym=sym):
             # the per-core spaces follow the corrupted split (an even division), as they would
             # in a program whose split was wrong from the start
-            return dataclasses.replace(spec, core_spaces=(), iteration_space=FrozenMap(
-                (s, new if s == sym else v) for s, v in spec.iteration_space.items()))
+            space = FrozenMap((s, new if s == sym else v) for s, v in spec.iteration_space.items())
+            return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
         if split > 1:
             yield "split", respace((size, 1))
         if size % (2 * split) == 0 and split * 2 <= 32:
@@ -127,15 +127,14 @@ def _spec_plants(spec: OpSpec):
         yield "size", respace((size * 2, split))
         if size // 2 >= split and (size // 2) % split == 0:
             yield "size", respace((size // 2, split))
-    info = spec.op_info
-    yield "op_info.fn", dataclasses.replace(spec, op_info=info.set("fn", _SWAP.get(str(info["fn"]), "neg")))
-    yield "op_info.compute", dataclasses.replace(spec, op_info=info.set(
-        "compute", "int32" if info["compute"] == "float32" else "float32"))
-    if info["fn"] in ("mean", "var"):  # the only fns the count means something to
-        yield "op_info.count", dataclasses.replace(spec, op_info=info.set("count", int(info["count"]) * 2))
-    if info.get("reduced"):
-        kept = tuple(s for s in space if s not in info["reduced"])
-        yield "op_info.reduced", dataclasses.replace(spec, op_info=info.set("reduced", kept[-1:]))
+    info, fn = spec.op_info, op_fn(spec.op)
+    yield "op_info.compute", dataclasses.replace(spec, op_info=dataclasses.replace(
+        info, compute="int32" if info.compute == "float32" else "float32"))
+    if fn in ("mean", "var"):  # the only fns the count means something to
+        yield "op_info.count", dataclasses.replace(spec, op_info=dataclasses.replace(info, count=info.count * 2))
+    if info.reduced:
+        kept = tuple(s for s in space if s not in info.reduced)
+        yield "op_info.reduced", dataclasses.replace(spec, op_info=dataclasses.replace(info, reduced=kept[-1:]))
     for i, arg in enumerate(spec.args):
         for field, change in _arg_changes(arg, space):
             args = list(spec.args)
@@ -144,7 +143,7 @@ def _spec_plants(spec: OpSpec):
             except FspyreError:
                 continue  # refused at construction: caught before any program exists
             yield f"arg.{field}", dataclasses.replace(spec, args=tuple(args))
-    if len(spec.args) > 2 and info["fn"] not in _COMMUTATIVE:
+    if len(spec.args) > 2 and fn not in _COMMUTATIVE:
         yield "arg order", dataclasses.replace(spec, args=(spec.args[1], spec.args[0], *spec.args[2:]))
 
 
@@ -214,8 +213,8 @@ def caught(program: Program, inputs, clean) -> str | None:
     return None
 
 
-# Fields the device reads, which the oracle must catch by itself (the rest -- op_info's fn,
-# a kernel argument's buffer name, the outermost device dim -- only the verifier can: the
+# Fields the device reads, which the oracle must catch by itself (the rest -- a kernel
+# argument's buffer name, the outermost device dim -- only the verifier can: the
 # device does not read them, or reads them to the same addresses).
 _ORACLE_FIELDS = {"op", "is_reduction", "split", "size", "loop.count", "arg.arg_index", "arg.is_input",
                   "arg.address", "arg.memory", "arg.device_coordinates", "arg.tile_advance", "arg.device_dtype",
