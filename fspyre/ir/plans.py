@@ -199,7 +199,7 @@ class Allocation:
     # The intermediates LX could hold but the solver found no room for (their placements say
     # so in words): keep_resident reads it to skip pins that cannot fit either. A function of
     # the placements' reasons, so neither compared nor serialized.
-    no_room: frozenset[str] = field(default=frozenset(), compare=False, repr=False, metadata={"derived": True})
+    no_room: tuple[str, ...] = field(default=(), compare=False, repr=False, metadata={"derived": True})
 
     def __post_init__(self) -> None:
         require_map(self.buffers, "allocation: buffers", AllocationError)

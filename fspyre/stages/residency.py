@@ -423,7 +423,8 @@ def _pinned(unchanged: _Candidate, machine: Machine, options: ResidencyOptions, 
     where the allocator keeps that LX buffer (the anchor pins an intermediate that is also a
     graph output in LX with an HBM clone); otherwise they read back what was just written."""
     pins = _pins(unchanged.tree, unchanged.split, unchanged.allocation)
-    if options.allocation.lx_solver == "greedy" and all(p.buffer in unchanged.allocation.no_room for p in pins):
+    no_room = set(unchanged.allocation.no_room)
+    if options.allocation.lx_solver == "greedy" and all(p.buffer in no_room for p in pins):
         # Each pin would meet the greedy solver where its buffer did: at the same point of the
         # sweep (the pin copies go in after their writers, so no lifetime crosses another's
         # start), the same size and in-place parents, the same buffers live at the same
