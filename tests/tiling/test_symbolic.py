@@ -1,0 +1,239 @@
+"""Symbolic sizes (issue 13, docs/tiling.md "Symbolic sizes"): a graph over ``g.dim("S")``
+compiles once to a program whose counts, sizes and addresses are expressions in ``|S|``,
+records what it assumes about ``|S|``, and runs at any size satisfying the assumptions equal
+to the untiled graph at that size and to numpy computing it from its definition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fspyre
+from fspyre.check import compare
+from fspyre.errors import ExecutionError, FspyreError, HintError
+from fspyre.ir.program import LoopSpec, op_specs, walk_specs
+from fspyre.ir.serialize import dumps, loads
+from fspyre.ir.symbolic import SymbolicSizes, size_symbol
+from fspyre.machine.memcheck import check_memory
+from fspyre.machine.reference import evaluate_with_bounds
+from fspyre.pretty import pretty
+from fspyre.stages.symbolic import SymbolicError, instantiate, specialize
+from fspyre.testing import examples
+from fspyre.testing import numpy_ref as R
+
+pytestmark = pytest.mark.filterwarnings("ignore::fspyre.FspyreWarning")
+MACHINE = fspyre.machine.spyre(cores=8)
+H, I = 64, 128  # noqa: E741 (the MLP's dims, named as in the graph)
+
+
+def mlp(tile: int | None = 64, count: int | None = None, name: str = "mlp"):
+    """A Llama MLP over a symbolic sequence dim: y = (silu(x w1) * (x w2)) w3."""
+    g = fspyre.GraphBuilder(name)
+    S = g.dim("S")
+    g.dim("H", H)
+    g.dim("I", I)
+    x = g.input("x", ["S", "H"], "float16")
+    w1, w2 = g.input("w1", ["H", "I"], "float16"), g.input("w2", ["H", "I"], "float16")
+    w3 = g.input("w3", ["I", "H"], "float16")
+    slices = {} if tile is None and count is None else {"S": S.size // tile if tile else count}
+    with g.hint(slices=slices):
+        h = g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w2))
+        y = g.matmul(h, w3)
+    g.output("y", y)
+    return g.build()
+
+
+def quarters(rng, shape, scale=1.0):
+    return ((rng.integers(-8, 8, shape) / 4) * scale).astype(np.float16)
+
+
+def mlp_inputs(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return {"x": quarters(rng, (n, H)), "w1": quarters(rng, (H, I), 0.125), "w2": quarters(rng, (H, I), 0.125),
+            "w3": quarters(rng, (I, H), 0.125)}
+
+
+def mlp_numpy(inputs, fmt: str) -> R.Ref:
+    n = inputs["x"].shape[0]
+    x = R.exact(["S", "H"], inputs["x"], "float16")
+    w1, w2 = R.exact(["H", "I"], inputs["w1"], "float16"), R.exact(["H", "I"], inputs["w2"], "float16")
+    w3 = R.exact(["I", "H"], inputs["w3"], "float16")
+    a = R.matmul(x, w1, "H", ["S", "I"], "float16", fmt)
+    b = R.matmul(x, w2, "H", ["S", "I"], "float16", fmt)
+    h = R.pointwise("mul", [R.pointwise("silu", [a], ["S", "I"], (n, I), "float16", fmt), b], ["S", "I"], (n, I),
+                    "float16", fmt)
+    return R.matmul(h, w3, "I", ["S", "H"], "float16", fmt)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return fspyre.compile(mlp(), MACHINE)
+
+
+def run_and_compare(comp, graph, n: int, seed: int = 0) -> None:
+    inputs = mlp_inputs(n, seed)
+    got = fspyre.run(comp, inputs)
+    ref, bounds = evaluate_with_bounds(graph, inputs, MACHINE)  # untiled, at this size
+    report = compare(specialize(graph, {"S": n}), got, ref, bounds)
+    assert report.equal, str(report)
+    assert got["y"].shape == (n, H)
+    assert R.accept(got["y"], mlp_numpy(inputs, MACHINE.fp16_format)).all()
+
+
+# --- the graph -------------------------------------------------------------------------------
+def test_a_dim_without_size_is_symbolic_and_round_trips():
+    graph = mlp()
+    assert graph.symbolic
+    x = graph.buffer_table()["x"].type
+    assert x.shape == (size_symbol("S"), H)
+    assert graph.hints[0].slices["S"] == size_symbol("S") / 64
+    assert loads(dumps(graph)) == graph
+    assert "|S|" in pretty(graph)
+
+
+def test_symbolic_count_hint_must_be_a_tile_of_the_dim():
+    g = fspyre.GraphBuilder("g")
+    S = g.dim("S")
+    g.dim("A", 8)
+    with pytest.raises(HintError, match="integer tile"):
+        with g.hint(slices={"S": S.size * 2}):
+            pass
+    with pytest.raises(HintError, match="fixed size 8"):
+        with g.hint(slices={"A": S.size // 4}):
+            pass
+
+
+# --- compiling once, running at many sizes -----------------------------------------------------
+def test_one_program_runs_equal_to_untiled_at_64_128_4096(compiled):
+    graph = compiled.graph
+    for n in (64, 128, 4096):
+        run_and_compare(compiled, graph, n)
+
+
+def test_the_program_holds_expressions_in_S(compiled):
+    p = compiled.program
+    s = size_symbol("S")
+    loops = [spec for spec, _ in walk_specs(p.body) if isinstance(spec, LoopSpec)]
+    assert [sp.count for sp in loops] == [s / 64]
+    assert p.hbm_bytes.free_symbols == {s}
+    x = next(a for a in p.kernel_args if a.name == "x")
+    assert x.host_shape == (s, H)
+    # the output's address follows the inputs', whose sizes grow with |S|
+    y = next(a for a in op_specs(p)[-1].args if a.name == "buf4")
+    assert y.allocation["hbm"].free_symbols == {s}
+    assert y.tile_advance == (64 * H * 2,)
+
+
+def test_assumptions_are_recorded_printed_and_round_trip(compiled):
+    record = compiled.program.symbolic
+    assert isinstance(record, SymbolicSizes)
+    kinds = {a.kind: a.value for a in record.assumptions}
+    assert kinds["divisible"] == 64 and kinds["at_least"] == 64
+    # the HBM bound is the size at which the program's HBM bytes reach the machine's
+    bound = kinds["at_most"]
+    hbm = compiled.program.hbm_bytes
+    assert hbm.subs(size_symbol("S"), bound) <= MACHINE.hbm_bytes < hbm.subs(size_symbol("S"), bound + 1)
+    text = pretty(compiled.program)
+    assert "|S| % 64 == 0" in text and "|S| >= 64" in text and f"|S| <= {bound}" in text
+    assert loads(dumps(compiled.program)) == compiled.program
+    assert loads(dumps(record)) == record
+
+
+@pytest.mark.parametrize("n, what", [(100, "% 64 == 0"), (32, ">= 64")])
+def test_a_violated_assumption_is_an_error_naming_the_dim(compiled, n, what):
+    with pytest.raises(ExecutionError, match=rf"symbolic dim S = {n} violates .*{what}"):
+        fspyre.run(compiled, mlp_inputs(n))
+
+
+def test_inputs_that_disagree_on_S_are_refused():
+    g = fspyre.GraphBuilder("add")
+    S = g.dim("S")
+    g.dim("A", 64)
+    a, b = g.input("a", ["S", "A"], "float16"), g.input("b", ["S", "A"], "float16")
+    with g.hint(slices={"S": S.size // 64}):
+        y = g.add(a, b)
+    g.output("y", y)
+    comp = fspyre.compile(g.build(), MACHINE)
+    ones = np.ones((128, 64), np.float16)
+    assert (fspyre.run(comp, {"a": ones, "b": ones})["y"] == 2).all()
+    with pytest.raises(ExecutionError, match=r"symbolic dim S is 128 in input a and 64 in input b"):
+        fspyre.run(comp, {"a": ones, "b": ones[:64]})
+
+
+def test_the_instantiated_program_is_memory_safe(compiled):
+    for n in (64, 192, 1024):
+        assert check_memory(instantiate(compiled.program, {"S": n})).clean
+
+
+def test_check_runs_a_symbolic_graph(compiled):
+    report = fspyre.check(compiled.graph, machine=MACHINE, comp=compiled)
+    assert report.equal, str(report)
+
+
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.integers(1, 80), seed=st.integers(0, 2**16))
+def test_property_any_size_satisfying_the_assumptions_runs_equal(compiled, k, seed):
+    n = 64 * k
+    assert not compiled.program.symbolic.violated({"S": n})
+    run_and_compare(compiled, compiled.graph, n, seed)
+
+
+def test_count_form_fixes_the_loop_count(tmp_path):
+    comp = fspyre.compile(mlp(tile=None, count=2), MACHINE)
+    loops = [spec for spec, _ in walk_specs(comp.program.body) if isinstance(spec, LoopSpec)]
+    assert [sp.count for sp in loops] == [2]
+    assert comp.program.symbolic.dims[0].form == "count"
+    for n in (128, 256, 1024):
+        run_and_compare(comp, comp.graph, n)
+
+
+def test_no_hint_gives_a_default_tile_and_warns():
+    with pytest.warns(fspyre.FspyreWarning, match="fixed tiles of 64"):
+        comp = fspyre.compile(mlp(tile=None), MACHINE)
+    run_and_compare(comp, comp.graph, 192)
+
+
+# --- what cannot be symbolic -------------------------------------------------------------------
+def test_a_reduction_over_a_symbolic_dim_is_refused():
+    g = fspyre.GraphBuilder("red")
+    S = g.dim("S")
+    g.dim("A", 64)
+    x = g.input("x", ["A", "S"], "float16")
+    with g.hint(slices={"S": S.size // 64}):
+        y = g.reduce("sum", x, ["S"])
+    g.output("y", y)
+    with pytest.raises(SymbolicError, match=r"op \w+: sum reduces over dim S, whose size \|S\| is symbolic"):
+        fspyre.compile(g.build(), MACHINE)
+
+
+def test_two_symbolic_dims_are_refused():
+    g = fspyre.GraphBuilder("two")
+    g.dim("S")
+    g.dim("T")
+    x = g.input("x", ["S", "T"], "float16")
+    g.output("y", g.exp(x))
+    with pytest.raises(SymbolicError, match="one symbolic dim"):
+        fspyre.compile(g.build(), MACHINE)
+
+
+def test_work_div_on_a_symbolic_dim_is_refused():
+    g = fspyre.GraphBuilder("wd")
+    S = g.dim("S")
+    g.dim("A", 64)
+    x = g.input("x", ["S", "A"], "float16")
+    with g.hint(slices={"S": S.size // 64}, work_div={"S": 4}):
+        y = g.exp(x)
+    g.output("y", y)
+    with pytest.raises(SymbolicError, match="work_div"):
+        fspyre.compile(g.build(), MACHINE)
+
+
+def test_a_symbolic_graph_refuses_an_explicit_plan():
+    from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
+
+    graph = mlp()
+    plan = plan_tiling(specialize(graph, {"S": 128}), TilingOptions(mode="hints"))
+    with pytest.raises(FspyreError, match="symbolic dim"):
+        fspyre.compile(graph, MACHINE, tiling=plan)
