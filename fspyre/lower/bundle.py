@@ -33,9 +33,12 @@ import bisect
 from dataclasses import dataclass
 from typing import Union
 
+import sympy
+
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.symbolic import is_symbolic, size_dim_name
 from fspyre.machine import formats
 from fspyre.machine.rules import device_bytes
 
@@ -116,17 +119,32 @@ class Base:
 
     @property
     def name(self) -> str:
+        off = _ident(self.offset)
         if self.kind == "arg":
-            return f"arg_{self.arg_index}" if self.offset == 0 else f"arg_{self.arg_index}_slice_{self.offset}"
+            return f"arg_{self.arg_index}" if self.offset == 0 else f"arg_{self.arg_index}_slice_{off}"
         if self.kind == "pool":
-            return f"pool_addr_{self.offset}"
-        return f"lx_addr_{self.offset}"
+            return f"pool_addr_{off}"
+        return f"lx_addr_{off}"
+
+
+def _ident(value: object) -> str:
+    """A number, or an expression in symbolic sizes, as part of an SSA name:
+    ``128*|S| + 49152`` is ``128S_49152``."""
+    if not is_symbolic(value):
+        return str(value)
+    terms = sympy.Poly(value, *sorted(value.free_symbols, key=str)).terms()  # type: ignore[union-attr]
+    parts = []
+    for powers, coeff in terms:
+        names = "".join(size_dim_name(s) * p for s, p in zip(sorted(value.free_symbols, key=str), powers))  # type: ignore[union-attr]
+        parts.append(f"{coeff}{names}".replace("/", "d").replace("-", "m"))
+    return "_".join(parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BundlePlan:
     maps: tuple[tuple[int, ...], ...]  # map N: byte stride of each map dim
     params: tuple[str, ...]  # function parameters, without the leading %
+    sizes: tuple[str, ...]  # ``index`` parameters after them: the symbolic dims' sizes (``%S``)
     prelude: tuple[Stmt, ...]
     body: tuple[Stmt, ...]
     symbols: tuple[Base, ...]  # symbol id -(n+1) is symbols[n]
@@ -169,7 +187,17 @@ def op_label(spec: OpSpec) -> str:
 
 
 def hbm_regions(program: Program) -> HbmRegions:
-    """Kernel-argument byte ranges and the pool that holds every HBM intermediate."""
+    """Kernel-argument byte ranges and the pool that holds every HBM intermediate. For a
+    symbolic program: the regions at each witness size, checked there and written as lines
+    in the size (the layout is the same at every size: fspyre.stages.symbolic)."""
+    if program.symbolic is not None:
+        from fspyre.stages.symbolic import generalize, instantiate
+
+        record = program.symbolic
+        (d,) = record.dims
+        sizes = tuple(w[0] for w in record.witnesses)
+        regions = tuple(hbm_regions(instantiate(program, {d.name: n})) for n in sizes)
+        return generalize(regions, sizes, d.symbol, f"bundle of program {program.name}")
     args: dict[int, tuple[int, int]] = {}
     for k in program.kernel_args:
         region = (k.address, device_nbytes(k.device_dtype, k.device_size))
@@ -216,7 +244,9 @@ def tensor_base(spec: OpSpec, t: TensorArg, regions: HbmRegions) -> Base:
         )
     addr, nbytes = region
     off = t.address - addr
-    if not 0 <= off < nbytes:
+    if is_symbolic(off) or is_symbolic(nbytes):
+        off = sympy.expand(off)  # checked at the witness sizes (plan_bundle)
+    elif not 0 <= off < nbytes:
         raise LoweringError(
             f"op {op_label(spec)}: tensor {t.name} at HBM {t.address:#x} lies outside kernel arg {t.arg_index} "
             f"[{addr:#x}, {addr + nbytes:#x}); its arg_index or its allocation is wrong"
@@ -248,6 +278,14 @@ def _ops(body: tuple[Spec, ...]):
 
 
 def plan_bundle(program: Program) -> BundlePlan:
+    """The bundle's statements. A symbolic program's bundle takes each symbolic size as an
+    ``index`` parameter and computes its loop bounds, pool size and offsets from it; the
+    checks of the address mapping run on the program at each witness size first."""
+    if program.symbolic is not None:
+        from fspyre.stages.symbolic import instantiate
+
+        for w in program.symbolic.witnesses:
+            plan_bundle(instantiate(program, {d.name: n for d, n in zip(program.symbolic.dims, w)}))
     regions = hbm_regions(program)
     maps: dict[tuple[int, ...], int] = {}
     symbols: dict[Base, int] = {}
@@ -267,6 +305,11 @@ def plan_bundle(program: Program) -> BundlePlan:
             if not levels:
                 operands.append(base.name)
                 continue
+            if any(is_symbolic(adv[lvl]) for lvl in levels):
+                raise LoweringError(
+                    f"op {op_label(spec)}: tensor {t.name} advances {adv} bytes per iteration, an expression in a "
+                    f"symbolic size; the bundle's affine maps take fixed strides: fix the tile of the symbolic dim "
+                    f"(slices={{'S': S.size // 64}}) instead of its count")
             m = maps.setdefault(tuple(adv[lvl] for lvl in levels), len(maps))
             ivs = tuple(f"i_{loops[lvl]}" for lvl in levels)
             key = (m, ivs, base.name)
@@ -313,8 +356,10 @@ def plan_bundle(program: Program) -> BundlePlan:
             prelude += [Constant(name=off, value=base.offset), AddIndex(name=base.name, lhs="pool", rhs=off)]
         elif base.kind == "lx":
             prelude.append(Constant(name=base.name, value=base.offset))
+    sizes = tuple(d.name for d in program.symbolic.dims) if program.symbolic is not None else ()
     return BundlePlan(
-        maps=tuple(maps), params=tuple(f"arg_{ai}_base_addr" for ai in arg_indices), prelude=tuple(prelude),
+        maps=tuple(maps), params=tuple(f"arg_{ai}_base_addr" for ai in arg_indices), sizes=sizes,
+        prelude=tuple(prelude),
         body=main, symbols=tuple(symbols), regions=regions,
     )
 
@@ -337,6 +382,40 @@ def _comment(spec: OpSpec) -> str:
     return f"{spec.op}: {ins} -> {outs}"
 
 
+def index_arith(name: str, value: sympy.Expr) -> list[tuple[str, str, object, object]]:
+    """``value``, a line ``(p*|S| + r) / q`` in one symbolic size, as index arithmetic on the
+    size's function parameter ``%S``: ``(name, op, a, b)`` steps, ``op`` one of ``constant``
+    (``a`` the number), ``muli``, ``addi``, ``divui`` (``a``, ``b`` SSA names); the last step
+    defines ``name``. The division is exact where the program's assumptions hold."""
+    syms = [x for x in value.free_symbols]
+    num, den = sympy.fraction(sympy.together(value))
+    if len(syms) != 1 or not den.is_Integer or sympy.degree(num, syms[0]) != 1:
+        raise LoweringError(f"{name} = {value}: the bundle computes lines in one symbolic size, not this")
+    s = syms[0]
+    p, r = num.coeff(s, 1), num.coeff(s, 0)
+    steps: list[tuple[str, str, object, object]] = []
+    cur = size_dim_name(s)
+
+    def then(op: str, k: object) -> None:
+        nonlocal cur
+        steps.append((f"{name}_c{len(steps)}", "constant", k, None))
+        steps.append((f"{name}_{op}{len(steps)}", op, cur, steps[-1][0]))
+        cur = steps[-1][0]
+
+    if p != 1:
+        then("muli", int(p))
+    if r != 0:
+        then("addi", int(r))
+    if den != 1:
+        then("divui", int(den))
+    if not steps:  # the value is the size itself
+        steps.append((f"{name}_c0", "constant", 0, None))
+        steps.append((f"{name}_addi1", "addi", cur, f"{name}_c0"))
+    last = steps[-1]
+    steps[-1] = (name, last[1], last[2], last[3])
+    return steps
+
+
 def map_expr(strides: tuple[int, ...]) -> str:
     """``(d0, d1)[s0] -> (s0 + S0*d0 + S1*d1)``; a negative stride prints as a subtraction."""
     dims = ", ".join(f"d{j}" for j in range(len(strides)))
@@ -355,7 +434,7 @@ def bundle_mlir(program: Program) -> str:
 def print_bundle(plan: BundlePlan) -> str:
     lines = [f"#map_{n} = affine_map<{map_expr(s)}>" for n, s in enumerate(plan.maps)]
     lines.append("module {")
-    params = ", ".join(f"%{p}: {INPUT_ARG_TYPE}" for p in plan.params)
+    params = ", ".join([f"%{p}: {INPUT_ARG_TYPE}" for p in plan.params] + [f"%{n}: index" for n in plan.sizes])
     lines.append(f"\tfunc.func @sdsc_bundle({params}) {{")
     _stmts(plan.prelude + plan.body, 2, lines)
     lines += ["\t\treturn", "\t}", "}"]
@@ -365,8 +444,17 @@ def print_bundle(plan: BundlePlan) -> str:
 def _stmts(stmts: tuple[Stmt, ...], depth: int, lines: list[str]) -> None:
     tab = "\t" * depth
     for s in stmts:
-        if isinstance(s, Constant):
+        if isinstance(s, Constant) and is_symbolic(s.value):
+            for name, op, a, b in index_arith(s.name, s.value):
+                rhs = f"arith.constant {a} : index" if op == "constant" else f"arith.{op} %{a}, %{b} : index"
+                lines.append(f"{tab}%{name} = {rhs}")
+        elif isinstance(s, Constant):
             lines.append(f"{tab}%{s.name} = arith.constant {s.value} : index")
+        elif isinstance(s, AllocatePool) and is_symbolic(s.nbytes):
+            for name, op, a, b in index_arith(f"{s.name}_bytes", s.nbytes):
+                rhs = f"arith.constant {a} : index" if op == "constant" else f"arith.{op} %{a}, %{b} : index"
+                lines.append(f"{tab}%{name} = {rhs}")
+            lines.append(f"{tab}%{s.name} = sdscbundle.device_mem_allocate %{s.name}_bytes bytes : index")
         elif isinstance(s, AddIndex):
             lines.append(f"{tab}%{s.name} = arith.addi %{s.lhs}, %{s.rhs} : index")
         elif isinstance(s, ExtractArg):

@@ -18,6 +18,7 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_specs, walk_specs
+from fspyre.ir.symbolic import is_symbolic
 from fspyre.lower.bundle import (
     BundlePlan,
     Execute,
@@ -37,10 +38,23 @@ def sdsc_json(program: Program) -> dict[str, dict]:
     plan = plan_bundle(program)
     loops = [s.count for s, _ in walk_specs(program.body) if isinstance(s, LoopSpec)]
     specs = op_specs(program)
-    return {
+    out = {
         ex.filename: op_json(spec, ex, plan, loops)
         for spec, ex in zip(specs, plan.executes(), strict=True)
     }
+    # a symbolic program's counts, sizes and offsets are expressions in its symbolic sizes,
+    # written as text (``"128*|S| + 49152"``); a concrete program's JSON has none
+    return _expressions_as_text(out) if program.symbolic is not None else out
+
+
+def _expressions_as_text(value: object) -> object:
+    if isinstance(value, sympy.Basic):
+        return int(value) if value.is_Integer else str(value)
+    if isinstance(value, dict):
+        return {k: _expressions_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expressions_as_text(v) for v in value]
+    return value
 
 
 def core_offsets(spec: OpSpec, t: TensorArg) -> list[int]:
@@ -57,7 +71,10 @@ def core_offsets(spec: OpSpec, t: TensorArg) -> list[int]:
     offset = np.zeros(spec.cores, dtype=np.int64)
     for coord, stride in zip(t.device_coordinates, strides):
         offset = offset + np.asarray(compile_index(coord, syms)(*starts.T), dtype=np.int64) * stride
-    return [int(v) for v in offset * formats.FORMATS[t.device_dtype].nbytes]
+    nbytes = formats.FORMATS[t.device_dtype].nbytes
+    if offset.dtype == object:  # a symbolic program's device size: offsets are expressions in it
+        return [sympy.expand(v * nbytes) if is_symbolic(v) else int(v) * nbytes for v in offset]
+    return [int(v) for v in offset * nbytes]
 
 
 def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int]) -> dict:

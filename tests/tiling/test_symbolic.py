@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import sympy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fspyre
+import fspyre.lower.sdsc
 from fspyre.check import compare
 from fspyre.errors import ExecutionError, FspyreError, HintError
 from fspyre.ir.program import LoopSpec, op_specs, walk_specs
@@ -237,3 +239,51 @@ def test_a_symbolic_graph_refuses_an_explicit_plan():
     plan = plan_tiling(specialize(graph, {"S": 128}), TilingOptions(mode="hints"))
     with pytest.raises(FspyreError, match="symbolic dim"):
         fspyre.compile(graph, MACHINE, tiling=plan)
+
+
+# --- bundle.mlir and the per-op JSON ----------------------------------------------------------
+def test_bundle_takes_S_as_an_index_argument_and_bounds_the_loop_with_it(compiled):
+    text = compiled.bundle_mlir
+    head = next(line for line in text.splitlines() if "func.func @sdsc_bundle" in line)
+    assert head.rstrip().endswith("%S: index) {")
+    assert "%loop_bound_0 = arith.divui %S, %loop_bound_0_c0 : index" in text
+    assert "scf.for %i_0 = %c0 to %loop_bound_0 step %c1 {" in text
+
+
+def test_generic_bundle_parses_with_xdsl(compiled):
+    pytest.importorskip("xdsl")
+    from xdsl.context import Context
+    from xdsl.dialects.affine import Affine
+    from xdsl.dialects.arith import Arith
+    from xdsl.dialects.builtin import Builtin
+    from xdsl.dialects.func import Func
+    from xdsl.dialects.scf import Scf
+    from xdsl.parser import Parser
+
+    ctx = Context(allow_unregistered=True)
+    for dialect in (Builtin, Func, Arith, Scf, Affine):
+        ctx.load_dialect(dialect)
+    module = Parser(ctx, compiled.mlir_generic).parse_module()
+    module.verify()
+    func = next(op for op in module.walk() if op.name == "func.func")
+    assert str(func.body.blocks[0].args[-1].type) == "index"
+    divs = [op for op in module.walk() if op.name == "arith.divui"]
+    assert divs and divs[0].operands[0] is func.body.blocks[0].args[-1]
+
+
+def test_sdsc_json_carries_the_expressions(compiled):
+    import json
+
+    files = compiled.sdsc
+    json.dumps(files)  # strict JSON: expressions are text
+    last = files[max(files, key=lambda f: int(f[5:-5]))]
+    assert last["loops"][0]["count"] == "|S|/64"
+    out = next(t for t in last["tensors"] if t["role"] == "output")
+    assert out["device_size"][1] == "|S|" and "|S|" in out["allocation"]["hbm"]
+    # at a size, the JSON of the instantiated program has the numbers the expressions give
+    concrete = fspyre.lower.sdsc.sdsc_json(instantiate(compiled.program, {"S": 256}))
+    got = concrete[max(files, key=lambda f: int(f[5:-5]))]
+    assert got["loops"][0]["count"] == 4
+    n = sympy.Symbol("n")
+    at = sympy.sympify(out["allocation"]["hbm"].replace("|S|", "n"), locals={"n": n}).subs(n, 256)
+    assert got["tensors"][-1]["allocation"]["hbm"] == int(at)
