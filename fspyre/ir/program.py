@@ -118,7 +118,7 @@ class OpSpec:
         space = tuple((n, k) for n, k in self.iteration_space.values())
         if any(is_symbolic(n) for n, _ in space) or any(is_symbolic(x) for c in self.core_spaces for p in c for x in p):
             # a symbolic program's op: its division is checked when ``instantiate`` makes it concrete
-            object.__setattr__(self, "slice_extents", ())
+            object.__setattr__(self, "slice_extents", _symbolic_extents(space, self.core_spaces))
             return
         for s, (size, split) in self.iteration_space.items():
             if size < 1 or split < 1 or split > size:
@@ -156,8 +156,6 @@ class OpSpec:
     @property
     def even(self) -> bool:
         """Every symbol's slices are of one size."""
-        if not self.slice_extents and self.core_spaces:  # a symbolic op: compare the cores' extents
-            return all(len({c[i][1] for c in self.core_spaces}) == 1 for i in range(len(self.iteration_space)))
         return all(len(set(e)) == 1 for e in self.slice_extents)
 
 
@@ -181,6 +179,16 @@ def _even_division(space: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int,
 
     extents = tuple(even_extents(n, k) for n, k in space)
     return extents, core_spaces(extents)
+
+
+def _symbolic_extents(space: tuple, spaces: tuple) -> tuple[tuple, ...]:
+    """Each symbol's slice extents read off ``spaces`` (first symbol fastest), unchecked: the
+    division of a symbolic op is checked on the concrete op ``instantiate`` builds."""
+    out, stride = [], 1
+    for i, (_, split) in enumerate(space):
+        out.append(tuple(spaces[k * stride][i][1] for k in range(split) if k * stride < len(spaces)))
+        stride *= split
+    return tuple(out)
 
 
 @lru_cache(maxsize=4096)

@@ -85,6 +85,16 @@ class ApplyMap:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MulIndex:
+    """``name = lhs * rhs``: an induction variable times a stride that is an expression in a
+    symbolic size (affine maps take only fixed strides)."""
+
+    name: str
+    lhs: str
+    rhs: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Execute:
     index: int
     filename: str
@@ -106,7 +116,7 @@ class ForLoop:
     body: tuple["Stmt", ...]
 
 
-Stmt = Union[Constant, AddIndex, ExtractArg, AllocatePool, ApplyMap, Execute, ForLoop]
+Stmt = Union[Constant, AddIndex, MulIndex, ExtractArg, AllocatePool, ApplyMap, Execute, ForLoop]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -288,6 +298,7 @@ def plan_bundle(program: Program) -> BundlePlan:
             plan_bundle(instantiate(program, {d.name: n for d, n in zip(program.symbolic.dims, w)}))
     regions = hbm_regions(program)
     maps: dict[tuple[int, ...], int] = {}
+    strides: dict[object, str] = {}  # a symbolic stride -> the SSA value computing it
     symbols: dict[Base, int] = {}
     bounds: list[Constant] = []
     n_ops, n_addr = 0, 0
@@ -305,18 +316,24 @@ def plan_bundle(program: Program) -> BundlePlan:
             if not levels:
                 operands.append(base.name)
                 continue
-            if any(is_symbolic(adv[lvl]) for lvl in levels):
-                raise LoweringError(
-                    f"op {op_label(spec)}: tensor {t.name} advances {adv} bytes per iteration, an expression in a "
-                    f"symbolic size; the bundle's affine maps take fixed strides: fix the tile of the symbolic dim "
-                    f"(slices={{'S': S.size // 64}}) instead of its count")
-            m = maps.setdefault(tuple(adv[lvl] for lvl in levels), len(maps))
-            ivs = tuple(f"i_{loops[lvl]}" for lvl in levels)
-            key = (m, ivs, base.name)
+            fixed = [lvl for lvl in levels if not is_symbolic(adv[lvl])]
+            moving = [lvl for lvl in levels if is_symbolic(adv[lvl])]
+            m = maps.setdefault(tuple(adv[lvl] for lvl in fixed), len(maps)) if fixed else -1
+            ivs = tuple(f"i_{loops[lvl]}" for lvl in fixed)
+            key = (m, ivs, base.name, tuple((loops[lvl], adv[lvl]) for lvl in moving))
             if key not in applied:
-                applied[key] = f"addr_{n_addr}"
+                applied[key] = name = f"addr_{n_addr}"
                 n_addr += 1
-                stmts.append(ApplyMap(name=applied[key], map_index=m, ivs=ivs, base=base.name))
+                cur = base.name
+                if fixed:
+                    cur = name if not moving else f"{name}_fixed"
+                    stmts.append(ApplyMap(name=cur, map_index=m, ivs=ivs, base=base.name))
+                for j, lvl in enumerate(moving):
+                    stride = strides.setdefault(adv[lvl], f"stride_{_ident(adv[lvl])}")
+                    last = j == len(moving) - 1
+                    stmts.append(MulIndex(name=f"{name}_step{j}", lhs=f"i_{loops[lvl]}", rhs=stride))
+                    stmts.append(AddIndex(name=name if last else f"{name}_part{j}", lhs=cur, rhs=f"{name}_step{j}"))
+                    cur = f"{name}_part{j}"
             operands.append(applied[key])
         stmts.append(Execute(
             index=n_ops, filename=f"sdsc_{n_ops}.json", operands=tuple(operands), symbol_ids=tuple(ids),
@@ -346,6 +363,8 @@ def plan_bundle(program: Program) -> BundlePlan:
     prelude.extend(ExtractArg(name=f"arg_{ai}", source=f"arg_{ai}_base_addr") for ai in arg_indices)
     if bounds:
         prelude += [Constant(name="c0", value=0), Constant(name="c1", value=1), *bounds]
+    # a stride that is an expression in a symbolic size, computed once
+    prelude += [Constant(name=name, value=x) for x, name in strides.items()]
     for base in symbols:
         if base.kind == "arg" and base.offset:
             off = f"arg_{base.arg_index}_slice_offset_{base.offset}"
@@ -465,6 +484,8 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, lines: list[str]) -> None:
         elif isinstance(s, ApplyMap):
             ivs = ", ".join(f"%{v}" for v in s.ivs)
             lines.append(f"{tab}%{s.name} = affine.apply #map_{s.map_index}({ivs})[%{s.base}]")
+        elif isinstance(s, MulIndex):
+            lines.append(f"{tab}%{s.name} = arith.muli %{s.lhs}, %{s.rhs} : index")
         elif isinstance(s, Execute):
             operands = ", ".join(f"%{o}" for o in s.operands)
             ids = ", ".join(str(i) for i in s.symbol_ids)

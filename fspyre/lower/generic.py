@@ -24,6 +24,7 @@ from fspyre.lower.bundle import (
     Execute,
     ExtractArg,
     ForLoop,
+    MulIndex,
     Stmt,
     core_spaces_attr,
     index_arith,
@@ -65,6 +66,8 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, plan: BundlePlan, lines: list[st
             lines.append(f'{tab}%{s.name} = "arith.constant"() <{{value = {s.value} : index}}> : () -> index')
         elif isinstance(s, AddIndex):
             lines.append(f'{tab}%{s.name} = "arith.addi"(%{s.lhs}, %{s.rhs}) : (index, index) -> index')
+        elif isinstance(s, MulIndex):
+            lines.append(f'{tab}%{s.name} = "arith.muli"(%{s.lhs}, %{s.rhs}) : (index, index) -> index')
         elif isinstance(s, ExtractArg):
             lines.append(f'{tab}%{s.name} = "sdscbundle.input_arg_extract"(%{s.source}) : ({INPUT_ARG_TYPE}) -> index')
         elif isinstance(s, AllocatePool):

@@ -66,15 +66,27 @@ def core_offsets(spec: OpSpec, t: TensorArg) -> list[int]:
     if t.memory == "lx":
         return [0] * spec.cores
     syms = list(spec.iteration_space)
+    if any(is_symbolic(x) for space in spec.core_spaces for x, _ in space) or any(map(is_symbolic, t.device_size)):
+        return _symbolic_core_offsets(spec, t)
     starts = np.array([[start for start, _ in space] for space in spec.core_spaces], dtype=np.int64)  # [core, symbol]
     strides = row_major_strides(t.device_size)
     offset = np.zeros(spec.cores, dtype=np.int64)
     for coord, stride in zip(t.device_coordinates, strides):
         offset = offset + np.asarray(compile_index(coord, syms)(*starts.T), dtype=np.int64) * stride
+    return [int(v) for v in offset * formats.FORMATS[t.device_dtype].nbytes]
+
+
+def _symbolic_core_offsets(spec: OpSpec, t: TensorArg) -> list:
+    """``core_offsets`` of a symbolic program's op: expressions in its symbolic sizes."""
+    strides = row_major_strides(t.device_size)
     nbytes = formats.FORMATS[t.device_dtype].nbytes
-    if offset.dtype == object:  # a symbolic program's device size: offsets are expressions in it
-        return [sympy.expand(v * nbytes) if is_symbolic(v) else int(v) * nbytes for v in offset]
-    return [int(v) for v in offset * nbytes]
+    out = []
+    for space in spec.core_spaces:
+        at = {s: start for s, (start, _) in zip(spec.iteration_space, space)}
+        offset = sum((sympy.sympify(c).xreplace(at) * stride for c, stride in zip(t.device_coordinates, strides)),
+                     sympy.Integer(0))
+        out.append(sympy.expand(offset * nbytes))
+    return out
 
 
 def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int]) -> dict:
