@@ -225,6 +225,8 @@ def generalize(values: tuple[Any, ...], sizes: tuple[int, ...], symbol: sympy.Sy
                     f"{where}: {list(map(int, values))} at {symbol} = {list(sizes)} is not linear in {symbol}; "
                     f"the program is not one program for every size: give {size_dim_name(symbol)} a size")
         return line
+    if isinstance(first, sympy.Expr) and all(isinstance(v, sympy.Expr) for v in values):
+        return _generalize_expr(values, sizes, symbol, where)
     if isinstance(first, tuple) and all(isinstance(v, tuple) and len(v) == len(first) for v in values):
         return tuple(generalize(tuple(v[i] for v in values), sizes, symbol, f"{where}[{i}]")
                      for i in range(len(first)))
@@ -240,6 +242,19 @@ def generalize(values: tuple[Any, ...], sizes: tuple[int, ...], symbol: sympy.Sy
         f"{where}: differs in structure between {symbol} = {list(sizes)} ({_brief(values[0])} vs {_brief(values[1])}); "
         f"the stages decide differently at different sizes: give {size_dim_name(symbol)} a size, or a hint that fixes "
         f"its tile (slices={{{size_dim_name(symbol)!r}: {size_dim_name(symbol)}.size // 64}})")
+
+
+def _generalize_expr(values: tuple[sympy.Expr, ...], sizes: tuple[int, ...], symbol: sympy.Symbol,
+                     where: str) -> sympy.Expr:
+    """An index expression whose integer coefficients move with the size (the stride of an
+    outer dim of a tensor over S): each monomial's coefficient generalized on its own."""
+    terms = [sympy.expand(v).as_coefficients_dict() for v in values]
+    if any(set(t) != set(terms[0]) for t in terms[1:]) or not all(
+            c.is_Integer for t in terms for c in t.values()):
+        raise SymbolicError(f"{where}: {values[0]} and {values[1]} at {symbol} = {list(sizes[:2])} differ in more "
+                            f"than their coefficients; give {size_dim_name(symbol)} a size")
+    return sympy.Add(*(generalize(tuple(int(t[m]) for t in terms), sizes, symbol, f"{where}[{m}]") * m
+                       for m in terms[0]))
 
 
 def _same(a: Any, b: Any) -> bool:
