@@ -53,7 +53,7 @@ class Dim:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise GraphError(f"dim name {self.name!r} must be a Python identifier")
-        if is_size_symbol(self.size):
+        if type(self.size) is int and self.size > 0 or is_size_symbol(self.size):
             return
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size <= 0:
             raise GraphError(f"dim {self.name!r}: size {self.size!r} must be a positive integer")
@@ -92,7 +92,7 @@ class TensorType:
 
     @property
     def symbolic(self) -> bool:
-        return any(is_size_symbol(d.size) for d in self.dims)
+        return not all(type(d.size) is int for d in self.dims)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -116,7 +116,8 @@ class OpSpec:
         require_tuple(self.tiled_symbols, f"{what}: tiled_symbols", LoweringError, tuple)
         require_tuple(self.core_spaces, f"{what}: core_spaces", LoweringError, tuple)
         space = tuple((n, k) for n, k in self.iteration_space.values())
-        if any(is_symbolic(n) for n, _ in space) or any(is_symbolic(x) for c in self.core_spaces for p in c for x in p):
+        # (a symbolic op's sizes are symbolic: a fixed size has fixed slices)
+        if not all(type(n) is int for n, _ in space) and any(is_symbolic(n) for n, _ in space):
             # a symbolic program's op: its division is checked when ``instantiate`` makes it concrete
             object.__setattr__(self, "slice_extents", _symbolic_extents(space, self.core_spaces))
             return

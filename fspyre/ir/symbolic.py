@@ -131,6 +131,10 @@ class SymbolicSizes:
 def require_size(value: object, what: str, error: type[Exception], least: int) -> None:
     """An integer >= ``least``, or an expression in symbolic sizes alone (a count, byte size or
     address of a symbolic program; ``instantiate`` checks the integer it becomes)."""
+    if type(value) is int:  # the common case first: concrete programs are most of them
+        if value < least:
+            raise error(f"{what} {value!r:.60} must be an integer >= {least}")
+        return
     if isinstance(value, sympy.Expr) and is_symbolic(value):
         if value.free_symbols and all(is_size_symbol(s) for s in value.free_symbols):
             return
@@ -139,6 +143,8 @@ def require_size(value: object, what: str, error: type[Exception], least: int) -
 
 
 def require_sizes(value: object, what: str, error: type[Exception], least: int, non_empty: bool = False) -> None:
+    if type(value) is tuple and (value or not non_empty) and all(type(x) is int and x >= least for x in value):
+        return
     require_tuple(value, what, error, (int, sympy.Expr), non_empty=non_empty)
     for x in value:  # type: ignore[attr-defined]
         require_size(x, what, error, least)

@@ -64,7 +64,8 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     for i in range(len(shape) - 2, -1, -1):
         n = shape[i + 1]
         # a symbolic program's device size may be an expression in a symbolic dim's size
-        strides[i] = strides[i + 1] * (n if getattr(n, "free_symbols", None) else int(n))
+        strides[i] = strides[i + 1] * (int(n) if type(n) is int or not hasattr(n, "free_symbols") or n.is_Integer
+                                       else n)
     return tuple(strides)
 
 
