@@ -307,3 +307,19 @@ def test_sdsc_json_carries_the_expressions(compiled):
     n = sympy.Symbol("n")
     at = sympy.sympify(out["allocation"]["hbm"].replace("|S|", "n"), locals={"n": n}).subs(n, 256)
     assert got["tensors"][-1]["allocation"]["hbm"] == int(at)
+
+
+# --- printed forms ----------------------------------------------------------------------------
+@pytest.mark.parametrize("form", ["compiled", "count_form"])
+def test_golden_printed_forms(form, request, golden):
+    """Journal: tests/golden/test_symbolic.txt (the symbolic graph, the program with its
+    assumptions, bundle.mlir and one op's SDSC JSON)."""
+    import json
+
+    comp = request.getfixturevalue(form)
+    golden.check(f"{form}.graph", pretty(comp.graph))
+    golden.check(f"{form}.program", pretty(comp.program))
+    golden.check(f"{form}.program.detailed", pretty(comp.program, detailed=True))
+    golden.check(f"{form}.bundle", comp.bundle_mlir)
+    files = comp.sdsc
+    golden.check(f"{form}.sdsc.last", json.dumps(files[f"sdsc_{len(files) - 1}.json"], indent=1))
