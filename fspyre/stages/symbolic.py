@@ -284,7 +284,8 @@ def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Gra
             warnings.simplefilter("ignore", FspyreWarning)
             comps.append(compile_concrete(specialize(planned, {d.name: size})))
     program = generalize(tuple(c.program for c in comps), sizes, d.symbol, f"program {graph.name}")
-    assumptions = _assumptions(d, program, machine, _modulus(program, d.symbol))
+    spans = generalize(tuple(_spans(c, machine) for c in comps), sizes, d.symbol, f"per-core spans of {graph.name}")
+    assumptions = _assumptions(d, program, machine, _modulus(program, d.symbol), spans)
     record = SymbolicSizes(dims=dims, assumptions=assumptions, witnesses=tuple((s,) for s in sizes))
     program = dataclasses.replace(program, symbolic=record)
     return comps[0], program, warns + comps[0].warnings
@@ -318,7 +319,25 @@ def _expressions(value: Any):
                 yield from _expressions(getattr(value, f.name))
 
 
-def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int) -> tuple[Assumption, ...]:
+def _spans(comp: Any, machine: Any) -> tuple[tuple[str, int], ...]:
+    """Per op and tensor of a witness compile, the bytes a core spans (the rule work division
+    keeps within ``machine.span_limit``, fspyre/stages/split_plan.py): a tensor laid out with
+    S inside an outer dim a core walks spans more as S grows."""
+    from fspyre.stages.access import access_plan
+    from fspyre.stages.split_plan import per_core_span
+
+    tree, plan = comp.stages["resident_tree"], comp.stages["split_plan"]
+    out = []
+    for name, record in access_plan(tree, plan, machine).ops.items():
+        split = plan.ops[name]
+        sizes = {x.name: x.size for x in record.dims}
+        for acc in record.tensors:
+            out.append((f"{name}/{acc.buffer}", per_core_span(acc, sizes, split.splits, split.stick_elems)))
+    return tuple(out)
+
+
+def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int,
+                 spans: tuple[tuple[str, Any], ...] = ()) -> tuple[Assumption, ...]:
     s = d.symbol
     if d.form == "tile":
         unit = d.fixed
@@ -337,6 +356,13 @@ def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int) -
         if bound is not None:
             out.append(Assumption(dim=d.name, kind="at_most", value=bound,
                                   reason=f"the program's {what} ({expr} bytes) fits the {cap} bytes of {what}"))
+    growing = [(_largest(span, s, machine.span_limit), where, span) for where, span in spans]
+    growing = [g for g in growing if g[0] is not None]
+    if growing:
+        bound, where, span = min(growing, key=lambda g: g[0])
+        out.append(Assumption(dim=d.name, kind="at_most", value=bound,
+                              reason=f"op {where.split('/')[0]}: a core spans {span} bytes of "
+                                     f"{where.split('/', 1)[1]}, within the {machine.span_limit}-byte span limit"))
     return tuple(out)
 
 

@@ -323,3 +323,9 @@ def test_golden_printed_forms(form, request, golden):
     golden.check(f"{form}.bundle", comp.bundle_mlir)
     files = comp.sdsc
     golden.check(f"{form}.sdsc.last", json.dumps(files[f"sdsc_{len(files) - 1}.json"], indent=1))
+
+
+def test_count_form_records_the_span_limit_its_growing_tiles_reach(count_form):
+    spans = [a for a in count_form.program.symbolic.assumptions if "span limit" in a.reason]
+    assert spans and spans[0].kind == "at_most"
+    assert spans[0].value * 128 <= MACHINE.span_limit < (spans[0].value + 1) * 128
