@@ -12,7 +12,12 @@ re-read are worth a copy (docs/tiling.md, "LX residency"):
   region in the same iteration -- row-tiled softmax reads ``x`` for its max and again for
   the subtraction;
 - *loop-invariant*: an op inside a loop reads a region no level of that loop moves -- the
-  weights of a matmul under a token loop.
+  weights of a matmul under a token loop;
+- *across loops*: sibling loops walk the same regions tile by tile -- the two loops of an
+  online softmax whose result is kept read ``x`` once each, the passes of loop fission read
+  what the first pass read. The first loop copies each tile into an LX buffer that holds one
+  slot per iteration (the allocator lays the slots out: ``fspyre.stages.allocation``), and
+  the later loops read the tile back from its slot.
 
 For each such region the stage places one ``copy`` op into a per-tile buffer right before
 the outermost node that holds its readers, inside the innermost loop that moves the region,
@@ -41,6 +46,7 @@ from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
 from fspyre.ir.program import Program
 from fspyre.machine.indexing import free_names
 from fspyre.machine.report import traffic_report
+from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate
 from fspyre.stages.loop_tree import dim_vars, elems_per_stick
@@ -111,11 +117,15 @@ class Residency:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Candidate:
-    """A tree with its division and allocation, not yet emitted."""
+    """A tree with its division and allocation, not yet emitted; ``regions`` and ``hints``
+    are the copies and work divisions the stage rewrote the tree with (none: the tree as
+    given), so a later step can rewrite it again with more hints."""
 
     tree: LoopTree
     split: SplitPlan
     allocation: Allocation
+    regions: tuple[_Region, ...] = ()
+    hints: FrozenMap[str, FrozenMap[str, int]] = FrozenMap()
 
 
 class _Judge:
@@ -159,6 +169,12 @@ def _choose(tree: LoopTree, unchanged: _Candidate, machine: Machine, options: Re
     if not options.enabled or not options.allocation.lx_planning:
         return unchanged
     # a buffer the allocator already keeps in LX gains nothing from a copy
+    chosen = _chosen_copies(tree, unchanged, machine, options, judge)
+    return _aligned(tree, chosen, unchanged, machine, options, judge) or chosen
+
+
+def _chosen_copies(tree: LoopTree, unchanged: _Candidate, machine: Machine, options: ResidencyOptions,
+                   judge: _Judge) -> _Candidate:
     regions = [r for r in _regions(tree) if unchanged.allocation.buffers[r.buffer].memory == "hbm"]
     if not regions:
         return unchanged
@@ -173,6 +189,101 @@ def _choose(tree: LoopTree, unchanged: _Candidate, machine: Machine, options: Re
     if found is None or sliced is None:
         return found or sliced or unchanged
     return found if judge.estimate(found) <= judge.estimate(sliced) else sliced
+
+
+# -- readers that take their producer's slices ------------------------------------------------
+def _aligned(tree: LoopTree, chosen: _Candidate, unchanged: _Candidate, machine: Machine,
+             options: ResidencyOptions, judge: _Judge) -> _Candidate | None:
+    """``chosen`` with every intermediate its allocation left in HBM because a reader slices
+    it differently from its writer (each op is divided on its own, so a matmul moved onto a
+    copy's dim and the gelu after it split their tiles differently) read where it lives: the
+    reader takes the writer's slices of the buffer -- a matmul reading its operand's slices
+    splits its contraction dim -- and the copies the reader reads follow it. Judged by the
+    estimate like the copies (a reader that splits its reduction writes partial sums, whose
+    result leaves LX); None when it does not improve, or a reader cannot take the slices."""
+    proposal = _follow(chosen, {n for n, s in unchanged.split.ops.items() if s.hinted})
+    if not proposal:
+        return None
+    hints = {**chosen.hints, **proposal}
+    rewritten = _rewrite(tree, chosen.regions, hints)
+    try:
+        split = divide_work(rewritten, machine, options.split)
+    except FspyreError:
+        return None  # a reader cannot be divided that way (a blocked dim, a second reduction dim)
+    if set(split.warnings) - set(chosen.split.warnings):
+        return None  # a hint of ours the division could not honour as written
+    alloc = allocate(rewritten, split, machine, options.allocation)
+    done = _Candidate(tree=rewritten, split=split, allocation=alloc, regions=chosen.regions,
+                      hints=FrozenMap(hints))
+    return done if judge.estimate(done) < judge.estimate(chosen) else None
+
+
+def _follow(c: _Candidate, fixed: set[str]) -> dict[str, FrozenMap[str, int]]:
+    """The work_div of each reader (in program order, so a chain follows its head) that reads
+    an HBM intermediate with slices other than its writer's, and of the copies it reads; ops
+    in ``fixed`` (the user's hints) keep theirs."""
+    table = c.tree.buffer_table()
+    io = set(c.tree.inputs) | {o.buffer for o in c.tree.outputs}
+    nodes = op_nodes(c.tree)
+    writes = Counter(n.op.store.buffer for n in nodes)
+    writer = {n.op.store.buffer: n for n in nodes if writes[n.op.store.buffer] == 1}
+    copy_of = {r.name: f"{r.name}_copy" for r in c.regions if r.replicas == 1}
+    copies = {r.name for r in c.regions}
+    splits = {n: dict(s.splits) for n, s in c.split.ops.items()}
+    out: dict[str, FrozenMap[str, int]] = {}
+    replicated = {r.name for r in c.regions if r.replicas > 1}
+    for node in nodes:
+        if (node.name in fixed or node.name in {f"{r}_copy" for r in copies}
+                or any(ld.buffer in replicated for ld in node.op.loads)):
+            continue  # copies follow their readers; a replica's readers keep the division its slots count
+        for ld in node.op.loads:
+            w = writer.get(ld.buffer)
+            if w is None or ld.buffer in io or ld.buffer in copies or c.allocation.buffers[ld.buffer].memory == "lx":
+                continue
+            if any(splits[w.name].get(d.name, 1) > 1 for d in w.op.reduction_ranges):
+                continue  # partial sums are combined by one core: the buffer cannot be in LX anyway
+            mapped = _mapped_split(w, splits[w.name], c.split.ops[w.name].stick_elems, node,
+                                   c.split.ops[node.name].stick_elems, ld, table[ld.buffer].type)
+            if mapped is None:
+                continue
+            mapped = {d: mapped.get(d, 1) for d in splits[node.name]}
+            if mapped == splits[node.name]:
+                continue
+            splits[node.name] = mapped
+            out[node.name] = FrozenMap(mapped)
+            for other in node.op.loads:
+                if other.buffer in copy_of:
+                    copy = copy_of[other.buffer]
+                    out[copy] = FrozenMap((d, mapped.get(d, 1)) for d in splits[copy])
+            break
+    return out
+
+
+def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int], r: OpNode,
+                  reps: Mapping[str, int], load: Load, btype: TensorType) -> dict[str, int] | None:
+    """The reader's splits that give it, on every core, the slice of the buffer its writer
+    wrote there: each buffer dim the writer splits must be walked by the reader over the same
+    extent and cut into the same slices (a dim the reader counts in sticks where the writer
+    counts elements is not). None when the reader cannot."""
+    wvars = dim_vars(w.op.store.index, btype, _sizes(w.op))
+    rvars = dim_vars(load.index, btype, _sizes(r.op))
+    if wvars is None or rvars is None:
+        return None
+    wsizes, rsizes = _sizes(w.op), _sizes(r.op)
+    out: dict[str, int] = {}
+    for wv, rv in zip(wvars, rvars):
+        k = wsplit.get(wv.name, 1) if wv is not None else 1
+        if k == 1:
+            continue
+        if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
+            return None
+        size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
+        if k > -(-size // reps_) or slice_extents(size, k, weps_) != slice_extents(size, k, reps_):
+            return None
+        out[rv.name] = k
+    if math.prod(out.values()) != math.prod(k for k in wsplit.values()):
+        return None  # the writer splits a dim of its own the buffer lacks: cores would not line up
+    return out
 
 
 def _copies(tree: LoopTree, unchanged: _Candidate, regions: list[_Region], machine: Machine,
@@ -193,13 +304,16 @@ def _copies(tree: LoopTree, unchanged: _Candidate, regions: list[_Region], machi
         new_alloc = allocate(rewritten, new_split, machine, options.allocation)
         spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
         if spilled:
-            # a replicated copy that did not fit gets one more chance as one slice per core
+            # a replicated copy that did not fit gets one more chance as one slice per core, a
+            # region kept across loops as the copies of its loops' own re-reads
             whole |= {r.name for r in spilled if r.replicas > 1}
             regions = [replace(r, replicas=1) if r.name in whole else r
                        for r in regions if r not in spilled or r.replicas > 1]
+            regions += [part for r in spilled for part in r.parts]
             hints, regions = _align(regions, split, machine, reduced, whole)
             continue
-        done = _Candidate(tree=rewritten, split=new_split, allocation=new_alloc)
+        done = _Candidate(tree=rewritten, split=new_split, allocation=new_alloc, regions=tuple(regions),
+                          hints=FrozenMap(hints))
         if _better(done, unchanged, judge):
             return done
         if len(regions) == 1 or tries >= _MAX_TRIES:
@@ -216,7 +330,7 @@ _MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs 
 
 
 def _region_bytes(r: _Region) -> int:
-    return math.prod(d.size for d in r.dims)
+    return math.prod(d.size for d in r.dims) * r.slots
 
 
 def _better(new: _Candidate, old: _Candidate, judge: _Judge) -> bool:
@@ -276,8 +390,8 @@ def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     otherwise."""
     names = {d.name for d in r.dims}
     first = split.ops[r.readers[0]]
-    if first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
-        return None
+    if r.slots > 1 or first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
+        return None  # (a region kept across loops is sliced like its readers, one slot per iteration)
     if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
         return None
     hints = {n: FrozenMap(first.splits) for n in r.readers}
@@ -361,9 +475,9 @@ def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin
 def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
     table = tree.buffer_table()
     of_buffer = {p.buffer: p for p in pins}
-    by_writer = {p.writer: p for p in pins}
     first = max((h.id for h in tree.hints), default=-1) + 1
     scopes = tuple(HintScope(id=first + i, work_div=p.split) for i, p in enumerate(pins))
+    by_writer = {p.writer: (p, scope) for p, scope in zip(pins, scopes)}
     body: list[Node] = []
     for node in tree.body:
         if not isinstance(node, OpNode):
@@ -373,16 +487,17 @@ def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
         # a redirect keeps a load a load, so a reduction's operands stay loads
         operands: Any = tuple(Load(buffer=of_buffer[o.buffer].name, index=o.index)
                               if isinstance(o, Load) and o.buffer in of_buffer else o for o in op.operands)
-        p = by_writer.get(op.name)
-        store = op.store if p is None else Store(buffer=p.name, index=op.store.index)
-        body.append(node if operands == op.operands and p is None
+        pinned = by_writer.get(op.name)
+        store = op.store if pinned is None else Store(buffer=pinned[0].name, index=op.store.index)
+        body.append(node if operands == op.operands and pinned is None
                     else replace(node, op=replace(op, operands=operands, store=store)))
-        if p is not None:
+        if pinned is not None:
+            p, scope = pinned
             btype = table[p.buffer].type
             index = btype.contiguous_index()
             body.append(OpNode(op=Pointwise(
                 name=f"{p.name}_out", fn="copy", operands=(Load(buffer=p.name, index=index),), ranges=btype.dims,
-                store=Store(buffer=p.buffer, index=index), hints=(scopes[pins.index(p)].id,))))
+                store=Store(buffer=p.buffer, index=index), hints=(scope.id,))))
     buffers: list[TreeBuffer] = []
     for b in tree.buffers:
         buffers.append(b)
@@ -409,6 +524,12 @@ class _Region:
     # region, so the copy runs once on each of those cores and each writes the whole region
     # into its own LX.
     replicas: int = 1
+    # A region kept across sibling loops (``slots`` > 1, the iterations of the loops that walk
+    # it): the copy sits in the first loop and writes a full-scope buffer the allocator gives
+    # one LX slot per iteration; ``parts`` are the copies each loop would make on its own,
+    # tried instead when the slots do not fit.
+    slots: int = 1
+    parts: tuple[_Region, ...] = ()
 
 
 def _regions(tree: LoopTree) -> list[_Region]:
@@ -420,7 +541,10 @@ def _regions(tree: LoopTree) -> list[_Region]:
             order[node.name] = len(order)
             written_at[node.op.store.buffer] = order[node.name]
     found: dict[tuple, list[tuple[tuple[int, ...], str, int]]] = {}
-    for path, node in _op_paths(tree.body, ()):
+    counts: dict[tuple[int, ...], int] = {}  # loop path -> count
+    for path, node in _op_paths(tree.body, (), counts):
+        if node.peeled:
+            continue  # a peeled tail reads its own remainder, once
         for ld in node.op.loads:
             buf = table[ld.buffer]
             if buf.scope != "full":
@@ -436,25 +560,57 @@ def _regions(tree: LoopTree) -> list[_Region]:
             found.setdefault(key, []).append((path, node.name, len(node.tiling)))
     regions: list[_Region] = []
     taken = {b.name for b in tree.buffers} | set(order)
+
+    def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> _Region | None:
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
+        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
+            return None  # written at or after the place the copy would go
+        return _Region(name=_fresh(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
+                       stick=elems_per_stick(table[buffer].type.dtype), steps=steps, anchor=anchor,
+                       readers=tuple(dict.fromkeys(name for _, name, _ in uses)), slots=slots, parts=parts)
+
+    # the same regions walked by sibling loops (same steps, different loops at some level)
+    siblings: dict[tuple, list[tuple[int, ...]]] = {}
+    for buffer, index, walked, steps, outer in found:
+        if steps:
+            siblings.setdefault((buffer, index, walked, steps), []).append(outer)
+    across = {k: outers for k, outers in siblings.items() if len(outers) > 1}
     for (buffer, index, walked, steps, outer), uses in found.items():
-        readers = tuple(dict.fromkeys(name for _, name, _ in uses))
+        if (buffer, index, walked, steps) in across:
+            continue
         deeper = any(d > len(outer) for _, _, d in uses)
         if len(uses) < 2 and not deeper:
             continue  # read once per iteration of the loops that move it: nothing to save
-        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
-        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
-            continue  # written at or after the place the copy would go
-        name = _fresh(f"{buffer}_lx", taken)
-        regions.append(_Region(name=name, buffer=buffer, index=index, dims=walked,
-                               stick=elems_per_stick(table[buffer].type.dtype), steps=steps,
-                               anchor=anchor, readers=readers))
+        made = region(buffer, index, walked, steps, outer, uses)
+        if made is not None:
+            regions.append(made)
+    for (buffer, index, walked, steps), outers in across.items():
+        outers = sorted(outers)  # program order: the first loop makes the copy
+        shared = 0
+        while len({o[shared] for o in outers}) == 1:
+            shared += 1
+        # one slot per iteration of the loops below the shared ones that walk the region
+        slots = math.prod(counts[outers[0][:k + 1]] for k in range(shared, len(outers[0])) if steps[k])
+        everyone = [u for outer in outers for u in found[(buffer, index, walked, steps, outer)]]
+        made = region(buffer, index, walked, steps, outers[0], everyone, slots)
+        parts = []
+        for outer in outers:
+            uses = found[(buffer, index, walked, steps, outer)]
+            if len(uses) >= 2 or any(d > len(outer) for _, _, d in uses):
+                part = region(buffer, index, walked, steps, outer, uses)
+                if part is not None:
+                    parts.append(part)
+        regions.extend([replace(made, parts=tuple(parts))] if made is not None else parts)
     return regions
 
 
-def _op_paths(body: Sequence[Node], prefix: tuple[int, ...]):
+def _op_paths(body: Sequence[Node], prefix: tuple[int, ...], counts: dict[tuple[int, ...], int] | None = None):
+    """``(path, op node)`` in program order; ``counts`` collects each loop's count by path."""
     for i, node in enumerate(body):
         if isinstance(node, Loop):
-            yield from _op_paths(node.body, prefix + (i,))
+            if counts is not None:
+                counts[prefix + (i,)] = node.count
+            yield from _op_paths(node.body, prefix + (i,), counts)
         else:
             yield prefix + (i,), node
 
@@ -502,6 +658,10 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
     for r in regions:
         ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
         local = ttype.contiguous_index()
+        if r.slots > 1:
+            # kept across loops: a full-scope twin of the buffer, addressed like it, which the
+            # loops walk slot by slot in LX
+            ttype, local = table[r.buffer].type, r.index
         cname = f"{r.name}_copy"
         # a replicated copy runs once per core (its leading dim, split one slot per core) and
         # every core stores the whole region at the same place of its own LX: the store index
@@ -511,7 +671,8 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
                          ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
                          hints=(scope_of[cname],) if cname in scope_of else ())
         copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
-        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype, scope="tile"))
+        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype,
+                                                         scope="full" if r.slots > 1 else "tile"))
         for reader in r.readers:
             redirect[(reader, r.buffer, r.index)] = Load(buffer=r.name, index=local)
     body = _rewrite_body(tree.body, (), copies, redirect, scope_of)

@@ -314,3 +314,26 @@ def test_an_accumulator_filled_at_the_top_level_is_never_pinned():
     np.testing.assert_allclose(got["r"].astype(np.float64), want, rtol=2**-8, atol=2**-6)
     report = fspyre.check(graph, inputs, machine=machine, comp=comp)
     assert report.equal and report.safe, str(report)
+
+
+def test_readers_take_their_producers_slices_so_the_hidden_activation_stays_in_lx():
+    """The gallery's hinted MLP (T:4): the copies of the weights move the matmuls' cores onto
+    the hidden dim H (24 slices of 2 sticks), and gelu, divided on its own, split T:2 x H:16,
+    so the activations between them went through HBM (ratio 1.32). Readers now take their
+    producer's slices: gelu and the second matmul (its contraction dim) split H:24 like the
+    first, and only the second matmul's partial sums leave LX."""
+    from pathlib import Path
+
+    from fspyre.frontend.files import load_torch_file
+    graph = load_torch_file(Path(__file__).resolve().parents[2] / "examples" / "mlp.py").graph
+    comp = fspyre.compile(graph, spyre(), tiling="hints")
+    splits = comp.stages["split_plan"].ops
+    assert [dict(splits[n].splits) for n in ("buf0", "buf1", "buf2", "buf3")] == [
+        {"T": 1, "H": 24, "D": 1}, {"T": 1, "H": 24}, {"T": 1, "H": 24}, {"T": 1, "D": 1, "H": 24}]
+    placed = comp.stages["allocation"].buffers
+    assert [placed[b].memory for b in ("buf0", "buf1", "buf2", "buf3")] == ["lx", "lx", "lx", "hbm"]
+    aligned = traffic_report(comp.program)
+    unaligned = traffic_report(fspyre.compile(graph, spyre(), tiling="hints", residency=False).program)
+    assert aligned.traffic_ratio <= 1.05 and aligned.time_ns < unaligned.time_ns
+    report = fspyre.check(graph, machine=spyre(), comp=comp)
+    assert report.equal and report.safe, str(report)
