@@ -52,7 +52,7 @@ INPUT_ARG_TYPE = "!sdscbundle.input_arg<index>"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Constant:
     name: str
-    value: int
+    value: int | sympy.Expr  # an expression in a symbolic size: computed from its parameter
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,12 +140,12 @@ class Base:
 def _ident(value: object) -> str:
     """A number, or an expression in symbolic sizes, as part of an SSA name:
     ``128*|S| + 49152`` is ``128S_49152``."""
-    if not is_symbolic(value):
+    if not isinstance(value, sympy.Expr) or not is_symbolic(value):
         return str(value)
-    terms = sympy.Poly(value, *sorted(value.free_symbols, key=str)).terms()  # type: ignore[union-attr]
+    syms = sorted(value.free_symbols, key=str)
     parts = []
-    for powers, coeff in terms:
-        names = "".join(size_dim_name(s) * p for s, p in zip(sorted(value.free_symbols, key=str), powers))  # type: ignore[union-attr]
+    for powers, coeff in sympy.Poly(value, *syms).terms():
+        names = "".join(size_dim_name(s) * p for s, p in zip(syms, powers))  # type: ignore[arg-type]
         parts.append(f"{coeff}{names}".replace("/", "d").replace("-", "m"))
     return "_".join(parts)
 
@@ -298,7 +298,7 @@ def plan_bundle(program: Program) -> BundlePlan:
             plan_bundle(instantiate(program, {d.name: n for d, n in zip(program.symbolic.dims, w)}))
     regions = hbm_regions(program)
     maps: dict[tuple[int, ...], int] = {}
-    strides: dict[object, str] = {}  # a symbolic stride -> the SSA value computing it
+    strides: dict[sympy.Expr, str] = {}  # a symbolic stride -> the SSA value computing it
     symbols: dict[Base, int] = {}
     bounds: list[Constant] = []
     n_ops, n_addr = 0, 0
@@ -306,7 +306,7 @@ def plan_bundle(program: Program) -> BundlePlan:
     def op(spec: OpSpec, loops: tuple[int, ...]) -> list[Stmt]:
         nonlocal n_ops, n_addr
         stmts: list[Stmt] = []
-        applied: dict[tuple[int, tuple[str, ...], str], str] = {}
+        applied: dict[tuple, str] = {}
         operands, ids = [], []
         for t in spec.args:
             base = tensor_base(spec, t, regions)
@@ -367,11 +367,11 @@ def plan_bundle(program: Program) -> BundlePlan:
     prelude += [Constant(name=name, value=x) for x, name in strides.items()]
     for base in symbols:
         if base.kind == "arg" and base.offset:
-            off = f"arg_{base.arg_index}_slice_offset_{base.offset}"
+            off = f"arg_{base.arg_index}_slice_offset_{_ident(base.offset)}"
             prelude += [Constant(name=off, value=base.offset),
                         AddIndex(name=base.name, lhs=f"arg_{base.arg_index}", rhs=off)]
         elif base.kind == "pool":
-            off = f"pool_offset_{base.offset}"
+            off = f"pool_offset_{_ident(base.offset)}"
             prelude += [Constant(name=off, value=base.offset), AddIndex(name=base.name, lhs="pool", rhs=off)]
         elif base.kind == "lx":
             prelude.append(Constant(name=base.name, value=base.offset))

@@ -44,7 +44,7 @@ def sdsc_json(program: Program) -> dict[str, dict]:
     }
     # a symbolic program's counts, sizes and offsets are expressions in its symbolic sizes,
     # written as text (``"128*|S| + 49152"``); a concrete program's JSON has none
-    return _expressions_as_text(out) if program.symbolic is not None else out
+    return _expressions_as_text(out) if program.symbolic is not None else out  # type: ignore[return-value]
 
 
 def _expressions_as_text(value: object) -> object:

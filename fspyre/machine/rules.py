@@ -64,8 +64,7 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     for i in range(len(shape) - 2, -1, -1):
         n = shape[i + 1]
         # a symbolic program's device size may be an expression in a symbolic dim's size
-        strides[i] = strides[i + 1] * (int(n) if type(n) is int or not hasattr(n, "free_symbols") or n.is_Integer
-                                       else n)
+        strides[i] = strides[i + 1] * (n if type(n) is not int and getattr(n, "is_Integer", True) is False else int(n))
     return tuple(strides)
 
 

@@ -125,14 +125,14 @@ def plan_symbolic(graph: Graph) -> tuple[Graph, tuple[SymbolicDim, ...], tuple[s
     warns: list[str] = []
     if uncut:
         # one loop around every op over S that no hint cuts, the innermost scope of each
-        dims = sorted({d for _, d in uncut})
-        new = HintScope(id=len(graph.hints), slices=FrozenMap({d: s / DEFAULT_TILE for d in dims}))
+        dims = sorted({dim for _, dim in uncut})
+        new = HintScope(id=len(graph.hints), slices=FrozenMap({dim: s / DEFAULT_TILE for dim in dims}))
         cut_ops = {n for n, _ in uncut}
         ops = tuple(dataclasses.replace(op, hints=op.hints + (new.id,)) if op.name in cut_ops else op
                     for op in graph.ops)
         graph = dataclasses.replace(graph, ops=ops, hints=graph.hints + (new,))
-        for d in dims:
-            forms.setdefault(d, set()).add(("tile", DEFAULT_TILE))
+        for dim in dims:
+            forms.setdefault(dim, set()).add(("tile", DEFAULT_TILE))
         warns.append(f"symbolic dim {name}: ops {', '.join(n for n, _ in uncut)} run in loops of fixed tiles of "
                      f"{DEFAULT_TILE} elements of {', '.join(dims)} (no hint cuts them); |{name}| must be a multiple "
                      f"of {DEFAULT_TILE}")
@@ -237,7 +237,7 @@ def generalize(values: tuple[Any, ...], sizes: tuple[int, ...], symbol: sympy.Sy
         fields = {f.name: generalize(tuple(getattr(v, f.name) for v in values), sizes, symbol,
                                      f"{where}/{label}.{f.name}")
                   for f in dataclasses.fields(first) if f.init}
-        return type(first)(**fields)
+        return type(first)(**fields)  # type: ignore[misc]
     raise SymbolicError(
         f"{where}: differs in structure between {symbol} = {list(sizes)} ({_brief(values[0])} vs {_brief(values[1])}); "
         f"the stages decide differently at different sizes: give {size_dim_name(symbol)} a size, or a hint that fixes "
@@ -356,8 +356,7 @@ def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int,
         if bound is not None:
             out.append(Assumption(dim=d.name, kind="at_most", value=bound,
                                   reason=f"the program's {what} ({expr} bytes) fits the {cap} bytes of {what}"))
-    growing = [(_largest(span, s, machine.span_limit), where, span) for where, span in spans]
-    growing = [g for g in growing if g[0] is not None]
+    growing = [(b, where, span) for where, span in spans if (b := _largest(span, s, machine.span_limit)) is not None]
     if growing:
         bound, where, span = min(growing, key=lambda g: g[0])
         out.append(Assumption(dim=d.name, kind="at_most", value=bound,
