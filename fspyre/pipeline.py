@@ -134,7 +134,7 @@ def compile(
     return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)
 
 
-def _compile_symbolic(graph: Graph, machine: Machine, tiling: str | TilingPlan, *, callback: StageCallback | None,
+def _compile_symbolic(graph: Graph, machine: Machine, tiling: Tiling | TilingPlan, *, callback: StageCallback | None,
                       **options: Any) -> Compilation:
     """A graph with a symbolic dim: the concrete stages run at witness sizes and the program
     is their generalization (fspyre/stages/symbolic.py). ``stages`` holds the symbolic graph,

@@ -330,10 +330,13 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
         if min(part.positions) < 0:
             raise SymbolicError("the fspyre subgraph reads a value computed in eager")
         outs = aten_gm.graph.output_node().args[0]
-        if not isinstance(outs, (tuple, list)) or not all(
-                _is_getitem(o) and o.args[0].op == "call_module" and o.args[0].target == part.module for o in outs):
+        results = [o for o in outs if isinstance(o, fx.Node) and _is_getitem(o)] if isinstance(
+            outs, (tuple, list)) else []
+        sources = [o.args[0] for o in results]
+        if len(results) != len(outs) or not all(  # type: ignore[arg-type]
+                isinstance(x, fx.Node) and x.op == "call_module" and x.target == part.module for x in sources):
             raise SymbolicError("the graph's results are not the fspyre subgraph's")
-        probes.append((part, tuple(int(o.args[1]) for o in outs)))
+        probes.append((part, tuple(int(o.args[1]) for o in results)))  # type: ignore[arg-type]
     first = probes[0][0]
     graphs = tuple(p.graph for p, _ in probes)
     moved = [d.name for a, b in zip(graphs[0].buffers, graphs[1].buffers) for d, e in zip(a.type.dims, b.type.dims)
@@ -342,15 +345,15 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
         raise SymbolicError(f"no dim of the fspyre graph has the symbolic size {sym}")
     symbol = size_symbol(moved[0])
     graph = generalize(graphs, PROBES, symbol, f"graph {graphs[0].name}")
-    for p, results in probes[1:]:
-        if p.inputs != first.inputs or p.positions != first.positions or results != probes[0][1] or any(
+    for p, taken in probes[1:]:
+        if p.inputs != first.inputs or p.positions != first.positions or taken != probes[0][1] or any(
                 not np.array_equal(p.constants[k], first.constants[k]) for k in first.constants):
             raise SymbolicError("the fspyre subgraph's inputs or constants change with the size")
     shapes = generalize(tuple(tuple(tuple(like.shape) for _, like in p.outputs) for p, _ in probes), PROBES, symbol,
                         "output shapes")
     if options.on_graph is not None:
         options.on_graph(graph)
-    compiled = fspyre.compile(graph, machine=spyre(cores=int(options.cores)), tiling=str(options.tiling))
+    compiled = fspyre.compile(graph, machine=spyre(cores=int(options.cores)), tiling=options.tiling)
     return _SymbolicRun(name=name, compiled=compiled, part=first, results=probes[0][1], shapes=shapes,
                         symbol=symbol, patterns=patterns, torch_symbol=sym)
 
