@@ -145,7 +145,7 @@ def _compile_symbolic(graph: Graph, machine: Machine, tiling: Tiling | TilingPla
         raise GraphError(f"compile: graph {graph.name} has a symbolic dim; an explicit TilingPlan names fixed "
                          f"counts, so pass tiling='auto', 'hints' or 'none'")
     first, program, found = compile_symbolic(
-        graph, machine, lambda g: compile(g, machine, tiling, **options))
+        graph, machine, lambda g: compile(g, machine, tiling, **options), hinted=tiling != "none")
     assert program.symbolic is not None
     (dim,), (size,) = program.symbolic.dims, program.symbolic.witnesses[0]
     stages: list[tuple[str, Any]] = [("graph", graph)]

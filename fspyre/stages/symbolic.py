@@ -75,9 +75,11 @@ def symbolic_dim_names(graph: Graph) -> tuple[str, ...]:
     return tuple(names)
 
 
-def plan_symbolic(graph: Graph) -> tuple[Graph, tuple[SymbolicDim, ...], tuple[str, ...]]:
+def plan_symbolic(graph: Graph, hinted: bool = True) -> tuple[Graph, tuple[SymbolicDim, ...], tuple[str, ...]]:
     """The graph with every op over a symbolic dim in a loop over it, the form of each such
-    loop, and the warnings for the loops fspyre added. Refuses what cannot be symbolic."""
+    loop, and the warnings for the loops fspyre added. Refuses what cannot be symbolic.
+    Without hints (``tiling="none"``, ``hinted=False``) every op takes the whole dim: the
+    count form with one tile."""
     names = symbolic_dim_names(graph)
     if len(names) > 1:
         raise SymbolicError(
@@ -93,6 +95,8 @@ def plan_symbolic(graph: Graph) -> tuple[Graph, tuple[SymbolicDim, ...], tuple[s
                         f"op {op.name}: {op.fn} reduces over dim {d.name}, whose size {s} is symbolic; a reduction's "
                         f"extent must be fixed (its accumulators and divisor depend on it): give {name} a size "
                         f"(g.dim({name!r}, n)), or reduce over a dim of fixed size")
+    if not hinted:
+        return graph, (SymbolicDim(name=name, form="count", fixed=1),), ()
     scopes = graph.hint_table()
     forms: dict[str, set[tuple[str, int]]] = {}
     uncut = []
@@ -270,11 +274,12 @@ def _brief(v: Any) -> str:
 
 
 # --- the compile -----------------------------------------------------------------------------
-def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Graph], Any]
+def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Graph], Any], hinted: bool = True
                      ) -> tuple[Any, Program, tuple[str, ...]]:
     """The first witness's compilation, the symbolic program and the warnings (the first
-    witness's and the symbolic plan's). ``compile_concrete`` runs the concrete pipeline."""
-    planned, dims, warns = plan_symbolic(graph)
+    witness's and the symbolic plan's). ``compile_concrete`` runs the concrete pipeline;
+    ``hinted`` is false when it ignores hints (``tiling="none"``)."""
+    planned, dims, warns = plan_symbolic(graph, hinted)
     (d,) = dims
     unit = d.fixed * DEFAULT_TILE if d.form == "count" else d.fixed
     sizes = tuple(k * unit for k in WITNESSES)
@@ -346,7 +351,8 @@ def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int,
     else:
         unit = d.fixed * DEFAULT_TILE
         out = [Assumption(dim=d.name, kind="at_least", value=unit, reason="every tile at least one stick")]
-        why = f"{d.fixed} tiles of whole sticks ({DEFAULT_TILE} elements)"
+        why = (f"{d.fixed} tiles of whole sticks ({DEFAULT_TILE} elements)" if d.fixed > 1
+               else f"whole sticks ({DEFAULT_TILE} elements)")
     need = math.lcm(unit, modulus)
     if need != unit:
         why += f", each tile's per-core slices whole ({need // unit} x {unit})"

@@ -329,3 +329,13 @@ def test_count_form_records_the_span_limit_its_growing_tiles_reach(count_form):
     spans = [a for a in count_form.program.symbolic.assumptions if "span limit" in a.reason]
     assert spans and spans[0].kind == "at_most"
     assert spans[0].value * 128 <= MACHINE.span_limit < (spans[0].value + 1) * 128
+
+
+def test_without_tiling_the_whole_dim_is_one_tile_of_symbolic_size():
+    comp = fspyre.compile(mlp(tile=None), MACHINE, tiling="none")
+    record = comp.program.symbolic
+    assert (record.dims[0].form, record.dims[0].fixed) == ("count", 1)
+    assert not [s for s, _ in walk_specs(comp.program.body) if isinstance(s, LoopSpec)]
+    assert any("LX" in a.reason for a in record.assumptions if a.kind == "at_most")
+    for n in (64, 448):
+        run_and_compare(comp, comp.graph, n)
