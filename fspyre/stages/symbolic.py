@@ -293,7 +293,39 @@ def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Gra
     assumptions = _assumptions(d, program, machine, _modulus(program, d.symbol), spans)
     record = SymbolicSizes(dims=dims, assumptions=assumptions, witnesses=tuple((s,) for s in sizes))
     program = dataclasses.replace(program, symbolic=record)
+    _check_beyond_witnesses(program)
     return comps[0], program, warns + comps[0].warnings
+
+
+# How far past the witnesses the derived program is checked: up to this many tiles (or the
+# recorded bound, if smaller).
+CHECKED_TILES = 4096
+
+
+def _check_beyond_witnesses(program: Program) -> None:
+    """The program at the smallest sizes its assumptions allow and at a large one passes the
+    checks every concrete program passes (``verify_program``, the static memory check): the
+    lines through the witnesses hold their allocations apart and in bounds there too, not
+    only at the witnesses."""
+    from fspyre.machine.memcheck import check_memory
+    from fspyre.stages.program import verify_program
+
+    record = program.symbolic
+    assert record is not None
+    (d,) = record.dims
+    least = max(a.value for a in record.assumptions if a.kind == "at_least")
+    step = math.lcm(*(a.value for a in record.assumptions if a.kind == "divisible"))
+    most = min([a.value for a in record.assumptions if a.kind == "at_most"] + [CHECKED_TILES * step])
+    low = -(-least // step) * step
+    for n in sorted({low, low + step, most // step * step}):
+        if n < low:
+            continue
+        concrete = instantiate(program, {d.name: n})
+        verify_program(concrete)
+        report = check_memory(concrete)
+        if not report.clean:
+            raise SymbolicError(f"program {program.name} derived at {d.name} = {[w[0] for w in record.witnesses]} is "
+                                f"not safe at {d.name} = {n}: {report.issues[0]}; give {d.name} a size")
 
 
 def _modulus(program: Program, s: sympy.Symbol) -> int:
