@@ -363,3 +363,19 @@ def test_dynamic_without_hints_takes_a_fixed_tile_and_compiles_a_size_it_cannot_
             x = torch.randn(100, 64)
             assert_eager(fn(x), model(x))
     assert [g.symbolic for g in seen] == [True, False]
+
+
+def test_dynamic_reduction_over_the_symbolic_size_compiles_each_shape_with_a_warning() -> None:
+    def model(x):
+        return torch.softmax(x, 0)  # a reduction over the sequence: its extent cannot be symbolic
+
+    fn, seen = _dynamic(model)
+    with torch.no_grad():
+        with pytest.warns(FspyreWarning, match=r"compiled for each input shape, not once for a symbolic size: "
+                                               r"op \w+: \w+ reduces over dim"):
+            x = torch.randn(128, 16)
+            assert_eager(fn(x), model(x))
+        x = torch.randn(192, 16)
+        assert_eager(fn(x), model(x))
+    # on_graph saw the symbolic graph the compile refused, then each shape's
+    assert [g.symbolic for g in seen] == [True, False, False]
