@@ -35,6 +35,7 @@ from typing import Literal, Union
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.kinds import DeviceFormat
 from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
 from fspyre.machine.rules import device_bytes
@@ -150,7 +151,7 @@ class BundlePlan:
 # --- address mapping ------------------------------------------------------------------------
 
 
-def device_nbytes(arg_dtype: str, device_size: tuple[int, ...]) -> int:
+def device_nbytes(arg_dtype: DeviceFormat, device_size: tuple[int, ...]) -> int:
     return device_bytes(device_size, formats.FORMATS[arg_dtype].nbytes)
 
 

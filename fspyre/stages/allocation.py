@@ -42,7 +42,7 @@ from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
 from fspyre.ir.kinds import LX_SOLVERS, LxSolver
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, op_nodes
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
 from fspyre.machine.rules import box_bytes, common_loops, coord_bounds, live_intervals, lx_box, writing_cores

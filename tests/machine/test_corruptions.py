@@ -283,8 +283,8 @@ def _insert_after(program: Program, target, new) -> Program:
 def _with_cores(spec: OpSpec, cores: int) -> OpSpec:
     """``spec`` spread over ``cores`` of its copy symbol (the first) instead of all."""
     first = next(iter(spec.iteration_space))
-    return dataclasses.replace(spec, core_spaces=(), iteration_space=FrozenMap(
-        (s, (cores, cores) if s == first else v) for s, v in spec.iteration_space.items()))
+    space = FrozenMap((s, (cores, cores) if s == first else v) for s, v in spec.iteration_space.items())
+    return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
 
 
 def _expect_rows(program, inputs, changed_b, cores) -> np.ndarray:
@@ -303,7 +303,7 @@ def test_a_store_to_some_cores_copies_changes_their_rows_only(cores):
     # b negated into the LX of cores 0..cores-1 after the copy: their copy of b is -b
     graph, program, copy = _replica_program()
     inputs = inputs_for(graph)
-    neg = dataclasses.replace(_with_cores(copy, cores), op="neg", op_info=copy.op_info.set("fn", "neg"), name="neg_b")
+    neg = dataclasses.replace(_with_cores(copy, cores), op="neg", name="neg_b")  # op_info: one arg operand, as copy
     outs, _ = run_program(_insert_after(program, copy, neg), inputs)
     assert np.array_equal(outs["y"], _expect_rows(program, inputs, -inputs["b"], range(cores)))
 
