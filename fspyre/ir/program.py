@@ -17,7 +17,7 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
-from fspyre.ir.kinds import COMPUTE_DTYPES, MEMORIES, ComputeDtype, Memory
+from fspyre.ir.kinds import COMPUTE_DTYPES, DEVICE_FORMATS, MEMORIES, ComputeDtype, DeviceFormat, Memory
 from fspyre.ir.symbolic import SymbolicSizes, is_symbolic, require_size, require_sizes
 
 # The anchor's program op for a graph fn it names differently; every other op is named by its fn.
@@ -53,7 +53,7 @@ class TensorArg:
     name: str
     is_input: bool
     arg_index: int
-    device_dtype: str
+    device_dtype: DeviceFormat
     device_size: tuple[int | sympy.Expr, ...]
     device_coordinates: tuple[sympy.Expr, ...]
     memory: Memory
@@ -70,6 +70,8 @@ class TensorArg:
         require_int(self.arg_index, f"{what}: arg_index", LoweringError, -1)
         if self.memory not in MEMORIES:
             raise LoweringError(f"{what}: memory {self.memory!r} must be one of {list(MEMORIES)}")
+        if self.device_dtype not in DEVICE_FORMATS:
+            raise LoweringError(f"{what}: device_dtype {self.device_dtype!r:.40} must be one of {list(DEVICE_FORMATS)}")
         require_size(self.address, f"{what}: address", LoweringError, 0)
         if len(self.device_coordinates) != len(self.device_size):
             raise LoweringError(
@@ -292,7 +294,7 @@ class KernelArg:
     is_input: bool
     dtype: str
     host_shape: tuple[int | sympy.Expr, ...]
-    device_dtype: str
+    device_dtype: DeviceFormat
     device_size: tuple[int | sympy.Expr, ...]
     stride_map: tuple[int | sympy.Expr, ...]
     address: int | sympy.Expr
@@ -300,6 +302,8 @@ class KernelArg:
 
     def __post_init__(self) -> None:
         what = f"kernel argument {self.name}"
+        if self.device_dtype not in DEVICE_FORMATS:
+            raise LoweringError(f"{what}: device_dtype {self.device_dtype!r:.40} must be one of {list(DEVICE_FORMATS)}")
         require_int(self.arg_index, f"{what}: arg_index", LoweringError, 0)
         require_size(self.address, f"{what}: address", LoweringError, 0)
         require_sizes(self.host_shape, f"{what}: host_shape", LoweringError, 0)

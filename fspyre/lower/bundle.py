@@ -37,6 +37,7 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.kinds import DeviceFormat
 from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.ir.symbolic import is_symbolic, size_dim_name
 from fspyre.machine import formats
@@ -178,7 +179,7 @@ class BundlePlan:
 # --- address mapping ------------------------------------------------------------------------
 
 
-def device_nbytes(arg_dtype: str, device_size: tuple[int, ...]) -> int:
+def device_nbytes(arg_dtype: DeviceFormat, device_size: tuple[int, ...]) -> int:
     return device_bytes(device_size, formats.FORMATS[arg_dtype].nbytes)
 
 

@@ -684,7 +684,8 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
 
 
 @functools.lru_cache(maxsize=None)
-def _recode_table(fn: str, ctype: str, bool_store: bool, src: str, dst: str) -> np.ndarray:
+def _recode_table(fn: str, ctype: str, bool_store: bool, src: kinds.DeviceFormat,
+                  dst: kinds.DeviceFormat) -> np.ndarray:
     """The bits a unary ``fn`` stores for each 2-byte pattern it reads: the op computed on every
     pattern's value (``_pointwise``). Exact (correctly rounded) fns only, so that each result
     is the one the op gives in any array, and a gather computes the op."""
