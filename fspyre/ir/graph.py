@@ -100,10 +100,18 @@ class TensorType:
 
     def contiguous_index(self) -> sympy.Expr:
         """Flat host index of element (d0, d1, ...) in terms of the dims' variables."""
-        return sympy.Add(*(st * d.symbol for st, d in zip(self.strides(), self.dims) if d.size > 1))
+        return _contiguous_index(self.dims)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.dims))}]"
+
+
+@lru_cache(maxsize=4096)
+def _contiguous_index(dims: tuple[Dim, ...]) -> sympy.Expr:
+    # cached: building the sympy sum is the cost, and keep_resident asks it of every top-level
+    # writer (thousands on a wide fan-out) for a handful of distinct types
+    strides = row_major_strides(tuple(d.size for d in dims))
+    return sympy.Add(*(st * d.symbol for st, d in zip(strides, dims) if d.size > 1))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
