@@ -104,19 +104,31 @@ class TensorType:
 
     def strides(self) -> tuple[int, ...]:
         """Contiguous row-major host strides (expressions in the sizes of symbolic dims)."""
-        if not self.symbolic:
-            return row_major_strides(self.shape)
-        out: list = [sympy.Integer(1)] * len(self.dims)
-        for i in range(len(self.dims) - 2, -1, -1):
-            out[i] = out[i + 1] * self.dims[i + 1].size
+        return TensorType.strides_of(self.dims)
+
+    @staticmethod
+    def strides_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:
+        sizes = tuple(d.size for d in dims)
+        if all(type(n) is int for n in sizes):
+            return row_major_strides(sizes)
+        out: list = [sympy.Integer(1)] * len(dims)
+        for i in range(len(dims) - 2, -1, -1):
+            out[i] = out[i + 1] * sizes[i + 1]
         return tuple(out)
 
     def contiguous_index(self) -> sympy.Expr:
         """Flat host index of element (d0, d1, ...) in terms of the dims' variables."""
-        return sympy.Add(*(st * d.symbol for st, d in zip(self.strides(), self.dims) if d.size != 1))
+        return _contiguous_index(self.dims)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.dims))}]"
+
+
+@lru_cache(maxsize=4096)
+def _contiguous_index(dims: tuple[Dim, ...]) -> sympy.Expr:
+    # cached: building the sympy sum is the cost, and keep_resident asks it of every top-level
+    # writer (thousands on a wide fan-out) for a handful of distinct types
+    return sympy.Add(*(st * d.symbol for st, d in zip(TensorType.strides_of(dims), dims) if d.size != 1))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

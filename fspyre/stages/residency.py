@@ -48,10 +48,10 @@ from fspyre.machine.indexing import free_names
 from fspyre.machine.report import traffic_report
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
-from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
 from fspyre.stages.loop_tree import dim_vars, elems_per_stick
-from fspyre.stages.program import emit_program
-from fspyre.stages.split_plan import SplitOptions, divide_work
+from fspyre.stages.program import emit_made_for
+from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,7 +139,7 @@ class _Judge:
 
     def program(self, c: _Candidate) -> Program:
         if id(c) not in self._programs:  # the candidate is kept alongside, so its id stays its own
-            self._programs[id(c)] = (c, emit_program(c.tree, c.split, c.allocation, self.machine))
+            self._programs[id(c)] = (c, emit_made_for(c.tree, c.split, c.allocation, self.machine))
         return self._programs[id(c)][1]
 
     def estimate(self, c: _Candidate) -> tuple[float, int]:
@@ -149,6 +149,10 @@ class _Judge:
         return self._estimates[id(c)]
 
     def settled(self, c: _Candidate) -> Residency:
+        # a candidate's division and allocation are made from its tree, so the verifiers only
+        # confirm them: once, for the one handed on (emit_program would for each candidate)
+        verify_split_plan(c.tree, c.split, self.machine)
+        verify_allocation(c.tree, c.split, c.allocation, self.machine)
         return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=self.program(c))
 
 
