@@ -12,8 +12,8 @@ from test_tiling_properties import GRAPHS, check_tiled
 import fspyre
 from fspyre.errors import TilingError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.looptree import Loop, OpNode
-from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.ir.looptree import Loop
+from fspyre.ir.plans import Group, Level
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.report import traffic_report
 from fspyre.pretty import pretty
