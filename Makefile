@@ -28,8 +28,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/interpreter_time.py
 	$(PY) benchmarks/tiling.py
 
+# mypy reads its settings (files, the untyped libraries it treats as Any) from pyproject.toml.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fspyre tests benchmarks
+	$(VENV)/bin/mypy
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)

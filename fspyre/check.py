@@ -10,6 +10,7 @@ import numpy as np
 
 from fspyre.errors import ExecutionError
 from fspyre.ir.graph import Dim, Graph, Reduction, TensorType
+from fspyre.ir.kinds import Tiling
 from fspyre.ir.program import Program
 from fspyre.machine.hostio import random_inputs
 from fspyre.machine.interpreter import run_program
@@ -104,7 +105,7 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
 
 
 def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 0, *,
-          machine: Machine | None = None, tiling: str = "auto", comp: Compilation | None = None) -> CheckReport:
+          machine: Machine | None = None, tiling: Tiling = "auto", comp: Compilation | None = None) -> CheckReport:
     graph = require_graph(graph, "check")
     machine = require_machine(machine, "check")
     if comp is not None and not isinstance(comp, Compilation):

@@ -31,6 +31,7 @@ import numpy as np
 import fspyre
 from fspyre.errors import FspyreError, FspyreWarning
 from fspyre.ir.graph import Graph
+from fspyre.ir.kinds import FUSE_MODES, LX_SOLVERS, TILINGS
 from fspyre.ir.looptree import LoopTree
 from fspyre.ir.serialize import dumps
 from fspyre.lower.unroll import unroll
@@ -41,7 +42,6 @@ from fspyre.pipeline import Compilation, StageCallback
 from fspyre.pretty import pretty, render, to_dot
 from fspyre.pretty.memmap import lx_memmap_svg
 from fspyre.stages.allocation import AllocationOptions
-from fspyre.stages.tiling_search import FUSE_MODES
 
 if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
     from fspyre.frontend.files import TorchProgram
@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     machine = argparse.ArgumentParser(add_help=False)
     machine.add_argument("--cores", type=_cores, default=32, help="cores of the Spyre card, 1..32 (default 32)")
     pipeline = argparse.ArgumentParser(add_help=False, parents=[machine])
-    pipeline.add_argument("--tiling", choices=("none", "hints", "auto"), default="auto",
+    pipeline.add_argument("--tiling", choices=TILINGS, default="auto",
                           help="auto: honour the hints and search a tiling for every other op (default); "
                                "hints: tile only as the graph's hint scopes say; none: no loops")
     pipeline.add_argument("--fuse", choices=FUSE_MODES, default="max-producers",
@@ -454,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--no-online", action="store_true",
                           help="do not rewrite a softmax or attention tiled over its reduction dim into an online "
                                "softmax (loop fission splits it into passes instead)")
-    pipeline.add_argument("--lx-solver", choices=("greedy", "firstfit", "bestfit"), default=None,
+    pipeline.add_argument("--lx-solver", choices=LX_SOLVERS, default=None,
                           help="LX scratchpad packing (default: the allocation stage's, greedy)")
     pipeline.add_argument("--no-lx", action="store_true", help="keep every tensor in HBM (no LX planning)")
 

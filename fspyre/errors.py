@@ -6,6 +6,11 @@ The CLI prints ``str(err)`` without a traceback and exits 2.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # errors is imported by everything: no import of the IR at run time
+    from fspyre.ir.kinds import Memory
+
 
 class FspyreError(Exception):
     """Root of every error fspyre raises on purpose."""
@@ -42,8 +47,8 @@ class ExecutionError(FspyreError):
     that sort or count findings (``memcheck.execution_issue``): the op, the tensor, the core,
     the memory (``"hbm"`` / ``"lx"``) and the byte address; unknown fields stay empty / -1."""
 
-    def __init__(self, message: str, *, op: str = "", tensor: str = "", core: int = -1, memory: str = "",
-                 address: int = -1) -> None:
+    def __init__(self, message: str, *, op: str = "", tensor: str = "", core: int = -1,
+                 memory: Memory | Literal[""] = "", address: int = -1) -> None:
         super().__init__(message)
         self.op, self.tensor, self.core, self.memory, self.address = op, tensor, core, memory, address
 

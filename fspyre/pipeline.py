@@ -14,6 +14,7 @@ import numpy as np
 from fspyre.errors import ExecutionError, FspyreWarning, GraphError, MachineError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
+from fspyre.ir.kinds import CHECKS, Checks, FuseMode, Tiling
 from fspyre.ir.plans import TilingPlan
 from fspyre.ir.program import Program
 from fspyre.machine.spyre import Machine, spyre
@@ -80,9 +81,9 @@ class Compilation:
 def compile(
     graph: Graph,
     machine: Machine | None = None,
-    tiling: str | TilingPlan = "auto",
+    tiling: Tiling | TilingPlan = "auto",
     *,
-    fuse: str = "max-producers",
+    fuse: FuseMode = "max-producers",
     residency: bool = True,
     online: bool = True,
     split_options: SplitOptions = SplitOptions(),
@@ -129,15 +130,15 @@ def compile(
     return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)
 
 
-def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: str = "full") -> dict[str, np.ndarray]:
+def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: Checks = "full") -> dict[str, np.ndarray]:
     """Run on the machine model. ``checks="full"`` (the default) keeps a written bit per byte
     and reports any read of a byte nobody wrote; ``checks="fast"`` skips that bookkeeping:
     identical results on every program that passes with ``"full"``, and no report for one that
     reads unwritten bytes (they read as zero). Bounds and alignment are checked either way."""
     from fspyre.machine.interpreter import RunOptions, run_outputs
 
-    if checks not in ("full", "fast"):
-        raise ExecutionError(f"run: checks={checks!r}: use 'full' or 'fast'")
+    if checks not in CHECKS:
+        raise ExecutionError(f"run: checks={checks!r}: use one of {list(CHECKS)}")
     if isinstance(comp, Compilation):
         program = comp.program
     elif isinstance(comp, Program):

@@ -143,9 +143,11 @@ class HintSpec:
 
 def node_hints(meta: Mapping[str, object]) -> tuple[HintSpec, ...]:
     """The hint scopes an FX node was traced in, outermost first."""
-    custom = meta.get("custom") or {}
+    custom = meta.get("custom")  # FX's dict of user annotations, absent on most nodes
+    if not isinstance(custom, Mapping):
+        return ()
     out = []
-    for key, spec in custom.items():  # type: ignore[union-attr]
+    for key, spec in custom.items():
         m = HINT_KEY.match(key)
         if m:
             out.append(HintSpec(id=int(m.group(1)), slices=FrozenMap(spec["slices"]),

@@ -327,18 +327,18 @@ def _check_gradient(sample: _Sample) -> tuple[str, str, int]:
     if eager:
         return "unsupported", "; ".join(eager)[:300], 1
     rtol, atol = FP32_TOL
-    for i, e, t, o in zip(wrt, exact, theirs, ours):
+    for i, x, t, o in zip(wrt, exact, theirs, ours):
         with np.errstate(invalid="ignore"):  # inf - inf where a gradient is infinite
-            torch_error = np.abs(t - e)
+            torch_error = np.abs(t - x)
             slack = atol + 2 * float(torch_error[np.isfinite(torch_error)].max(initial=0))
             # equal to float64 (infinities too) or to torch's own float32 result (an overflow
             # to inf that float64 does not have), NaN where float64 has NaN
-            same = (o == e) | (o == t) | (np.isnan(o) & np.isnan(e))
-            off = ~same & ~(np.abs(o - e) <= slack + rtol * np.abs(e))  # a NaN difference is off
+            same = (o == x) | (o == t) | (np.isnan(o) & np.isnan(x))
+            off = ~same & ~(np.abs(o - x) <= slack + rtol * np.abs(x))  # a NaN difference is off
         if off.any():
             j = int(np.argmax(off.ravel()))
-            return ("fail", f"grad of input {i}: {int(off.sum())} of {e.size} values off, e.g. {o.ravel()[j]!r} "
-                            f"vs {e.ravel()[j]!r} (float64), torch float32 {t.ravel()[j]!r}", 1)
+            return ("fail", f"grad of input {i}: {int(off.sum())} of {x.size} values off, e.g. {o.ravel()[j]!r} "
+                            f"vs {x.ravel()[j]!r} (float64), torch float32 {t.ravel()[j]!r}", 1)
     return "pass", "", 1
 
 

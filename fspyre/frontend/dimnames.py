@@ -90,8 +90,8 @@ class _Classes:
         self.csize[ra] = max(self.csize[ra], self.csize.pop(rb))
         self.groups[ra] |= self.groups.pop(rb)
         self.user.pop(rb, None)
-        if ua or ub:
-            self.user[ra] = ua or ub
+        if user := ua or ub:
+            self.user[ra] = user
         return True
 
 

@@ -47,6 +47,7 @@ from fspyre.frontend.capture import decompose, to_numpy
 from fspyre.frontend.dimnames import Placeholder
 from fspyre.frontend.lowering import TORCH_DTYPES, FxProgram, lower_with_constants
 from fspyre.frontend.ops import RULES
+from fspyre.ir.kinds import Tiling
 
 BACKEND_NAME = "fspyre"
 
@@ -55,7 +56,7 @@ BACKEND_NAME = "fspyre"
 class BackendOptions:
     """The ``options=`` of ``torch.compile(..., backend="fspyre")``."""
 
-    tiling: str = "auto"
+    tiling: Tiling = "auto"
     cores: int = 32
     on_graph: Callable[[Any], None] | None = None
     on_report: Callable[[PartitionReport], None] | None = None
@@ -355,7 +356,7 @@ class _OnFspyre(torch.nn.Module):
         super().__init__()
         self.part = part
         self.compiled = fspyre.compile(part.graph, machine=spyre(cores=int(options.cores)),
-                                       tiling=str(options.tiling))
+                                       tiling=options.tiling)
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         import fspyre

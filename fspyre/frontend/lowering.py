@@ -21,7 +21,7 @@ import torch.fx as fx
 from fspyre.errors import FrontendError, FspyreError, FspyreWarning
 from fspyre.frontend.annotations import node_hints
 from fspyre.frontend.dimnames import DimNames, Placeholder, name_dims
-from fspyre.frontend.ops import RULES, describe_node, shape, val
+from fspyre.frontend.ops import RULES, Lowered, describe_node, shape, val
 from fspyre.frontend.scopes import fit_hint_scopes
 from fspyre.ir.builder import GraphBuilder, Tensor
 from fspyre.ir.graph import Dim, Graph, HintScope
@@ -130,7 +130,7 @@ def lower_with_constants(program: FxProgram) -> tuple[Graph, dict[str, np.ndarra
         g.dim(n, size)
     ctx = Lowering(g, names)
     scopes: dict[int, HintScope] = {}
-    values: dict[str, object] = {}
+    values: dict[str, Lowered] = {}
     for node in program.graph.nodes:
         if node.op == "placeholder":
             ph = placeholders.get(node.name)
@@ -148,9 +148,10 @@ def lower_with_constants(program: FxProgram) -> tuple[Graph, dict[str, np.ndarra
             if len(outs) != len(program.output_names):
                 raise FrontendError(f"{program.name}: {len(outs)} outputs but {len(program.output_names)} names")
             for name, out in zip(program.output_names, outs):
-                if not isinstance(out, fx.Node) or not isinstance(values.get(out.name), Tensor):
+                value = values.get(out.name) if isinstance(out, fx.Node) else None
+                if not isinstance(value, Tensor):
                     raise FrontendError(f"{program.name}: output {name} is {out!r}, not a tensor fspyre computes")
-                g.output(name, values[out.name])
+                g.output(name, value)
         elif node.op != "get_attr":
             raise FrontendError(
                 f"{program.name}: FX node {node.name} has kind {node.op}; fspyre takes ATen call graphs"
@@ -165,7 +166,7 @@ def lower_with_constants(program: FxProgram) -> tuple[Graph, dict[str, np.ndarra
     return graph, ctx.constants
 
 
-def _origins(fx_graph: fx.Graph, graph: Graph, values: Mapping[str, object]) -> dict[str, str]:
+def _origins(fx_graph: fx.Graph, graph: Graph, values: Mapping[str, Lowered]) -> dict[str, str]:
     """Each op of ``graph`` -> the torch op it lowers (as ``describe_node`` tells it). Ops are
     built in node order, so a node owns the ops up to the last one whose result it returns."""
     position = {op.store.buffer: i for i, op in enumerate(graph.ops)}
@@ -181,7 +182,7 @@ def _origins(fx_graph: fx.Graph, graph: Graph, values: Mapping[str, object]) -> 
     return out
 
 
-def _lower_node(ctx: Lowering, node: fx.Node, values: dict[str, object], scopes: dict[int, HintScope]):
+def _lower_node(ctx: Lowering, node: fx.Node, values: Mapping[str, Lowered], scopes: dict[int, HintScope]) -> Lowered:
     al = ctx.names.alignments[node.name]
     where = describe_node(node)
     try:

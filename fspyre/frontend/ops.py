@@ -56,10 +56,15 @@ class Alignment:
     user_names: Mapping[Key, str] = field(default_factory=dict)  # from fspyre::name_dims
 
 
+# What a rule lowers an FX node to: its tensor, or one entry per result of a node with several
+# (None for a result fspyre does not compute, e.g. the indices of max.dim)
+Lowered = Tensor | tuple[Tensor | None, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     align: Callable[[fx.Node], Alignment]
-    lower: Callable[[Lowering, fx.Node, list[Tensor]], Any]
+    lower: Callable[[Lowering, fx.Node, list[Tensor]], Lowered]
 
 
 RULES: dict[Any, Rule] = {}
@@ -793,7 +798,7 @@ def _arange_of(t: fx.Node, rank: int) -> _Arange | None:
                             aten._to_copy.default, aten.clone.default, aten.alias.default):
             return None
         chain.append(t)
-        t = t.args[0]
+        t = node_args(t)[0]
         if not isinstance(t, fx.Node):
             return None
     b = bind(t)
@@ -808,9 +813,9 @@ def _arange_of(t: fx.Node, rank: int) -> _Arange | None:
     for v in reversed(chain):
         out = shape(v)
         if v.target is aten.unsqueeze.default:
-            axis += _norm(v.args[1], len(out)) <= axis
+            axis += _norm(node_args(v)[1], len(out)) <= axis
         elif v.target in (aten.view.default, aten.reshape.default):
-            src = shape(v.args[0])
+            src = shape(node_args(v)[0])
             if [s for s in src if s != 1] != [s for s in out if s != 1]:
                 return None  # a reshape that merges or splits the varying axis
             k = sum(s != 1 for s in src[:axis])

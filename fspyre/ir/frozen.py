@@ -7,11 +7,12 @@ Equality is order-sensitive for the same reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from typing import Any, Generic, TypeVar, overload
 
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class FrozenMap(Mapping[K, V], Generic[K, V]):
@@ -35,6 +36,28 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+    # Mapping's mixins answer these through __getitem__ and a caught KeyError per missing key
+    # (and a lookup per item); the stages ask them in their per-op loops, so the index answers.
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    @overload
+    def get(self, key: K, /) -> V | None: ...
+    @overload
+    def get(self, key: K, default: V | T, /) -> V | T: ...
+
+    def get(self, key: K, default: object = None, /) -> object:
+        return self._index.get(key, default)
+
+    def keys(self) -> KeysView[K]:
+        return self._index.keys()
+
+    def values(self) -> ValuesView[V]:
+        return self._index.values()
+
+    def items(self) -> ItemsView[K, V]:
+        return self._index.items()
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, FrozenMap):

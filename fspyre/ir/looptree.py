@@ -19,6 +19,7 @@ from typing import Union
 from fspyre.errors import TilingError
 from fspyre.ir.frozen import require_int, require_tuple
 from fspyre.ir.graph import HintScope, Op, Output, Pointwise, Reduction, TensorType
+from fspyre.ir.kinds import SCOPES, Scope
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,11 +160,11 @@ Node = Union[Loop, OpNode]
 class TreeBuffer:
     name: str
     type: TensorType
-    scope: str = "full"  # "full" | "tile"
+    scope: Scope = "full"
 
     def __post_init__(self) -> None:
-        if self.scope not in ("full", "tile"):
-            raise TilingError(f"buffer {self.name}: scope {self.scope!r} must be 'full' or 'tile'")
+        if self.scope not in SCOPES:
+            raise TilingError(f"buffer {self.name}: scope {self.scope!r} must be one of {list(SCOPES)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from fspyre.errors import AllocationError, TilingError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
 from fspyre.ir.graph import Op, iteration_dims
+from fspyre.ir.kinds import FUSE_MODES, MEMORIES, VERDICTS, FuseMode, Memory, Verdict
 
 
 # -- tiling plan ----------------------------------------------------------------------------
@@ -177,19 +178,25 @@ class SplitPlan:
 class Placement:
     """Where a buffer lives. HBM: ``address`` is a byte address in device memory and
     ``arg_index`` >= 0 for kernel arguments. LX: ``address`` is the same on every core and
-    ``nbytes`` is the per-core footprint (128-byte aligned)."""
+    ``nbytes`` is the per-core footprint (128-byte aligned).
 
-    memory: str  # "hbm" | "lx"
+    ``advances``: an LX buffer that loops walk through (a region kept in LX across sibling
+    loops, docs/tiling.md, "LX residency") holds one slot per iteration of those loops; per op
+    using it, the byte step of its address per iteration of each enclosing loop, outermost
+    first (``TensorArg.tile_advance``). Empty for every other buffer."""
+
+    memory: Memory
     address: int
     nbytes: int
     arg_index: int = -1
     live: tuple[int, int] = (0, 0)  # [first, last + 1) in program time (op index); loops included
     reason: str = ""  # why an intermediate is not in LX
     in_place_of: str = ""  # the LX buffer whose slot this one takes over at its last use
+    advances: FrozenMap[str, tuple[int, ...]] = field(default_factory=FrozenMap)
 
     def __post_init__(self) -> None:
-        if self.memory not in ("hbm", "lx"):
-            raise AllocationError(f"placement memory {self.memory!r} must be 'hbm' or 'lx'")
+        if self.memory not in MEMORIES:
+            raise AllocationError(f"placement memory {self.memory!r} must be one of {list(MEMORIES)}")
         require_int(self.address, f"{self.memory} address", AllocationError, 0)
         if self.address % 128:
             raise AllocationError(f"{self.memory} address {self.address} must be a non-negative multiple of 128")
@@ -199,6 +206,15 @@ class Placement:
                 or not 0 <= self.live[0] <= self.live[1]):
             raise AllocationError(f"{self.memory} placement at {self.address}: live {self.live!r:.60} must be a "
                                   f"(first, last + 1) pair of op indices, first <= last + 1")
+        require_map(self.advances, f"{self.memory} placement at {self.address}: advances", AllocationError)
+        if self.advances and self.memory != "lx":
+            raise AllocationError(f"hbm placement at {self.address}: advances are for LX slots; an HBM buffer "
+                                  f"advances by its layout")
+        for op, steps in self.advances.items():
+            require_tuple(steps, f"lx placement at {self.address}: advances of op {op}", AllocationError, int)
+            if any(s < 0 or s % 128 for s in steps):
+                raise AllocationError(f"lx placement at {self.address}: op {op} advances by {list(steps)} bytes; "
+                                      f"LX slots are non-negative multiples of 128 bytes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +223,10 @@ class Allocation:
     hbm_bytes: int
     lx_peak_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+    # The intermediates LX could hold but the solver found no room for (their placements say
+    # so in words): keep_resident reads it to skip pins that cannot fit either. A function of
+    # the placements' reasons, so neither compared nor serialized.
+    no_room: frozenset[str] = field(default=frozenset(), compare=False, repr=False, metadata={"derived": True})
 
     def __post_init__(self) -> None:
         require_map(self.buffers, "allocation: buffers", AllocationError)
@@ -228,14 +248,14 @@ class Candidate:
     report's figures for the group alone (-1 when refused)."""
 
     levels: tuple[Level, ...]
-    verdict: str
+    verdict: Verdict
     reason: str = ""
     time_ns: float = -1.0
     hbm_bytes: int = -1
 
     def __post_init__(self) -> None:
-        if self.verdict not in ("fits", "spills", "refused"):
-            raise TilingError(f"candidate verdict {self.verdict!r} must be 'fits', 'spills' or 'refused'")
+        if self.verdict not in VERDICTS:
+            raise TilingError(f"candidate verdict {self.verdict!r} must be one of {list(VERDICTS)}")
 
     @property
     def iterations(self) -> int:
@@ -272,5 +292,9 @@ class TilingSearch:
 
     plan: TilingPlan
     groups: tuple[GroupSearch, ...]
-    fuse: str
+    fuse: FuseMode
     note: str = ""  # why the searched groups were not used, when they were not
+
+    def __post_init__(self) -> None:
+        if self.fuse not in FUSE_MODES:
+            raise TilingError(f"tiling search: fuse {self.fuse!r} must be one of {list(FUSE_MODES)}")

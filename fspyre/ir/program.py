@@ -9,7 +9,7 @@ mismatch, not a silent disagreement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
 
@@ -17,6 +17,7 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
+from fspyre.ir.kinds import COMPUTE_DTYPES, MEMORIES, ComputeDtype, Memory
 
 # The anchor's program op for a graph fn it names differently; every other op is named by its fn.
 PROGRAM_OP_NAMES = FrozenMap({"matmul": "batchmatmul"})
@@ -38,10 +39,12 @@ class TensorArg:
     """One tensor operand of an OpSpec.
 
     ``device_coordinates`` map the op's iteration symbols to one coordinate per device dim of
-    ``device_size``; ``allocation`` is exactly one of ``{"hbm": addr}`` / ``{"lx": addr}``;
-    ``tile_advance[L]`` is the byte step per iteration of enclosing loop L (outermost first),
-    0 where the tensor does not advance. ``arg_index`` is the kernel argument, -1 for
-    intermediates.
+    ``device_size``; the tensor lives at byte ``address`` of ``memory`` (the anchor writes the
+    pair as its ``allocation`` map, ``{"hbm": addr}``); ``tile_advance[L]`` is the byte step
+    per iteration of enclosing loop L (outermost first), 0 where the tensor does not advance;
+    in LX (where each core lays out its own box) it steps from one slot of the allocation to
+    the next (a region kept across sibling loops).
+    ``arg_index`` is the kernel argument, -1 for intermediates.
     """
 
     name: str
@@ -50,35 +53,89 @@ class TensorArg:
     device_dtype: str
     device_size: tuple[int, ...]
     device_coordinates: tuple[sympy.Expr, ...]
-    allocation: FrozenMap[str, int]
+    memory: Memory
+    address: int
     tile_advance: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         what = f"tensor {self.name}"
-        require_map(self.allocation, f"{what}: allocation", LoweringError)
         require_tuple(self.device_size, f"{what}: device_size", LoweringError, int, non_empty=True)
         if any(isinstance(n, bool) or n < 1 for n in self.device_size):
             raise LoweringError(f"{what}: device_size {list(self.device_size)} must be positive")
         require_tuple(self.device_coordinates, f"{what}: device_coordinates", LoweringError, (sympy.Basic, int))
         require_tuple(self.tile_advance, f"{what}: tile_advance", LoweringError, int)
         require_int(self.arg_index, f"{what}: arg_index", LoweringError, -1)
-        if len(self.allocation) != 1 or next(iter(self.allocation)) not in ("hbm", "lx"):
-            raise LoweringError(f"tensor {self.name}: allocation {dict(self.allocation)} must be one of hbm / lx")
+        if self.memory not in MEMORIES:
+            raise LoweringError(f"{what}: memory {self.memory!r} must be one of {list(MEMORIES)}")
+        require_int(self.address, f"{what}: address", LoweringError, 0)
         if len(self.device_coordinates) != len(self.device_size):
             raise LoweringError(
                 f"tensor {self.name}: {len(self.device_coordinates)} coordinates "
                 f"for device rank {len(self.device_size)}"
             )
-        if self.memory == "lx" and any(self.tile_advance):
-            raise LoweringError(f"tensor {self.name}: an LX tensor cannot advance across loop iterations")
+        if self.memory == "lx" and any(a < 0 for a in self.tile_advance):
+            # an LX tensor advances only through the slots its allocation laid out, upwards
+            raise LoweringError(f"tensor {self.name}: LX tile_advance {list(self.tile_advance)} must not be negative")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArgOperand:
+    """An operand the op reads from its input tensor ``args[index]``."""
+
+    index: int
+
+    def __post_init__(self) -> None:
+        require_int(self.index, "arg operand: index", LoweringError, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalarOperand:
+    """A constant operand, in the Python type the graph gave it (a float promotes the compute)."""
+
+    value: bool | int | float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, (bool, int, float)):
+            raise LoweringError(f"scalar operand {self.value!r:.60} must be a bool, int or float")
+
+
+Operand = Union[ArgOperand, ScalarOperand]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpInfo:
+    """What the device computes for an op beyond its name (``OpSpec.op``, which says the fn).
+
+    ``operands`` in the fn's order, each an input arg or a scalar; ``compute`` the dtype the
+    fn computes in; ``bool_store``: the output is bool, stored as ``value != 0``
+    (docs/semantics.md; its bytes alone cannot say so). A reduction's ``reduced`` symbols
+    (its reduction ranges of size > 1), ``count`` of elements each output reduces (``mean``
+    and ``var`` divide by it) and ``var``'s ``correction``; a pointwise op keeps the
+    defaults. The anchor's dict form of all this is written by the SDSC lowering
+    (``fspyre.lower.sdsc.anchor_op_info``)."""
+
+    operands: tuple[Operand, ...]
+    compute: ComputeDtype
+    bool_store: bool = False
+    reduced: tuple[sympy.Symbol, ...] = ()
+    count: int = 1
+    correction: int = 0
+
+    def __post_init__(self) -> None:
+        require_tuple(self.operands, "op info: operands", LoweringError, (ArgOperand, ScalarOperand))
+        if self.compute not in COMPUTE_DTYPES:
+            raise LoweringError(f"op info: compute {self.compute!r} must be one of {list(COMPUTE_DTYPES)}")
+        if not isinstance(self.bool_store, bool):
+            raise LoweringError(f"op info: bool_store {self.bool_store!r:.60} must be True or False")
+        require_tuple(self.reduced, "op info: reduced", LoweringError, sympy.Symbol)
+        require_int(self.count, "op info: count", LoweringError, 1)
+        if type(self.correction) is not int:
+            raise LoweringError(f"op info: correction {self.correction!r:.60} must be an integer")
 
     @property
-    def memory(self) -> str:
-        return next(iter(self.allocation))
-
-    @property
-    def address(self) -> int:
-        return next(iter(self.allocation.values()))
+    def args(self) -> tuple[int, ...]:
+        """The input args the operands read, in operand order."""
+        return tuple(o.index for o in self.operands if isinstance(o, ArgOperand))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,8 +145,8 @@ class OpSpec:
     the symbol's range; ``core_spaces[c]`` is core ``c``'s own iteration space, one
     ``(start, extent)`` per symbol: the slices of each symbol partition its range in order
     (ceil and floor shares when the split does not divide it), and the cores enumerate the
-    slices first symbol fastest (``fspyre.machine.rules.core_spaces``). Left empty, it is
-    filled with the even division (every split must then divide its size).
+    slices first symbol fastest (``fspyre.machine.rules.core_spaces``, which ``emit_program``
+    writes them with; ``even_core_spaces`` gives the even division of an iteration space).
     ``tiled_symbols[L]`` lists the symbols that enclosing loop L (outermost first) tiles.
     The last arg is the output."""
 
@@ -97,47 +154,46 @@ class OpSpec:
     is_reduction: bool
     iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]
     args: tuple[TensorArg, ...]
-    op_info: FrozenMap[str, object]
+    op_info: OpInfo
+    core_spaces: tuple[tuple[tuple[int, int], ...], ...]
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
-    core_spaces: tuple[tuple[tuple[int, int], ...], ...] = ()
-    # per symbol, the extents of its slices in order: read off core_spaces when built
-    slice_extents: tuple[tuple[int, ...], ...] = field(init=False, compare=False, repr=False,
-                                                       metadata={"derived": True})
 
     def __post_init__(self) -> None:
         what = f"op {self.name or self.op}"
         require_map(self.iteration_space, f"{what}: iteration_space", LoweringError)
-        require_map(self.op_info, f"{what}: op_info", LoweringError)
+        if not isinstance(self.op_info, OpInfo):
+            raise LoweringError(f"{what}: op_info must be an OpInfo, got a {type(self.op_info).__name__} "
+                                f"{self.op_info!r:.60}")
         require_tuple(self.args, f"{what}: args", LoweringError, TensorArg, non_empty=True)
         require_tuple(self.tiled_symbols, f"{what}: tiled_symbols", LoweringError, tuple)
         require_tuple(self.core_spaces, f"{what}: core_spaces", LoweringError, tuple)
         for s, (size, split) in self.iteration_space.items():
             if size < 1 or split < 1 or split > size:
                 raise LoweringError(f"{what}: symbol {s} of size {size} cannot be split into {split} slices")
-        space = tuple((n, k) for n, k in self.iteration_space.values())
-        extents: tuple[tuple[int, ...], ...] | None
-        if not self.core_spaces:
-            uneven = [(str(s), n, k) for s, (n, k) in self.iteration_space.items() if n % k]
-            if uneven:
-                s, n, k = uneven[0]
-                raise LoweringError(f"{what}: symbol {s} size {n} is not divisible by split {k}; give core_spaces "
-                                    f"for an uneven division")
-            extents, spaces = _even_division(space)
-            object.__setattr__(self, "core_spaces", spaces)
-        else:
-            try:
-                extents = _division_extents(space, self.core_spaces)
-            except TypeError:  # an unhashable item: not a tuple of (start, extent) pairs
-                extents = None
-            if extents is None:
-                raise LoweringError(
-                    f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
-                    f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition "
-                    f"its range in order, the cores taking them first symbol fastest "
-                    f"(fspyre.machine.rules.core_spaces)"
-                )
-        object.__setattr__(self, "slice_extents", extents)
+        try:
+            extents = _division_extents(self._space, self.core_spaces)
+        except TypeError:  # an unhashable item: not a tuple of (start, extent) pairs
+            extents = None
+        if extents is None:
+            raise LoweringError(
+                f"{what}: core_spaces {self.core_spaces!r:.80} do not divide the iteration space "
+                f"{ {str(s): v for s, v in self.iteration_space.items()} }: each symbol's slices must partition "
+                f"its range in order, the cores taking them first symbol fastest "
+                f"(fspyre.machine.rules.core_spaces; even_core_spaces for the even division)"
+            )
+
+    @property
+    def _space(self) -> tuple[tuple[int, int], ...]:
+        return tuple((n, k) for n, k in self.iteration_space.values())
+
+    @property
+    def slice_extents(self) -> tuple[tuple[int, ...], ...]:
+        """Per symbol, the extents of its slices in order: read off ``core_spaces`` (cached,
+        outside the record; the constructor checked they divide the iteration space)."""
+        extents = _division_extents(self._space, self.core_spaces)
+        assert extents is not None
+        return extents
 
     @property
     def cores(self) -> int:
@@ -165,15 +221,19 @@ class LoopSpec:
 Spec = Union[LoopSpec, OpSpec]
 
 
-# Cached: the ops of a chain, and every candidate of a tiling search, repeat their divisions.
-@lru_cache(maxsize=4096)
-def _even_division(space: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, ...], ...], tuple]:
+def even_core_spaces(iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]) -> tuple:
+    """The ``core_spaces`` that divide ``iteration_space`` evenly (every split divides its size)."""
     from fspyre.machine.rules import core_spaces, even_extents  # the machine model imports this module
 
-    extents = tuple(even_extents(n, k) for n, k in space)
-    return extents, core_spaces(extents)
+    uneven = [(str(s), n, k) for s, (n, k) in iteration_space.items() if n % k]
+    if uneven:
+        s, n, k = uneven[0]
+        raise LoweringError(f"symbol {s} size {n} is not divisible by split {k}; an uneven division needs "
+                            f"core_spaces from fspyre.machine.rules.core_spaces")
+    return core_spaces([even_extents(n, k) for n, k in iteration_space.values()])
 
 
+# Cached: the ops of a chain, and every candidate of a tiling search, repeat their divisions.
 @lru_cache(maxsize=4096)
 def _division_extents(space: tuple[tuple[int, int], ...], spaces: tuple) -> tuple[tuple[int, ...], ...] | None:
     """Each symbol's slice extents, read off the cores holding slice ``k`` of it and slice 0 of

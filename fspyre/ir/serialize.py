@@ -4,7 +4,9 @@ One generic codec walks frozen dataclasses field by field; a class is named by `
 Tuples become JSON lists (and lists come back as tuples: the IR has no lists), FrozenMaps
 become ``{"_map": [[key, value], ...]}`` so order and non-string keys survive, and sympy
 expressions are written as small trees (``{"op": "Add", "args": [...]}``, ``{"sym": "A"}``,
-integers as numbers), so a dim called ``N``, ``E`` or ``floor`` stays a symbol.
+integers as numbers), so a dim called ``N``, ``E`` or ``floor`` stays a symbol. A document's
+top-level object states the artifact format it was written in (``"_format"``); ``loads`` reads
+only the current one.
 
 Loading treats the document as hostile. Every field is checked against the type its IR class
 declares before anything is built, expressions are built node by node from the known heads
@@ -55,6 +57,12 @@ MAX_EXPR_BITS = 4096  # bound on the size of any number sympy computes while bui
 MAX_EXPONENT = 64  # |integer exponent| of a Pow node
 _FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
+# The artifact schema's version, written into every document and required by ``loads``: a
+# document of another schema is refused whole instead of failing at its first changed field.
+# 1 (documents without "_format"): op_info as a map, TensorArg's allocation as a map.
+# 2: op_info an OpInfo record, TensorArg's memory and address fields.
+FORMAT = 2
+
 
 def _expr_to(e: sympy.Basic) -> Any:
     if e.is_Integer:
@@ -94,7 +102,10 @@ def to_json(obj: Any) -> Any:
 
 
 def dumps(obj: Any, indent: int | None = 1) -> str:
-    return json.dumps(to_json(obj), indent=indent, sort_keys=False)
+    data = to_json(obj)
+    if isinstance(data, dict):
+        data = {"_format": FORMAT, **data}
+    return json.dumps(data, indent=indent, sort_keys=False)
 
 
 def loads(text: str) -> Any:
@@ -107,12 +118,30 @@ def loads(text: str) -> Any:
             f"document of {len(text)} characters exceeds the {MAX_DOCUMENT_CHARS}-character limit"
         )
     data = _parse(text)
+    if isinstance(data, dict):
+        data = _current_format(data)
     value = _decode(data, Any, "document", 0)
     if not isinstance(value, FrozenMap) and _CLASSES.get(type(value).__name__) is not type(value):
         raise SerializationError(
             f"document: expected an fspyre artifact (an object with \"_type\"), got {_kind(data)}"
         )
     return value
+
+
+def _current_format(data: dict[str, Any]) -> dict[str, Any]:
+    """The document without its ``"_format"`` key, which must name the current format."""
+    if "_format" not in data:
+        raise SerializationError(
+            f"document: no \"_format\"; it predates artifact format {FORMAT} (written by an older fspyre, "
+            f"format 1) and this fspyre reads only format {FORMAT}: compile the graph again to re-create it"
+        )
+    version = data["_format"]
+    if type(version) is not int or version != FORMAT:
+        raise SerializationError(
+            f"document: artifact format {_short(version)}, but this fspyre reads only format {FORMAT}: "
+            f"re-create the artifact with this fspyre"
+        )
+    return {k: v for k, v in data.items() if k != "_format"}
 
 
 def from_json(data: Any) -> Any:

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Union
+from typing import Literal, Union
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.machine import formats
 from fspyre.machine.rules import device_bytes
 
@@ -110,7 +110,7 @@ Stmt = Union[Constant, AddIndex, ExtractArg, AllocatePool, ApplyMap, Execute, Fo
 class Base:
     """Where a tensor's address comes from: a kernel argument, the pool, or a fixed LX address."""
 
-    kind: str  # "arg" | "pool" | "lx"
+    kind: Literal["arg", "pool", "lx"]
     arg_index: int
     offset: int
 
@@ -328,11 +328,8 @@ def _comment(spec: OpSpec) -> str:
     def show(t: TensorArg) -> str:
         return f"{t.name}(lx)" if t.memory == "lx" else t.name
 
-    operands = spec.op_info.get("operands")
-    if isinstance(operands, tuple):
-        ins = ", ".join(show(spec.args[v]) if kind == "arg" else repr(v) for kind, v in operands)
-    else:
-        ins = ", ".join(show(t) for t in spec.args if t.is_input)
+    ins = ", ".join(show(spec.args[o.index]) if isinstance(o, ArgOperand) else repr(o.value)
+                    for o in spec.op_info.operands)
     outs = ", ".join(show(t) for t in spec.args if not t.is_input)
     return f"{spec.op}: {ins} -> {outs}"
 

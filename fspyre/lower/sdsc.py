@@ -17,7 +17,7 @@ import numpy as np
 import sympy
 
 from fspyre.errors import LoweringError
-from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_specs, walk_specs
+from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, Program, TensorArg, op_fn, op_specs, walk_specs
 from fspyre.lower.bundle import (
     BundlePlan,
     Execute,
@@ -111,8 +111,29 @@ def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int])
         "core_spaces": [{str(s): [start, n] for s, (start, n) in zip(spec.iteration_space, space)}
                         for space in spec.core_spaces],
         "tensors": tensors,
-        "op_info": {str(k): jsonable(v) for k, v in spec.op_info.items()},
+        "op_info": {k: jsonable(v) for k, v in anchor_op_info(spec).items()},
     }
+
+
+def anchor_op_info(spec: OpSpec) -> dict[str, object]:
+    """The anchor's ``op_info`` dict of an op (Python values; ``jsonable`` makes them JSON):
+    ``fn``, ``operands`` as ``("arg", i)`` / ``("scalar", v)`` pairs and ``compute``; ``store``
+    for a bool output; ``reduced`` and ``count`` for a reduction, ``correction`` for var."""
+    info, fn = spec.op_info, op_fn(spec.op)
+    out: dict[str, object] = {
+        "fn": fn,
+        "operands": tuple(("arg", o.index) if isinstance(o, ArgOperand) else ("scalar", o.value)
+                          for o in info.operands),
+        "compute": info.compute,
+    }
+    if info.bool_store:
+        out["store"] = "bool"
+    if spec.is_reduction:
+        out["reduced"] = info.reduced
+        out["count"] = info.count
+        if fn == "var":
+            out["correction"] = info.correction
+    return out
 
 
 def jsonable(value: object) -> object:

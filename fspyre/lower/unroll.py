@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fspyre.errors import LoweringError
-from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
 from fspyre.lower.bundle import op_label
 
@@ -63,4 +62,4 @@ def _advance(t: TensorArg, level: int, i: int) -> TensorArg:
     if step == 0:
         return replace(t, tile_advance=t.tile_advance[:level])
     # TensorArg refuses an advancing LX tensor, so a nonzero step is always an HBM move.
-    return replace(t, allocation=FrozenMap({t.memory: t.address + step}), tile_advance=t.tile_advance[:level])
+    return replace(t, address=t.address + step, tile_advance=t.tile_advance[:level])

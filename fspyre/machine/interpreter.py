@@ -37,19 +37,21 @@ coordinates inside their device dims (tests/machine/test_corruptions.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import mmap
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 
 from fspyre.errors import ExecutionError
+from fspyre.ir import kinds
 from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_OPERANDS, Dim, TensorType
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, op_fn
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, ScalarOperand, Spec, TensorArg, op_fn
 from fspyre.machine import formats, numerics
 from fspyre.machine.formats import STICK_BYTES
 from fspyre.machine.hostio import check_inputs, device_bits, host_array
@@ -58,7 +60,6 @@ from fspyre.machine.layout import device_coordinates, stick_layout
 from fspyre.machine.rules import core_slices, lx_box, open_grid, program_timeline, row_major_strides
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
-_FULL = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
 
 
 def _zeros(size: int) -> np.ndarray:
@@ -68,36 +69,73 @@ def _zeros(size: int) -> np.ndarray:
     per core -- 10 ms per run, a sixth of a BertLayer's.)"""
     if size == 0:
         return np.zeros(0, dtype=np.uint8)
-    for i, free in enumerate(_FREE):
-        if free.size == size:
-            return _FREE.pop(i)
     return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
 
 
-# Memories of finished runs whose state nobody keeps (``run_outputs``), zeroed where they were
-# written and handed to the next run of the same size: storing into pages already mapped costs
-# about a third of faulting fresh zero pages in (a tiled BertLayer copies its weights into
-# every core's LX: some 45 MB of stores and as many written bits per run). The newest few.
-_FREE: list[np.ndarray] = []
-_FREE_MAX = 4
-
-
-def _release(arr: np.ndarray) -> None:
-    if arr.size:
-        _FREE.append(arr)
-        del _FREE[:-_FREE_MAX]
-
-
 class Memory:
-    """A byte space with a written-bit per byte. (The interpreter's own state: mutable by
-    design.) ``data``/``written`` may be slices of a larger space (the stacked LX)."""
+    """A byte space with a written mark per byte: byte ``b`` was written when ``written[b] ==
+    mark`` (0xFF; a recycled memory's run number, ``_Spare``). (The interpreter's own state:
+    mutable by design.) ``data``/``written`` may be slices of a larger space (the stacked LX)."""
 
     def __init__(self, name: str, size: int, data: np.ndarray | None = None,
-                 written: np.ndarray | None = None) -> None:
+                 written: np.ndarray | None = None, mark: int = 0xFF) -> None:
         self.name = name
         self.size = size
         self.data = _zeros(size) if data is None else data
         self.written = _zeros(size) if written is None else written
+        self.mark = mark
+        # an element of 1, 2 or 4 bytes all written, read as one unsigned integer
+        self.full = {1: mark, 2: mark * 0x0101, 4: mark * 0x01010101}
+
+
+@dataclass(slots=True, eq=False)
+class _Spare:
+    """The memory of a finished run whose state nobody keeps (``run_outputs``), handed to the
+    next run of the same shape: storing into pages already mapped costs about a third of
+    faulting fresh zero pages in, and zeroing what a run wrote costs as much as writing it (a
+    tiled BertLayer copies its weights into every core's LX: some 45 MB of stores and as many
+    written marks per run). So nothing is zeroed between checked runs: each marks the bytes it
+    writes with the next ``mark`` (1, 2, ... 255, then the marks are zeroed and start again),
+    which every older mark is below, so a byte reads as written exactly when this run wrote
+    it; and a checked run reads no data byte it did not write. A run without written marks
+    (``checks="fast"``, which reads unwritten bytes as zeros) zeroes the data first, and a run
+    whose memories are kept (``run_program``) starts from zeros and marks 0xFF."""
+
+    data: np.ndarray
+    written: np.ndarray
+    rows: int  # LX: one row per core
+    end: int  # bytes of each row some run may have written
+    mark: int
+
+
+_SPARES: list[_Spare] = []
+_SPARES_MAX = 2  # the newest few: a machine's HBM and LX
+
+
+def _memory(name: str, size: int, rows: int, check_written: bool, keep: bool) -> tuple[Memory, int]:
+    """A memory of ``size`` bytes in ``rows`` rows for a run (``_Spare``), and the bytes of each
+    row a previous run may have written there."""
+    spare = next((s for s in _SPARES if s.data.size == size and s.rows == rows), None) if size else None
+    if spare is None:
+        return Memory(name, size, mark=0xFF if keep else 1), 0
+    _SPARES.remove(spare)
+
+    def dirty(arr: np.ndarray) -> np.ndarray:
+        return arr.reshape(rows, -1)[:, :spare.end]
+
+    mark = spare.mark
+    if keep:
+        dirty(spare.data)[...] = 0
+        dirty(spare.written)[...] = 0
+        mark = 0xFF
+    elif not check_written:
+        dirty(spare.data)[...] = 0  # the written marks are left alone: this run sets none
+    elif mark == 0xFF:
+        dirty(spare.written)[...] = 0
+        mark = 1
+    else:
+        mark += 1
+    return Memory(name, size, spare.data, spare.written, mark), spare.end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,17 +294,19 @@ class Access:
     fmt: formats.DataFormat
     lx: bool
     pattern: Pattern
-    advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM)
+    advance: tuple[int, ...]  # byte step per enclosing loop iteration (HBM; LX: from slot to slot)
     core_range: np.ndarray | None  # LX: [cores, 2] local byte min/max per core (bounds per core)
-    # LX: every core's addresses inside its LX and aligned (LX accesses do not move with the
-    # loops, so this is known when the access is planned)
+    # LX: every core's addresses inside its LX and aligned at the first iteration (known when
+    # the access is planned; an access walking LX slots is checked again per iteration
+    # against ``lx_span``)
     lx_ok: bool = True
     replicated: Replicated | None = None
+    spread: Spread | None = None  # LX store: the same bytes to several cores (``_spread``)
     # HBM: the bytes of the kernel argument the tensor's arg_index names, which every access
     # must stay inside (the runtime hands the kernel one base per argument); None for an
     # intermediate, which must stay outside every argument
     region: tuple[int, int] | None = None
-    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX (``_span``)
+    lx_span: tuple[int, int] = (0, 0)  # LX: bytes lo..hi any core touches, in its own LX, at offset 0 (``_span``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,10 +322,27 @@ class Replicated:
     strides: tuple[int, ...]
     slice_axes: tuple[int, ...]  # the view axes of the slices, compared for equal bits
     same_shape: tuple[int, ...]  # the values when all slices are equal: the grid, 1 along replicated axes
+    cores: frozenset[int]  # the cores whose LX the load reads
 
 
-def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
-    """``axes``: the grid axes to try (split across cores, not used by the coordinates)."""
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """An LX store that puts one region on several cores: the grid axes it splits across cores
+    are not in the tensor's coordinates (one point per core, the same local addresses on
+    each), every other axis is whole on each core, and each core's elements fill its local
+    bytes ``lo``..``hi`` without a gap. When the stored bits do not vary along those axes
+    (``_store``), every core of ``cores`` then holds the same bytes there, all written: the
+    ``_Machine.replicas`` record a load of that region trusts instead of comparing the copies."""
+
+    axes: tuple[int, ...]  # the grid axes the cores differ along
+    cores: frozenset[int]
+    lo: int
+    hi: int
+
+
+def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int]) -> Replicated | None:
+    """``axes``: the grid axes to try (split across cores, not used by the coordinates);
+    ``cores``: those the load touches."""
     if p.dims is None or not p.aligned or not axes:
         return None
     shape: list[int] = []
@@ -305,7 +362,31 @@ def _replicated(p: Pattern, axes: Sequence[int]) -> Replicated | None:
     if not slice_axes:
         return None
     return Replicated(shape=tuple(shape), strides=tuple(strides), slice_axes=tuple(slice_axes),
-                      same_shape=tuple(same))
+                      same_shape=tuple(same), cores=cores)
+
+
+def _spread(p: Pattern, sizes: tuple[int, ...], splits: tuple[int, ...], copies: Sequence[int],
+            core_range: np.ndarray, nb: int) -> Spread | None:
+    """The ``Spread`` of an LX store, or None. ``copies``: its grid axes split across cores
+    and not used by the coordinates."""
+    axes = [k for k, s in enumerate(splits) if s > 1]
+    if p.dims is None or not p.aligned or not axes or any(k not in copies or sizes[k] != splits[k] for k in axes):
+        return None
+    touched = np.nonzero(core_range[:, 0] <= core_range[:, 1])[0]
+    if touched.size < 2 or not (core_range[touched] == core_range[touched[0]]).all():
+        return None
+    lo, hi = (int(x) for x in core_range[touched[0]])
+    # without a gap: the strides of the other axes, finest first, are the running products
+    # of the sizes before them (each element once, the run exactly filling lo..hi)
+    reach = 1
+    for n, st in sorted((d for k, dims in enumerate(p.axis_dims) if k not in axes for d in dims if d[0] > 1),
+                        key=lambda d: abs(d[1])):
+        if st != reach:
+            return None
+        reach *= n
+    if reach * nb != hi - lo + nb:
+        return None
+    return Spread(axes=tuple(axes), cores=frozenset(int(c) for c in touched), lo=lo, hi=hi + nb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +434,9 @@ class OpPlan:
     out: Access
     blocking: Blocking | None = None
     bool_store: bool = False  # the output is a bool buffer: it holds 0 or 1 (docs/semantics.md)
+    # an exact unary op between 2-byte formats: the output bits of each of the 65,536 input
+    # patterns (``_recode_table``), so a copy moves bits instead of decoding and encoding
+    recode: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +448,7 @@ class _Where:
     op: str = ""
     tensor: str = ""
     core: int = -1
-    memory: str = ""
+    memory: kinds.Memory | Literal[""] = ""
 
     def __str__(self) -> str:
         return self.text
@@ -386,10 +470,10 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
     fmt = formats.FORMATS[arg.device_dtype]
     grid = open_grid([n for _, n in space], [start for start, _ in space])
     coords = [np.asarray(compile_index(c, syms)(*grid)) for c in arg.device_coordinates]
+    moved = sum(i * a for i, a in zip(iters, arg.tile_advance))
     if arg.memory == "hbm":
         strides = row_major_strides(arg.device_size)
-        base = arg.address + sum(i * a for i, a in zip(iters, arg.tile_advance))
-        return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
+        return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], arg.address + moved)
     # LX: each core holds its own slice, laid out row-major over the slice's extent per device
     # dim (whole sticks in the stick dim), at the same LX address on every core.
     box_lo = np.array([[int(c.min()) if c.size else 0 for c in coords]])
@@ -397,7 +481,7 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
     lo_arr, ext_arr = lx_box(box_lo, box_hi, arg.device_size)  # the one rule, shared with memcheck
     lows, extents = lo_arr[0].tolist(), ext_arr[0].tolist()
     strides = row_major_strides(extents)
-    base = arg.address - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
+    base = arg.address + moved - sum(lo * st for lo, st in zip(lows, strides)) * fmt.nbytes
     return _sum_terms([(c, st * fmt.nbytes) for c, st in zip(coords, strides)], base)
 
 
@@ -439,10 +523,13 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     pattern = _pattern(full, full.shape, nb)
     used = frozenset().union(*map(free_names, arg.device_coordinates))
     copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
-    touched = r[r[:, 0] <= r[:, 1]]
+    on = r[:, 0] <= r[:, 1]
+    touched = r[on]
     span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
-    return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=(), core_range=core_range, lx_ok=lx_ok,
-                  replicated=None if store else _replicated(pattern, copies), lx_span=span)
+    return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=tuple(arg.tile_advance), core_range=core_range,
+                  lx_ok=lx_ok,
+                  replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist())),
+                  spread=_spread(pattern, sizes, splits, copies, r, nb) if store and lx_ok else None, lx_span=span)
 
 
 def _check_coordinates(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...]) -> None:
@@ -531,16 +618,16 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     splits = tuple(split for _, split in spec.iteration_space.values())
     info = spec.op_info
     name = spec.name or spec.op
-    # The device runs ``spec.op``: the operation comes from it, not from op_info's "fn" (which
-    # verify_program checks agrees), so a wrong op computes something else or is refused.
+    # The device runs ``spec.op``: the operation comes from it (op_info says only how), so a
+    # wrong op computes something else or is refused.
     fn = op_fn(spec.op)
     arity = POINTWISE_FNS.get(fn, 1) if fn not in REDUCTION_OPERANDS else REDUCTION_OPERANDS[fn]
     if (fn not in POINTWISE_FNS and fn not in REDUCTION_OPERANDS) or spec.is_reduction != (fn in REDUCTION_OPERANDS):
         raise ExecutionError(f"op {name}: program op {spec.op!r} with is_reduction={spec.is_reduction} is not an "
                              f"operation the machine runs", op=name)
-    if len(info["operands"]) != arity:  # type: ignore[arg-type]
-        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives "
-                             f"{len(info['operands'])}", op=name)  # type: ignore[arg-type]
+    if len(info.operands) != arity:
+        raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives {len(info.operands)}",
+                             op=name)
     *ins, last = spec.args
     if fn not in REDUCTION_OPERANDS:
         # a pointwise op writes each output element once: a symbol its output does not use
@@ -553,18 +640,18 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     if last.is_input or not all(a.is_input for a in ins):
         raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
                              f"{[a.is_input for a in spec.args]}", op=name)
-    reduced = set(cast(tuple, info.get("reduced", ())))
+    reduced = set(info.reduced)
     red_pos = tuple(i for i, s in enumerate(syms) if s in reduced)
     out_pos = tuple(i for i, s in enumerate(syms) if s not in reduced)
     slices = core_slices(list(splits))
     spaces = spec.core_spaces
     all_cores = range(len(slices))
-    operands = []
-    for kind, v in cast(tuple, info["operands"]):
-        if kind == "scalar":
-            operands.append(("scalar", v))
+    operands: list[tuple[str, Any]] = []
+    for o in info.operands:
+        if isinstance(o, ScalarOperand):
+            operands.append(("scalar", o.value))
         else:
-            operands.append(("tensor", _plan_access(spec.args[v], spec, syms, sizes, splits, all_cores, slices,
+            operands.append(("tensor", _plan_access(spec.args[o.index], spec, syms, sizes, splits, all_cores, slices,
                                                     spaces, program.lx_bytes, store=False, regions=regions)))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
@@ -574,11 +661,35 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     out = _plan_access(spec.args[-1], spec, tuple(syms[i] for i in out_pos), tuple(sizes[i] for i in out_pos),
                        tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
                        store=True, regions=regions)
-    ctype = np.dtype(str(info["compute"]))
+    ctype = np.dtype(info.compute)
+    if ctype.kind in "iu":
+        limits = np.iinfo(ctype)
+        for kind, v in operands:
+            if kind == "scalar" and not limits.min <= v <= limits.max:  # NaN fails both
+                raise ExecutionError(f"op {name}: scalar operand {v} does not fit its compute type {ctype}", op=name)
+    bool_store = info.bool_store
+    recode = None
+    if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
+        src = operands[0][1].fmt
+        if src.nbytes == 2 and out.fmt.nbytes == 2:
+            recode = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
                   blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
-                  bool_store=info.get("store") == "bool")
+                  bool_store=bool_store, recode=recode)
+
+
+@functools.lru_cache(maxsize=None)
+def _recode_table(fn: str, ctype: str, bool_store: bool, src: str, dst: str) -> np.ndarray:
+    """The bits a unary ``fn`` stores for each 2-byte pattern it reads: the op computed on every
+    pattern's value (``_pointwise``). Exact (correctly rounded) fns only, so that each result
+    is the one the op gives in any array, and a gather computes the op."""
+    values = formats.decode(np.arange(1 << 16, dtype=np.uint16), formats.FORMATS[src])
+    with np.errstate(all="ignore"):  # every pattern, NaN included, whether the program holds it or not
+        result = _pointwise(fn, ctype=np.dtype(ctype), bool_store=bool_store, values=[values], sizes=values.shape)
+    table = formats.encode(result, formats.FORMATS[dst])
+    table.setflags(write=False)
+    return table
 
 
 def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
@@ -616,7 +727,9 @@ def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[
     in_place = tuple(kind == "tensor" and _same_places(v, out) for kind, v in operands)
     lx_overlap = False
     for (kind, v), same in zip(operands, in_place):
-        if kind == "tensor" and v.lx and out.lx and not same:
+        if kind == "tensor" and v.lx and out.lx and (any(v.advance) or any(out.advance)):
+            lx_overlap = True  # slots walked by the loops: the ranges below are those of the first iteration
+        elif kind == "tensor" and v.lx and out.lx and not same:
             a, b = v.core_range, out.core_range
             assert a is not None and b is not None  # LX accesses have per-core ranges
             both = (a[:, 0] <= a[:, 1]) & (b[:, 0] <= b[:, 1])
@@ -720,16 +833,16 @@ def _program_plan(program: Program, block: int) -> _ProgramPlan:
 class _Machine:
     """HBM and the stacked LX of all cores, with element views per width."""
 
-    def __init__(self, program: Program, check_written: bool) -> None:
+    def __init__(self, program: Program, check_written: bool, keep: bool) -> None:
         self.check_written = check_written
         self.lx_bytes = program.lx_bytes
-        self.hbm = Memory("HBM", program.hbm_bytes)
-        n = program.cores * program.lx_bytes
-        lx = Memory("LX", n, _zeros(n), _zeros(n))
+        # end of the bytes a store may have reached: in HBM, and in the LX of any core (``recycle``)
+        self.hbm, self.hbm_end = _memory("HBM", program.hbm_bytes, 1, check_written, keep)
+        lx, self.lx_end = _memory("LX", program.cores * program.lx_bytes, program.cores, check_written, keep)
         self.lx_all = lx
         self.lx = tuple(Memory(f"LX of core {c}", program.lx_bytes,
                                lx.data[c * program.lx_bytes:(c + 1) * program.lx_bytes],
-                               lx.written[c * program.lx_bytes:(c + 1) * program.lx_bytes])
+                               lx.written[c * program.lx_bytes:(c + 1) * program.lx_bytes], lx.mark)
                         for c in range(program.cores))
         self._views: dict[tuple[int, int, bool], np.ndarray] = {}
         # trace_hbm: id(OpSpec) -> ([read bytes], [written bytes]) per execution
@@ -739,29 +852,33 @@ class _Machine:
         # dropped when a store touches those bytes (``_read``)
         self.decoded: dict[tuple[int, int], tuple[bool, int, int, np.ndarray]] = {}
         self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
-        # end of the bytes any store reached: in HBM, and in the LX of any core (``recycle``)
-        self.hbm_end = 0
-        self.lx_end = 0
+        # LX regions one store put on several cores, untouched since (``Spread``)
+        self.replicas: list[Spread] = []
 
     def stored(self, acc: Access, offset: int) -> None:
         """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
-        bytes are to be zeroed when the memories are recycled."""
+        bytes are the next run's to zero if it needs zeros there (``_Spare``)."""
         lo, hi = _span(acc, offset)
         if self.decoded:
             self.forget(acc.lx, lo, hi)
         if acc.lx:
+            if self.replicas:  # the span is the union over cores: a store to one core's copy ends it
+                self.replicas = [t for t in self.replicas if not (t.lo < hi and lo < t.hi)]
             self.lx_end = max(self.lx_end, hi)
         else:
             self.hbm_end = max(self.hbm_end, hi)
 
     def recycle(self) -> None:
-        """Zero every byte a store reached and hand the memories to the next run. Only for a
-        machine whose state nobody keeps."""
+        """Hand the memories to the next run (``_Spare``). Only for a machine whose state
+        nobody keeps."""
         for mem, rows, end in ((self.hbm, 1, self.hbm_end), (self.lx_all, len(self.lx), self.lx_end)):
-            for arr in (mem.data, mem.written):
-                if arr.size:
-                    arr.reshape(rows, -1)[:, :end] = 0
-                    _release(arr)
+            if mem.size:
+                _SPARES.insert(0, _Spare(data=mem.data, written=mem.written, rows=rows, end=end, mark=mem.mark))
+        del _SPARES[_SPARES_MAX:]
+
+    def full(self, lx: bool, nbytes: int) -> int:
+        """An element of ``nbytes`` all written, as its written marks read (``Memory.full``)."""
+        return (self.lx_all if lx else self.hbm).full[nbytes]
 
     def forget(self, lx: bool, lo: int, hi: int) -> None:
         """Drop the remembered reads that may share a byte with bytes ``lo``..``hi`` of HBM or
@@ -809,7 +926,7 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     raw = _select(m.view(acc.lx, nb, False), p, offset)
     if m.check_written and raw.size:
         seen = _select(m.view(acc.lx, nb, True), p, offset)
-        if seen.min() != _FULL[nb]:
+        if seen.min() != m.full(acc.lx, nb):
             raise _Unwritten
     return raw
 
@@ -838,7 +955,8 @@ def _span(acc: Access, offset: int) -> tuple[int, int]:
     relative to each core's own LX (the union over cores: the stacked range of an LX access
     runs across every core's LX and would meet every other LX access)."""
     if acc.lx:
-        return acc.lx_span
+        lo, hi = acc.lx_span
+        return lo + offset * acc.fmt.nbytes, hi + offset * acc.fmt.nbytes
     p, nb = acc.pattern, acc.fmt.nbytes
     return (p.lo + offset) * nb, (p.hi + offset + 1) * nb
 
@@ -853,11 +971,16 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
     start = (acc.pattern.start + offset) * nb
     data = m.view(acc.lx, nb, False)
     raw = np.ndarray(r.shape, data.dtype, data, start, r.strides)
+    first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
+    lo, hi = _span(acc, offset)
+    if any(t.lo <= lo and hi <= t.hi and r.cores <= t.cores for t in m.replicas):
+        # one store put these bytes on every core the load reads, and no store touched them
+        # since (``Spread``): they are written and the same on every core, unread
+        return formats.decode(first, acc.fmt).reshape(r.same_shape)
     if m.check_written and raw.size:
         written = m.view(acc.lx, nb, True)
-        if np.ndarray(r.shape, written.dtype, written, start, r.strides).min() != _FULL[nb]:
+        if np.ndarray(r.shape, written.dtype, written, start, r.strides).min() != m.full(acc.lx, nb):
             raise _Unwritten
-    first = raw[tuple(slice(0, 1) if i in r.slice_axes else slice(None) for i in range(raw.ndim))]
     if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
         # every slice holds the same bits: the same values, whichever core reads them
         return formats.decode(first, acc.fmt).reshape(r.same_shape)
@@ -875,19 +998,48 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
         if m.check_written:
-            m.view(acc.lx, nb, True)[idx] = _FULL[nb]
+            m.view(acc.lx, nb, True)[idx] = m.full(acc.lx, nb)
         return
+    shape = (1,) * (len(p.shape) - raw.ndim) + raw.shape
     if raw.shape != p.shape:
         # into view axes without spreading: a grid axis the bits do not vary along stays 1
-        raw = np.ascontiguousarray(raw).reshape((1,) * (len(p.shape) - raw.ndim) + raw.shape)
+        raw = np.ascontiguousarray(raw).reshape(shape)
         if any(n not in (1, size) for n, size in zip(raw.shape, p.shape)):
             raise AssertionError(f"store of {raw.shape} onto the grid {p.shape}")
         raw = raw.reshape([k if n > 1 else 1 for n, dims in zip(raw.shape, p.axis_dims) for k, _ in dims])
     else:
         raw = raw.reshape(p.view_shape)
+    spread = acc.spread
+    if spread is not None and all(shape[k] == 1 for k in spread.axes):
+        _store_spread(m, acc, spread, raw, offset)
+        return
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
-        _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
+        _select(m.view(acc.lx, nb, True), p, offset)[...] = m.full(acc.lx, nb)
+
+
+def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int) -> None:
+    """The store of bits that do not vary along the cores of a ``Spread`` (``raw``: view
+    axes, 1 along those of the cores), ``offset`` elements on (an LX tensor walking its
+    slots): into the first core's LX through the access's view, then its bytes ``lo``..``hi``
+    -- exactly those the store writes on each core -- copied whole into every other core's LX.
+    Every core's LX holds its copy, as the device's do."""
+    p, nb, lx = acc.pattern, acc.fmt.nbytes, m.lx_bytes
+    if offset:
+        spread = replace(spread, lo=spread.lo + offset * nb, hi=spread.hi + offset * nb)
+    first = (p.start + offset) * nb // lx  # the core of the grid's first point
+    at_first = tuple(0 if k in spread.axes else slice(None)
+                     for k, dims in enumerate(p.axis_dims) for _ in dims)
+    _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]
+    data, written = m.lx_all.data, m.lx_all.written
+    src = data[first * lx + spread.lo:first * lx + spread.hi]
+    for core in spread.cores:
+        at = core * lx
+        if core != first:
+            data[at + spread.lo:at + spread.hi] = src
+        if m.check_written:
+            written[at + spread.lo:at + spread.hi] = m.lx_all.mark
+    m.replicas.append(spread)  # after ``stored`` ended those the store overlaps
 
 
 def _write(m: _Machine, acc: Access, offset: int, values: np.ndarray) -> None:
@@ -908,7 +1060,10 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
         return True
     nb = acc.fmt.nbytes
     if acc.lx:
-        return acc.lx_ok
+        if not offset:
+            return acc.lx_ok
+        lo, hi = _span(acc, offset)  # the slot this iteration picks, on every core
+        return acc.lx_ok and lo >= 0 and hi <= m.lx_bytes
     lo, hi = (p.lo + offset) * nb, (p.hi + offset) * nb + nb
     if lo < 0 or hi > m.hbm.size:
         return False
@@ -920,25 +1075,25 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
 def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
     """Run ``program``: its outputs, and the memories afterwards."""
-    outs, m, trace = _execute(program, inputs, options)
+    outs, m, trace = _execute(program, inputs, options, keep=True)
     return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
 
 
 def run_outputs(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
                 ) -> dict[str, np.ndarray]:
     """Run ``program`` for its outputs alone: the memories are recycled for the next run."""
-    outs, m, _ = _execute(program, inputs, options)
+    outs, m, _ = _execute(program, inputs, options, keep=False)
     outs = {k: v.copy() if np.may_share_memory(v, m.hbm.data) else v for k, v in outs.items()}
     m.recycle()
     return outs
 
 
-def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions
+def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions, keep: bool
              ) -> tuple[dict[str, np.ndarray], _Machine, tuple[HbmTrace, ...] | None]:
     types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
     host = check_inputs(types, inputs)
     plan = _program_plan(program, options.block)
-    m = _Machine(program, options.check_written)
+    m = _Machine(program, options.check_written, keep)
     m.regions = tuple(plan.regions.values())
     if options.trace_hbm:
         m.trace = {}
@@ -1012,7 +1167,7 @@ def _check_region(m: _Machine, acc: Access, addrs: np.ndarray, what: _Where) -> 
 
 def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> None:
     seen = mem.written[:mem.size // nbytes * nbytes].view(_VIEW[nbytes])[addrs >> (nbytes.bit_length() - 1)]
-    bad = np.nonzero(seen != _FULL[nbytes])[0]
+    bad = np.nonzero(seen != mem.full[nbytes])[0]
     if bad.size:
         at = int(addrs[bad[0]])
         raise what.error(f"reads {mem.name} address {at:#x}, which was never written", at)
@@ -1054,7 +1209,10 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
             offsets.append(off)
         out_off = _offset(op.out, iters)
         blocked = op.blocking is not None and out_off is not None and _independent(op, offsets, out_off)
-        values = [v if kind == "scalar" else _load(m, v, off) if blocked else _read(m, v, off)
+        # bits, not values, where the op is a gather from its table (unless the copies each
+        # core holds are to be compared and decoded once)
+        bits = op.recode is not None and op.operands[0][1].replicated is None
+        values = [v if kind == "scalar" else _load(m, v, off) if blocked or bits else _read(m, v, off)
                   for (kind, v), off in zip(op.operands, offsets)]
     except _Unwritten:
         _report_reads(op, iters, m)
@@ -1064,26 +1222,31 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
     assert out_off is not None  # _report_write raised otherwise
     if blocked:
         _run_blocks(op, offsets, out_off, m)
+    elif bits:
+        assert op.recode is not None  # ``bits`` says so
+        _store(m, op.out, out_off, formats.lookup16(op.recode, values[0]).reshape(op.operands[0][1].pattern.shape))
     else:
         _write(m, op.out, out_off, _compute(op, values, op.sizes))
     if m.trace is not None:
-        _trace(op, iters, out_off, m)
+        _trace(op, offsets, out_off, m.trace, m)
 
 
 def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     """The op's result over a grid of ``sizes`` (the whole grid, or a block of it)."""
     if op.fn in REDUCTION_OPERANDS:
         result = _reduce(op, values, sizes)
-    else:
-        if op.fn in numerics.EXACT_POINTWISE:
-            # computed over the operands' own broadcast shape; the store spreads the bits
-            shapes = [np.shape(v) for v in values if isinstance(v, np.ndarray)]
-            if shapes:
-                sizes = np.broadcast_shapes(*shapes)
-        result = numerics.pointwise(op.fn, values, op.ctype, sizes)
-    if op.bool_store:
-        result = numerics.bool_store(result)
-    return result
+        return numerics.bool_store(result) if op.bool_store else result
+    return _pointwise(op.fn, ctype=op.ctype, bool_store=op.bool_store, values=values, sizes=sizes)
+
+
+def _pointwise(fn: str, *, ctype: np.dtype, bool_store: bool, values: list, sizes: tuple[int, ...]) -> np.ndarray:
+    if fn in numerics.EXACT_POINTWISE:
+        # computed over the operands' own broadcast shape; the store spreads the bits
+        shapes = [np.shape(v) for v in values if isinstance(v, np.ndarray)]
+        if shapes:
+            sizes = np.broadcast_shapes(*shapes)
+    result = numerics.pointwise(fn, values, ctype, sizes)
+    return numerics.bool_store(result) if bool_store else result
 
 
 def _independent(op: OpPlan, offsets: Sequence[int], out_off: int) -> bool:
@@ -1136,24 +1299,33 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
     onb = out.fmt.nbytes
     m.stored(out, out_off)
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
+    full = m.full(out.lx, onb)
     for index in itertools.product(*(range(n) for n in b.outer)):
         for r0 in range(0, b.size, b.step):
-            block = [formats.decode(_block_view(arr, v, ba, off, index, r0, b.step), v.fmt)
-                     .reshape(ones + (b.step if ba.cut else 1,) + ba.values_tail)
-                     for v, ba, off, arr in tensors]
-            values = iter(block)
-            result = _compute(op, [v if kind == "scalar" else next(values) for kind, v in op.operands],
-                              ones + (b.step,) + op.sizes[b.axis + 1:])
-            raw = np.broadcast_to(formats.encode(result, out.fmt), ones + (b.step,) + oba.values_tail)
+            if op.recode is not None:  # a gather of the output bits (``OpPlan.recode``)
+                (v, ba, off, arr), = tensors
+                bits = formats.lookup16(op.recode, _block_view(arr, v, ba, off, index, r0, b.step)).reshape(
+                    ones + (b.step if ba.cut else 1,) + ba.values_tail)
+            else:
+                block = [formats.decode(_block_view(arr, v, ba, off, index, r0, b.step), v.fmt)
+                         .reshape(ones + (b.step if ba.cut else 1,) + ba.values_tail)
+                         for v, ba, off, arr in tensors]
+                values = iter(block)
+                bits = formats.encode(_compute(op, [v if kind == "scalar" else next(values) for kind, v in op.operands],
+                                               ones + (b.step,) + op.sizes[b.axis + 1:]), out.fmt)
+            raw = np.broadcast_to(bits, ones + (b.step,) + oba.values_tail)
             _block_view(odata, out, oba, out_off, index, r0, b.step)[...] = raw.reshape((b.step, *oba.tail_shape))
             if m.check_written:
-                _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = _FULL[onb]
+                _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = full
 
 
-def _trace(op: OpPlan, iters: tuple[int, ...], out_offset: int, m: _Machine) -> None:
-    reads, writes = m.trace.setdefault(id(op.spec), ([], []))  # type: ignore[union-attr]
-    tensors: list[Access] = [v for kind, v in op.operands if kind == "tensor"]
-    reads.append(sum(m.stick_bytes(v, _offset(v, iters)) for v in tensors if not v.lx))
+def _trace(op: OpPlan, offsets: Sequence[int], out_offset: int, trace: dict[int, tuple[list[int], list[int]]],
+           m: _Machine) -> None:
+    """Record the HBM bytes this iteration of ``op`` read and wrote (``offsets``: the element
+    offset of each operand in it, as ``_run_op`` checked them)."""
+    reads, writes = trace.setdefault(id(op.spec), ([], []))
+    reads.append(sum(m.stick_bytes(v, off) for (kind, v), off in zip(op.operands, offsets)
+                     if kind == "tensor" and not v.lx))
     writes.append(0 if op.out.lx else m.stick_bytes(op.out, out_offset))
 
 
@@ -1199,17 +1371,16 @@ def _reduce(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
         if miss := numerics.gather_misses(ops, every, tuple(grid)):
             raise ExecutionError(f"op {op.spec.name} (gather): {miss}", op=op.spec.name)
     info = op.spec.op_info
-    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, cast(int, info["count"]), tuple(grid),
-                           cast(int, info.get("correction", 0)))
+    part = numerics.reduce(op.fn, ops, tuple(axes), op.ctype, info.count, tuple(grid), info.correction)
     out_shape = tuple(sizes[i] for i in op.out_pos)
     nsplit = sum(1 for s in red_split if s > 1)
     if not nsplit:
         return part if part.shape == out_shape else np.broadcast_to(part, out_shape)
     part = np.broadcast_to(part, out_shape + tuple(s for s in red_split if s > 1))
-    acc = None
-    for key in itertools.product(*(range(s) for s in red_split if s > 1)):  # slice order
-        p = part[(..., *key)]
-        acc = p if acc is None else numerics.combine(op.fn, acc, p)
+    keys = itertools.product(*(range(s) for s in red_split if s > 1))  # slice order; nsplit > 0 of them
+    acc = part[(...,) + next(keys)]
+    for key in keys:
+        acc = numerics.combine(op.fn, acc, part[(...,) + key])
     return acc
 
 
@@ -1219,8 +1390,7 @@ def _reduce_slices(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarr
     split = [i for i in op.red_pos if op.splits[i] > 1]
     extents = op.spec.slice_extents
     full = [v.reshape((1,) * (len(sizes) - v.ndim) + v.shape) if isinstance(v, np.ndarray) else v for v in values]
-    count, correction = op.spec.op_info["count"], op.spec.op_info.get("correction", 0)
-    assert isinstance(count, int) and isinstance(correction, int)
+    count, correction = op.spec.op_info.count, op.spec.op_info.correction
     red_axes = tuple(op.red_pos)
     if op.fn == "gather":  # over every core's part at once: each index names one position in all
         if miss := numerics.gather_misses(full, red_axes, sizes):

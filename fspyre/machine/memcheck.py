@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from fspyre.errors import ExecutionError
+from fspyre.ir.kinds import Memory
 from fspyre.ir.program import OpSpec, Program, TensorArg
 from fspyre.machine import formats
 from fspyre.machine.rules import (
@@ -32,17 +34,19 @@ from fspyre.machine.rules import (
 
 # -- the report --------------------------------------------------------------------------------
 
+IssueKind = Literal["overlap", "lx_overflow", "out_of_bounds", "lx_slice_mismatch", "unwritten_read", "execution"]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryIssue:
     """One finding. ``kind``: overlap | lx_overflow | out_of_bounds | lx_slice_mismatch |
     unwritten_read | execution. ``core`` is -1 for HBM."""
 
-    kind: str
+    kind: IssueKind
     op: str
     tensor: str
     core: int
-    memory: str
+    memory: Memory
     address: int
     message: str
 
@@ -121,7 +125,7 @@ def check_memory(program: Program) -> MemoryReport:
     for a in program.kernel_args:
         live[a.buffer] = whole  # arguments exist for the whole kernel
 
-    def issue(kind: str, acc: _Access, core: int, address: int, message: str) -> None:
+    def issue(kind: IssueKind, acc: _Access, core: int, address: int, message: str) -> None:
         issues.append(MemoryIssue(kind=kind, op=_name(acc.spec), tensor=acc.arg.name, core=core,
                                   memory=acc.arg.memory, address=int(address), message=message))
 
@@ -129,7 +133,7 @@ def check_memory(program: Program) -> MemoryReport:
     for acc in accesses:
         by_tensor.setdefault(acc.arg.name, []).append(acc)
     lx_bytes: dict[str, np.ndarray] = {}  # LX tensor -> per-core footprint (0 where unused)
-    where: dict[str, tuple[str, int, int]] = {}  # tensor -> (memory, address, device bytes)
+    where: dict[str, tuple[Memory, int, int]] = {}  # tensor -> (memory, address, device bytes)
 
     for name, accs in by_tensor.items():
         first = accs[0].arg
@@ -181,7 +185,13 @@ def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.
                   f"allocation [{arg.address:#x}, {end:#x}) ends past HBM ({program.hbm_bytes} bytes)")
         return
     _, ext = lx_box(acc.lows, acc.highs, arg.device_size)
-    nbytes = box_bytes(ext, elem) * acc.cores
+    # an access walking LX slots reaches its last slot in the last iteration of its loops
+    if any(a < 0 for a in arg.tile_advance):
+        issue("out_of_bounds", acc, -1, arg.address,
+              f"LX tile_advance {list(arg.tile_advance)} steps below the allocation at LX {arg.address:#x}")
+        return
+    reach = sum((n - 1) * a for n, a in zip(acc.counts, arg.tile_advance))
+    nbytes = (box_bytes(ext, elem) + reach) * acc.cores
     have = lx_bytes.setdefault(arg.name, np.zeros(program.cores, dtype=np.int64))
     n = min(len(nbytes), program.cores)
     have[:n] = np.maximum(have[:n], nbytes[:n])
@@ -243,7 +253,7 @@ def _in_place(a: str, b: str, live: Mapping[str, tuple[int, int]], accesses_at: 
 
 
 def _overlaps(accesses: list[_Access], live: Mapping[str, tuple[int, int]],
-              where: Mapping[str, tuple[str, int, int]], lx_bytes: Mapping[str, np.ndarray]) -> list[MemoryIssue]:
+              where: Mapping[str, tuple[Memory, int, int]], lx_bytes: Mapping[str, np.ndarray]) -> list[MemoryIssue]:
     accesses_at: dict[int, list[_Access]] = {}
     for acc in accesses:
         accesses_at.setdefault(acc.time, []).append(acc)
@@ -273,11 +283,11 @@ def _overlaps(accesses: list[_Access], live: Mapping[str, tuple[int, int]],
                                   or _in_place(b, a, live, accesses_at, where)):
                     continue
                 op = next((_name(x.spec) for x in accesses_at.get(sb, []) if x.arg.name == b), "?")
-                mem = "HBM" if core < 0 else "LX"
+                memory: Memory = "hbm" if core < 0 else "lx"
                 out.append(MemoryIssue(
-                    kind="overlap", op=op, tensor=b, core=core, memory=mem.lower(), address=max(lo, lo2),
+                    kind="overlap", op=op, tensor=b, core=core, memory=memory, address=max(lo, lo2),
                     message=f"{b} [{lo:#x}, {hi:#x}) live {list(live[b])} overlaps {a} [{lo2:#x}, {hi2:#x}) live "
-                            f"{list(live[a])} in {mem}" + (f" on core {core}" if core >= 0 else "")))
+                            f"{list(live[a])} in {memory.upper()}" + (f" on core {core}" if core >= 0 else "")))
             alive.append((lo, hi, b))
     return out
 

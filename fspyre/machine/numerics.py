@@ -293,6 +293,7 @@ def combine(fn: str, acc: np.ndarray, part: np.ndarray) -> np.ndarray:
 # when the result is exactly equal (same operands, same function: the pointwise rule).
 
 UNIT_ROUNDOFF = 2.0**-24  # float32, round to nearest
+_F32_SUBNORMAL = 2.0**-149  # float32's spacing below its normal range
 # a numpy/torch float32 library function is within a few ulps of exact; both sides evaluate it
 # on different operands, so each contributes its own error once
 _FN_ULPS = 4.0
@@ -344,8 +345,10 @@ def pointwise_bound(fn: str, operands: Sequence[Value], errors: Sequence[np.ndar
                 d = np.where(np.abs(x[i]) <= e[i], np.inf, d)
             d = np.where(np.isnan(d), np.inf, d)  # the box leaves the domain: anything goes
             y = np.abs(y0) + d
-        # exactly equal operands give exactly equal results: no slack where nothing came in
-        return np.where(d > 0, d + 2 * _FN_ULPS * UNIT_ROUNDOFF * y, 0.0)
+        # exactly equal operands give exactly equal results: no slack where nothing came in.
+        # Each side's float32 result is within the library's ulps of exact: relative above
+        # float32's normal range, one subnormal spacing (2^-149) each below it.
+        return np.where(d > 0, d + 2 * _FN_ULPS * np.maximum(UNIT_ROUNDOFF * y, _F32_SUBNORMAL), 0.0)
 
 
 def _gamma(n: int) -> float:
@@ -411,6 +414,61 @@ def reduce_bound(fn: str, operands: Sequence[np.ndarray], errors: Sequence[np.nd
             bound = (np.sum(2 * d * de + de * de, axis=axes) + g2 * np.sum((d + de) ** 2, axis=axes)) / denom
             return bound + 2 * UNIT_ROUNDOFF * absr
     raise KeyError(fn)
+
+
+def online_sum_bound(e: np.ndarray, err: np.ndarray | None, axis: int, count: int, grid: tuple[int, ...],
+                     d_format: str, e_format: str) -> np.ndarray:
+    """Bound on |machine − reference| of ``l = sum(e)`` over ``axis`` where ``e = exp(d)``,
+    ``d = s − amax(s)`` (a softmax's denominator), for any compilation: untiled, tiled (the
+    reassociation of any sum) or the online recurrence (docs/semantics.md, "Online softmax"),
+    which computes each term against the running max ``m_j`` of its tile j and rescales the
+    running sum by ``alpha_k = exp(m_{k-1} − m_k)`` at every later tile k that raises the max.
+
+    Counting the roundings per term i, against the exact ``exp(s_i − M)``:
+
+    - both programs round the exponent's argument, the online one once in ``s_i − m_j`` and
+      once in each ``m_{k-1} − m_k``; those magnitudes add up to ``M − s_i = |d_i|`` (the max
+      only grows), so each side's arguments are off by at most ``u_d·|d_i|`` (u_d: d's store
+      format, at least float32's) plus the format's flush floor, a factor ``exp(u_d·|d_i|)``;
+    - each exp (the term's, and every alpha after it) is within the library's 4 ulps: 8u;
+    - each alpha ≠ 1 multiplies the running sum, one float32 rounding (u); an alpha of a tile
+      that does not raise the max is exp(0) = 1 and exact;
+    - each term is stored in e's format (u_e, 0 for float32), and the sums of both sides are
+      within γₙ of their exact sums in any order.
+
+    Only a tile holding a new prefix maximum of ``s`` raises the max, and its largest term is
+    then at least every earlier term (to the library's tolerance), so the rises after term i
+    are at most ``R_i``, the weak prefix records of ``e`` after position i. ``|d_i|`` is read
+    back from ``e_i`` (``|ln e_i|``, which a term of 0 does not need)."""
+    x = np.broadcast_to(np.asarray(e, dtype=np.float64), grid)
+    x = np.abs(np.moveaxis(x, axis, -1))
+    u, lib = UNIT_ROUNDOFF, 2 * _FN_ULPS * UNIT_ROUNDOFF
+    u_d, floor_d = max(unit_roundoff(d_format)[0], u), unit_roundoff(d_format)[1]
+    u_e, floor_e = unit_roundoff(e_format)
+    with np.errstate(all="ignore"):
+        # weak prefix records: e_i at least the largest earlier term, to the exp's tolerance
+        before = np.concatenate([np.zeros(x.shape[:-1] + (1,)), np.maximum.accumulate(x, axis=-1)[..., :-1]], axis=-1)
+        record = x >= before * (1 - 2 * lib - 4 * u_e)
+        after = record.sum(axis=-1, keepdims=True) - np.cumsum(record, axis=-1)  # R_i
+        arg = np.exp(u_d * (np.where(x > 0, np.abs(np.log(x)), 0.0) + 2 ** -20) + floor_d)
+        ref = arg * (1 + lib) * (1 + u_e) - 1
+        online = arg * (1 + lib) ** (1 + after) * (1 + u) ** after * (1 + u_e) - 1
+        g = _gamma(count)
+        terms = x * (1 + 2 * ref) * (ref + online + 2 * g * (1 + online)) + 2 * floor_e
+        bound = np.sum(terms, axis=-1)
+    if err is not None:
+        bound = bound + np.sum(np.broadcast_to(np.asarray(err, dtype=np.float64), grid), axis=axis)
+    return bound
+
+
+def unit_roundoff(fmt_name: str) -> tuple[float, float]:
+    """(relative, absolute near zero) error of one round-to-nearest store to a float format:
+    half a unit in the last place, and the spacing below which it flushes or goes subnormal
+    (float32 stores are exact: the compute type is float32)."""
+    if fmt_name not in _STORE_GRID:
+        return 0.0, 0.0
+    bits, floor, _ = _STORE_GRID[fmt_name]
+    return 2.0 ** -(bits + 1), floor
 
 
 # (fraction bits, smallest spacing near zero, largest finite) of each float device format: a

@@ -48,9 +48,11 @@ def _evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine, boun
         n: device_values(host[n], buffers[n].type.dtype, machine).ravel() for n in graph.inputs
     }
     errors: dict[str, np.ndarray | None] = {n: None for n in graph.inputs}
+    producers = {op.store.buffer: op for op in graph.ops}
     for op in graph.ops:
+        softmax = _softmax_sum(op, producers, buffers, machine) if bounds else None
         values[op.store.buffer], errors[op.store.buffer] = _run_op(op, values, errors if bounds else None,
-                                                                   buffers, machine)
+                                                                   buffers, machine, softmax)
     outs, out_bounds = {}, {}
     for out in graph.outputs:
         t = buffers[out.buffer].type
@@ -62,8 +64,36 @@ def _evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine, boun
     return outs, out_bounds
 
 
+def _softmax_sum(op: Op, producers: Mapping[str, Op], buffers, machine: Machine) -> tuple[str, str] | None:
+    """(device format of d, of e) when ``op`` is a softmax's denominator ``sum(e)``, ``e =
+    exp(d)``, ``d = s − amax(s)`` over the same one dim: the shape the online rewrite
+    (fspyre.stages.online_softmax) may compute with a running max, whose bound is
+    ``numerics.online_sum_bound``. None otherwise."""
+    if not (isinstance(op, Reduction) and op.fn == "sum" and len(op.reduction_ranges) == 1
+            and isinstance(op.operands[0], Load)):
+        return None
+    e = producers.get(op.operands[0].buffer)
+    if not (e is not None and e.fn == "exp" and isinstance(e.operands[0], Load)):
+        return None
+    d = producers.get(e.operands[0].buffer)
+    if not (d is not None and d.fn == "sub"):
+        return None
+    x, row_max = d.operands
+    if not (isinstance(x, Load) and isinstance(row_max, Load)):
+        return None
+    m = producers.get(row_max.buffer)
+    if not (isinstance(m, Reduction) and m.fn == "amax" and isinstance(m.operands[0], Load)
+            and m.operands[0].buffer == x.buffer
+            and [r.name for r in m.reduction_ranges] == [op.reduction_ranges[0].name]):
+        return None
+    formats_ = tuple(machine.device_format(buffers[b].type.dtype) for b in (d.store.buffer, e.store.buffer))
+    if any(buffers[b].type.dtype not in ("float16", "bfloat16", "float32") for b in (d.store.buffer, e.store.buffer)):
+        return None
+    return formats_  # type: ignore[return-value]
+
+
 def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray | None] | None, buffers,
-            machine: Machine) -> tuple[np.ndarray, np.ndarray | None]:
+            machine: Machine, softmax: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     dims = iteration_dims(op)
     syms = [d.symbol for d in dims]
     grid = open_grid([d.size for d in dims])
@@ -90,7 +120,9 @@ def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray 
             raise ExecutionError(f"op {op.name} (gather): {miss}")
         result = numerics.reduce(op.fn, operands, axes, ctype, count, grid_shape, op.correction)
         result = np.broadcast_to(result, grid_shape[:nout])
-        if errors is not None:
+        if errors is not None and softmax is not None and ctype.kind == "f":
+            bound = numerics.online_sum_bound(operands[0], errs[0], axes[0], count, grid_shape, *softmax)
+        elif errors is not None:
             bound = numerics.reduce_bound(op.fn, operands, errs, axes, ctype, count, grid_shape, result,
                                           op.correction)
     else:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fspyre.ir.program import KernelArg, Program
+from fspyre.ir.program import KernelArg, Program, op_fn
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.rules import (
     box_bytes,
@@ -198,10 +198,10 @@ def traffic_report(program: Program) -> TrafficReport:
                     lw += moved
                 else:
                     lr += moved
-        matmul = spec.op_info.get("fn") == "matmul"
+        matmul = op_fn(spec.op) == "matmul"
         macs = math.prod(sizes) * iters if matmul else 0
         core_macs = max(math.prod(e for _, e in space) for space in spec.core_spaces) * iters if matmul else 0
-        row = OpTraffic(name=spec.name or spec.op, op=str(spec.op_info.get("fn", spec.op)), kernel=kernel_of.setdefault(
+        row = OpTraffic(name=spec.name or spec.op, op=op_fn(spec.op), kernel=kernel_of.setdefault(
                             ("loop", chain[0]) if chain else ("op", t), len(kernel_of)),
                         iterations=iters, cores=spec.cores, hbm_read=hr, hbm_write=hw, lx_read=lr, lx_write=lw,
                         macs=macs, core_macs=core_macs)

@@ -150,9 +150,7 @@ def writing_cores(splits: Sequence[int], reduced: Sequence[bool]) -> np.ndarray:
 
 
 def reduced_symbols(spec: OpSpec) -> set[sympy.Symbol]:
-    reduced = spec.op_info.get("reduced", ()) if spec.is_reduction else ()
-    assert isinstance(reduced, tuple)
-    return set(reduced)
+    return set(spec.op_info.reduced) if spec.is_reduction else set()
 
 
 @lru_cache(maxsize=8192)
@@ -269,6 +267,15 @@ def program_timeline(program: Program) -> tuple[list[tuple[int, OpSpec, tuple[in
     return ops, spans
 
 
+def common_loops(chains: Sequence[Sequence[int]]) -> int:
+    """How many enclosing loops (outermost first) every one of ``chains`` shares: a buffer
+    all of whose uses sit inside one iteration of those loops is dead between iterations."""
+    common = 0
+    while all(len(c) > common for c in chains) and len({c[common] for c in chains}) == 1:
+        common += 1
+    return common
+
+
 def live_intervals(uses: Mapping[str, Sequence[tuple[int, tuple[int, ...]]]],
                    loop_spans: Mapping[int, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     """``[start, end)`` per buffer from its uses ``(time, enclosing loop ids outermost first)``."""
@@ -276,10 +283,7 @@ def live_intervals(uses: Mapping[str, Sequence[tuple[int, tuple[int, ...]]]],
     for name, us in uses.items():
         if not us:
             continue
-        chains = [c for _, c in us]
-        common = 0
-        while all(len(c) > common for c in chains) and len({c[common] for c in chains}) == 1:
-            common += 1
+        common = common_loops([c for _, c in us])
         lo, hi = math.inf, -math.inf
         for t, chain in us:
             if len(chain) > common:

@@ -12,6 +12,7 @@ import numbers
 from dataclasses import dataclass
 
 from fspyre.errors import MachineError
+from fspyre.ir.kinds import FP16_FORMATS, Fp16Format
 
 MAX_CORES = 32  # cores per card; SENCORES must be 1..32 (config.py, work_division.py)
 LX_PHYSICAL_BYTES = 2 << 20  # 2 MiB SRAM per core (allocator.py _LX_PHYSICAL_CAPACITY_BYTES)
@@ -46,7 +47,7 @@ class Machine:
     cores: int = MAX_CORES
     lx_bytes: int = lx_window()
     span_limit: int = SPAN_LIMIT_BYTES
-    fp16_format: str = "SEN169_FP16"
+    fp16_format: Fp16Format = "SEN169_FP16"
     hbm_bytes: int = HBM_BYTES  # device memory for kernel arguments and intermediates
 
     def __post_init__(self) -> None:
@@ -64,7 +65,7 @@ class Machine:
                 f"hbm_bytes={self.hbm_bytes!r}: HBM capacity must be a positive multiple of {HBM_ALIGN} bytes "
                 f"(a card has {HBM_BYTES})"
             )
-        if self.fp16_format not in ("SEN169_FP16", "IEEE_FP16"):
+        if self.fp16_format not in FP16_FORMATS:
             raise MachineError(f"fp16_format={self.fp16_format!r}: use 'SEN169_FP16' (DLFloat16) or 'IEEE_FP16'")
 
     def device_format(self, dtype: str) -> str:
@@ -78,7 +79,7 @@ class Machine:
         }[dtype]
 
 
-def spyre(cores: int = MAX_CORES, *, lx_bytes: int | None = None, fp16_format: str = "SEN169_FP16",
+def spyre(cores: int = MAX_CORES, *, lx_bytes: int | None = None, fp16_format: Fp16Format = "SEN169_FP16",
           hbm_bytes: int = HBM_BYTES) -> Machine:
     # A core count often comes from numpy (a sweep, a shape): accept its integers as ints.
     if isinstance(cores, numbers.Integral) and not isinstance(cores, bool):

@@ -19,6 +19,7 @@ from fspyre.ir.graph import Dim, Graph, HintScope, Load, Op, Pointwise, Reductio
 from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep, TreeBuffer
 from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitPlan, TilingPlan, TilingSearch
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, TensorArg
+from fspyre.lower.sdsc import anchor_op_info
 from fspyre.pretty.doc import Doc, bracket, concat, hardline, lines, nest, render, text
 
 WIDTH = 120
@@ -61,7 +62,8 @@ def _call(name: str, fields: Iterable[tuple[str, Doc | str]], *, force: bool = F
 
 
 def _value(v: Any) -> Doc:
-    """Python-literal-like text of an op_info value; sympy expressions print as expressions."""
+    """Python-literal-like text of a value of the anchor's op_info; sympy expressions print as
+    expressions."""
     if isinstance(v, bool) or v is None:
         return text(str(v))
     if isinstance(v, (int, float)):
@@ -394,7 +396,7 @@ def _tensor_arg(a: TensorArg, detailed: bool) -> Doc:
         ("device_dtype", a.device_dtype),
         ("device_size", bracket("[", (text(str(s)) for s in a.device_size), "]")),
         ("device_coordinates", bracket("[", (text(_expr(c)) for c in a.device_coordinates), "]")),
-        ("allocation", "{" + ", ".join(f"{k!r}: {hex(v)}" for k, v in a.allocation.items()) + "}"),
+        ("allocation", f"{{{a.memory!r}: {hex(a.address)}}}"),  # the anchor's form of the place
     ]
     if detailed or a.tile_advance:
         fields.append(("tile_advance", bracket("[", (text(str(s)) for s in a.tile_advance), "]")))
@@ -408,7 +410,7 @@ def _op_spec(s: OpSpec, detailed: bool) -> Doc:
         ("op", repr(s.op)),
         ("is_reduction", str(s.is_reduction)),
         ("iteration_space", space),
-        ("op_info", _value(s.op_info)),
+        ("op_info", _value(anchor_op_info(s))),
         ("tiled_symbols", tiled),
         ("args", bracket("[", (_tensor_arg(a, detailed) for a in s.args), "]")),
     ]

@@ -21,7 +21,7 @@ import sympy
 
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, Load, Op, iteration_dims
-from fspyre.ir.looptree import LoopTree, OpNode, TreeBuffer, loop_counts, op_nodes
+from fspyre.ir.looptree import LoopTree, OpNode, TileStep, TreeBuffer, loop_counts, op_nodes
 from fspyre.ir.plans import SplitPlan
 from fspyre.machine import formats
 from fspyre.machine.indexing import free_names
@@ -40,7 +40,14 @@ class Access:
     index: sympy.Expr  # size-1 dims substituted by 0
     layout: StickLayout
     coords: tuple[sympy.Expr, ...]
-    advances: bool  # a full buffer whose address moves with an enclosing loop
+    # per enclosing loop, outermost first: the tile steps of that loop that move this full
+    # buffer's address (none for a tile buffer, which never moves)
+    moves: tuple[tuple[TileStep, ...], ...]
+
+    @property
+    def advances(self) -> bool:
+        """A full buffer whose address moves with an enclosing loop."""
+        return any(self.moves)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +108,6 @@ def _op_access(node: OpNode, counts: tuple[int, ...], table: Mapping[str, TreeBu
     dims = op_dims(op)
     unit = {d.symbol: 0 for d in iteration_dims(op) if d.size == 1}
     full = full_sizes(node, counts)
-    moving = {s.dim for level in node.tiling for s in level}
     out = []
     refs = [(o.buffer, o.index, False) for o in op.operands if isinstance(o, Load)] + [
         (op.store.buffer, op.store.index, True)]
@@ -110,11 +116,12 @@ def _op_access(node: OpNode, counts: tuple[int, ...], table: Mapping[str, TreeBu
         lay = layouts[name] if layouts is not None else buffer_layout(b, machine)
         # A dim tiled down to one element per tile leaves the iteration space but still moves
         # the address, so the advance is judged on the index before size-1 dims are dropped.
-        advances = b.scope == "full" and bool(free_names(index) & moving)
+        names = free_names(index)
+        moves = tuple(tuple(s for s in level if b.scope == "full" and s.dim in names) for level in node.tiling)
         index = index.subs(unit) if unit else index
         ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
         coords = device_coordinates(lay, index, ranges)
-        out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, advances=advances))
+        out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, moves=moves))
     return OpAccess(node=node, counts=counts, dims=dims, full=FrozenMap(full), tensors=tuple(out))
 
 

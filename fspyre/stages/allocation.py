@@ -6,7 +6,10 @@ op in program order, loop bodies counted once; lifetimes follow
 buffer used inside a loop and outside it lives across the whole loop). An intermediate may
 live in LX when
 
-- no loop advances its address (LX tensors never advance),
+- every loop that moves its address either encloses all its uses (each iteration rewrites
+  the same LX bytes: no loop advances it there) or walks it alike in every use: a region
+  read in sibling loops (written tile by tile in the first, read tile by tile in the next)
+  gets one slot per iteration, the slot the loops' iteration picks (``_lx_slots``),
 - some op reads it,
 - its producer does not split a reduction across cores (the combined value exists on one
   core only), and
@@ -38,26 +41,25 @@ import numpy as np
 from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, op_nodes
+from fspyre.ir.kinds import LX_SOLVERS, LxSolver
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
-from fspyre.machine.rules import box_bytes, coord_bounds, live_intervals, lx_box, writing_cores
+from fspyre.machine.rules import box_bytes, common_loops, coord_bounds, live_intervals, lx_box, writing_cores
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
 from fspyre.stages.split_plan import verify_split_shapes
-
-SOLVERS = ("greedy", "firstfit", "bestfit")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AllocationOptions:
     lx_planning: bool = True
-    lx_solver: str = "greedy"  # "greedy" | "firstfit" | "bestfit"
+    lx_solver: LxSolver = "greedy"
     hbm_reuse: bool = True  # pool intermediates whose lifetimes do not overlap share addresses
 
     def __post_init__(self) -> None:
-        if self.lx_solver not in SOLVERS:
-            raise AllocationError(f"lx_solver={self.lx_solver!r}: use one of {list(SOLVERS)}")
+        if self.lx_solver not in LX_SOLVERS:
+            raise AllocationError(f"lx_solver={self.lx_solver!r}: use one of {list(LX_SOLVERS)}")
 
 
 def _align(n: int, a: int = HBM_ALIGN) -> int:
@@ -84,6 +86,8 @@ class _Use:
     node: OpNode
     split: OpSplit
     access: Access
+    chain: tuple[int, ...]  # the enclosing loops' ids, outermost first
+    counts: tuple[int, ...]  # their counts
     lows: np.ndarray
     highs: np.ndarray
     cores: np.ndarray  # bool per core: the core performs this access
@@ -125,7 +129,8 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
             lows, highs = coord_bounds(acc.coords, syms, extents)
             cores = writers if acc.is_write else np.ones(len(writers), dtype=bool)
             uses.setdefault(acc.buffer, []).append(
-                _Use(time=t, node=node, split=split, access=acc, lows=lows, highs=highs, cores=cores))
+                _Use(time=t, node=node, split=split, access=acc, chain=chain, counts=record.counts, lows=lows,
+                     highs=highs, cores=cores))
             times.setdefault(acc.buffer, []).append((t, chain))
     live = live_intervals(times, spans)
     at_time: dict[int, list[_Use]] = {}
@@ -148,19 +153,21 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
     reasons: dict[str, str] = {}
     lx_items: list[LiveBuffer] = []
     footprint: dict[str, int] = {}
+    slotted: dict[str, FrozenMap[str, tuple[int, ...]]] = {}
     for name in intermediates:
-        why, nbytes = _lx_verdict(uses.get(name, []), options, machine)
+        why, nbytes, advances = _lx_verdict(uses.get(name, []), options, machine)
         if why:
             reasons[name] = why
             continue
         footprint[name] = nbytes
+        slotted[name] = advances
     for name in intermediates:
         if name in footprint:
             us = uses[name]
             lx_items.append(LiveBuffer(
                 name=name, size=footprint[name], start=live[name][0], end=live[name][1],
                 uses=len(us), first_use_is_write=us[0].access.is_write,
-                parents=_in_place_parents(name, us, at_time, live, footprint)))
+                parents=() if slotted[name] else _in_place_parents(name, us, at_time, live, footprint, slotted)))
 
     placed = solve(lx_items, machine.lx_bytes, options.lx_solver)
     lx_peak = 0
@@ -168,7 +175,8 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
         if item.name in placed:
             a, parent = placed[item.name]
             placements[item.name] = Placement(memory="lx", address=a, nbytes=item.size,
-                                              live=(item.start, item.end), in_place_of=parent)
+                                              live=(item.start, item.end), in_place_of=parent,
+                                              advances=slotted[item.name])
             lx_peak = max(lx_peak, a + item.size)
         else:
             reasons[item.name] = (f"no room in LX during {list(live[item.name])} ({item.size} bytes per core, "
@@ -195,7 +203,8 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
         _refuse_hbm(tree, layouts, pool_base, end, machine)
     ordered = FrozenMap((b.name, placements[b.name]) for b in tree.buffers)
     notes = tuple(f"{n}: in place of {p.in_place_of}" for n, p in ordered.items() if p.in_place_of)
-    return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes)
+    return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes,
+                      no_room=frozenset(item.name for item in lx_items if item.name not in placed))
 
 
 def _refuse_hbm(tree: LoopTree, layouts: Mapping[str, StickLayout], pool_base: int, end: int,
@@ -211,25 +220,31 @@ def _refuse_hbm(tree: LoopTree, layouts: Mapping[str, StickLayout], pool_base: i
     )
 
 
-def _lx_verdict(us: Sequence[_Use], options: AllocationOptions, machine: Machine) -> tuple[str, int]:
-    """(reason it stays in HBM, 0) or ("", per-core LX footprint). The first write fixes
-    each core's box; every later access (reads, and the writes of an accumulator) must use
-    the same box on the same cores."""
+_NO_SLOTS: FrozenMap[str, tuple[int, ...]] = FrozenMap()
+
+
+def _lx_verdict(us: Sequence[_Use], options: AllocationOptions, machine: Machine
+                ) -> tuple[str, int, FrozenMap[str, tuple[int, ...]]]:
+    """(reason it stays in HBM, 0, -) or ("", per-core LX footprint, per-op slot advances).
+    The first write fixes each core's box; every later access (reads, and the writes of an
+    accumulator) must use the same box on the same cores. A buffer loops walk through holds
+    one box per slot (``_lx_slots``)."""
     if not us:
-        return "no op uses it", 0
+        return "no op uses it", 0, _NO_SLOTS
     if not options.lx_planning:
-        return "LX planning is off", 0
-    mover = next((u for u in us if u.access.advances), None)
-    if mover is not None:
-        return f"op {mover.node.name} advances it with an enclosing loop; LX tensors never advance", 0
+        return "LX planning is off", 0, _NO_SLOTS
+    slots = _lx_slots([(u.node.name, u.access, u.chain, u.counts) for u in us])
+    if isinstance(slots, str):
+        return slots, 0, _NO_SLOTS
     writes = [u for u in us if u.access.is_write]
     if not any(not u.access.is_write for u in us):
-        return "no op reads it", 0
+        return "no op reads it", 0, _NO_SLOTS
     for u in writes:
         if not np.all(u.cores):
             reduced = {d.name for d in u.node.op.reduction_ranges}
             red = next(d for d, k in u.split.splits.items() if k > 1 and d in reduced)
-            return f"op {u.node.name} splits reduction dim {red} across cores; the combined value is on one core", 0
+            return (f"op {u.node.name} splits reduction dim {red} across cores; the combined value is on one core",
+                    0, _NO_SLOTS)
     w = writes[0]
     dsize = w.access.layout.device_size
     wl, we = lx_box(w.lows, w.highs, dsize)
@@ -237,24 +252,79 @@ def _lx_verdict(us: Sequence[_Use], options: AllocationOptions, machine: Machine
         if u is w:
             continue
         if u.time < w.time:
-            return f"op {u.node.name} reads it before op {w.node.name} writes it", 0
+            return f"op {u.node.name} reads it before op {w.node.name} writes it", 0, _NO_SLOTS
         ul, ue = lx_box(u.lows, u.highs, dsize)
         if len(ul) > len(wl):
             return (f"op {u.node.name} uses it on {len(ul)} cores, but op {w.node.name} writes it on "
-                    f"{len(wl)}: core {len(wl)} would read LX nobody wrote"), 0
+                    f"{len(wl)}: core {len(wl)} would read LX nobody wrote"), 0, _NO_SLOTS
         diff = np.nonzero(np.any(ul != wl[: len(ul)], axis=1) | np.any(ue != we[: len(ul)], axis=1))[0]
         if len(diff):
             c = int(diff[0])
             return (f"op {u.node.name} slices it differently from op {w.node.name} on core {c} (box at "
-                    f"{ul[c].tolist()} extent {ue[c].tolist()} vs at {wl[c].tolist()} extent {we[c].tolist()})"), 0
-    nbytes = _align(int(box_bytes(we, w.access.layout.elem_bytes).max()), LX_ALIGN)
+                    f"{ul[c].tolist()} extent {ue[c].tolist()} vs at {wl[c].tolist()} extent {we[c].tolist()})"), \
+                0, _NO_SLOTS
+    slot = _align(int(box_bytes(we, w.access.layout.elem_bytes).max()), LX_ALIGN)
+    counts, levels = slots
+    nbytes = slot * math.prod(counts)
     if nbytes > machine.lx_bytes:
-        return f"needs {nbytes} bytes of LX per core, more than the {machine.lx_bytes} the machine has", 0
-    return "", nbytes
+        held = f" ({math.prod(counts)} slots of {slot})" if counts else ""
+        return (f"needs {nbytes} bytes of LX per core{held}, more than the {machine.lx_bytes} the machine has", 0,
+                _NO_SLOTS)
+    if not counts:
+        return "", nbytes, _NO_SLOTS
+    # slot strides: the innermost walking loop steps one slot, each outer one a whole row of
+    # the inner loops' slots (row-major over the counts)
+    strides = [slot * math.prod(counts[i + 1:]) for i in range(len(counts))]
+    advances = {}
+    for u, own in zip(us, levels):
+        step = dict(zip(own, strides))
+        advances[u.node.name] = tuple(step.get(k, 0) for k in range(len(u.chain)))
+    return "", nbytes, FrozenMap(advances)
+
+
+_Walk = tuple[str, Access, tuple[int, ...], tuple[int, ...]]  # op, its access, enclosing loop ids and counts
+
+
+def _lx_slots(us: Sequence[_Walk]) -> tuple[tuple[int, ...], list[tuple[int, ...]]] | str:
+    """How an LX buffer's uses walk it: the counts of its slots (outermost first) and, per use,
+    the enclosing levels that pick the slot; or why they cannot share LX.
+
+    A loop that moves the buffer's address and encloses every use rewrites the same region in
+    each iteration, read in that same iteration: its iterations reuse one slot (no advance in
+    LX). The loops that move it but do not enclose every use -- the sibling loops of a region
+    written tile by tile in one loop and read tile by tile in the next -- keep every tile until
+    the last of them: one slot per iteration, which every use must walk alike (the same counts
+    and tile steps, in the same order), so iteration j of each loop meets the tile iteration j
+    of the others left there."""
+    common = common_loops([chain for _, _, chain, _ in us])
+    walk = None
+    levels: list[tuple[int, ...]] = []
+    for op, access, chain, counts in us:
+        moves = access.moves
+        own = tuple(k for k in range(common, len(chain)) if moves[k])
+        key = (moves[:common], tuple((counts[k], moves[k]) for k in own))
+        if walk is None:
+            walk = key
+        elif key != walk:
+            (a, ka), (b, kb) = sorted([(us[0][0], walk), (op, key)], key=lambda x: not any(x[1][1]))
+            return (f"op {a} advances it with an enclosing loop (loop counts and tile steps {_steps(ka)}), op {b} "
+                    f"walks it otherwise ({_steps(kb)}); LX holds one slot per iteration of such loops, which "
+                    f"every op must walk alike")
+        levels.append(own)
+    assert walk is not None
+    return tuple(c for c, _ in walk[1]), levels
+
+
+def _steps(key) -> str:
+    common, own = key
+    shown = [f"{n}x" + "+".join(f"{s.dim}{s.extent}" for s in steps) for n, steps in own]
+    return "[" + ", ".join(["shared " + "+".join(f"{s.dim}{s.extent}" for lv in common for s in lv)] * bool(any(common))
+                           + shown) + "]"
 
 
 def _in_place_parents(name: str, us: Sequence[_Use], at_time: Mapping[int, Sequence[_Use]],
-                      live: Mapping[str, tuple[int, int]], footprint: Mapping[str, int]) -> tuple[str, ...]:
+                      live: Mapping[str, tuple[int, int]], footprint: Mapping[str, int],
+                      slotted: Mapping[str, FrozenMap[str, tuple[int, ...]]]) -> tuple[str, ...]:
     """LX candidates whose slot ``name`` may take: read by ``name``'s pointwise producer at
     their last use, element for element where it writes ``name``, at least as large."""
     w = next(u for u in us if u.access.is_write)
@@ -264,7 +334,8 @@ def _in_place_parents(name: str, us: Sequence[_Use], at_time: Mapping[int, Seque
     out: list[str] = []
     for u in here:
         p = u.access.buffer
-        if p in out or p not in footprint or live[p][1] != w.time + 1 or footprint[p] < footprint[name]:
+        if (p in out or p not in footprint or slotted[p] or live[p][1] != w.time + 1
+                or footprint[p] < footprint[name]):
             continue
         loads = [x for x in here if x.access.buffer == p]
         if all(x.access.coords == w.access.coords and x.access.layout.device_size == w.access.layout.device_size
@@ -276,14 +347,14 @@ def _in_place_parents(name: str, us: Sequence[_Use], at_time: Mapping[int, Seque
 # -- solvers ------------------------------------------------------------------------------------
 
 
-def solve(items: Sequence[LiveBuffer], capacity: int, solver: str = "greedy") -> dict[str, tuple[int, str]]:
+def solve(items: Sequence[LiveBuffer], capacity: int, solver: LxSolver = "greedy") -> dict[str, tuple[int, str]]:
     """Place ``items`` in ``[0, capacity)``: name -> (address, the parent whose slot it took or
     ""). Items left out do not fit (they stay in HBM)."""
     if solver == "greedy":
         return _greedy(items, capacity)
     if solver in ("firstfit", "bestfit"):
         return _fit(items, capacity, best=solver == "bestfit")
-    raise AllocationError(f"lx_solver={solver!r}: use one of {list(SOLVERS)}")
+    raise AllocationError(f"lx_solver={solver!r}: use one of {list(LX_SOLVERS)}")
 
 
 class _Free:
@@ -525,17 +596,14 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
     need: dict[str, tuple[int, OpNode]] = {}  # LX buffer -> (largest per-core box, the op using it)
     boxes: dict[tuple, int] = {}  # accesses of one shape share their boxes: each is swept once
     lx = {name for name, p in alloc.buffers.items() if p.memory == "lx"}
-    for node in op_nodes(tree):
+    walks: dict[str, list[_Walk]] = {}
+    for node, chain in _chains(tree.body, ()):
         record = analysis.ops[node.name]
         shape: tuple | None = None  # the op's (symbols, slice extents), built at its first LX access
         for acc in record.tensors:
             if acc.buffer not in lx:
                 continue
-            if acc.advances:
-                raise AllocationError(
-                    f"allocation: op {node.name} advances {acc.buffer} with an enclosing loop, but it is placed "
-                    f"in LX, which never advances; place it in HBM"
-                )
+            walks.setdefault(acc.buffer, []).append((node.name, acc, chain, record.counts))
             if shape is None:
                 op_split = plan.ops[node.name]
                 shape = (tuple(d.symbol for d in record.dims),
@@ -549,10 +617,40 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
             if acc.buffer not in need or got > need[acc.buffer][0]:
                 need[acc.buffer] = (got, node)
     for name, (got, node) in need.items():
-        if alloc.buffers[name].nbytes != got:
+        slots = _lx_slots(walks[name])
+        if isinstance(slots, str):
+            raise AllocationError(f"allocation: LX buffer {name}: {slots}; place it in HBM")
+        counts, levels = slots
+        held = alloc.buffers[name]
+        want = got * math.prod(counts)
+        if held.nbytes != want:
             raise AllocationError(
-                f"allocation: LX buffer {name} is placed with {alloc.buffers[name].nbytes} bytes per core, but op "
-                f"{node.name} uses {got} of it per core with splits {dict(plan.ops[node.name].splits)}; "
-                f"allocate(tree, splits, machine) with this tree's split plan"
+                f"allocation: LX buffer {name} is placed with {held.nbytes} bytes per core, but op "
+                f"{node.name} uses {got} of it per core with splits {dict(plan.ops[node.name].splits)}"
+                + (f", in {math.prod(counts)} slots" if counts else "")
+                + "; allocate(tree, splits, machine) with this tree's split plan"
             )
+        strides = [got * math.prod(counts[i + 1:]) for i in range(len(counts))]
+        for (op, _, chain, _), own in zip(walks[name], levels):
+            step = dict(zip(own, strides))
+            expected = tuple(step.get(k, 0) for k in range(len(chain))) if counts else None
+            if held.advances.get(op) != expected:
+                raise AllocationError(
+                    f"allocation: LX buffer {name} advances by {held.advances.get(op)} bytes per iteration in op "
+                    f"{op}, but its slots ({list(counts)} of {got} bytes) need {expected}; "
+                    f"allocate(tree, splits, machine) for this tree"
+                )
     return alloc
+
+
+def _chains(body: tuple[Node, ...], chain: tuple[int, ...], ids: list[int] | None = None):
+    """``(op node, enclosing loop ids outermost first)`` in program order (loops numbered as
+    ``allocate`` numbers them)."""
+    ids = [0] if ids is None else ids
+    for node in body:
+        if isinstance(node, Loop):
+            lid = ids[0]
+            ids[0] += 1
+            yield from _chains(node.body, chain + (lid,), ids)
+        else:
+            yield node, chain

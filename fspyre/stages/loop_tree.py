@@ -52,6 +52,7 @@ from fspyre.ir.graph import (
     iteration_dims,
     sym,
 )
+from fspyre.ir.kinds import Scope
 from fspyre.ir.looptree import (
     Loop,
     LoopTree,
@@ -955,6 +956,7 @@ def _accumulation(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: 
     part_type = TensorType(dims=t.dims(op.ranges), dtype=acc_dtype)
     idx = part_type.contiguous_index()
     outer = t.out_steps()
+    acc_scope: Scope
     if _spans_output_tiles(t, r):
         # the output's own shape and index, so it walks (and lays out in sticks) as the output does
         acc_type, acc_scope = TensorType(dims=ctx.buffers[op.store.buffer].type.dims, dtype=acc_dtype), "full"

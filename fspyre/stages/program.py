@@ -8,6 +8,7 @@ same for every iteration: a tile that does not start on a stick boundary is refu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -15,10 +16,25 @@ import sympy
 
 from fspyre.errors import LoweringError, TilingError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims
+from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims
+from fspyre.ir.kinds import ComputeDtype
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, SplitPlan
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg, op_fn, program_op, walk_specs
+from fspyre.ir.program import (
+    ArgOperand,
+    KernelArg,
+    LoopSpec,
+    Operand,
+    OpInfo,
+    OpSpec,
+    Program,
+    ScalarOperand,
+    Spec,
+    TensorArg,
+    op_fn,
+    program_op,
+    walk_specs,
+)
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
@@ -138,7 +154,10 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         buffer, coords = acc.buffer, acc.coords
         b, lay, place = table[buffer], layouts[buffer], allocation.buffers[buffer]
         advance = (0,) * len(counts)
-        if b.scope == "full" and any(node.tiling):
+        if place.memory == "lx":
+            # an LX buffer advances only through its slots, as the allocator laid them out
+            advance = place.advances.get(op.name, advance)
+        elif b.scope == "full" and any(node.tiling):
             adv_syms = syms + [d.symbol for d in squeezed]
             adv_coords = coords
             if squeezed:
@@ -148,35 +167,32 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         return TensorArg(
             name=buffer, is_input=is_input, arg_index=place.arg_index, device_dtype=machine.device_format(b.type.dtype),
             device_size=lay.device_size, device_coordinates=coords,
-            allocation=FrozenMap({place.memory: place.address}), tile_advance=advance,
+            memory=place.memory, address=place.address, tile_advance=advance,
         )
 
     args: list[TensorArg] = []
-    operands: list[tuple[str, object]] = []
+    operands: list[Operand] = []
     dtypes: list[str] = []
     for o in op.operands:
         if isinstance(o, Load):
-            operands.append(("arg", len(args)))
+            operands.append(ArgOperand(index=len(args)))
             args.append(arg(record.tensors[len(args)], o.index, True))
             dtypes.append(table[o.buffer].type.dtype)
         else:
             assert isinstance(o, Scalar)
-            operands.append(("scalar", o.value))
+            operands.append(ScalarOperand(value=o.value))
     out_dtype = table[op.store.buffer].type.dtype
     args.append(arg(record.tensors[len(args)], op.store.index, False))
-    info: dict[str, object] = {
-        "fn": op.fn,
-        "operands": tuple(operands),
-        "compute": str(numerics.compute_dtype(out_dtype, dtypes,
-                                              [o.value for o in op.operands if isinstance(o, Scalar)])),
-    }
-    if out_dtype == "bool":
-        info["store"] = "bool"  # the device keeps value != 0 (docs/semantics.md); bytes alone cannot say so
+    scalars = [o.value for o in op.operands if isinstance(o, Scalar)]
+    compute: ComputeDtype = "float32" if numerics.compute_dtype(out_dtype, dtypes, scalars) == np.float32 else "int32"
+    reduced: tuple[sympy.Symbol, ...] = ()
+    count, correction = 1, 0  # a pointwise op: one element per output, no correction
     if isinstance(op, Reduction):
-        info["reduced"] = tuple(d.symbol for d in op.reduction_ranges if d.size > 1)
-        info["count"] = int(np.prod([d.size for d in op.reduction_ranges]))
-        if op.fn == "var":
-            info["correction"] = op.correction
+        reduced = tuple(d.symbol for d in op.reduction_ranges if d.size > 1)
+        count = math.prod(d.size for d in op.reduction_ranges)
+        correction = op.correction if op.fn == "var" else 0
+    info = OpInfo(operands=tuple(operands), compute=compute, bool_store=out_dtype == "bool", reduced=reduced,
+                  count=count, correction=correction)
     names = [s.name for s in syms]
     tiled = tuple(tuple(sympy.Symbol(s.dim, integer=True, nonnegative=True) for s in level if s.dim in names)
                   for level in node.tiling)
@@ -185,7 +201,7 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         is_reduction=isinstance(op, Reduction),
         iteration_space=FrozenMap((d.symbol, (d.size, split.get(d.name, 1))) for d in dims),
         args=tuple(args),
-        op_info=FrozenMap(info),
+        op_info=info,
         tiled_symbols=tiled,
         name=op.name,
         core_spaces=core_spaces([op_split.extents(d.name, d.size) for d in dims]),
@@ -241,14 +257,18 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
     if out.is_input or any(not a.is_input for a in ins):
         raise LoweringError(f"{where}: its args must be its inputs, then its one output; got is_input "
                             f"{[a.is_input for a in spec.args]}")
-    fn = spec.op_info.get("fn")
-    if op_fn(spec.op) != fn or spec.is_reduction != (fn in REDUCTION_FNS):
-        raise LoweringError(f"{where}: program op {spec.op!r} (is_reduction={spec.is_reduction}) does not run "
-                            f"op_info fn {fn!r}; the device reads the op, so the two must name one operation")
-    operands = spec.op_info.get("operands", ())
-    if not isinstance(operands, tuple):
-        raise LoweringError(f"{where}: op_info operands must be a tuple of (kind, value) pairs, got {operands!r:.60}")
-    refs = [i for kind, i in operands if kind == "arg"]
+    fn, info = op_fn(spec.op), spec.op_info
+    if fn not in POINTWISE_FNS and fn not in REDUCTION_FNS:
+        raise LoweringError(f"{where}: program op {spec.op!r} is no operation fspyre emits")
+    if spec.is_reduction != (fn in REDUCTION_FNS):
+        raise LoweringError(f"{where}: program op {spec.op!r} is {'' if fn in REDUCTION_FNS else 'not '}a reduction, "
+                            f"but is_reduction={spec.is_reduction}")
+    outside = [s.name for s in info.reduced if s.name not in space]
+    if outside or (not spec.is_reduction and (info.reduced or info.count != 1)) or (fn != "var" and info.correction):
+        raise LoweringError(f"{where}: op info of {spec.op} reduces {[s.name for s in info.reduced]} (count "
+                            f"{info.count}, correction {info.correction}); only a reduction reduces, only var has a "
+                            f"correction, and the reduced symbols are in its iteration space {sorted(space)}")
+    refs = list(info.args)
     if refs != list(range(len(ins))):
         raise LoweringError(f"{where}: operands refer to args {refs}, but it has {len(ins)} input args; each input "
                             f"must be an operand once, in order")
@@ -264,8 +284,8 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
                                 f"iteration space {sorted(space)} does not hold")
         first = placed.get(a.name)
         if first is not None:
-            if (first.allocation, first.device_size, first.device_dtype, first.arg_index) != (
-                    a.allocation, a.device_size, a.device_dtype, a.arg_index):
+            if (first.memory, first.address, first.device_size, first.device_dtype, first.arg_index) != (
+                    a.memory, a.address, a.device_size, a.device_dtype, a.arg_index):
                 raise LoweringError(
                     f"{where}: tensor {a.name} is placed as {_place(a)}, but an earlier op placed it as "
                     f"{_place(first)}; one tensor has one place")

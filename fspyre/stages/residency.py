@@ -12,7 +12,12 @@ re-read are worth a copy (docs/tiling.md, "LX residency"):
   region in the same iteration -- row-tiled softmax reads ``x`` for its max and again for
   the subtraction;
 - *loop-invariant*: an op inside a loop reads a region no level of that loop moves -- the
-  weights of a matmul under a token loop.
+  weights of a matmul under a token loop;
+- *across loops*: sibling loops walk the same regions tile by tile -- the two loops of an
+  online softmax whose result is kept read ``x`` once each, the passes of loop fission read
+  what the first pass read. The first loop copies each tile into an LX buffer that holds one
+  slot per iteration (the allocator lays the slots out: ``fspyre.stages.allocation``), and
+  the later loops read the tile back from its slot.
 
 For each such region the stage places one ``copy`` op into a per-tile buffer right before
 the outermost node that holds its readers, inside the innermost loop that moves the region,
@@ -267,9 +272,9 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
     wsizes, rsizes = _sizes(w.op), _sizes(r.op)
     out: dict[str, int] = {}
     for wv, rv in zip(wvars, rvars):
-        k = wsplit.get(wv.name, 1) if wv is not None else 1
-        if k == 1:
+        if wv is None or wsplit.get(wv.name, 1) == 1:
             continue
+        k = wsplit[wv.name]
         if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
             return None
         size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
@@ -299,10 +304,12 @@ def _copies(tree: LoopTree, unchanged: _Candidate, regions: list[_Region], machi
         new_alloc = allocate(rewritten, new_split, machine, options.allocation)
         spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
         if spilled:
-            # a replicated copy that did not fit gets one more chance as one slice per core
+            # a replicated copy that did not fit gets one more chance as one slice per core, a
+            # region kept across loops as the copies of its loops' own re-reads
             whole |= {r.name for r in spilled if r.replicas > 1}
             regions = [replace(r, replicas=1) if r.name in whole else r
                        for r in regions if r not in spilled or r.replicas > 1]
+            regions += [part for r in spilled for part in r.parts]
             hints, regions = _align(regions, split, machine, reduced, whole)
             continue
         done = _Candidate(tree=rewritten, split=new_split, allocation=new_alloc, regions=tuple(regions),
@@ -323,7 +330,7 @@ _MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs 
 
 
 def _region_bytes(r: _Region) -> int:
-    return math.prod(d.size for d in r.dims)
+    return math.prod(d.size for d in r.dims) * r.slots
 
 
 def _better(new: _Candidate, old: _Candidate, judge: _Judge) -> bool:
@@ -383,8 +390,8 @@ def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     otherwise."""
     names = {d.name for d in r.dims}
     first = split.ops[r.readers[0]]
-    if first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
-        return None
+    if r.slots > 1 or first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
+        return None  # (a region kept across loops is sliced like its readers, one slot per iteration)
     if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
         return None
     hints = {n: FrozenMap(first.splits) for n in r.readers}
@@ -416,6 +423,14 @@ def _pinned(unchanged: _Candidate, machine: Machine, options: ResidencyOptions, 
     where the allocator keeps that LX buffer (the anchor pins an intermediate that is also a
     graph output in LX with an HBM clone); otherwise they read back what was just written."""
     pins = _pins(unchanged.tree, unchanged.split, unchanged.allocation)
+    if options.allocation.lx_solver == "greedy" and all(p.buffer in unchanged.allocation.no_room for p in pins):
+        # Each pin would meet the greedy solver where its buffer did: at the same point of the
+        # sweep (the pin copies go in after their writers, so no lifetime crosses another's
+        # start), the same size and in-place parents, the same buffers live at the same
+        # addresses as long as no earlier pin was placed -- so no room for any of them. Wide
+        # DAGs (thousands of intermediates spilled for room) would re-divide and re-allocate
+        # the whole tree to find that out.
+        return unchanged
     while pins:
         pinned = _pin(unchanged.tree, pins)
         try:
@@ -468,9 +483,9 @@ def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin
 def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
     table = tree.buffer_table()
     of_buffer = {p.buffer: p for p in pins}
-    by_writer = {p.writer: p for p in pins}
     first = max((h.id for h in tree.hints), default=-1) + 1
     scopes = tuple(HintScope(id=first + i, work_div=p.split) for i, p in enumerate(pins))
+    by_writer = {p.writer: (p, scope) for p, scope in zip(pins, scopes)}
     body: list[Node] = []
     for node in tree.body:
         if not isinstance(node, OpNode):
@@ -480,16 +495,17 @@ def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
         # a redirect keeps a load a load, so a reduction's operands stay loads
         operands: Any = tuple(Load(buffer=of_buffer[o.buffer].name, index=o.index)
                               if isinstance(o, Load) and o.buffer in of_buffer else o for o in op.operands)
-        p = by_writer.get(op.name)
-        store = op.store if p is None else Store(buffer=p.name, index=op.store.index)
-        body.append(node if operands == op.operands and p is None
+        pinned = by_writer.get(op.name)
+        store = op.store if pinned is None else Store(buffer=pinned[0].name, index=op.store.index)
+        body.append(node if operands == op.operands and pinned is None
                     else replace(node, op=replace(op, operands=operands, store=store)))
-        if p is not None:
+        if pinned is not None:
+            p, scope = pinned
             btype = table[p.buffer].type
             index = btype.contiguous_index()
             body.append(OpNode(op=Pointwise(
                 name=f"{p.name}_out", fn="copy", operands=(Load(buffer=p.name, index=index),), ranges=btype.dims,
-                store=Store(buffer=p.buffer, index=index), hints=(scopes[pins.index(p)].id,))))
+                store=Store(buffer=p.buffer, index=index), hints=(scope.id,))))
     buffers: list[TreeBuffer] = []
     for b in tree.buffers:
         buffers.append(b)
@@ -516,6 +532,12 @@ class _Region:
     # region, so the copy runs once on each of those cores and each writes the whole region
     # into its own LX.
     replicas: int = 1
+    # A region kept across sibling loops (``slots`` > 1, the iterations of the loops that walk
+    # it): the copy sits in the first loop and writes a full-scope buffer the allocator gives
+    # one LX slot per iteration; ``parts`` are the copies each loop would make on its own,
+    # tried instead when the slots do not fit.
+    slots: int = 1
+    parts: tuple[_Region, ...] = ()
 
 
 def _regions(tree: LoopTree) -> list[_Region]:
@@ -527,7 +549,10 @@ def _regions(tree: LoopTree) -> list[_Region]:
             order[node.name] = len(order)
             written_at[node.op.store.buffer] = order[node.name]
     found: dict[tuple, list[tuple[tuple[int, ...], str, int]]] = {}
-    for path, node in _op_paths(tree.body, ()):
+    counts: dict[tuple[int, ...], int] = {}  # loop path -> count
+    for path, node in _op_paths(tree.body, (), counts):
+        if node.peeled:
+            continue  # a peeled tail reads its own remainder, once
         for ld in node.op.loads:
             buf = table[ld.buffer]
             if buf.scope != "full":
@@ -543,25 +568,57 @@ def _regions(tree: LoopTree) -> list[_Region]:
             found.setdefault(key, []).append((path, node.name, len(node.tiling)))
     regions: list[_Region] = []
     taken = {b.name for b in tree.buffers} | set(order)
+
+    def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> _Region | None:
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
+        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
+            return None  # written at or after the place the copy would go
+        return _Region(name=_fresh(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
+                       stick=elems_per_stick(table[buffer].type.dtype), steps=steps, anchor=anchor,
+                       readers=tuple(dict.fromkeys(name for _, name, _ in uses)), slots=slots, parts=parts)
+
+    # the same regions walked by sibling loops (same steps, different loops at some level)
+    siblings: dict[tuple, list[tuple[int, ...]]] = {}
+    for buffer, index, walked, steps, outer in found:
+        if steps:
+            siblings.setdefault((buffer, index, walked, steps), []).append(outer)
+    across = {k: outers for k, outers in siblings.items() if len(outers) > 1}
     for (buffer, index, walked, steps, outer), uses in found.items():
-        readers = tuple(dict.fromkeys(name for _, name, _ in uses))
+        if (buffer, index, walked, steps) in across:
+            continue
         deeper = any(d > len(outer) for _, _, d in uses)
         if len(uses) < 2 and not deeper:
             continue  # read once per iteration of the loops that move it: nothing to save
-        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
-        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
-            continue  # written at or after the place the copy would go
-        name = _fresh(f"{buffer}_lx", taken)
-        regions.append(_Region(name=name, buffer=buffer, index=index, dims=walked,
-                               stick=elems_per_stick(table[buffer].type.dtype), steps=steps,
-                               anchor=anchor, readers=readers))
+        made = region(buffer, index, walked, steps, outer, uses)
+        if made is not None:
+            regions.append(made)
+    for (buffer, index, walked, steps), outers in across.items():
+        outers = sorted(outers)  # program order: the first loop makes the copy
+        shared = 0
+        while len({o[shared] for o in outers}) == 1:
+            shared += 1
+        # one slot per iteration of the loops below the shared ones that walk the region
+        slots = math.prod(counts[outers[0][:k + 1]] for k in range(shared, len(outers[0])) if steps[k])
+        everyone = [u for outer in outers for u in found[(buffer, index, walked, steps, outer)]]
+        made = region(buffer, index, walked, steps, outers[0], everyone, slots)
+        parts = []
+        for outer in outers:
+            uses = found[(buffer, index, walked, steps, outer)]
+            if len(uses) >= 2 or any(d > len(outer) for _, _, d in uses):
+                part = region(buffer, index, walked, steps, outer, uses)
+                if part is not None:
+                    parts.append(part)
+        regions.extend([replace(made, parts=tuple(parts))] if made is not None else parts)
     return regions
 
 
-def _op_paths(body: Sequence[Node], prefix: tuple[int, ...]):
+def _op_paths(body: Sequence[Node], prefix: tuple[int, ...], counts: dict[tuple[int, ...], int] | None = None):
+    """``(path, op node)`` in program order; ``counts`` collects each loop's count by path."""
     for i, node in enumerate(body):
         if isinstance(node, Loop):
-            yield from _op_paths(node.body, prefix + (i,))
+            if counts is not None:
+                counts[prefix + (i,)] = node.count
+            yield from _op_paths(node.body, prefix + (i,), counts)
         else:
             yield prefix + (i,), node
 
@@ -609,6 +666,10 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
     for r in regions:
         ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
         local = ttype.contiguous_index()
+        if r.slots > 1:
+            # kept across loops: a full-scope twin of the buffer, addressed like it, which the
+            # loops walk slot by slot in LX
+            ttype, local = table[r.buffer].type, r.index
         cname = f"{r.name}_copy"
         # a replicated copy runs once per core (its leading dim, split one slot per core) and
         # every core stores the whole region at the same place of its own LX: the store index
@@ -618,7 +679,8 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
                          ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
                          hints=(scope_of[cname],) if cname in scope_of else ())
         copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
-        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype, scope="tile"))
+        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype,
+                                                         scope="full" if r.slots > 1 else "tile"))
         for reader in r.readers:
             redirect[(reader, r.buffer, r.index)] = Load(buffer=r.name, index=local)
     body = _rewrite_body(tree.body, (), copies, redirect, scope_of)

@@ -123,8 +123,12 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
 def _uniterated_work_div(hints: Sequence[HintScope], ops: Sequence[Op]) -> list[str]:
     """A work_div dim that no op built in its scope iterates has no effect."""
     out = []
+    built_in: dict[int, list[Op]] = {}  # one pass over the ops: keep_resident adds a scope per copy and pin
+    for op in ops:
+        for sid in op.hints:
+            built_in.setdefault(sid, []).append(op)
     for scope in hints:
-        members = [op for op in ops if scope.id in op.hints]
+        members = built_in.get(scope.id, [])
         iterated = {d.name for op in members for d in iteration_dims(op) if d.size > 1}
         for dim, count in scope.work_div.items():
             if not members:

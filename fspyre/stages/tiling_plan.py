@@ -31,19 +31,20 @@ from dataclasses import dataclass, replace
 from fspyre.errors import HintError, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Op, Reduction, iteration_dims
+from fspyre.ir.kinds import TILING_MODES, TilingMode
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TilingOptions:
-    mode: str = "hints"  # "none": no loops; "hints": groups from the graph's hint scopes
+    mode: TilingMode = "hints"  # "none": no loops; "hints": groups from the graph's hint scopes
     # whether a softmax tiled over its reduction dim stays one group for ``tile`` to rewrite
     # online (fspyre.stages.online_softmax) rather than being split by loop fission
     online: OnlineOptions = OnlineOptions()
 
     def __post_init__(self) -> None:
-        if self.mode not in ("none", "hints"):
+        if self.mode not in TILING_MODES:
             raise TilingError(
                 f"tiling={self.mode!r}: use 'none' or 'hints' here; 'auto' needs a machine to search against "
                 f"(fspyre.compile(..., tiling='auto') or fspyre.stages.tiling_search.search_tiling)"

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import sympy
 
 from fspyre.errors import FspyreError, TilingError
-from fspyre.ir.graph import Buffer, Graph, Op, Output, Reduction
+from fspyre.ir.graph import Buffer, Graph, Load, Op, Output, Reduction, Store
+from fspyre.ir.kinds import FUSE_MODES, FuseMode
 from fspyre.ir.plans import Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
@@ -48,8 +49,6 @@ from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
-
-FUSE_MODES = ("max-producers", "max-size", "only-patterns", "no-fuse")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +65,7 @@ class SearchOptions:
     ``residency``, ``online``, ``split`` and ``allocation`` are the options the downstream
     stages will run with: each candidate is judged as it would be compiled."""
 
-    fuse: str = "max-producers"
+    fuse: FuseMode = "max-producers"
     residency: bool = True
     online: OnlineOptions = OnlineOptions()
     split: SplitOptions = SplitOptions()
@@ -309,7 +308,8 @@ def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
     var = sympy.Symbol(dim, integer=True, nonnegative=True)
     stick = 1
     for op in ops:
-        for access in (*op.loads, op.store):
+        accesses: tuple[Load | Store, ...] = (*op.loads, op.store)
+        for access in accesses:
             btype = ctx.buffers[access.buffer].type
             if btype.dims and btype.dims[-1].size > 1 and access.index.coeff(var) == 1:
                 stick = max(stick, elems_per_stick(btype.dtype))

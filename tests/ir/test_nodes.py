@@ -15,7 +15,8 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Pointwise, Store, TensorType
 from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep
 from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitPlan
-from fspyre.ir.program import LoopSpec, op_specs
+from fspyre.ir.program import ArgOperand, LoopSpec, ScalarOperand, op_specs
+from fspyre.lower.sdsc import anchor_op_info
 
 A = sympy.Symbol("A", integer=True, nonnegative=True)
 
@@ -50,12 +51,22 @@ def test_op_specs_and_tensor_args_refuse_plain_dicts_and_bad_sizes(comp):
     arg = spec.args[0]
     with pytest.raises(LoweringError, match=r"op buf0: iteration_space must be a FrozenMap, got a dict"):
         replace(spec, iteration_space=dict(spec.iteration_space))
-    with pytest.raises(LoweringError, match=r"op buf0: op_info must be a FrozenMap, got a dict"):
-        replace(spec, op_info=dict(spec.op_info))
+    with pytest.raises(LoweringError, match=r"op buf0: op_info must be an OpInfo, got a dict"):
+        replace(spec, op_info=anchor_op_info(spec))
+    with pytest.raises(LoweringError, match=r"op info: compute 'float16' must be one of \['float32', 'int32'\]"):
+        replace(spec.op_info, compute="float16")
+    with pytest.raises(LoweringError, match=r"op info: operands must hold ArgOperand or ScalarOperand, got a tuple"):
+        replace(spec.op_info, operands=(("arg", 0),))
+    with pytest.raises(LoweringError, match=r"arg operand: index -1 must be an integer >= 0"):
+        ArgOperand(index=-1)
+    with pytest.raises(LoweringError, match=r"scalar operand '1' must be a bool, int or float"):
+        ScalarOperand(value="1")
     with pytest.raises(LoweringError, match=r"op buf0: args must not be empty"):
         replace(spec, args=())
-    with pytest.raises(LoweringError, match=r"tensor a: allocation must be a FrozenMap, got a dict"):
-        replace(arg, allocation={"hbm": 0})
+    with pytest.raises(LoweringError, match=r"tensor a: memory 'dram' must be one of \['hbm', 'lx'\]"):
+        replace(arg, memory="dram")
+    with pytest.raises(LoweringError, match=r"tensor a: address -128 must be an integer >= 0"):
+        replace(arg, address=-128)
     with pytest.raises(LoweringError, match=r"tensor a: device_size \[.*0.*\] must be positive"):
         replace(arg, device_size=(0,) * len(arg.device_size))
     with pytest.raises(LoweringError, match=r"tensor a: arg_index -2 must be an integer >= -1"):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import fspyre
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces
 from fspyre.machine import formats
 from fspyre.machine.hostio import random_inputs
 from fspyre.machine.indexing import compile_index
@@ -104,7 +104,7 @@ def _tile_op(spec: OpSpec, levels: Sequence[tuple[str, int]], lx: frozenset[str]
     args = []
     for t in spec.args:
         if t.name in lx or t.memory == "lx":
-            args.append(replace(t, arg_index=-1, allocation=FrozenMap({"lx": 0}), tile_advance=(0,) * len(levels)))
+            args.append(replace(t, arg_index=-1, memory="lx", address=0, tile_advance=(0,) * len(levels)))
             continue
         steps = []
         for dim, _ in levels:
@@ -115,7 +115,7 @@ def _tile_op(spec: OpSpec, levels: Sequence[tuple[str, int]], lx: frozenset[str]
                 steps.append(0)
         args.append(replace(t, tile_advance=tuple(steps)))
     return replace(
-        spec, iteration_space=FrozenMap(space), args=tuple(args), core_spaces=(),  # the even division
+        spec, iteration_space=FrozenMap(space), args=tuple(args), core_spaces=even_core_spaces(FrozenMap(space)),
         tiled_symbols=tuple(tuple(s for s in syms if str(s) == dim) for dim, _ in levels),
     )
 

@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from looped_programs import add_graph, add_mul_graph, all_programs, hand_tiled_programs, matmul_graph, untiled
 
 from fspyre.errors import LoweringError
-from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, op_specs, walk_specs
 from fspyre.lower.bundle import bundle_mlir, hbm_regions, plan_bundle
 from fspyre.lower.unroll import unroll
@@ -277,7 +276,7 @@ def _with_arg(program, op_index: int, position: int, **changes):
 def test_kernel_arg_slices_and_pool_offsets():
     """A tensor at an offset inside its kernel arg reads %arg_{ai}_slice_{off}; intermediates
     are addressed from the pool."""
-    program = _with_arg(untiled(add_mul_graph()), 0, 0, allocation=FrozenMap({"hbm": 128}))
+    program = _with_arg(untiled(add_mul_graph()), 0, 0, memory="hbm", address=128)
     lines = bundle_mlir(program).splitlines()
     assert "\t\t%arg_0_slice_offset_128 = arith.constant 128 : index" in lines
     assert "\t\t%arg_0_slice_128 = arith.addi %arg_0, %arg_0_slice_offset_128 : index" in lines
@@ -290,9 +289,9 @@ def test_kernel_arg_slices_and_pool_offsets():
 def test_errors_name_the_culprit():
     program = untiled(add_graph())
     with pytest.raises(LoweringError, match=r"op add buf0: tensor a at HBM 0x1388 lies outside kernel arg 0"):
-        bundle_mlir(_with_arg(program, 0, 0, allocation=FrozenMap({"hbm": 5000})))
+        bundle_mlir(_with_arg(program, 0, 0, memory="hbm", address=5000))
     with pytest.raises(LoweringError, match=r"intermediate buf0 at HBM \[0x0, 0x400\) overlaps kernel arg 0"):
-        bundle_mlir(_with_arg(program, 0, 2, arg_index=-1, allocation=FrozenMap({"hbm": 0})))
+        bundle_mlir(_with_arg(program, 0, 2, arg_index=-1, memory="hbm", address=0))
     with pytest.raises(LoweringError, match=r"tensor a has arg_index 7, but the program's kernel args are \[0, 1, 2\]"):
         bundle_mlir(_with_arg(program, 0, 0, arg_index=7))
     wrong_levels = _with_arg(program, 0, 0, tile_advance=(256, 0))

@@ -63,7 +63,7 @@ def test_agrees_with_the_opspecs_and_the_bundle(name):
         for n, (t, arg) in enumerate(zip(doc["tensors"], spec.args, strict=True)):
             assert t["operand"] == n and t["name"] == arg.name
             assert t["role"] == ("input" if arg.is_input else "output")
-            assert t["allocation"] == dict(arg.allocation)
+            assert t["allocation"] == {arg.memory: arg.address}
             assert t["tile_advance"] == (list(arg.tile_advance) or [0] * len(ex.loops))
             assert t["device_coordinates"] == [str(c) for c in arg.device_coordinates]
             assert sympy.sympify(t["device_coordinates"][-1], locals={str(s): s for s in spec.iteration_space}) \

@@ -103,7 +103,7 @@ def test_order_is_innermost_first():
     looped_c = op_specs(program)[1].args[1]
     assert looped_c.tile_advance == (outer, inner)
     assert [op.args[1].address - looped_c.address for op in flat[1::2]] == [0, inner, outer, outer + inner]
-    assert all(dict(op.args[0].allocation) == {"lx": 0} for op in flat[1::2])
+    assert all((op.args[0].memory, op.args[0].address) == ("lx", 0) for op in flat[1::2])
 
 
 def test_untouched_programs_are_shared():

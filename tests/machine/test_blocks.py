@@ -18,7 +18,6 @@ from workloads import add_mul, compile, softmax
 
 import fspyre
 from fspyre.errors import ExecutionError, FspyreWarning
-from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import op_specs
 from fspyre.machine import interpreter
 from fspyre.machine.interpreter import RunOptions, run_program
@@ -87,7 +86,7 @@ def test_reductions_are_cut_only_along_output_axes():
 
 def _with_output_at(program, spec, address_of):
     """``program`` with ``spec``'s output moved to the allocation of ``address_of``."""
-    dst = dataclasses.replace(spec.args[-1], allocation=address_of.allocation)
+    dst = dataclasses.replace(spec.args[-1], memory=address_of.memory, address=address_of.address)
     moved = dataclasses.replace(spec, args=(*spec.args[:-1], dst))
     return moved, dataclasses.replace(program, body=tuple(moved if s is spec else s for s in program.body))
 
@@ -107,7 +106,7 @@ def test_in_place_ops_and_overlapping_outputs(lx_planning):
     src = spec.args[0]
     assert src.memory == spec.args[-1].memory == ("lx" if lx_planning else "hbm")
     same, in_place = _with_output_at(program, spec, src)
-    shifted = dataclasses.replace(src, allocation=FrozenMap({src.memory: src.address + 128}))
+    shifted = dataclasses.replace(src, memory=src.memory, address=src.address + 128)
     skew, overlapping = _with_output_at(program, spec, shifted)
     for prog, s, cut in [(program, spec, True), (in_place, same, True), (overlapping, skew, False)]:
         assert_same_run(prog, inputs, 64)
@@ -158,7 +157,7 @@ def lx_accesses(program):
         sizes = tuple(n for n, _ in spec.iteration_space.values())
         splits = tuple(k for _, k in spec.iteration_space.values())
         slices = core_slices(list(splits))
-        reduced = set(spec.op_info.get("reduced", ()))
+        reduced = set(spec.op_info.reduced)
         red = [i for i, s in enumerate(syms) if s in reduced]
         out = [i for i, s in enumerate(syms) if s not in reduced]
         for arg in spec.args[:-1]:

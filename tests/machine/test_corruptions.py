@@ -9,7 +9,9 @@ The fields left out are labels the device does not read (a tensor's ``name``, an
 and the anchor which symbols a loop tiles: the addresses each loop moves are the tensors'
 ``tile_advance``, which is planted here. An LX tensor's ``device_size`` matters only in its
 stick dim (each core lays its slice out over its own box) and in its bounds: growing another
-dim is harmless to the device too.
+dim is harmless to the device too, and so is moving one access's coordinates by a whole stick
+or row that stays inside the device size (the box moves with them: a full-scope buffer kept in
+LX slots has room to). Nor is computing ``full(0.0)`` in int32 a corruption: the same constant.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import pytest
 import sympy
 
 import fspyre
-from fspyre.errors import FspyreError
+from fspyre.errors import ExecutionError, FspyreError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, op_specs
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces, op_fn, op_specs
+from fspyre.machine.indexing import compile_index
 from fspyre.machine.interpreter import run_program
+from fspyre.machine.rules import open_grid
 from fspyre.machine.spyre import spyre
 from fspyre.stages.program import verify_program
 from fspyre.testing import inputs_for
@@ -50,6 +54,14 @@ def _graphs():
     M, N = g.dim("M", 32), g.dim("N", 128)
     x = g.input("x", (M, N), "float16")
     with g.hint(slices={"M": 2}):
+        e = g.exp(g.sub(x, g.amax(x, ["N"], keepdim=True)))
+        g.output("y", g.div(e, g.sum(e, ["N"], keepdim=True)))
+    yield g.build()
+
+    g = fspyre.GraphBuilder("online_softmax")  # tiled over N: x kept in LX slots between two loops
+    M, N = g.dim("M", 32), g.dim("N", 256)
+    x = g.input("x", (M, N), "float16")
+    with g.hint(slices={"N": 2}):
         e = g.exp(g.sub(x, g.amax(x, ["N"], keepdim=True)))
         g.output("y", g.div(e, g.sum(e, ["N"], keepdim=True)))
     yield g.build()
@@ -81,7 +93,7 @@ def _at(program: Program, target, new) -> Program:
     return _edit_specs(program, lambda s: new if s is target else s)
 
 
-def _arg_changes(arg: TensorArg, space: tuple[sympy.Symbol, ...]):
+def _arg_changes(arg: TensorArg, space: FrozenMap):
     yield "arg_index", {"arg_index": arg.arg_index + 1}
     yield "arg_index", {"arg_index": -1 if arg.arg_index >= 0 else 0}
     yield "is_input", {"is_input": not arg.is_input}
@@ -93,18 +105,27 @@ def _arg_changes(arg: TensorArg, space: tuple[sympy.Symbol, ...]):
             yield "device_size", {"device_size": size}
     coords = arg.device_coordinates
     for d in range(len(coords)):
-        yield "device_coordinates", {"device_coordinates": tuple(c + 1 if i == d else c for i, c in enumerate(coords))}
+        moved = tuple(c + 1 if i == d else c for i, c in enumerate(coords))
+        if arg.memory == "lx" and d < len(coords) - 1 and _inside(moved[d], space, arg.device_size[d]):
+            continue  # the core's LX box moves along: the same addresses
+        yield "device_coordinates", {"device_coordinates": moved}
     if len(set(coords)) > 1:
         yield "device_coordinates", {"device_coordinates": coords[1:] + coords[:1]}
     mem = arg.memory
-    yield "address", {"allocation": FrozenMap({mem: arg.address + 128})}
+    yield "address", {"address": arg.address + 128}
     if arg.address >= 128:
-        yield "address", {"allocation": FrozenMap({mem: arg.address - 128})}
-    yield "memory", {"allocation": FrozenMap({"lx" if mem == "hbm" else "hbm": arg.address})}
+        yield "address", {"address": arg.address - 128}
+    yield "memory", {"memory": "lx" if mem == "hbm" else "hbm"}
     for level, a in enumerate(arg.tile_advance):
         adv = list(arg.tile_advance)
         adv[level] = 2 * a if a else 128
         yield "tile_advance", {"tile_advance": tuple(adv)}
+
+
+def _inside(coord, space: FrozenMap, size: int) -> bool:
+    """``coord`` stays below ``size`` over the op's whole iteration space."""
+    values = compile_index(coord, list(space))(*open_grid([n for n, _ in space.values()]))
+    return int(np.max(values)) < size
 
 
 def _spec_plants(spec: OpSpec):
@@ -118,8 +139,8 @@ def _spec_plants(spec: OpSpec):
         def respace(new, sym=sym):
             # the per-core spaces follow the corrupted split (an even division), as they would
             # in a program whose split was wrong from the start
-            return dataclasses.replace(spec, core_spaces=(), iteration_space=FrozenMap(
-                (s, new if s == sym else v) for s, v in spec.iteration_space.items()))
+            space = FrozenMap((s, new if s == sym else v) for s, v in spec.iteration_space.items())
+            return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
         if split > 1:
             yield "split", respace((size, 1))
         if size % (2 * split) == 0 and split * 2 <= 32:
@@ -127,24 +148,24 @@ def _spec_plants(spec: OpSpec):
         yield "size", respace((size * 2, split))
         if size // 2 >= split and (size // 2) % split == 0:
             yield "size", respace((size // 2, split))
-    info = spec.op_info
-    yield "op_info.fn", dataclasses.replace(spec, op_info=info.set("fn", _SWAP.get(str(info["fn"]), "neg")))
-    yield "op_info.compute", dataclasses.replace(spec, op_info=info.set(
-        "compute", "int32" if info["compute"] == "float32" else "float32"))
-    if info["fn"] in ("mean", "var"):  # the only fns the count means something to
-        yield "op_info.count", dataclasses.replace(spec, op_info=info.set("count", int(info["count"]) * 2))
-    if info.get("reduced"):
-        kept = tuple(s for s in space if s not in info["reduced"])
-        yield "op_info.reduced", dataclasses.replace(spec, op_info=info.set("reduced", kept[-1:]))
+    info, fn = spec.op_info, op_fn(spec.op)
+    if not (fn == "full" and [getattr(o, "value", None) for o in info.operands] == [0.0]):  # the same 0 either way
+        yield "op_info.compute", dataclasses.replace(spec, op_info=dataclasses.replace(
+            info, compute="int32" if info.compute == "float32" else "float32"))
+    if fn in ("mean", "var"):  # the only fns the count means something to
+        yield "op_info.count", dataclasses.replace(spec, op_info=dataclasses.replace(info, count=info.count * 2))
+    if info.reduced:
+        kept = tuple(s for s in space if s not in info.reduced)
+        yield "op_info.reduced", dataclasses.replace(spec, op_info=dataclasses.replace(info, reduced=kept[-1:]))
     for i, arg in enumerate(spec.args):
-        for field, change in _arg_changes(arg, space):
+        for field, change in _arg_changes(arg, spec.iteration_space):
             args = list(spec.args)
             try:
                 args[i] = dataclasses.replace(arg, **change)
             except FspyreError:
                 continue  # refused at construction: caught before any program exists
             yield f"arg.{field}", dataclasses.replace(spec, args=tuple(args))
-    if len(spec.args) > 2 and info["fn"] not in _COMMUTATIVE:
+    if len(spec.args) > 2 and fn not in _COMMUTATIVE:
         yield "arg order", dataclasses.replace(spec, args=(spec.args[1], spec.args[0], *spec.args[2:]))
 
 
@@ -214,8 +235,8 @@ def caught(program: Program, inputs, clean) -> str | None:
     return None
 
 
-# Fields the device reads, which the oracle must catch by itself (the rest -- op_info's fn,
-# a kernel argument's buffer name, the outermost device dim -- only the verifier can: the
+# Fields the device reads, which the oracle must catch by itself (the rest -- a kernel
+# argument's buffer name, the outermost device dim -- only the verifier can: the
 # device does not read them, or reads them to the same addresses).
 _ORACLE_FIELDS = {"op", "is_reduction", "split", "size", "loop.count", "arg.arg_index", "arg.is_input",
                   "arg.address", "arg.memory", "arg.device_coordinates", "arg.tile_advance", "arg.device_dtype",
@@ -244,3 +265,87 @@ def test_every_planted_corruption_is_caught(cores, tiling):
     assert counts["verifier"] and counts["execution error"] and counts["numeric mismatch"]
     assert not missed, f"{len(missed)} of {sum(counts.values())} corruptions pass silently: {missed}"
     assert not by_verifier, f"the oracle runs {len(by_verifier)} corrupted programs as if right: {by_verifier}"
+
+
+# -- the copies each core holds of one region ---------------------------------------------------
+# A weight copied into every core's LX is read as one copy when one store provably put the same
+# bytes on every core (interpreter ``Spread``), and the copies are compared otherwise. These
+# plants make one core's copy differ -- by a later store, or by that core's copy reading another
+# source -- and require exactly that core's output rows to change, as core-by-core execution
+# gives: the rows the other cores compute stay bit for bit those of the clean program.
+
+
+def _replica_program():
+    g = fspyre.GraphBuilder("matmul")
+    M, K, N = g.dim("M", 32), g.dim("K", 128), g.dim("N", 128)
+    a, b = g.input("a", (M, K), "float16"), g.input("b", (K, N), "float16")
+    bias = g.input("bias", (N,), "float16")
+    with g.hint(slices={"M": 2}):
+        g.output("y", g.add(g.matmul(a, b), bias))
+    graph = g.build()
+    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
+    copy = next(s for s in op_specs(program) if s.name == "b_lx_copy")
+    (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
+    mm = loop.body[0]
+    # every core holds b whole; the matmul runs twice over 16 rows, 4 rows per core
+    assert copy.iteration_space[next(iter(copy.iteration_space))] == (4, 4) and loop.count == 2
+    assert mm.op == "batchmatmul" and [space[0] for space in mm.core_spaces] == [(0, 4), (4, 4), (8, 4), (12, 4)]
+    return graph, program, copy
+
+
+def _rows_of(cores) -> list[int]:
+    return [16 * i + 4 * c + r for i in range(2) for c in cores for r in range(4)]
+
+
+def _insert_after(program: Program, target, new) -> Program:
+    body = tuple(x for s in program.body for x in ((s, new) if s is target else (s,)))
+    return dataclasses.replace(program, body=body)
+
+
+def _with_cores(spec: OpSpec, cores: int) -> OpSpec:
+    """``spec`` spread over ``cores`` of its copy symbol (the first) instead of all."""
+    first = next(iter(spec.iteration_space))
+    space = FrozenMap((s, (cores, cores) if s == first else v) for s, v in spec.iteration_space.items())
+    return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
+
+
+def _expect_rows(program, inputs, changed_b, cores) -> np.ndarray:
+    """The clean output, with the rows ``cores`` compute taken from a run where b is ``changed_b``."""
+    clean, _ = run_program(program, inputs)
+    other, _ = run_program(program, {**inputs, "b": changed_b})
+    want = clean["y"].copy()
+    rows = _rows_of(cores)
+    want[rows] = other["y"][rows]
+    assert not np.array_equal(want, clean["y"])  # the plant changes something
+    return want
+
+
+@pytest.mark.parametrize("cores", [1, 3])
+def test_a_store_to_some_cores_copies_changes_their_rows_only(cores):
+    # b negated into the LX of cores 0..cores-1 after the copy: their copy of b is -b
+    graph, program, copy = _replica_program()
+    inputs = inputs_for(graph)
+    neg = dataclasses.replace(_with_cores(copy, cores), op="neg", name="neg_b")
+    outs, _ = run_program(_insert_after(program, copy, neg), inputs)
+    assert np.array_equal(outs["y"], _expect_rows(program, inputs, -inputs["b"], range(cores)))
+
+
+def test_one_cores_copy_read_from_another_source_changes_its_rows_only():
+    # the last core's copy reads b one row on (K + 1, wrapping): the copies differ from the start
+    graph, program, copy = _replica_program()
+    inputs = inputs_for(graph)
+    cores_sym = next(iter(copy.iteration_space))
+    src = copy.args[0]
+    k = src.device_coordinates[1]
+    shifted = dataclasses.replace(src, device_coordinates=(
+        src.device_coordinates[0], sympy.Mod(k + sympy.floor(cores_sym / 3), 128), src.device_coordinates[2]))
+    bad = _at(program, copy, dataclasses.replace(copy, args=(shifted, copy.args[1])))
+    outs, _ = run_program(bad, inputs)
+    assert np.array_equal(outs["y"], _expect_rows(program, inputs, np.roll(inputs["b"], -1, axis=0), [3]))
+
+
+def test_one_cores_copy_never_written_is_reported():
+    # the copy runs on cores 0..2 only: core 3 reads bytes nobody wrote
+    graph, program, copy = _replica_program()
+    with pytest.raises(ExecutionError, match="core 3.*never written"):
+        run_program(_at(program, copy, _with_cores(copy, 3)), inputs_for(graph))

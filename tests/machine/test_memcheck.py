@@ -12,7 +12,6 @@ from workloads import add_mul, compile, softmax
 import fspyre
 from fspyre.check import check_memory_and_run
 from fspyre.errors import ExecutionError
-from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec
 from fspyre.machine.memcheck import check_memory, execution_issue
 from fspyre.testing.graphs import inputs_for
@@ -27,8 +26,8 @@ def replant(comp, **placements):
         for a in spec.args:
             change = placements.get(a.name)
             if change:
-                where = FrozenMap({change.get("memory", a.memory): change.get("address", a.address)})
-                a = replace(a, allocation=where, arg_index=change.get("arg_index", a.arg_index))
+                a = replace(a, memory=change.get("memory", a.memory), address=change.get("address", a.address),
+                            arg_index=change.get("arg_index", a.arg_index))
             args.append(a)
         return replace(spec, args=tuple(args))
 
@@ -143,7 +142,7 @@ def test_inconsistent_placements_of_one_tensor_are_caught():
     def move_y_in_mul(spec: OpSpec) -> OpSpec:
         if spec.name != "buf1":
             return spec
-        args = tuple(replace(a, allocation=FrozenMap({"hbm": a.address + 4096})) if a.name == "buf0" else a
+        args = tuple(replace(a, memory="hbm", address=a.address + 4096) if a.name == "buf0" else a
                      for a in spec.args)
         return replace(spec, args=args)
 

@@ -12,8 +12,7 @@ import sympy
 from workloads import add_mul, compile
 
 from fspyre.errors import LoweringError
-from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, op_specs
+from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, op_specs
 from fspyre.stages.program import verify_program
 
 
@@ -74,7 +73,7 @@ def test_args_operands_and_coordinates_agree(program):
             r"op buf1: its args must be its inputs, then its one output; got is_input \[False, True, True\]")
 
     def swapped(s: OpSpec) -> OpSpec:
-        return replace(s, op_info=s.op_info.set("operands", (("arg", 1), ("arg", 0))))
+        return replace(s, op_info=replace(s.op_info, operands=(ArgOperand(index=1), ArgOperand(index=0))))
 
     refused(edit_op(program, "buf1", swapped),
             r"op buf1: operands refer to args \[1, 0\], but it has 2 input args; each input must be an operand "
@@ -88,10 +87,10 @@ def test_args_operands_and_coordinates_agree(program):
 def test_each_tensor_has_one_place_and_kernel_arguments_match(program):
     y = op_specs(program)[0].args[-1]
     assert y.name == "buf0" and y.memory == "lx"
-    refused(edit_arg(program, "buf1", "buf0", allocation=FrozenMap({"lx": y.address + 128})),
+    refused(edit_arg(program, "buf1", "buf0", memory="lx", address=y.address + 128),
             rf"op buf1: tensor buf0 is placed as lx at {y.address + 128}, size \[.*\], SEN169_FP16, arg_index -1, "
             rf"but an earlier op placed it as lx at {y.address}, .*; one tensor has one place")
-    refused(edit_arg(program, "buf0", "buf0", allocation=FrozenMap({"lx": program.lx_bytes})),
+    refused(edit_arg(program, "buf0", "buf0", memory="lx", address=program.lx_bytes),
             rf"op buf0: LX tensor buf0 at {program.lx_bytes} is past the {program.lx_bytes}-byte LX")
     b = program.kernel_args[1]
     refused(edit_arg(program, "buf0", "a", arg_index=1),

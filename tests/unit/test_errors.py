@@ -19,7 +19,7 @@ from fspyre.errors import (
     SerializationError,
     TilingError,
 )
-from fspyre.ir.serialize import loads
+from fspyre.ir.serialize import FORMAT, loads
 from fspyre.machine.spyre import spyre
 
 
@@ -77,7 +77,8 @@ BAD_CALLS = [
     ("wrong input dtype", lambda: fspyre.check(small_graph(), {"x": np.zeros((4, 64), np.complex64)}, tiling="none"),
      ExecutionError, ["input x", "complex64"]),
     ("not JSON", lambda: loads("{nope"), SerializationError, ["not JSON"]),
-    ("unknown artifact", lambda: loads('{"_type": "Tensor"}'), SerializationError, ["'Tensor'"]),
+    ("unknown artifact", lambda: loads('{"_format": %d, "_type": "Tensor"}' % FORMAT), SerializationError,
+     ["'Tensor'"]),
 ]
 
 

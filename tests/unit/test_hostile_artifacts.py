@@ -23,7 +23,7 @@ import fspyre
 from fspyre.errors import FspyreError, LoweringError, SerializationError
 from fspyre.ir.graph import Graph
 from fspyre.ir.program import Program
-from fspyre.ir.serialize import dumps, loads
+from fspyre.ir.serialize import FORMAT, dumps, loads
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.spyre import spyre
 
@@ -89,6 +89,11 @@ def replaced(doc: Any, path: tuple, value: Any) -> Any:
         parent = parent[step]
     parent[path[-1]] = value
     return out
+
+
+def current(doc: dict) -> str:
+    """A hand-written document's text, in the artifact format ``loads`` reads."""
+    return json.dumps({"_format": FORMAT, **doc})
 
 
 def load_or_error(text: str) -> Any:
@@ -204,6 +209,8 @@ def test_wrong_values_at_sampled_positions_are_refused_cleanly(compiled, tmp_pat
     ],
 )
 def test_malformed_documents_are_refused_quickly(text, match):
+    if text.startswith("{"):  # an object in the current format: the refusal is about its contents
+        text = '{"_format": %d, ' % FORMAT + text[1:]
     with cpu_seconds() as took, pytest.raises(SerializationError, match=match) as info:
         loads(text)
     assert took[0] < TIME_LIMIT
@@ -214,17 +221,17 @@ def test_crafted_sympy_work_is_bounded():
     """Node kinds whose simplification is slow on crafted input load in bounded time."""
     wide = {"op": "Add", "args": [{"op": "Mul", "args": [{"rat": [1, i + 2]}, {"sym": f"s{i}"}]} for i in range(300)]}
     for head, args in (("Mod", [wide, 64]), ("floor", [wide]), ("ceiling", [wide])):
-        text = json.dumps({"_type": "Load", "buffer": "x", "index": {"_expr": {"op": head, "args": args}}})
+        text = current({"_type": "Load", "buffer": "x", "index": {"_expr": {"op": head, "args": args}}})
         load_or_error(text)
     too_many = {"op": "Add", "args": [{"sym": f"s{i}"} for i in range(2000)]}
     with pytest.raises(SerializationError, match="more than 1024 nodes"):
-        loads(json.dumps({"_type": "Load", "buffer": "x", "index": {"_expr": too_many}}))
+        loads(current({"_type": "Load", "buffer": "x", "index": {"_expr": too_many}}))
 
 
 def test_construction_errors_keep_their_class_and_gain_the_path():
     with pytest.raises(fspyre.errors.TilingError, match=r"^Loop\.body\[0\]: loop count 0"):
-        loads(json.dumps({"_type": "Loop", "count": 3, "steps": [],
-                          "body": [{"_type": "Loop", "count": 0, "steps": [], "body": []}]}))
+        loads(current({"_type": "Loop", "count": 3, "steps": [],
+                       "body": [{"_type": "Loop", "count": 0, "steps": [], "body": []}]}))
 
 
 def test_index_evaluation_never_parses_text(tmp_path):
@@ -237,3 +244,22 @@ def test_index_evaluation_never_parses_text(tmp_path):
 def test_loads_takes_text_only():
     with pytest.raises(SerializationError, match="takes the JSON text as a str"):
         loads(b'{"_type": "Dim", "name": "A", "size": 2}')
+
+
+def test_documents_of_another_artifact_format_are_refused_whole(compiled):
+    """A format-1 program (no "_format"; op_info and each tensor's allocation as maps) is
+    refused as a whole, naming the format, not at its first changed field."""
+    doc = json.loads(dumps(compiled.program))
+    old = {k: copy.deepcopy(v) for k, v in doc.items() if k != "_format"}
+    spec = old["body"][0]
+    spec["op_info"] = {"_map": [["fn", spec["op"]], ["operands", [["arg", 0]]], ["compute", "float32"]]}
+    for t in spec["args"]:
+        t["allocation"] = {"_map": [[t.pop("memory"), t.pop("address")]]}
+    with pytest.raises(SerializationError, match=rf'^document: no "_format"; it predates artifact format {FORMAT} '
+                                                 r"\(written by an older fspyre, format 1\)"):
+        loads(json.dumps(old))
+    for version in (1, FORMAT + 1, "2", None):
+        with pytest.raises(SerializationError, match=rf"^document: artifact format {version!r}, but this fspyre "
+                                                     rf"reads only format {FORMAT}"):
+            loads(json.dumps({**doc, "_format": version}))
+    assert loads(json.dumps(doc)) == compiled.program

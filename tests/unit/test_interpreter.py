@@ -12,7 +12,7 @@ import pytest
 import fspyre
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, Program, op_specs
+from fspyre.ir.program import LoopSpec, Program, even_core_spaces, op_specs
 from fspyre.machine import formats
 from fspyre.machine.formats import FORMATS, round_to
 from fspyre.machine.interpreter import RunOptions, run_program
@@ -62,7 +62,7 @@ def compiled(graph, cores=4):
 
 def test_out_of_bounds_read_names_op_tensor_core_and_address():
     program = compiled(add_graph())
-    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": program.hbm_bytes}))
+    bad = with_arg(program, 0, 0, memory="hbm", address=program.hbm_bytes)
     with pytest.raises(ExecutionError) as info:
         run_program(bad, inputs_for(add_graph()))
     msg = str(info.value)
@@ -75,7 +75,7 @@ def test_out_of_bounds_read_names_op_tensor_core_and_address():
 def test_out_of_bounds_write_names_the_output_tensor():
     program = compiled(add_graph())
     out = op_specs(program)[1].args[-1]
-    bad = with_arg(program, 1, len(op_specs(program)[1].args) - 1, allocation=FrozenMap({"hbm": program.hbm_bytes * 4}))
+    bad = with_arg(program, 1, len(op_specs(program)[1].args) - 1, memory="hbm", address=program.hbm_bytes * 4)
     with pytest.raises(ExecutionError, match=rf"tensor {out.name} core \d+: address 0x[0-9a-f]+ is outside HBM"):
         run_program(bad, inputs_for(add_graph()))
 
@@ -86,7 +86,7 @@ def test_never_written_read_names_op_tensor_core_and_address():
     # the first op reads the graph output's HBM segment, which only the last op writes
     out = program.kernel_args[-1]
     target = out.address
-    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": target}), arg_index=out.arg_index)
+    bad = with_arg(program, 0, 0, memory="hbm", address=target, arg_index=out.arg_index)
     with pytest.raises(ExecutionError) as info:
         run_program(bad, inputs_for(add_graph()))
     msg = str(info.value)
@@ -99,7 +99,7 @@ def test_an_argument_tensor_stays_inside_the_argument_its_arg_index_names():
     program = compiled(add_graph(), cores=1)
     first = op_specs(program)[0]
     out = program.kernel_args[-1]
-    moved = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": out.address}))
+    moved = with_arg(program, 0, 0, memory="hbm", address=out.address)
     message = (rf"op {first.name} tensor x core 0: address 0x[0-9a-f]+ is outside kernel argument 0 "
                r"\(bytes 0x0\.\.0x[0-9a-f]+\), which its arg_index names")
     with pytest.raises(ExecutionError, match=message):
@@ -115,14 +115,14 @@ def test_an_argument_tensor_stays_inside_the_argument_its_arg_index_names():
 def test_misaligned_address():
     program = compiled(add_graph(), cores=2)
     base = op_specs(program)[0].args[0].address
-    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": base + 2}))
+    bad = with_arg(program, 0, 0, memory="hbm", address=base + 2)
     with pytest.raises(ExecutionError, match=rf"tensor x core \d+: address {base + 2:#x} is not aligned to 4 bytes"):
         run_program(bad, inputs_for(add_graph()))
 
 
 def test_lx_address_outside_a_core_lx():
     program = compiled(add_graph(), cores=2)
-    bad = with_arg(program, 1, 0, allocation=FrozenMap({"lx": program.lx_bytes}))
+    bad = with_arg(program, 1, 0, memory="lx", address=program.lx_bytes)
     with pytest.raises(ExecutionError, match=r"tensor \w+ core \d+: address 0x[0-9a-f]+ is outside LX of core \d+"):
         run_program(bad, inputs_for(add_graph()))
 
@@ -139,7 +139,7 @@ def test_check_written_can_be_turned_off_and_then_unwritten_bytes_read_as_zero()
 
     program = compiled(add_graph(), cores=1)
     out = program.kernel_args[-1]
-    bad = with_arg(program, 0, 0, allocation=FrozenMap({"hbm": out.address}), arg_index=out.arg_index)
+    bad = with_arg(program, 0, 0, memory="hbm", address=out.address, arg_index=out.arg_index)
     outs, _ = run_program(bad, inputs_for(add_graph()), RunOptions(check_written=False))
     assert np.all(outs["z"] == 0)
 
@@ -421,7 +421,7 @@ def _plants(program: Program):
         for ai, arg in enumerate(spec.args):
             mem = arg.memory
             yield f"op {oi} arg {ai} address + 1 stick", with_arg(program, oi, ai,
-                                                                 allocation=FrozenMap({mem: arg.address + 128}))
+                                                                 memory=mem, address=arg.address + 128)
             # A longer dim 1: every stride outside it grows. Only for HBM: the interpreter lays
             # an LX tensor out over each core's box, not over device_size (issue 9, item 4).
             if mem == "hbm" and len(arg.device_size) > 2:
@@ -433,8 +433,8 @@ def _plants(program: Program):
         for sym, (size, split) in spec.iteration_space.items():
             if split > 1:
                 space = FrozenMap({s: ((n, 1) if s == sym else (n, k)) for s, (n, k) in spec.iteration_space.items()})
-                yield f"op {oi} split of {sym} -> 1", _replace_spec(
-                    program, spec, dataclasses.replace(spec, iteration_space=space, core_spaces=()))
+                unsplit = dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
+                yield f"op {oi} split of {sym} -> 1", _replace_spec(program, spec, unsplit)
 
 
 @pytest.mark.parametrize("options", [RunOptions(), RunOptions(block=16), RunOptions(block=16, check_written=False)],

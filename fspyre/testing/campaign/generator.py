@@ -35,6 +35,7 @@ import numpy as np
 import fspyre
 from fspyre.ir.builder import GraphBuilder, Tensor
 from fspyre.ir.graph import Dim
+from fspyre.ir.kinds import Fp16Format
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.testing import numpy_ref as R
@@ -79,7 +80,7 @@ class _Gen:
         self.nprng = np.random.default_rng(self.rng.getrandbits(63))
         self.seed = seed
         self.g = GraphBuilder(f"fuzz{seed}")
-        self.fmt = "SEN169_FP16" if self.rng.random() < 0.75 else "IEEE_FP16"
+        self.fmt: Fp16Format = "SEN169_FP16" if self.rng.random() < 0.75 else "IEEE_FP16"
         self.dims: dict[str, int] = {}
         self.pool: list[Val] = []
         self.inputs: dict[str, np.ndarray] = {}
