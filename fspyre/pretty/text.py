@@ -194,6 +194,8 @@ def _tiling_plan(p: TilingPlan, detailed: bool) -> Doc:
     ]
     for i, g in enumerate(p.groups):
         head = concat(f"group {i}: ", bracket("[", map(text, g.ops), "]"))
+        if g.depths:
+            head = concat(head, "  outer ops {" + ", ".join(f"{op}: {d}" for op, d in g.depths.items()) + "}")
         if detailed:
             out.append(_under(head, [_level_doc(k, lv) for k, lv in enumerate(g.levels)]))
         else:

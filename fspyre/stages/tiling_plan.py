@@ -26,7 +26,7 @@ Hints to groups (docs/tiling.md):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fspyre.errors import HintError, TilingError
 from fspyre.ir.frozen import FrozenMap
@@ -89,7 +89,48 @@ def _plan_from_hints(graph: Graph, online: OnlineOptions) -> TilingPlan:
             warnings.append(f"hint scope {scope.id} slices={dict(scope.slices)}: no op was built inside it; "
                             f"hint ignored (build the ops to tile inside the `with g.hint(...)` block)")
     plan = TilingPlan(order=tuple(op.name for op in ops), groups=tuple(groups), warnings=tuple(warnings))
-    return split_at_tiled_reductions(graph, plan, online)
+    return nest_outer_scopes(graph, split_at_tiled_reductions(graph, plan, online))
+
+
+# -- outer-scope ops around a nested scope -----------------------------------------------------
+def nest_outer_scopes(graph: Graph, plan: TilingPlan) -> TilingPlan:
+    """Adjacent groups whose levels are a proper prefix one of the other -- the ops of an outer
+    hint scope before and after a nested scope -- become one group: the outer ops run in the
+    body of the outer loops, before and after the inner ones (``Group.depths``), instead of
+    in loop nests of their own. Along the merged group the depths rise to one innermost run
+    and fall after it; a second inner run would need sibling loops, so it starts a group of
+    its own. Groups whose ops tile a reduction over its reduction dim are left as they are
+    (loop fission and the online rewrite decide where their readers run)."""
+    table = graph.op_table()
+    position = {name: i for i, name in enumerate(plan.order)}
+
+    def tiles_a_reduction(group: Group) -> bool:
+        return any(isinstance(table[n], Reduction) and set(d for lv in group.levels for d in lv.tiled_dims(table[n]))
+                   & {d.name for d in table[n].reduction_ranges} for n in group.ops)
+
+    out: list[Group] = []
+    falling = False
+    for group in plan.groups:
+        last = out[-1] if out else None
+        if (last is None or position[group.ops[0]] != position[last.ops[-1]] + 1 or tiles_a_reduction(last)
+                or tiles_a_reduction(group)):
+            out.append(group)
+            falling = False
+            continue
+        mine, theirs = last.levels, group.levels
+        if len(theirs) > len(mine) and theirs[:len(mine)] == mine and not falling:
+            depths = {n: last.depth(n) for n in last.ops} | {n: len(theirs) for n in group.ops}
+        elif len(theirs) < len(mine) and mine[:len(theirs)] == theirs and last.depth(last.ops[-1]) >= len(theirs):
+            depths = {n: last.depth(n) for n in last.ops} | {n: len(theirs) for n in group.ops}
+            falling = True
+        else:
+            out.append(group)
+            falling = False
+            continue
+        levels = max(mine, theirs, key=len)
+        out[-1] = Group(ops=last.ops + group.ops, levels=levels,
+                        depths=FrozenMap((n, d) for n, d in depths.items() if d < len(levels)))
+    return plan if len(out) == len(plan.groups) else replace(plan, groups=tuple(out))
 
 
 def _check_scopes(graph: Graph, scopes: Mapping[int, HintScope]) -> None:
