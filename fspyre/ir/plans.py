@@ -196,6 +196,10 @@ class Allocation:
     hbm_bytes: int
     lx_peak_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+    # The intermediates LX could hold but the solver found no room for (their placements say
+    # so in words): keep_resident reads it to skip pins that cannot fit either. A function of
+    # the placements' reasons, so neither compared nor serialized.
+    no_room: frozenset[str] = field(default=frozenset(), compare=False, repr=False, metadata={"derived": True})
 
     def __post_init__(self) -> None:
         require_map(self.buffers, "allocation: buffers", AllocationError)

@@ -60,7 +60,6 @@ from fspyre.machine.layout import device_coordinates, stick_layout
 from fspyre.machine.rules import core_slices, lx_box, open_grid, program_timeline, row_major_strides
 
 _VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32}
-_FULL = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF}
 
 
 def _zeros(size: int) -> np.ndarray:
@@ -70,36 +69,73 @@ def _zeros(size: int) -> np.ndarray:
     per core -- 10 ms per run, a sixth of a BertLayer's.)"""
     if size == 0:
         return np.zeros(0, dtype=np.uint8)
-    for i, free in enumerate(_FREE):
-        if free.size == size:
-            return _FREE.pop(i)
     return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
 
 
-# Memories of finished runs whose state nobody keeps (``run_outputs``), zeroed where they were
-# written and handed to the next run of the same size: storing into pages already mapped costs
-# about a third of faulting fresh zero pages in (a tiled BertLayer copies its weights into
-# every core's LX: some 45 MB of stores and as many written bits per run). The newest few.
-_FREE: list[np.ndarray] = []
-_FREE_MAX = 4
-
-
-def _release(arr: np.ndarray) -> None:
-    if arr.size:
-        _FREE.append(arr)
-        del _FREE[:-_FREE_MAX]
-
-
 class Memory:
-    """A byte space with a written-bit per byte. (The interpreter's own state: mutable by
-    design.) ``data``/``written`` may be slices of a larger space (the stacked LX)."""
+    """A byte space with a written mark per byte: byte ``b`` was written when ``written[b] ==
+    mark`` (0xFF; a recycled memory's run number, ``_Spare``). (The interpreter's own state:
+    mutable by design.) ``data``/``written`` may be slices of a larger space (the stacked LX)."""
 
     def __init__(self, name: str, size: int, data: np.ndarray | None = None,
-                 written: np.ndarray | None = None) -> None:
+                 written: np.ndarray | None = None, mark: int = 0xFF) -> None:
         self.name = name
         self.size = size
         self.data = _zeros(size) if data is None else data
         self.written = _zeros(size) if written is None else written
+        self.mark = mark
+        # an element of 1, 2 or 4 bytes all written, read as one unsigned integer
+        self.full = {1: mark, 2: mark * 0x0101, 4: mark * 0x01010101}
+
+
+@dataclass(slots=True, eq=False)
+class _Spare:
+    """The memory of a finished run whose state nobody keeps (``run_outputs``), handed to the
+    next run of the same shape: storing into pages already mapped costs about a third of
+    faulting fresh zero pages in, and zeroing what a run wrote costs as much as writing it (a
+    tiled BertLayer copies its weights into every core's LX: some 45 MB of stores and as many
+    written marks per run). So nothing is zeroed between checked runs: each marks the bytes it
+    writes with the next ``mark`` (1, 2, ... 255, then the marks are zeroed and start again),
+    which every older mark is below, so a byte reads as written exactly when this run wrote
+    it; and a checked run reads no data byte it did not write. A run without written marks
+    (``checks="fast"``, which reads unwritten bytes as zeros) zeroes the data first, and a run
+    whose memories are kept (``run_program``) starts from zeros and marks 0xFF."""
+
+    data: np.ndarray
+    written: np.ndarray
+    rows: int  # LX: one row per core
+    end: int  # bytes of each row some run may have written
+    mark: int
+
+
+_SPARES: list[_Spare] = []
+_SPARES_MAX = 2  # the newest few: a machine's HBM and LX
+
+
+def _memory(name: str, size: int, rows: int, check_written: bool, keep: bool) -> tuple[Memory, int]:
+    """A memory of ``size`` bytes in ``rows`` rows for a run (``_Spare``), and the bytes of each
+    row a previous run may have written there."""
+    spare = next((s for s in _SPARES if s.data.size == size and s.rows == rows), None) if size else None
+    if spare is None:
+        return Memory(name, size, mark=0xFF if keep else 1), 0
+    _SPARES.remove(spare)
+
+    def dirty(arr: np.ndarray) -> np.ndarray:
+        return arr.reshape(rows, -1)[:, :spare.end]
+
+    mark = spare.mark
+    if keep:
+        dirty(spare.data)[...] = 0
+        dirty(spare.written)[...] = 0
+        mark = 0xFF
+    elif not check_written:
+        dirty(spare.data)[...] = 0  # the written marks are left alone: this run sets none
+    elif mark == 0xFF:
+        dirty(spare.written)[...] = 0
+        mark = 1
+    else:
+        mark += 1
+    return Memory(name, size, spare.data, spare.written, mark), spare.end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -797,16 +833,16 @@ def _program_plan(program: Program, block: int) -> _ProgramPlan:
 class _Machine:
     """HBM and the stacked LX of all cores, with element views per width."""
 
-    def __init__(self, program: Program, check_written: bool) -> None:
+    def __init__(self, program: Program, check_written: bool, keep: bool) -> None:
         self.check_written = check_written
         self.lx_bytes = program.lx_bytes
-        self.hbm = Memory("HBM", program.hbm_bytes)
-        n = program.cores * program.lx_bytes
-        lx = Memory("LX", n, _zeros(n), _zeros(n))
+        # end of the bytes a store may have reached: in HBM, and in the LX of any core (``recycle``)
+        self.hbm, self.hbm_end = _memory("HBM", program.hbm_bytes, 1, check_written, keep)
+        lx, self.lx_end = _memory("LX", program.cores * program.lx_bytes, program.cores, check_written, keep)
         self.lx_all = lx
         self.lx = tuple(Memory(f"LX of core {c}", program.lx_bytes,
                                lx.data[c * program.lx_bytes:(c + 1) * program.lx_bytes],
-                               lx.written[c * program.lx_bytes:(c + 1) * program.lx_bytes])
+                               lx.written[c * program.lx_bytes:(c + 1) * program.lx_bytes], lx.mark)
                         for c in range(program.cores))
         self._views: dict[tuple[int, int, bool], np.ndarray] = {}
         # trace_hbm: id(OpSpec) -> ([read bytes], [written bytes]) per execution
@@ -818,13 +854,10 @@ class _Machine:
         self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
         # LX regions one store put on several cores, untouched since (``Spread``)
         self.replicas: list[Spread] = []
-        # end of the bytes any store reached: in HBM, and in the LX of any core (``recycle``)
-        self.hbm_end = 0
-        self.lx_end = 0
 
     def stored(self, acc: Access, offset: int) -> None:
         """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
-        bytes are to be zeroed when the memories are recycled."""
+        bytes are the next run's to zero if it needs zeros there (``_Spare``)."""
         lo, hi = _span(acc, offset)
         if self.decoded:
             self.forget(acc.lx, lo, hi)
@@ -836,13 +869,16 @@ class _Machine:
             self.hbm_end = max(self.hbm_end, hi)
 
     def recycle(self) -> None:
-        """Zero every byte a store reached and hand the memories to the next run. Only for a
-        machine whose state nobody keeps."""
+        """Hand the memories to the next run (``_Spare``). Only for a machine whose state
+        nobody keeps."""
         for mem, rows, end in ((self.hbm, 1, self.hbm_end), (self.lx_all, len(self.lx), self.lx_end)):
-            for arr in (mem.data, mem.written):
-                if arr.size:
-                    arr.reshape(rows, -1)[:, :end] = 0
-                    _release(arr)
+            if mem.size:
+                _SPARES.insert(0, _Spare(data=mem.data, written=mem.written, rows=rows, end=end, mark=mem.mark))
+        del _SPARES[_SPARES_MAX:]
+
+    def full(self, lx: bool, nbytes: int) -> int:
+        """An element of ``nbytes`` all written, as its written marks read (``Memory.full``)."""
+        return (self.lx_all if lx else self.hbm).full[nbytes]
 
     def forget(self, lx: bool, lo: int, hi: int) -> None:
         """Drop the remembered reads that may share a byte with bytes ``lo``..``hi`` of HBM or
@@ -890,7 +926,7 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     raw = _select(m.view(acc.lx, nb, False), p, offset)
     if m.check_written and raw.size:
         seen = _select(m.view(acc.lx, nb, True), p, offset)
-        if seen.min() != _FULL[nb]:
+        if seen.min() != m.full(acc.lx, nb):
             raise _Unwritten
     return raw
 
@@ -943,7 +979,7 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
         return formats.decode(first, acc.fmt).reshape(r.same_shape)
     if m.check_written and raw.size:
         written = m.view(acc.lx, nb, True)
-        if np.ndarray(r.shape, written.dtype, written, start, r.strides).min() != _FULL[nb]:
+        if np.ndarray(r.shape, written.dtype, written, start, r.strides).min() != m.full(acc.lx, nb):
             raise _Unwritten
     if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
         # every slice holds the same bits: the same values, whichever core reads them
@@ -962,7 +998,7 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
         if m.check_written:
-            m.view(acc.lx, nb, True)[idx] = _FULL[nb]
+            m.view(acc.lx, nb, True)[idx] = m.full(acc.lx, nb)
         return
     shape = (1,) * (len(p.shape) - raw.ndim) + raw.shape
     if raw.shape != p.shape:
@@ -979,7 +1015,7 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         return
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
-        _select(m.view(acc.lx, nb, True), p, offset)[...] = _FULL[nb]
+        _select(m.view(acc.lx, nb, True), p, offset)[...] = m.full(acc.lx, nb)
 
 
 def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int) -> None:
@@ -1002,7 +1038,7 @@ def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, off
         if core != first:
             data[at + spread.lo:at + spread.hi] = src
         if m.check_written:
-            written[at + spread.lo:at + spread.hi] = 0xFF
+            written[at + spread.lo:at + spread.hi] = m.lx_all.mark
     m.replicas.append(spread)  # after ``stored`` ended those the store overlaps
 
 
@@ -1039,25 +1075,25 @@ def _in_bounds(m: _Machine, acc: Access, offset: int) -> bool:
 def run_program(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
     """Run ``program``: its outputs, and the memories afterwards."""
-    outs, m, trace = _execute(program, inputs, options)
+    outs, m, trace = _execute(program, inputs, options, keep=True)
     return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
 
 
 def run_outputs(program: Program, inputs: Mapping[str, object], options: RunOptions = RunOptions()
                 ) -> dict[str, np.ndarray]:
     """Run ``program`` for its outputs alone: the memories are recycled for the next run."""
-    outs, m, _ = _execute(program, inputs, options)
+    outs, m, _ = _execute(program, inputs, options, keep=False)
     outs = {k: v.copy() if np.may_share_memory(v, m.hbm.data) else v for k, v in outs.items()}
     m.recycle()
     return outs
 
 
-def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions
+def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions, keep: bool
              ) -> tuple[dict[str, np.ndarray], _Machine, tuple[HbmTrace, ...] | None]:
     types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
     host = check_inputs(types, inputs)
     plan = _program_plan(program, options.block)
-    m = _Machine(program, options.check_written)
+    m = _Machine(program, options.check_written, keep)
     m.regions = tuple(plan.regions.values())
     if options.trace_hbm:
         m.trace = {}
@@ -1131,7 +1167,7 @@ def _check_region(m: _Machine, acc: Access, addrs: np.ndarray, what: _Where) -> 
 
 def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Where) -> None:
     seen = mem.written[:mem.size // nbytes * nbytes].view(_VIEW[nbytes])[addrs >> (nbytes.bit_length() - 1)]
-    bad = np.nonzero(seen != _FULL[nbytes])[0]
+    bad = np.nonzero(seen != mem.full[nbytes])[0]
     if bad.size:
         at = int(addrs[bad[0]])
         raise what.error(f"reads {mem.name} address {at:#x}, which was never written", at)
@@ -1263,6 +1299,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
     onb = out.fmt.nbytes
     m.stored(out, out_off)
     odata, owritten = m.view(out.lx, onb, False), m.view(out.lx, onb, True)
+    full = m.full(out.lx, onb)
     for index in itertools.product(*(range(n) for n in b.outer)):
         for r0 in range(0, b.size, b.step):
             if op.recode is not None:  # a gather of the output bits (``OpPlan.recode``)
@@ -1279,7 +1316,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
             raw = np.broadcast_to(bits, ones + (b.step,) + oba.values_tail)
             _block_view(odata, out, oba, out_off, index, r0, b.step)[...] = raw.reshape((b.step, *oba.tail_shape))
             if m.check_written:
-                _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = _FULL[onb]
+                _block_view(owritten, out, oba, out_off, index, r0, b.step)[...] = full
 
 
 def _trace(op: OpPlan, offsets: Sequence[int], out_offset: int, trace: dict[int, tuple[list[int], list[int]]],

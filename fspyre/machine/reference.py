@@ -76,11 +76,14 @@ def _softmax_sum(op: Op, producers: Mapping[str, Op], buffers, machine: Machine)
     if not (e is not None and e.fn == "exp" and isinstance(e.operands[0], Load)):
         return None
     d = producers.get(e.operands[0].buffer)
-    if not (d is not None and d.fn == "sub" and all(isinstance(o, Load) for o in d.operands)):
+    if not (d is not None and d.fn == "sub"):
         return None
-    m = producers.get(d.operands[1].buffer)
+    x, row_max = d.operands
+    if not (isinstance(x, Load) and isinstance(row_max, Load)):
+        return None
+    m = producers.get(row_max.buffer)
     if not (isinstance(m, Reduction) and m.fn == "amax" and isinstance(m.operands[0], Load)
-            and m.operands[0].buffer == d.operands[0].buffer
+            and m.operands[0].buffer == x.buffer
             and [r.name for r in m.reduction_ranges] == [op.reduction_ranges[0].name]):
         return None
     formats_ = tuple(machine.device_format(buffers[b].type.dtype) for b in (d.store.buffer, e.store.buffer))

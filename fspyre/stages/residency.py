@@ -272,9 +272,9 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
     wsizes, rsizes = _sizes(w.op), _sizes(r.op)
     out: dict[str, int] = {}
     for wv, rv in zip(wvars, rvars):
-        k = wsplit.get(wv.name, 1) if wv is not None else 1
-        if k == 1:
+        if wv is None or wsplit.get(wv.name, 1) == 1:
             continue
+        k = wsplit[wv.name]
         if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
             return None
         size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
@@ -423,6 +423,14 @@ def _pinned(unchanged: _Candidate, machine: Machine, options: ResidencyOptions, 
     where the allocator keeps that LX buffer (the anchor pins an intermediate that is also a
     graph output in LX with an HBM clone); otherwise they read back what was just written."""
     pins = _pins(unchanged.tree, unchanged.split, unchanged.allocation)
+    if options.allocation.lx_solver == "greedy" and all(p.buffer in unchanged.allocation.no_room for p in pins):
+        # Each pin would meet the greedy solver where its buffer did: at the same point of the
+        # sweep (the pin copies go in after their writers, so no lifetime crosses another's
+        # start), the same size and in-place parents, the same buffers live at the same
+        # addresses as long as no earlier pin was placed -- so no room for any of them. Wide
+        # DAGs (thousands of intermediates spilled for room) would re-divide and re-allocate
+        # the whole tree to find that out.
+        return unchanged
     while pins:
         pinned = _pin(unchanged.tree, pins)
         try:
