@@ -328,8 +328,10 @@ def test_reader_through_a_reshape_reads_the_full_buffer_in_a_later_nest():
     assert "buf1 reads buf0, which buf0 writes tile by tile, through a view" in plan.notes[0]
     comp = fspyre.compile(graph, machine=fspyre.machine.spyre(cores=4), tiling="hints")
     assert fspyre.check(graph, machine=fspyre.machine.spyre(cores=4), comp=comp).equal
-    whole = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(Level(count=2, dims=("A",)),)),))
-    with pytest.raises(TilingError, match=r"op buf1 reads buf0 \(written by buf0 in the same loop nest\) through index F"):
+    whole = TilingPlan(order=("buf0", "buf1"),
+                       groups=(Group(ops=("buf0", "buf1"), levels=(Level(count=2, dims=("A",)),)),))
+    with pytest.raises(TilingError, match=r"op buf1 reads buf0 \(written by buf0 in the same loop nest\) "
+                                          r"through index F"):
         tile(graph, whole)
 
 
