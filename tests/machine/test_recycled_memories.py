@@ -13,7 +13,7 @@ import pytest
 import fspyre
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import op_specs
+from fspyre.ir.program import even_core_spaces, op_specs
 from fspyre.machine import interpreter
 from fspyre.machine.interpreter import RunOptions, run_outputs, run_program
 from fspyre.machine.spyre import spyre
@@ -35,8 +35,8 @@ def _programs():
     graph = g.build()
     program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
     copy = next(s for s in op_specs(program) if s.name == "b_lx_copy")
-    half = dataclasses.replace(copy, core_spaces=(), iteration_space=FrozenMap(
-        (s, (64, 1) if s.name == "K" else v) for s, v in copy.iteration_space.items()))
+    space = FrozenMap((s, (64, 1) if s.name == "K" else v) for s, v in copy.iteration_space.items())
+    half = dataclasses.replace(copy, iteration_space=space, core_spaces=even_core_spaces(space))
     cut = dataclasses.replace(program, body=tuple(half if s is copy else s for s in program.body))
     return program, cut, inputs_for(graph)
 
