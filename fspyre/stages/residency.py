@@ -575,7 +575,8 @@ def _regions(tree: LoopTree) -> list[_Region]:
     taken = {b.name for b in tree.buffers} | set(order)
 
     def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> _Region | None:
-        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
+        # before the first reader inside ``outer`` (the first of the loops, for one kept across them)
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses if p[:len(outer)] == outer),)
         if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
             return None  # written at or after the place the copy would go
         return _Region(name=_fresh(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,

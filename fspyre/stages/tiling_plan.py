@@ -357,10 +357,10 @@ def split_at_tiled_reductions(graph: Graph, plan: TilingPlan, online: OnlineOpti
         tiled = {op.name: tuple(next(iter(lv.tiled_dims(op)), None) for lv in group.levels) for op in ops}
         if match_online(ops, tiled, readers, outputs, online) is not None:
             continue  # one nest: tile rewrites its softmax online (two nests at most, where fission makes three)
-        passes = _passes(group, table)
+        passes = _passes(group, table, graph.buffer_table())
         if len(passes) > 1:
             fissioned[group.ops[0]] = passes
-            notes.append(_fission_note(group, passes, table))
+            notes.append(_fission_note(group, passes, table, graph.buffer_table()))
     if not fissioned:
         return plan
     members = {name for g in plan.groups for name in g.ops}
@@ -391,7 +391,7 @@ def _tiles_its_reduction(op: Op, levels: Sequence[Level]) -> str | None:
     return next((d for lv in levels for d in lv.tiled_dims(op) if d in reduced), None)
 
 
-def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
+def _passes(group: Group, table: Mapping[str, Op], buffers: Mapping) -> tuple[Group, ...]:
     """The group split into passes (one group, unchanged, when nothing in it needs a split).
     A pass left with no level is returned with ``levels=()``: its ops run untiled."""
     ops = [table[n] for n in group.ops]
@@ -400,9 +400,10 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
     # a tiled var reads its operand in two nests (mean, then deviations): it must be whole
     whole = {op.name for op in ops if op.name in tiled and op.fn == "var"}
     producers = {op.name: {writer[ld.buffer] for ld in op.loads if ld.buffer in writer} for op in ops}
+    viewed = _read_through_views(ops, group.levels, writer, table, buffers)
 
     def gap(p: str, c: str) -> int:
-        return int(p in tiled or c in whole)
+        return int(p in tiled or c in whole or (p, c) in viewed)
 
     phase: dict[str, int] = {}
     for op in ops:  # program order is a data-flow order
@@ -425,9 +426,33 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
     return tuple(out)
 
 
-def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op]) -> str:
+def _read_through_views(ops: Sequence[Op], levels: Sequence[Level], writer: Mapping[str, str],
+                        table: Mapping[str, Op], buffers: Mapping) -> set[tuple[str, str]]:
+    """(producer, reader) pairs of the group where the reader loads the producer's result
+    through a view that is not one iteration variable per dim (a reshape splitting or merging
+    dims) while a level tiles the producer: a per-tile buffer cannot serve such a reader (it
+    would read other tiles than the one just written), so it runs in a later pass and reads
+    the full buffer the producer's nest wrote."""
+    from fspyre.stages.loop_tree import dim_vars  # loop_tree imports this module
+
+    out = set()
+    for op in ops:
+        sizes = {d.name: d.size for d in iteration_dims(op)}
+        for ld in op.loads:
+            p = writer.get(ld.buffer)
+            if p is None or p == op.name or not any(lv.tiled_dims(table[p]) for lv in levels):
+                continue
+            if dim_vars(ld.index, buffers[ld.buffer].type, sizes) is None:
+                out.add((p, op.name))
+    return out
+
+
+def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op], buffers: Mapping) -> str:
     written = {table[n].store.buffer: n for n in group.ops}
     why = []
+    for p, c in sorted(_read_through_views([table[n] for n in group.ops], group.levels, written, table, buffers)):
+        why.append(f"{c} reads {table[p].store.buffer}, which {p} writes tile by tile, through a view that is not "
+                   f"one iteration variable per dim, so it reads it whole after that nest")
     for name in group.ops:
         op = table[name]
         dim = _tiles_its_reduction(op, group.levels)
