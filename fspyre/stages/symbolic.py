@@ -40,6 +40,7 @@ import sympy
 from fspyre.errors import FspyreError, FspyreWarning, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Reduction, iteration_dims
+from fspyre.ir.kinds import DeviceFormat
 from fspyre.ir.program import Program
 from fspyre.ir.symbolic import (
     Assumption,
@@ -416,7 +417,7 @@ def _lx_end(program: Program) -> sympy.Expr:
     return sympy.Max(*ends)
 
 
-def _elem_bytes(device_dtype: str) -> int:
+def _elem_bytes(device_dtype: DeviceFormat) -> int:
     from fspyre.machine import formats
 
     return formats.FORMATS[device_dtype].nbytes
