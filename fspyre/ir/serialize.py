@@ -228,6 +228,8 @@ def _decode_union(data: Any, options: tuple[Any, ...], path: str, depth: int) ->
     for tp in options:
         if tp in _SCALARS and _matches_scalar(data, tp):
             return _SCALARS[tp](data, path)
+    if int in options and not isinstance(data, dict):  # a size: an integer, or an expression in symbolic sizes
+        raise SerializationError(f"{path}: expected an integer or an expression tree, got {_kind(data)}")
     others = [t for t in options if t not in _SCALARS and t not in classes]
     for tp in others:
         if tp is type(None) and data is not None:
