@@ -19,16 +19,20 @@ How it is fast without changing that meaning (docs/semantics.md, "The interprete
   and core boundaries), or kept as an index array when they are not affine. A loop iteration
   only offsets the view by the tensor's ``tile_advance``; bounds are the plan's min/max plus
   that offset.
-- Written bits stay per byte (exact read-before-write detection) and are set and checked
-  through the same views as the data.
+- Written marks stay per byte (exact read-before-write detection) and are set and checked
+  through the same views as the data; memories are reused by the next run without zeroing,
+  each run marking with its own number (``_Spare``).
 - A large op whose blocks are independent runs block by block (``Blocking``): every read is
   checked for the whole op first, then each cache-sized block of the grid is decoded,
   computed, encoded and stored, so no memory-sized temporaries pass through RAM.
 - Values convert through tables (``formats``): decoding a 2-byte format, encoding DLFloat16,
-  copying float16 host arrays in and out.
-- A region every core holds its own copy of is read by comparing the copies' bits and
-  decoding one when they agree (``Replicated``); a large decoded read is remembered until a
-  store touches its bytes.
+  copying float16 host arrays in and out; an exact unary op between 2-byte formats (a copy)
+  is one gather of its output bits (``OpPlan.recode``).
+- A store of the same bits to every core's LX (``Spread``) writes one copy and copies its
+  bytes to the others, and records that they are the same; a region every core holds its own
+  copy of is read by decoding one copy when such a record covers it, else by comparing the
+  copies' bits and decoding one when they agree (``Replicated``); a large decoded read is
+  remembered until a store touches its bytes.
 
 What it reads is what the device reads: the operation from ``OpSpec.op``, each kernel
 argument's tensor inside the argument its ``arg_index`` names (bounds per allocation), device
@@ -680,7 +684,8 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
 
 
 @functools.lru_cache(maxsize=None)
-def _recode_table(fn: str, ctype: str, bool_store: bool, src: str, dst: str) -> np.ndarray:
+def _recode_table(fn: str, ctype: str, bool_store: bool, src: kinds.DeviceFormat,
+                  dst: kinds.DeviceFormat) -> np.ndarray:
     """The bits a unary ``fn`` stores for each 2-byte pattern it reads: the op computed on every
     pattern's value (``_pointwise``). Exact (correctly rounded) fns only, so that each result
     is the one the op gives in any array, and a gather computes the op."""

@@ -22,9 +22,11 @@ from fspyre.machine.spyre import Machine
 def evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine | None = None) -> dict[str, np.ndarray]:
     """Run ``graph`` untiled on host buffers; returns ``{output name: host array}``."""
     from fspyre.pipeline import require_graph, require_machine
+    from fspyre.stages.symbolic import concrete_graph
 
     graph = require_graph(graph, "evaluate")
     machine = require_machine(machine, "evaluate")
+    graph = concrete_graph(graph, inputs)  # a symbolic dim takes the size the inputs give it
     return _evaluate(graph, inputs, machine, bounds=False)[0]
 
 
@@ -35,9 +37,11 @@ def evaluate_with_bounds(graph: Graph, inputs: Mapping[str, object], machine: Ma
     computes bit for bit. The bound starts at each reduction (summation order) and is carried
     through every later op and store (docs/semantics.md, "What check promises")."""
     from fspyre.pipeline import require_graph, require_machine
+    from fspyre.stages.symbolic import concrete_graph
 
     graph = require_graph(graph, "evaluate_with_bounds")
     machine = require_machine(machine, "evaluate_with_bounds")
+    graph = concrete_graph(graph, inputs)
     return _evaluate(graph, inputs, machine, bounds=True)
 
 

@@ -204,7 +204,7 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
     ordered = FrozenMap((b.name, placements[b.name]) for b in tree.buffers)
     notes = tuple(f"{n}: in place of {p.in_place_of}" for n, p in ordered.items() if p.in_place_of)
     return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes,
-                      no_room=frozenset(item.name for item in lx_items if item.name not in placed))
+                      no_room=tuple(item.name for item in lx_items if item.name not in placed))
 
 
 def _refuse_hbm(tree: LoopTree, layouts: Mapping[str, StickLayout], pool_base: int, end: int,

@@ -427,7 +427,8 @@ def _pinned(unchanged: _Candidate, machine: Machine, options: ResidencyOptions, 
     where the allocator keeps that LX buffer (the anchor pins an intermediate that is also a
     graph output in LX with an HBM clone); otherwise they read back what was just written."""
     pins = _pins(unchanged.tree, unchanged.split, unchanged.allocation)
-    if options.allocation.lx_solver == "greedy" and all(p.buffer in unchanged.allocation.no_room for p in pins):
+    no_room = set(unchanged.allocation.no_room)
+    if options.allocation.lx_solver == "greedy" and all(p.buffer in no_room for p in pins):
         # Each pin would meet the greedy solver where its buffer did: at the same point of the
         # sweep (the pin copies go in after their writers, so no lifetime crosses another's
         # start), the same size and in-place parents, the same buffers live at the same
@@ -574,7 +575,8 @@ def _regions(tree: LoopTree) -> list[_Region]:
     taken = {b.name for b in tree.buffers} | set(order)
 
     def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> _Region | None:
-        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
+        # before the first reader inside ``outer`` (the first of the loops, for one kept across them)
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses if p[:len(outer)] == outer),)
         if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
             return None  # written at or after the place the copy would go
         return _Region(name=_fresh(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
