@@ -19,6 +19,7 @@ from fspyre.machine.reference import evaluate_with_bounds
 from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.pipeline import Compilation, compile, require_graph, require_machine, run
+from fspyre.stages.symbolic import bind_sizes, concrete_graph, instantiate, specialize
 
 # A coarse norm-wise figure, max|run − ref| ≤ rtol·max(1, max|ref|), that the tiling tests
 # still use as a sanity net; ``check`` itself compares per element against the propagated
@@ -112,13 +113,20 @@ def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 
         raise ExecutionError(f"check: comp= takes the Compilation of this graph, got {type(comp).__name__}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ExecutionError(f"check: seed={seed!r} must be a non-negative integer")
-    buffers = graph.buffer_table()
-    if inputs is None:
-        inputs = random_inputs({n: buffers[n].type for n in graph.inputs}, seed)
     comp = comp or compile(graph, machine, tiling=tiling)
+    program = comp.program
+    if inputs is None:
+        sized = graph
+        if program.symbolic is not None:  # random inputs at the first size the compile was derived at
+            sized = specialize(graph, {d.name: w for d, w in zip(program.symbolic.dims, program.symbolic.witnesses[0])})
+        buffers = sized.buffer_table()
+        inputs = random_inputs({n: buffers[n].type for n in sized.inputs}, seed)
+    if program.symbolic is not None:
+        program = instantiate(program, bind_sizes(program, inputs))
+        graph = concrete_graph(graph, inputs)
     ref, bounds = evaluate_with_bounds(graph, inputs, machine)
-    report = compare(graph, run(comp, inputs), ref, bounds)
-    return replace(report, memory=check_memory(comp.program), traffic=traffic_report(comp.program),
+    report = compare(graph, run(program, inputs), ref, bounds)
+    return replace(report, memory=check_memory(program), traffic=traffic_report(program),
                    warnings=comp.warnings)
 
 

@@ -33,6 +33,7 @@ from fspyre.errors import FspyreError, FspyreWarning
 from fspyre.ir.graph import Graph
 from fspyre.ir.kinds import FUSE_MODES, LX_SOLVERS, TILINGS
 from fspyre.ir.looptree import LoopTree
+from fspyre.ir.program import Program
 from fspyre.ir.serialize import dumps
 from fspyre.lower.unroll import unroll
 from fspyre.machine.hostio import random_inputs
@@ -42,6 +43,7 @@ from fspyre.pipeline import Compilation, StageCallback
 from fspyre.pretty import pretty, render, to_dot
 from fspyre.pretty.memmap import lx_memmap_svg
 from fspyre.stages.allocation import AllocationOptions
+from fspyre.stages.symbolic import instantiate
 
 if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
     from fspyre.frontend.files import TorchProgram
@@ -220,7 +222,21 @@ def _require_dot(what: str) -> None:
 
 
 def _loop_tree(comp: Compilation) -> LoopTree:
-    return comp.stages["loop_tree"]
+    """The loop tree; of a symbolic program, its first witness's (``loop_tree@S=192``)."""
+    if "loop_tree" in comp.stages:
+        return comp.stages["loop_tree"]
+    return next(a for n, a in comp.stages.items() if n.startswith("loop_tree@"))
+
+
+def _concrete(comp: Compilation) -> tuple[Program, str]:
+    """The program, or a symbolic program at its first witness size and a line saying so:
+    traffic, unrolled code and LX maps are of a program at one size."""
+    record = comp.program.symbolic
+    if record is None:
+        return comp.program, ""
+    sizes = {d.name: n for d, n in zip(record.dims, record.witnesses[0])}
+    at = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    return instantiate(comp.program, sizes), f"# the symbolic program at {at}\n"
 
 
 def _dot_text(comp: Compilation) -> str:
@@ -233,11 +249,12 @@ def _draw_svg(comp: Compilation, path: Path) -> None:
 
 
 def _memmap_svg(comp: Compilation) -> str:
-    return lx_memmap_svg(comp.program)
+    return lx_memmap_svg(_concrete(comp)[0])
 
 
 def _report_text(comp: Compilation) -> str:
-    return str(traffic_report(comp.program)).rstrip("\n")
+    program, note = _concrete(comp)
+    return note + str(traffic_report(program)).rstrip("\n")
 
 
 def _sdsc_files(comp: Compilation) -> dict[str, str]:
@@ -272,7 +289,7 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
         "program": ("program.txt", lambda c: printer(c.program)),
         "mlir": ("bundle.mlir", lambda c: c.bundle_mlir),
         "mlir-generic": ("bundle.generic.mlir", lambda c: c.mlir_generic),
-        "unrolled": ("unrolled.txt", lambda c: printer(unroll(c.program))),
+        "unrolled": ("unrolled.txt", lambda c: _concrete(c)[1] + printer(unroll(_concrete(c)[0]))),
         "report": ("report.txt", _report_text),
     }
     file, make = one[kind]

@@ -92,6 +92,10 @@ def compile(
 ) -> Compilation:
     graph = require_graph(graph, "compile")
     machine = require_machine(machine, "compile")
+    if graph.symbolic:
+        return _compile_symbolic(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
+                                 split_options=split_options, allocation_options=allocation_options,
+                                 callback=callback)
     stages: list[tuple[str, Any]] = []
 
     def done(name: str, artifact: Any) -> Any:
@@ -130,6 +134,32 @@ def compile(
     return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)
 
 
+def _compile_symbolic(graph: Graph, machine: Machine, tiling: Tiling | TilingPlan, *, callback: StageCallback | None,
+                      **options: Any) -> Compilation:
+    """A graph with a symbolic dim: the concrete stages run at witness sizes and the program
+    is their generalization (fspyre/stages/symbolic.py). ``stages`` holds the symbolic graph,
+    the first witness's stages (named ``<stage>@<dim>=<size>``) and the symbolic program."""
+    from fspyre.stages.symbolic import compile_symbolic
+
+    if isinstance(tiling, TilingPlan):
+        raise GraphError(f"compile: graph {graph.name} has a symbolic dim; an explicit TilingPlan names fixed "
+                         f"counts, so pass tiling='auto', 'hints' or 'none'")
+    first, program, found = compile_symbolic(
+        graph, machine, lambda g: compile(g, machine, tiling, **options), hinted=tiling != "none")
+    assert program.symbolic is not None
+    (dim,), (size,) = program.symbolic.dims, program.symbolic.witnesses[0]
+    stages: list[tuple[str, Any]] = [("graph", graph)]
+    stages += [(f"{name}@{dim.name}={size}", art) for name, art in first.stages.items() if name != "graph"]
+    stages += [("symbolic", program.symbolic), ("program", program)]
+    if callback is not None:
+        for name, art in stages:
+            callback(name, art)
+    found = tuple(dict.fromkeys(found))
+    for text in found:
+        warnings.warn(f"{graph.name}: {text}", FspyreWarning, stacklevel=3)
+    return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)
+
+
 def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: Checks = "full") -> dict[str, np.ndarray]:
     """Run on the machine model. ``checks="full"`` (the default) keeps a written bit per byte
     and reports any read of a byte nobody wrote; ``checks="fast"`` skips that bookkeeping:
@@ -149,4 +179,8 @@ def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: Ch
     else:
         raise ExecutionError(f"run: expected the Compilation fspyre.compile returns, got {type(comp).__name__}"
                              f"{'; call .build() and compile the graph first' if hasattr(comp, 'build') else ''}")
+    if program.symbolic is not None:  # bind the symbolic sizes from the inputs and check the assumptions
+        from fspyre.stages.symbolic import bind_sizes, instantiate
+
+        program = instantiate(program, bind_sizes(program, inputs))
     return run_outputs(program, inputs, RunOptions(check_written=checks == "full"))

@@ -189,6 +189,10 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
     dims = tuple(tensor_dim_names(x) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     cache: dict[tuple, Callable] = {}
+    # torch.compile(dynamic=True) asks for one program over the sizes Dynamo made symbolic
+    # (Dynamo's automatic dynamic, the default, keeps compiling each shape through the cache)
+    asked = not torch._dynamo.config.assume_static_by_default
+    symbolic = _symbolic(gm, example_inputs, dims, options, name) if compile_parts and asked else None
 
     def run(*args: Any) -> Any:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -197,6 +201,10 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
                 f"call needs gradients; compile it with grad mode on (torch.compile does) or call it under "
                 f"torch.no_grad()"
             )
+        if symbolic is not None:
+            got = symbolic(args)
+            if got is not None:
+                return got
         key = tuple(_signature(a) for a in args)
         if key not in cache:
             names = tuple(
@@ -209,6 +217,191 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
             return cache[key](*args)
 
     return run
+
+
+# The sizes a torch symbolic size is traced at to find the fspyre graph over it: the graph
+# must be the same at each but for that dim's size and the strides it enters (checked).
+PROBES = (1088, 1216, 1344)
+
+
+def _symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
+              options: BackendOptions, name: str) -> _SymbolicRun | None:
+    """One fspyre program for every size of the graph's one torch symbolic size (Dynamo's
+    ``dynamic=True``), or None when the graph has none, or cannot be one program (a warning
+    says why; each shape is then compiled on its own as without dynamic)."""
+    syms = _torch_symbols(gm)
+    if not syms:
+        return None
+    # With several, the largest at this call (the sequence length, typically) stays symbolic and
+    # the others keep their values: a call with other values is compiled for its shape.
+    values = _symbol_values(gm, example_inputs)
+    if set(values) != syms:
+        _warn_static(name, f"the sizes of {', '.join(sorted(map(str, syms - set(values))))} are not an input's dims")
+        return None
+    sym = max(sorted(syms, key=str), key=lambda x: values[x])
+    try:
+        return _symbolic_run(gm, example_inputs, dims, options, name, sym,
+                             {k: v for k, v in values.items() if k != sym})
+    except FspyreError as e:
+        if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
+            raise
+        _warn_static(name, _first_line(e))
+        return None
+
+
+def _warn_static(name: str, why: str) -> None:
+    warnings.warn(FspyreWarning(f"{name}: compiled for each input shape, not once for a symbolic size: {why}"),
+                  stacklevel=4)
+
+
+def _torch_symbols(gm: fx.GraphModule) -> set[Any]:
+    out: set[Any] = set()
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("example_value")
+        sizes = [v] if isinstance(v, torch.SymInt) else list(v.shape) if isinstance(v, torch.Tensor) else []
+        for x in sizes:
+            if isinstance(x, torch.SymInt):
+                out |= x.node.expr.free_symbols
+    return out
+
+
+def _symbol_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[Any, int]:
+    """Each torch symbol that is a dim of an input, and its size in ``example_inputs``."""
+    out: dict[Any, int] = {}
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, x in zip(nodes, example_inputs):
+        v = n.meta.get("example_value")
+        if isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor):
+            for s, k in zip(v.shape, x.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr.is_Symbol:
+                    out[s.node.expr] = int(k)
+        elif isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and isinstance(x, int):
+            out[v.node.expr] = x
+    return out
+
+
+def _pattern(v: Any, fixed: Mapping[Any, int]) -> Any:
+    """A graph input's shape (a tensor) or value (an int) with the fixed symbols substituted."""
+    import sympy
+
+    env = {k: sympy.Integer(n) for k, n in fixed.items()}
+    if isinstance(v, torch.SymInt):
+        return sympy.sympify(v.node.expr.xreplace(env))
+    if isinstance(v, torch.Tensor):
+        return tuple(sympy.sympify(x.node.expr.xreplace(env)) if isinstance(x, torch.SymInt) else int(x)
+                     for x in v.shape)
+    return None
+
+
+def _at(pattern: Any, v: Any, example: Any, sym: Any, size: int) -> Any:
+    """Graph input ``v`` (its example value) at ``sym = size``: zeros of that shape, or the int."""
+    if isinstance(v, torch.SymInt):
+        return int(pattern.subs(sym, size))
+    if isinstance(v, torch.Tensor) and any(isinstance(x, torch.SymInt) for x in v.shape):
+        return torch.zeros([int(x.subs(sym, size)) if hasattr(x, "subs") else x for x in pattern], dtype=v.dtype)
+    return example
+
+
+def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
+                  options: BackendOptions, name: str, sym: Any, fixed: Mapping[Any, int]) -> _SymbolicRun:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import fspyre
+    from fspyre.ir.symbolic import size_symbol
+    from fspyre.machine.spyre import spyre
+    from fspyre.stages.symbolic import SymbolicError, generalize
+
+    values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    patterns = tuple(_pattern(v, fixed) for v in values)
+    probes = []
+    for size in PROBES:
+        args = [_at(p, v, x, sym, size) for p, v, x in zip(patterns, values, example_inputs)]
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        vals = [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+        with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            aten_gm = decompose(gm, vals)
+        report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
+        if report.eager or len(parts) != 1:
+            raise SymbolicError(f"{report.summary()}; a symbolic program takes the whole graph on fspyre")
+        (part,) = parts
+        if min(part.positions) < 0:
+            raise SymbolicError("the fspyre subgraph reads a value computed in eager")
+        outs = aten_gm.graph.output_node().args[0]
+        results = [o for o in outs if isinstance(o, fx.Node) and _is_getitem(o)] if isinstance(
+            outs, (tuple, list)) else []
+        sources = [o.args[0] for o in results]
+        if len(results) != len(outs) or not all(  # type: ignore[arg-type]
+                isinstance(x, fx.Node) and x.op == "call_module" and x.target == part.module for x in sources):
+            raise SymbolicError("the graph's results are not the fspyre subgraph's")
+        probes.append((part, tuple(int(o.args[1]) for o in results)))  # type: ignore[arg-type]
+    first = probes[0][0]
+    graphs = tuple(p.graph for p, _ in probes)
+    moved = [d.name for a, b in zip(graphs[0].buffers, graphs[1].buffers) for d, e in zip(a.type.dims, b.type.dims)
+             if d.size != e.size]
+    if not moved:
+        raise SymbolicError(f"no dim of the fspyre graph has the symbolic size {sym}")
+    symbol = size_symbol(moved[0])
+    graph = generalize(graphs, PROBES, symbol, f"graph {graphs[0].name}")
+    for p, taken in probes[1:]:
+        if p.inputs != first.inputs or p.positions != first.positions or taken != probes[0][1] or any(
+                not np.array_equal(p.constants[k], first.constants[k]) for k in first.constants):
+            raise SymbolicError("the fspyre subgraph's inputs or constants change with the size")
+    shapes = generalize(tuple(tuple(tuple(like.shape) for _, like in p.outputs) for p, _ in probes), PROBES, symbol,
+                        "output shapes")
+    if options.on_graph is not None:
+        options.on_graph(graph)
+    compiled = fspyre.compile(graph, machine=spyre(cores=int(options.cores)), tiling=options.tiling)
+    return _SymbolicRun(name=name, compiled=compiled, part=first, results=probes[0][1], shapes=shapes,
+                        symbol=symbol, patterns=patterns, torch_symbol=sym)
+
+
+class _SymbolicRun:
+    """The one program of a graph with a torch symbolic size: binds the size from the call's
+    inputs and runs; None (and a warning, once per size) when the size breaks an assumption
+    of the program, so the caller compiles that shape on its own."""
+
+    def __init__(self, *, name: str, compiled: Any, part: _Part, results: tuple[int, ...], shapes: tuple,
+                 symbol: Any, patterns: tuple, torch_symbol: Any) -> None:
+        self.name, self.compiled, self.part, self.results = name, compiled, part, results
+        self.shapes, self.symbol, self.patterns, self.torch_symbol = shapes, symbol, patterns, torch_symbol
+        self.refused: set[Any] = set()
+
+    def _refuse(self, key: Any, why: str) -> None:
+        if key not in self.refused:  # once per size
+            self.refused.add(key)
+            warnings.warn(FspyreWarning(f"{self.name}: {why}; compiling this shape on its own"), stacklevel=4)
+
+    def __call__(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
+        import fspyre
+        from fspyre.stages.symbolic import bind_sizes
+
+        host = {n: to_numpy(args[i]) for n, i in zip(self.part.inputs, self.part.positions)} | dict(self.part.constants)
+        program = self.compiled.program
+        sizes = bind_sizes(program, host)
+        (n,) = sizes.values()
+        for a, p in zip(args, self.patterns):  # the sizes kept fixed must have their values
+            have = tuple(a.shape) if isinstance(a, torch.Tensor) else a
+            want = (tuple(int(x.subs(self.torch_symbol, n)) if hasattr(x, "subs") else x for x in p)
+                    if isinstance(p, tuple) else int(p.subs(self.torch_symbol, n)) if p is not None else have)
+            if have != want:
+                what = f"an input of shape {have}" if isinstance(a, torch.Tensor) else f"a size of {have}"
+                self._refuse((n, have), f"{what} where the symbolic program takes {want}")
+                return None
+        broken = program.symbolic.violated(sizes)
+        if broken:
+            self._refuse(n, f"size {n} breaks the symbolic program's assumption {str(broken[0]).split('  (')[0]}")
+            return None
+        with torch.no_grad():
+            got = fspyre.run(self.compiled, host)
+        outs = []
+        for k in self.results:
+            out_name, like = self.part.outputs[k]
+            shape = [int(x.subs(self.symbol, n)) if hasattr(x, "subs") else int(x) for x in self.shapes[k]]
+            outs.append(torch.from_numpy(np.ascontiguousarray(got[out_name])).to(like.dtype).reshape(shape))
+        return tuple(outs)
 
 
 def _signature(a: Any) -> Any:
@@ -260,6 +453,7 @@ class _Part:
     inputs: tuple[str, ...]
     constants: Mapping[str, np.ndarray]
     outputs: tuple[tuple[str, torch.Tensor], ...]  # (fspyre output name, torch value it stands for)
+    positions: tuple[int, ...] = ()  # per input, the graph input it is (-1: an intermediate)
 
 
 def _split(gm: fx.GraphModule, name: str, dims: Sequence[tuple[str, ...] | None],
@@ -343,7 +537,8 @@ def _lower_part(sub: fx.GraphModule, name: str, module: str, outer_inputs: Seque
     graph, constants = lower_with_constants(
         FxProgram(name=name, graph=sub.graph, placeholders=placeholders, output_names=output_names))
     return _Part(module=module, graph=graph, inputs=tuple(p.name for p in placeholders), constants=constants,
-                 outputs=tuple((n, o.meta["val"]) for n, o in zip(output_names, outs)))
+                 outputs=tuple((n, o.meta["val"]) for n, o in zip(output_names, outs)),
+                 positions=tuple(index.get(o, -1) for o in outer_inputs))
 
 
 class _OnFspyre(torch.nn.Module):

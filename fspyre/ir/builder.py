@@ -37,6 +37,7 @@ from fspyre.ir.graph import (
     sym,
     verify_graph,
 )
+from fspyre.ir.symbolic import is_size_symbol, size_symbol
 
 Number = float | int | bool
 
@@ -145,8 +146,12 @@ class GraphBuilder:
         self._counter = 0
 
     # -- dims, inputs, hints ---------------------------------------------------------------
-    def dim(self, name: str, size: int) -> Dim:
-        if isinstance(size, numbers.Integral) and not isinstance(size, (bool, np.bool_)):
+    def dim(self, name: str, size: int | None = None) -> Dim:
+        """Dim ``name`` of ``size`` elements; without a size, a symbolic dim whose size
+        ``|name|`` is bound when the program runs (docs/tiling.md, "Symbolic sizes")."""
+        if size is None:
+            size = size_symbol(name)
+        elif isinstance(size, numbers.Integral) and not isinstance(size, (bool, np.bool_)):
             size = int(size)
         d = Dim(name, size)
         have = self._dims.get(name)
@@ -222,11 +227,28 @@ class GraphBuilder:
                     f"hint {kind}={{{dim_name!r}: {count!r}}}: unknown dim {dim_name!r}; "
                     f"declared dims are {sorted(self._dims)}"
                 )
+            if kind == "slices" and isinstance(count, sympy.Basic) and not count.is_Integer:
+                out[dim_name] = self._symbolic_count(dim_name, count)
+                continue
             integral = isinstance(count, numbers.Integral) and not isinstance(count, (bool, np.bool_))
             if not integral or count < 1:
                 raise HintError(f"hint {kind}={{{dim_name!r}: {count!r}}}: the count must be an integer >= 1")
             out[dim_name] = int(count)
         return out
+
+    def _symbolic_count(self, dim_name: str, count: sympy.Basic) -> sympy.Expr:
+        """``|S|/T`` (or ``|S|//T``) for symbolic dim S: a fixed tile of T elements, a symbolic
+        count of tiles; the only expression a slices hint takes."""
+        d = self._dims[dim_name]
+        what = f"hint slices={{{dim_name!r}: {count}}}"
+        if not is_size_symbol(d.size):
+            raise HintError(f"{what}: dim {dim_name} has the fixed size {d.size}; give an integer count")
+        arg = count.args[0] if isinstance(count, sympy.floor) else count
+        tile = sympy.simplify(d.size / arg)
+        if not (tile.is_Integer and tile >= 1):
+            raise HintError(f"{what}: a symbolic count must be |{dim_name}|/T for an integer tile T >= 1 "
+                            f"(e.g. {{{dim_name!r}: {dim_name}.size // 64}}), or give an integer count")
+        return d.size / tile
 
     @contextlib.contextmanager
     def reenter(self, scope: HintScope) -> Iterator[HintScope]:

@@ -19,6 +19,7 @@ import sympy
 from fspyre.errors import GraphError
 from fspyre.ir.dtypes import check_dtype
 from fspyre.ir.frozen import FrozenMap, require_map, require_tuple
+from fspyre.ir.symbolic import is_size_symbol
 from fspyre.machine.rules import row_major_strides
 
 # ---------------------------------------------------------------------------------------
@@ -43,14 +44,17 @@ def _prod(xs: tuple[int, ...]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Dim:
-    """A named iteration/tensor dimension. Dims with equal names are the same axis."""
+    """A named iteration/tensor dimension. Dims with equal names are the same axis. The size
+    is a positive integer, or the size symbol of a symbolic dim (``fspyre.ir.symbolic``)."""
 
     name: str
-    size: int
+    size: int | sympy.Symbol
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise GraphError(f"dim name {self.name!r} must be a Python identifier")
+        if type(self.size) is int and self.size > 0 or is_size_symbol(self.size):
+            return
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size <= 0:
             raise GraphError(f"dim {self.name!r}: size {self.size!r} must be a positive integer")
 
@@ -87,6 +91,10 @@ class TensorType:
         return tuple(d.size for d in self.dims)
 
     @property
+    def symbolic(self) -> bool:
+        return not all(type(d.size) is int for d in self.dims)
+
+    @property
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.dims)
 
@@ -95,15 +103,32 @@ class TensorType:
         return _prod(self.shape)
 
     def strides(self) -> tuple[int, ...]:
-        """Contiguous row-major host strides."""
-        return row_major_strides(self.shape)
+        """Contiguous row-major host strides (expressions in the sizes of symbolic dims)."""
+        return TensorType.strides_of(self.dims)
+
+    @staticmethod
+    def strides_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:
+        sizes = tuple(d.size for d in dims)
+        if all(type(n) is int for n in sizes):
+            return row_major_strides(sizes)
+        out: list = [sympy.Integer(1)] * len(dims)
+        for i in range(len(dims) - 2, -1, -1):
+            out[i] = out[i + 1] * sizes[i + 1]
+        return tuple(out)
 
     def contiguous_index(self) -> sympy.Expr:
         """Flat host index of element (d0, d1, ...) in terms of the dims' variables."""
-        return sympy.Add(*(st * d.symbol for st, d in zip(self.strides(), self.dims) if d.size > 1))
+        return _contiguous_index(self.dims)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.dims))}]"
+
+
+@lru_cache(maxsize=4096)
+def _contiguous_index(dims: tuple[Dim, ...]) -> sympy.Expr:
+    # cached: building the sympy sum is the cost, and keep_resident asks it of every top-level
+    # writer (thousands on a wide fan-out) for a handful of distinct types
+    return sympy.Add(*(st * d.symbol for st, d in zip(TensorType.strides_of(dims), dims) if d.size != 1))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,7 +244,8 @@ class HintScope:
     """One ``with g.hint(...)`` scope. ``id`` grows with opening order, so outer scopes are smaller."""
 
     id: int
-    slices: FrozenMap[str, int] = field(default_factory=FrozenMap)
+    # a count, or on a symbolic dim ``|S|/T``: tiles of T elements, a symbolic count of them
+    slices: FrozenMap[str, int | sympy.Expr] = field(default_factory=FrozenMap)
     work_div: FrozenMap[str, int] = field(default_factory=FrozenMap)
 
     def __post_init__(self) -> None:
@@ -259,6 +285,11 @@ class Graph:
     def hint_table(self) -> dict[int, HintScope]:
         return {h.id: h for h in self.hints}
 
+    @property
+    def symbolic(self) -> bool:
+        """Some buffer has a symbolic dim (docs/tiling.md, "Symbolic sizes")."""
+        return any(b.type.symbolic for b in self.buffers)
+
 
 def iteration_dims(op: Op) -> tuple[Dim, ...]:
     return tuple(op.ranges) + tuple(op.reduction_ranges)
@@ -279,7 +310,7 @@ def verify_graph(graph: Graph) -> Graph:
         for load in op.loads:
             if load.buffer not in defined:
                 raise GraphError(f"op {op.name} reads {load.buffer} before it is written")
-            extra = load.index.free_symbols - varset
+            extra = {s for s in load.index.free_symbols - varset if not is_size_symbol(s)}
             if extra:
                 raise GraphError(
                     f"op {op.name}: load of {load.buffer} uses {sorted(map(str, extra))}, "

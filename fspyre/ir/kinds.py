@@ -49,3 +49,8 @@ CHECKS: tuple[Checks, ...] = get_args(Checks)
 # How the device stores float16 (``Machine.fp16_format``).
 Fp16Format = Literal["SEN169_FP16", "IEEE_FP16"]
 FP16_FORMATS: tuple[Fp16Format, ...] = get_args(Fp16Format)
+
+# A device element format (``fspyre.machine.formats.FORMATS`` describes each): a tensor's
+# ``device_dtype``.
+DeviceFormat = Literal["SEN169_FP16", "IEEE_FP16", "BF16", "IEEE_FP32", "IEEE_INT32", "SENINT8", "SEN143_FP8"]
+DEVICE_FORMATS: tuple[DeviceFormat, ...] = get_args(DeviceFormat)

@@ -57,14 +57,41 @@ class Level:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Group:
-    """Contiguous ops (in ``TilingPlan.order``) sharing the loop nest ``levels``, outermost first."""
+    """Contiguous ops (in ``TilingPlan.order``) sharing the loop nest ``levels``, outermost first.
+
+    ``depths[op]``, for an op that runs under only the outer ``depths[op]`` levels (an op of
+    an outer hint scope next to a nested one), puts it in the body of level ``depths[op] - 1``,
+    before or after the inner loops; ops it omits run under every level. Along the group's
+    ops the depths rise to the innermost ops and fall after them (docs/tiling.md, "Outer-scope
+    ops around a nested scope")."""
 
     ops: tuple[str, ...]
     levels: tuple[Level, ...]
+    depths: FrozenMap[str, int] = field(default_factory=FrozenMap)
 
     def __post_init__(self) -> None:
         require_tuple(self.ops, "a group's ops", TilingError, str, non_empty=True)
         require_tuple(self.levels, f"group of {list(self.ops)}: levels", TilingError, Level)
+        require_map(self.depths, f"group of {list(self.ops)}: depths", TilingError)
+        for op, depth in self.depths.items():
+            if op not in self.ops:
+                raise TilingError(f"group of {list(self.ops)}: depths names op {op!r:.60}, which is not in the group")
+            if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth < len(self.levels):
+                raise TilingError(f"group of {list(self.ops)}: op {op} runs under {depth!r:.60} levels; a depth must "
+                                  f"be an integer from 1 to {len(self.levels) - 1} (ops under all levels are not "
+                                  f"listed)")
+        shape = [self.depth(op) for op in self.ops]
+        peak = shape.index(len(self.levels)) if len(self.levels) in shape else None
+        if self.depths and (peak is None or shape[:peak] != sorted(shape[:peak])
+                            or shape[peak:] != sorted(shape[peak:], reverse=True)
+                            or len(self.levels) in shape[peak + shape[peak:].count(len(self.levels)):]):
+            raise TilingError(f"group of {list(self.ops)}: depths {shape} must rise to one run of ops under all "
+                              f"{len(self.levels)} levels and fall after it (an op between two inner runs would need "
+                              f"two sibling loops)")
+
+    def depth(self, op: str) -> int:
+        """The number of the group's levels (outermost first) ``op`` runs under."""
+        return self.depths.get(op, len(self.levels))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,6 +223,10 @@ class Allocation:
     hbm_bytes: int
     lx_peak_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+    # The intermediates LX could hold but the solver found no room for (their placements say
+    # so in words): keep_resident reads it to skip pins that cannot fit either. A function of
+    # the placements' reasons, so neither compared nor serialized.
+    no_room: tuple[str, ...] = field(default=(), compare=False, repr=False, metadata={"derived": True})
 
     def __post_init__(self) -> None:
         require_map(self.buffers, "allocation: buffers", AllocationError)

@@ -17,7 +17,8 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
-from fspyre.ir.kinds import COMPUTE_DTYPES, MEMORIES, ComputeDtype, Memory
+from fspyre.ir.kinds import COMPUTE_DTYPES, DEVICE_FORMATS, MEMORIES, ComputeDtype, DeviceFormat, Memory
+from fspyre.ir.symbolic import SymbolicSizes, is_symbolic, require_size, require_sizes
 
 # The anchor's program op for a graph fn it names differently; every other op is named by its fn.
 PROGRAM_OP_NAMES = FrozenMap({"matmul": "batchmatmul"})
@@ -44,30 +45,34 @@ class TensorArg:
     per iteration of enclosing loop L (outermost first), 0 where the tensor does not advance;
     in LX (where each core lays out its own box) it steps from one slot of the allocation to
     the next (a region kept across sibling loops).
-    ``arg_index`` is the kernel argument, -1 for intermediates.
+    ``arg_index`` is the kernel argument, -1 for intermediates. In a symbolic program
+    (``Program.symbolic``) sizes, addresses and advances may be expressions in the symbolic
+    sizes.
     """
 
     name: str
     is_input: bool
     arg_index: int
-    device_dtype: str
-    device_size: tuple[int, ...]
+    device_dtype: DeviceFormat
+    device_size: tuple[int | sympy.Expr, ...]
     device_coordinates: tuple[sympy.Expr, ...]
     memory: Memory
-    address: int
-    tile_advance: tuple[int, ...] = ()
+    address: int | sympy.Expr
+    tile_advance: tuple[int | sympy.Expr, ...] = ()
 
     def __post_init__(self) -> None:
         what = f"tensor {self.name}"
-        require_tuple(self.device_size, f"{what}: device_size", LoweringError, int, non_empty=True)
-        if any(isinstance(n, bool) or n < 1 for n in self.device_size):
+        require_sizes(self.device_size, f"{what}: device_size", LoweringError, -(1 << 62), non_empty=True)
+        if any(isinstance(n, bool) or isinstance(n, int) and n < 1 for n in self.device_size):
             raise LoweringError(f"{what}: device_size {list(self.device_size)} must be positive")
         require_tuple(self.device_coordinates, f"{what}: device_coordinates", LoweringError, (sympy.Basic, int))
-        require_tuple(self.tile_advance, f"{what}: tile_advance", LoweringError, int)
+        require_sizes(self.tile_advance, f"{what}: tile_advance", LoweringError, -(1 << 62))
         require_int(self.arg_index, f"{what}: arg_index", LoweringError, -1)
         if self.memory not in MEMORIES:
             raise LoweringError(f"{what}: memory {self.memory!r} must be one of {list(MEMORIES)}")
-        require_int(self.address, f"{what}: address", LoweringError, 0)
+        if self.device_dtype not in DEVICE_FORMATS:
+            raise LoweringError(f"{what}: device_dtype {self.device_dtype!r:.40} must be one of {list(DEVICE_FORMATS)}")
+        require_size(self.address, f"{what}: address", LoweringError, 0)
         if len(self.device_coordinates) != len(self.device_size):
             raise LoweringError(
                 f"tensor {self.name}: {len(self.device_coordinates)} coordinates "
@@ -152,10 +157,10 @@ class OpSpec:
 
     op: str
     is_reduction: bool
-    iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]
+    iteration_space: FrozenMap[sympy.Symbol, tuple[int | sympy.Expr, int]]
     args: tuple[TensorArg, ...]
     op_info: OpInfo
-    core_spaces: tuple[tuple[tuple[int, int], ...], ...]
+    core_spaces: tuple[tuple[tuple[int | sympy.Expr, int | sympy.Expr], ...], ...]
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
 
@@ -168,6 +173,8 @@ class OpSpec:
         require_tuple(self.args, f"{what}: args", LoweringError, TensorArg, non_empty=True)
         require_tuple(self.tiled_symbols, f"{what}: tiled_symbols", LoweringError, tuple)
         require_tuple(self.core_spaces, f"{what}: core_spaces", LoweringError, tuple)
+        if self.symbolic:  # a symbolic program's op: its division is checked on the op ``instantiate`` builds
+            return
         for s, (size, split) in self.iteration_space.items():
             if size < 1 or split < 1 or split > size:
                 raise LoweringError(f"{what}: symbol {s} of size {size} cannot be split into {split} slices")
@@ -188,9 +195,17 @@ class OpSpec:
         return tuple((n, k) for n, k in self.iteration_space.values())
 
     @property
+    def symbolic(self) -> bool:
+        """Some size is an expression in a symbolic size (a fixed size has fixed slices)."""
+        return not all(type(n) is int for n, _ in self.iteration_space.values()) and any(
+            is_symbolic(n) for n, _ in self.iteration_space.values())
+
+    @property
     def slice_extents(self) -> tuple[tuple[int, ...], ...]:
         """Per symbol, the extents of its slices in order: read off ``core_spaces`` (cached,
         outside the record; the constructor checked they divide the iteration space)."""
+        if self.symbolic:
+            return _symbolic_extents(self._space, self.core_spaces)
         extents = _division_extents(self._space, self.core_spaces)
         assert extents is not None
         return extents
@@ -210,11 +225,11 @@ class OpSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoopSpec:
-    count: int
+    count: int | sympy.Expr  # an expression in the symbolic sizes in a symbolic program
     body: tuple[Union["LoopSpec", OpSpec], ...]
 
     def __post_init__(self) -> None:
-        require_int(self.count, "loop count", LoweringError, 1)
+        require_size(self.count, "loop count", LoweringError, 1)
         require_tuple(self.body, f"loop of count {self.count}: body", LoweringError, (LoopSpec, OpSpec), non_empty=True)
 
 
@@ -231,6 +246,16 @@ def even_core_spaces(iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]) 
         raise LoweringError(f"symbol {s} size {n} is not divisible by split {k}; an uneven division needs "
                             f"core_spaces from fspyre.machine.rules.core_spaces")
     return core_spaces([even_extents(n, k) for n, k in iteration_space.values()])
+
+
+def _symbolic_extents(space: tuple, spaces: tuple) -> tuple[tuple, ...]:
+    """Each symbol's slice extents read off ``spaces`` (first symbol fastest), unchecked: the
+    division of a symbolic op is checked on the concrete op ``instantiate`` builds."""
+    out, stride = [], 1
+    for i, (_, split) in enumerate(space):
+        out.append(tuple(spaces[k * stride][i][1] for k in range(split) if k * stride < len(spaces)))
+        stride *= split
+    return tuple(out)
 
 
 # Cached: the ops of a chain, and every candidate of a tiling search, repeat their divisions.
@@ -268,40 +293,50 @@ class KernelArg:
     arg_index: int
     is_input: bool
     dtype: str
-    host_shape: tuple[int, ...]
-    device_dtype: str
-    device_size: tuple[int, ...]
-    stride_map: tuple[int, ...]
-    address: int
+    host_shape: tuple[int | sympy.Expr, ...]
+    device_dtype: DeviceFormat
+    device_size: tuple[int | sympy.Expr, ...]
+    stride_map: tuple[int | sympy.Expr, ...]
+    address: int | sympy.Expr
     buffer: str
 
     def __post_init__(self) -> None:
         what = f"kernel argument {self.name}"
+        if self.device_dtype not in DEVICE_FORMATS:
+            raise LoweringError(f"{what}: device_dtype {self.device_dtype!r:.40} must be one of {list(DEVICE_FORMATS)}")
         require_int(self.arg_index, f"{what}: arg_index", LoweringError, 0)
-        require_int(self.address, f"{what}: address", LoweringError, 0)
-        require_tuple(self.host_shape, f"{what}: host_shape", LoweringError, int)
-        require_tuple(self.device_size, f"{what}: device_size", LoweringError, int, non_empty=True)
-        require_tuple(self.stride_map, f"{what}: stride_map", LoweringError, int)
-        if any(isinstance(n, bool) or n < 1 for n in self.device_size):
+        require_size(self.address, f"{what}: address", LoweringError, 0)
+        require_sizes(self.host_shape, f"{what}: host_shape", LoweringError, 0)
+        require_sizes(self.device_size, f"{what}: device_size", LoweringError, -(1 << 62), non_empty=True)
+        require_sizes(self.stride_map, f"{what}: stride_map", LoweringError, -(1 << 62))
+        if any(isinstance(n, bool) or isinstance(n, int) and n < 1 for n in self.device_size):
             raise LoweringError(f"{what}: device_size {list(self.device_size)} must be positive")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Program:
+    """``symbolic`` is set on a program compiled for symbolic dims: its counts, sizes,
+    addresses and advances are expressions in the dims' sizes, and it records every
+    assumption those expressions rely on (``fspyre.stages.symbolic.instantiate`` binds it)."""
+
     name: str
     body: tuple[Spec, ...]
     kernel_args: tuple[KernelArg, ...]
-    hbm_bytes: int
+    hbm_bytes: int | sympy.Expr
     cores: int
-    lx_bytes: int
+    lx_bytes: int | sympy.Expr
+    symbolic: SymbolicSizes | None = None
 
     def __post_init__(self) -> None:
         what = f"program {self.name}"
         require_tuple(self.body, f"{what}: body", LoweringError, (LoopSpec, OpSpec))
         require_tuple(self.kernel_args, f"{what}: kernel_args", LoweringError, KernelArg)
         require_int(self.cores, f"{what}: cores", LoweringError, 1)
-        require_int(self.hbm_bytes, f"{what}: hbm_bytes", LoweringError, 0)
-        require_int(self.lx_bytes, f"{what}: lx_bytes", LoweringError, 0)
+        require_size(self.hbm_bytes, f"{what}: hbm_bytes", LoweringError, 0)
+        require_size(self.lx_bytes, f"{what}: lx_bytes", LoweringError, 0)
+        if self.symbolic is not None and not isinstance(self.symbolic, SymbolicSizes):
+            raise LoweringError(
+                f"{what}: symbolic must be a SymbolicSizes record, got a {type(self.symbolic).__name__}")
 
 
 def walk_specs(body: tuple[Spec, ...], depth: int = 0):

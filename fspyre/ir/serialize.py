@@ -4,7 +4,8 @@ One generic codec walks frozen dataclasses field by field; a class is named by `
 Tuples become JSON lists (and lists come back as tuples: the IR has no lists), FrozenMaps
 become ``{"_map": [[key, value], ...]}`` so order and non-string keys survive, and sympy
 expressions are written as small trees (``{"op": "Add", "args": [...]}``, ``{"sym": "A"}``,
-integers as numbers), so a dim called ``N``, ``E`` or ``floor`` stays a symbol. A document's
+integers as numbers, the size of a symbolic dim ``{"size": "S"}``), so a dim called ``N``, ``E``
+or ``floor`` stays a symbol. A document's
 top-level object states the artifact format it was written in (``"_format"``); ``loads`` reads
 only the current one.
 
@@ -28,11 +29,11 @@ from typing import Any
 import sympy
 
 from fspyre.errors import FspyreError, SerializationError
-from fspyre.ir import graph, looptree, plans, program
+from fspyre.ir import graph, looptree, plans, program, symbolic
 from fspyre.ir.frozen import FrozenMap
 
 _CLASSES: dict[str, type] = {}
-for _module in (graph, looptree, plans, program):
+for _module in (graph, looptree, plans, program, symbolic):
     for _name in dir(_module):
         _obj = getattr(_module, _name)
         if isinstance(_obj, type) and dataclasses.is_dataclass(_obj) and _obj.__module__ == _module.__name__:
@@ -67,6 +68,8 @@ FORMAT = 2
 def _expr_to(e: sympy.Basic) -> Any:
     if e.is_Integer:
         return int(e)
+    if symbolic.is_size_symbol(e):
+        return {"size": symbolic.size_dim_name(e)}
     if e.is_Symbol:
         return {"sym": e.name}
     if e.is_Rational:
@@ -395,6 +398,11 @@ def _expr_from(data: Any, path: str, depth: int, budget: list[int]) -> tuple[sym
         if type(name) is not str or not name.isidentifier() or len(name) > 256:
             raise SerializationError(f"{path}.sym: a symbol name must be a Python identifier, got {_short(name)}")
         return graph.sym(name), 0
+    if set(data) == {"size"}:
+        name = data["size"]
+        if type(name) is not str or not name.isidentifier() or len(name) > 256:
+            raise SerializationError(f"{path}.size: a dim name must be a Python identifier, got {_short(name)}")
+        return symbolic.size_symbol(name), 0
     if set(data) == {"rat"}:
         pq = data["rat"]
         if not isinstance(pq, list) or len(pq) != 2:

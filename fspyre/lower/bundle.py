@@ -33,9 +33,13 @@ import bisect
 from dataclasses import dataclass
 from typing import Literal, Union
 
+import sympy
+
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.kinds import DeviceFormat
 from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.symbolic import is_symbolic, size_dim_name
 from fspyre.machine import formats
 from fspyre.machine.rules import device_bytes
 
@@ -49,7 +53,7 @@ INPUT_ARG_TYPE = "!sdscbundle.input_arg<index>"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Constant:
     name: str
-    value: int
+    value: int | sympy.Expr  # an expression in a symbolic size: computed from its parameter
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +86,16 @@ class ApplyMap:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MulIndex:
+    """``name = lhs * rhs``: an induction variable times a stride that is an expression in a
+    symbolic size (affine maps take only fixed strides)."""
+
+    name: str
+    lhs: str
+    rhs: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Execute:
     index: int
     filename: str
@@ -103,7 +117,7 @@ class ForLoop:
     body: tuple["Stmt", ...]
 
 
-Stmt = Union[Constant, AddIndex, ExtractArg, AllocatePool, ApplyMap, Execute, ForLoop]
+Stmt = Union[Constant, AddIndex, MulIndex, ExtractArg, AllocatePool, ApplyMap, Execute, ForLoop]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,17 +130,32 @@ class Base:
 
     @property
     def name(self) -> str:
+        off = _ident(self.offset)
         if self.kind == "arg":
-            return f"arg_{self.arg_index}" if self.offset == 0 else f"arg_{self.arg_index}_slice_{self.offset}"
+            return f"arg_{self.arg_index}" if self.offset == 0 else f"arg_{self.arg_index}_slice_{off}"
         if self.kind == "pool":
-            return f"pool_addr_{self.offset}"
-        return f"lx_addr_{self.offset}"
+            return f"pool_addr_{off}"
+        return f"lx_addr_{off}"
+
+
+def _ident(value: object) -> str:
+    """A number, or an expression in symbolic sizes, as part of an SSA name:
+    ``128*|S| + 49152`` is ``128S_49152``."""
+    if not isinstance(value, sympy.Expr) or not is_symbolic(value):
+        return str(value)
+    syms = sorted(value.free_symbols, key=str)
+    parts = []
+    for powers, coeff in sympy.Poly(value, *syms).terms():
+        names = "".join(size_dim_name(s) * p for s, p in zip(syms, powers))  # type: ignore[arg-type]
+        parts.append(f"{coeff}{names}".replace("/", "d").replace("-", "m"))
+    return "_".join(parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BundlePlan:
     maps: tuple[tuple[int, ...], ...]  # map N: byte stride of each map dim
     params: tuple[str, ...]  # function parameters, without the leading %
+    sizes: tuple[str, ...]  # ``index`` parameters after them: the symbolic dims' sizes (``%S``)
     prelude: tuple[Stmt, ...]
     body: tuple[Stmt, ...]
     symbols: tuple[Base, ...]  # symbol id -(n+1) is symbols[n]
@@ -150,7 +179,7 @@ class BundlePlan:
 # --- address mapping ------------------------------------------------------------------------
 
 
-def device_nbytes(arg_dtype: str, device_size: tuple[int, ...]) -> int:
+def device_nbytes(arg_dtype: DeviceFormat, device_size: tuple[int, ...]) -> int:
     return device_bytes(device_size, formats.FORMATS[arg_dtype].nbytes)
 
 
@@ -169,7 +198,17 @@ def op_label(spec: OpSpec) -> str:
 
 
 def hbm_regions(program: Program) -> HbmRegions:
-    """Kernel-argument byte ranges and the pool that holds every HBM intermediate."""
+    """Kernel-argument byte ranges and the pool that holds every HBM intermediate. For a
+    symbolic program: the regions at each witness size, checked there and written as lines
+    in the size (the layout is the same at every size: fspyre.stages.symbolic)."""
+    if program.symbolic is not None:
+        from fspyre.stages.symbolic import generalize, instantiate
+
+        record = program.symbolic
+        (d,) = record.dims
+        sizes = tuple(w[0] for w in record.witnesses)
+        regions = tuple(hbm_regions(instantiate(program, {d.name: n})) for n in sizes)
+        return generalize(regions, sizes, d.symbol, f"bundle of program {program.name}")
     args: dict[int, tuple[int, int]] = {}
     for k in program.kernel_args:
         region = (k.address, device_nbytes(k.device_dtype, k.device_size))
@@ -216,7 +255,9 @@ def tensor_base(spec: OpSpec, t: TensorArg, regions: HbmRegions) -> Base:
         )
     addr, nbytes = region
     off = t.address - addr
-    if not 0 <= off < nbytes:
+    if is_symbolic(off) or is_symbolic(nbytes):
+        off = sympy.expand(off)  # checked at the witness sizes (plan_bundle)
+    elif not 0 <= off < nbytes:
         raise LoweringError(
             f"op {op_label(spec)}: tensor {t.name} at HBM {t.address:#x} lies outside kernel arg {t.arg_index} "
             f"[{addr:#x}, {addr + nbytes:#x}); its arg_index or its allocation is wrong"
@@ -248,8 +289,17 @@ def _ops(body: tuple[Spec, ...]):
 
 
 def plan_bundle(program: Program) -> BundlePlan:
+    """The bundle's statements. A symbolic program's bundle takes each symbolic size as an
+    ``index`` parameter and computes its loop bounds, pool size and offsets from it; the
+    checks of the address mapping run on the program at each witness size first."""
+    if program.symbolic is not None:
+        from fspyre.stages.symbolic import instantiate
+
+        for w in program.symbolic.witnesses:
+            plan_bundle(instantiate(program, {d.name: n for d, n in zip(program.symbolic.dims, w)}))
     regions = hbm_regions(program)
     maps: dict[tuple[int, ...], int] = {}
+    strides: dict[sympy.Expr, str] = {}  # a symbolic stride -> the SSA value computing it
     symbols: dict[Base, int] = {}
     bounds: list[Constant] = []
     n_ops, n_addr = 0, 0
@@ -257,7 +307,7 @@ def plan_bundle(program: Program) -> BundlePlan:
     def op(spec: OpSpec, loops: tuple[int, ...]) -> list[Stmt]:
         nonlocal n_ops, n_addr
         stmts: list[Stmt] = []
-        applied: dict[tuple[int, tuple[str, ...], str], str] = {}
+        applied: dict[tuple, str] = {}
         operands, ids = [], []
         for t in spec.args:
             base = tensor_base(spec, t, regions)
@@ -267,13 +317,24 @@ def plan_bundle(program: Program) -> BundlePlan:
             if not levels:
                 operands.append(base.name)
                 continue
-            m = maps.setdefault(tuple(adv[lvl] for lvl in levels), len(maps))
-            ivs = tuple(f"i_{loops[lvl]}" for lvl in levels)
-            key = (m, ivs, base.name)
+            fixed = [lvl for lvl in levels if not is_symbolic(adv[lvl])]
+            moving = [lvl for lvl in levels if is_symbolic(adv[lvl])]
+            m = maps.setdefault(tuple(adv[lvl] for lvl in fixed), len(maps)) if fixed else -1
+            ivs = tuple(f"i_{loops[lvl]}" for lvl in fixed)
+            key = (m, ivs, base.name, tuple((loops[lvl], adv[lvl]) for lvl in moving))
             if key not in applied:
-                applied[key] = f"addr_{n_addr}"
+                applied[key] = name = f"addr_{n_addr}"
                 n_addr += 1
-                stmts.append(ApplyMap(name=applied[key], map_index=m, ivs=ivs, base=base.name))
+                cur = base.name
+                if fixed:
+                    cur = name if not moving else f"{name}_fixed"
+                    stmts.append(ApplyMap(name=cur, map_index=m, ivs=ivs, base=base.name))
+                for j, lvl in enumerate(moving):
+                    stride = strides.setdefault(adv[lvl], f"stride_{_ident(adv[lvl])}")
+                    last = j == len(moving) - 1
+                    stmts.append(MulIndex(name=f"{name}_step{j}", lhs=f"i_{loops[lvl]}", rhs=stride))
+                    stmts.append(AddIndex(name=name if last else f"{name}_part{j}", lhs=cur, rhs=f"{name}_step{j}"))
+                    cur = f"{name}_part{j}"
             operands.append(applied[key])
         stmts.append(Execute(
             index=n_ops, filename=f"sdsc_{n_ops}.json", operands=tuple(operands), symbol_ids=tuple(ids),
@@ -303,18 +364,22 @@ def plan_bundle(program: Program) -> BundlePlan:
     prelude.extend(ExtractArg(name=f"arg_{ai}", source=f"arg_{ai}_base_addr") for ai in arg_indices)
     if bounds:
         prelude += [Constant(name="c0", value=0), Constant(name="c1", value=1), *bounds]
+    # a stride that is an expression in a symbolic size, computed once
+    prelude += [Constant(name=name, value=x) for x, name in strides.items()]
     for base in symbols:
         if base.kind == "arg" and base.offset:
-            off = f"arg_{base.arg_index}_slice_offset_{base.offset}"
+            off = f"arg_{base.arg_index}_slice_offset_{_ident(base.offset)}"
             prelude += [Constant(name=off, value=base.offset),
                         AddIndex(name=base.name, lhs=f"arg_{base.arg_index}", rhs=off)]
         elif base.kind == "pool":
-            off = f"pool_offset_{base.offset}"
+            off = f"pool_offset_{_ident(base.offset)}"
             prelude += [Constant(name=off, value=base.offset), AddIndex(name=base.name, lhs="pool", rhs=off)]
         elif base.kind == "lx":
             prelude.append(Constant(name=base.name, value=base.offset))
+    sizes = tuple(d.name for d in program.symbolic.dims) if program.symbolic is not None else ()
     return BundlePlan(
-        maps=tuple(maps), params=tuple(f"arg_{ai}_base_addr" for ai in arg_indices), prelude=tuple(prelude),
+        maps=tuple(maps), params=tuple(f"arg_{ai}_base_addr" for ai in arg_indices), sizes=sizes,
+        prelude=tuple(prelude),
         body=main, symbols=tuple(symbols), regions=regions,
     )
 
@@ -332,6 +397,40 @@ def _comment(spec: OpSpec) -> str:
                     for o in spec.op_info.operands)
     outs = ", ".join(show(t) for t in spec.args if not t.is_input)
     return f"{spec.op}: {ins} -> {outs}"
+
+
+def index_arith(name: str, value: sympy.Expr) -> list[tuple[str, str, object, object]]:
+    """``value``, a line ``(p*|S| + r) / q`` in one symbolic size, as index arithmetic on the
+    size's function parameter ``%S``: ``(name, op, a, b)`` steps, ``op`` one of ``constant``
+    (``a`` the number), ``muli``, ``addi``, ``divui`` (``a``, ``b`` SSA names); the last step
+    defines ``name``. The division is exact where the program's assumptions hold."""
+    syms = [x for x in value.free_symbols]
+    num, den = sympy.fraction(sympy.together(value))
+    if len(syms) != 1 or not den.is_Integer or sympy.degree(num, syms[0]) != 1:
+        raise LoweringError(f"{name} = {value}: the bundle computes lines in one symbolic size, not this")
+    s = syms[0]
+    p, r = num.coeff(s, 1), num.coeff(s, 0)
+    steps: list[tuple[str, str, object, object]] = []
+    cur = size_dim_name(s)
+
+    def then(op: str, k: object) -> None:
+        nonlocal cur
+        steps.append((f"{name}_c{len(steps)}", "constant", k, None))
+        steps.append((f"{name}_{op}{len(steps)}", op, cur, steps[-1][0]))
+        cur = steps[-1][0]
+
+    if p != 1:
+        then("muli", int(p))
+    if r != 0:
+        then("addi", int(r))
+    if den != 1:
+        then("divui", int(den))
+    if not steps:  # the value is the size itself
+        steps.append((f"{name}_c0", "constant", 0, None))
+        steps.append((f"{name}_addi1", "addi", cur, f"{name}_c0"))
+    last = steps[-1]
+    steps[-1] = (name, last[1], last[2], last[3])
+    return steps
 
 
 def map_expr(strides: tuple[int, ...]) -> str:
@@ -352,7 +451,7 @@ def bundle_mlir(program: Program) -> str:
 def print_bundle(plan: BundlePlan) -> str:
     lines = [f"#map_{n} = affine_map<{map_expr(s)}>" for n, s in enumerate(plan.maps)]
     lines.append("module {")
-    params = ", ".join(f"%{p}: {INPUT_ARG_TYPE}" for p in plan.params)
+    params = ", ".join([f"%{p}: {INPUT_ARG_TYPE}" for p in plan.params] + [f"%{n}: index" for n in plan.sizes])
     lines.append(f"\tfunc.func @sdsc_bundle({params}) {{")
     _stmts(plan.prelude + plan.body, 2, lines)
     lines += ["\t\treturn", "\t}", "}"]
@@ -362,8 +461,17 @@ def print_bundle(plan: BundlePlan) -> str:
 def _stmts(stmts: tuple[Stmt, ...], depth: int, lines: list[str]) -> None:
     tab = "\t" * depth
     for s in stmts:
-        if isinstance(s, Constant):
+        if isinstance(s, Constant) and is_symbolic(s.value):
+            for name, op, a, b in index_arith(s.name, s.value):
+                rhs = f"arith.constant {a} : index" if op == "constant" else f"arith.{op} %{a}, %{b} : index"
+                lines.append(f"{tab}%{name} = {rhs}")
+        elif isinstance(s, Constant):
             lines.append(f"{tab}%{s.name} = arith.constant {s.value} : index")
+        elif isinstance(s, AllocatePool) and is_symbolic(s.nbytes):
+            for name, op, a, b in index_arith(f"{s.name}_bytes", s.nbytes):
+                rhs = f"arith.constant {a} : index" if op == "constant" else f"arith.{op} %{a}, %{b} : index"
+                lines.append(f"{tab}%{name} = {rhs}")
+            lines.append(f"{tab}%{s.name} = sdscbundle.device_mem_allocate %{s.name}_bytes bytes : index")
         elif isinstance(s, AddIndex):
             lines.append(f"{tab}%{s.name} = arith.addi %{s.lhs}, %{s.rhs} : index")
         elif isinstance(s, ExtractArg):
@@ -374,6 +482,8 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, lines: list[str]) -> None:
         elif isinstance(s, ApplyMap):
             ivs = ", ".join(f"%{v}" for v in s.ivs)
             lines.append(f"{tab}%{s.name} = affine.apply #map_{s.map_index}({ivs})[%{s.base}]")
+        elif isinstance(s, MulIndex):
+            lines.append(f"{tab}%{s.name} = arith.muli %{s.lhs}, %{s.rhs} : index")
         elif isinstance(s, Execute):
             operands = ", ".join(f"%{o}" for o in s.operands)
             ids = ", ".join(str(i) for i in s.symbol_ids)

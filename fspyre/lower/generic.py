@@ -13,6 +13,7 @@ has a default in current MLIR and does not exist in older releases.
 from __future__ import annotations
 
 from fspyre.ir.program import Program
+from fspyre.ir.symbolic import is_symbolic
 from fspyre.lower.bundle import (
     INPUT_ARG_TYPE,
     AddIndex,
@@ -23,8 +24,10 @@ from fspyre.lower.bundle import (
     Execute,
     ExtractArg,
     ForLoop,
+    MulIndex,
     Stmt,
     core_spaces_attr,
+    index_arith,
     map_expr,
     plan_bundle,
 )
@@ -38,11 +41,11 @@ def mlir_generic(program: Program) -> str:
 
 def print_generic(plan: BundlePlan) -> str:
     ind = _INDENT
-    arg_types = ", ".join(INPUT_ARG_TYPE for _ in plan.params)
+    arg_types = ", ".join([INPUT_ARG_TYPE for _ in plan.params] + ["index" for _ in plan.sizes])
     lines = ['"builtin.module"() ({']
     lines.append(f'{ind}"func.func"() <{{sym_name = "sdsc_bundle", function_type = ({arg_types}) -> ()}}> ({{')
-    if plan.params:
-        params = ", ".join(f"%{p}: {INPUT_ARG_TYPE}" for p in plan.params)
+    if plan.params or plan.sizes:
+        params = ", ".join([f"%{p}: {INPUT_ARG_TYPE}" for p in plan.params] + [f"%{n}: index" for n in plan.sizes])
         lines.append(f"{ind}^bb0({params}):")
     _stmts(plan.prelude + plan.body, 2, plan, lines)
     lines.append(f'{ind * 2}"func.return"() : () -> ()')
@@ -54,10 +57,17 @@ def print_generic(plan: BundlePlan) -> str:
 def _stmts(stmts: tuple[Stmt, ...], depth: int, plan: BundlePlan, lines: list[str]) -> None:
     tab = _INDENT * depth
     for s in stmts:
-        if isinstance(s, Constant):
+        if isinstance(s, Constant) and is_symbolic(s.value):
+            _arith(s.name, s.value, tab, lines)
+        elif isinstance(s, AllocatePool) and is_symbolic(s.nbytes):
+            _arith(f"{s.name}_bytes", s.nbytes, tab, lines)
+            lines.append(f'{tab}%{s.name} = "sdscbundle.device_mem_allocate"(%{s.name}_bytes) : (index) -> index')
+        elif isinstance(s, Constant):
             lines.append(f'{tab}%{s.name} = "arith.constant"() <{{value = {s.value} : index}}> : () -> index')
         elif isinstance(s, AddIndex):
             lines.append(f'{tab}%{s.name} = "arith.addi"(%{s.lhs}, %{s.rhs}) : (index, index) -> index')
+        elif isinstance(s, MulIndex):
+            lines.append(f'{tab}%{s.name} = "arith.muli"(%{s.lhs}, %{s.rhs}) : (index, index) -> index')
         elif isinstance(s, ExtractArg):
             lines.append(f'{tab}%{s.name} = "sdscbundle.input_arg_extract"(%{s.source}) : ({INPUT_ARG_TYPE}) -> index')
         elif isinstance(s, AllocatePool):
@@ -83,3 +93,12 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, plan: BundlePlan, lines: list[st
             _stmts(s.body, depth + 1, plan, lines)
             lines.append(f'{tab}{_INDENT}"scf.yield"() : () -> ()')
             lines.append(f"{tab}}}) : (index, index, index) -> ()")
+
+
+def _arith(name: str, value: object, tab: str, lines: list[str]) -> None:
+    """A value computed from a symbolic size parameter (``fspyre.lower.bundle.index_arith``)."""
+    for target, op, a, b in index_arith(name, value):  # type: ignore[arg-type]
+        if op == "constant":
+            lines.append(f'{tab}%{target} = "arith.constant"() <{{value = {a} : index}}> : () -> index')
+        else:
+            lines.append(f'{tab}%{target} = "arith.{op}"(%{a}, %{b}) : (index, index) -> index')

@@ -18,6 +18,7 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, Program, TensorArg, op_fn, op_specs, walk_specs
+from fspyre.ir.symbolic import is_symbolic
 from fspyre.lower.bundle import (
     BundlePlan,
     Execute,
@@ -37,10 +38,23 @@ def sdsc_json(program: Program) -> dict[str, dict]:
     plan = plan_bundle(program)
     loops = [s.count for s, _ in walk_specs(program.body) if isinstance(s, LoopSpec)]
     specs = op_specs(program)
-    return {
+    out = {
         ex.filename: op_json(spec, ex, plan, loops)
         for spec, ex in zip(specs, plan.executes(), strict=True)
     }
+    # a symbolic program's counts, sizes and offsets are expressions in its symbolic sizes,
+    # written as text (``"128*|S| + 49152"``); a concrete program's JSON has none
+    return _expressions_as_text(out) if program.symbolic is not None else out  # type: ignore[return-value]
+
+
+def _expressions_as_text(value: object) -> object:
+    if isinstance(value, sympy.Basic):
+        return int(value) if value.is_Integer else str(value)
+    if isinstance(value, dict):
+        return {k: _expressions_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expressions_as_text(v) for v in value]
+    return value
 
 
 def core_offsets(spec: OpSpec, t: TensorArg) -> list[int]:
@@ -52,12 +66,27 @@ def core_offsets(spec: OpSpec, t: TensorArg) -> list[int]:
     if t.memory == "lx":
         return [0] * spec.cores
     syms = list(spec.iteration_space)
+    if any(is_symbolic(x) for space in spec.core_spaces for x, _ in space) or any(map(is_symbolic, t.device_size)):
+        return _symbolic_core_offsets(spec, t)
     starts = np.array([[start for start, _ in space] for space in spec.core_spaces], dtype=np.int64)  # [core, symbol]
     strides = row_major_strides(t.device_size)
     offset = np.zeros(spec.cores, dtype=np.int64)
     for coord, stride in zip(t.device_coordinates, strides):
         offset = offset + np.asarray(compile_index(coord, syms)(*starts.T), dtype=np.int64) * stride
     return [int(v) for v in offset * formats.FORMATS[t.device_dtype].nbytes]
+
+
+def _symbolic_core_offsets(spec: OpSpec, t: TensorArg) -> list:
+    """``core_offsets`` of a symbolic program's op: expressions in its symbolic sizes."""
+    strides = row_major_strides(t.device_size)
+    nbytes = formats.FORMATS[t.device_dtype].nbytes
+    out = []
+    for space in spec.core_spaces:
+        at = {s: start for s, (start, _) in zip(spec.iteration_space, space)}
+        offset = sum((sympy.sympify(c).xreplace(at) * stride for c, stride in zip(t.device_coordinates, strides)),
+                     sympy.Integer(0))
+        out.append(sympy.expand(offset * nbytes))
+    return out
 
 
 def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int]) -> dict:

@@ -74,6 +74,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fspyre.errors import ExecutionError, MachineError
+from fspyre.ir.kinds import DeviceFormat
 
 # A stick is the 128-byte unit the Spyre data path moves; elements per stick follow from it.
 STICK_BYTES = 128  # BYTES_IN_STICK (torch-spyre csrc/spyre_tensor_impl.cpp)
@@ -83,7 +84,7 @@ STICK_BYTES = 128  # BYTES_IN_STICK (torch-spyre csrc/spyre_tensor_impl.cpp)
 class DataFormat:
     """One device element format: its size, kind and how a raw element is stored."""
 
-    name: str
+    name: DeviceFormat
     nbytes: int
     is_float: bool
     # numpy dtype of the raw bit pattern: always unsigned, so raw values are plain bit patterns.
@@ -133,7 +134,7 @@ SEN143_FP8 = DataFormat(
     summary="Spyre 8-bit float, 1-4-3 bits (E4M3 variant); no numeric model yet",
 )
 
-FORMATS: Mapping[str, DataFormat] = MappingProxyType({
+FORMATS: Mapping[DeviceFormat, DataFormat] = MappingProxyType({
     f.name: f for f in (SEN169_FP16, IEEE_FP16, BF16, IEEE_FP32, IEEE_INT32, SENINT8, SEN143_FP8)
 })
 

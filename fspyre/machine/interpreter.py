@@ -666,6 +666,11 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
                        tuple(splits[i] for i in out_pos), writers, out_slices, out_spaces, program.lx_bytes,
                        store=True, regions=regions)
     ctype = np.dtype(info.compute)
+    if ctype.kind in "iu":
+        limits = np.iinfo(ctype)
+        for kind, v in operands:
+            if kind == "scalar" and not limits.min <= v <= limits.max:  # NaN fails both
+                raise ExecutionError(f"op {name}: scalar operand {v} does not fit its compute type {ctype}", op=name)
     bool_store = info.bool_store
     recode = None
     if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
@@ -679,7 +684,8 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
 
 
 @functools.lru_cache(maxsize=None)
-def _recode_table(fn: str, ctype: str, bool_store: bool, src: str, dst: str) -> np.ndarray:
+def _recode_table(fn: str, ctype: str, bool_store: bool, src: kinds.DeviceFormat,
+                  dst: kinds.DeviceFormat) -> np.ndarray:
     """The bits a unary ``fn`` stores for each 2-byte pattern it reads: the op computed on every
     pattern's value (``_pointwise``). Exact (correctly rounded) fns only, so that each result
     is the one the op gives in any array, and a gather computes the op."""

@@ -22,9 +22,11 @@ from fspyre.machine.spyre import Machine
 def evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine | None = None) -> dict[str, np.ndarray]:
     """Run ``graph`` untiled on host buffers; returns ``{output name: host array}``."""
     from fspyre.pipeline import require_graph, require_machine
+    from fspyre.stages.symbolic import concrete_graph
 
     graph = require_graph(graph, "evaluate")
     machine = require_machine(machine, "evaluate")
+    graph = concrete_graph(graph, inputs)  # a symbolic dim takes the size the inputs give it
     return _evaluate(graph, inputs, machine, bounds=False)[0]
 
 
@@ -35,9 +37,11 @@ def evaluate_with_bounds(graph: Graph, inputs: Mapping[str, object], machine: Ma
     computes bit for bit. The bound starts at each reduction (summation order) and is carried
     through every later op and store (docs/semantics.md, "What check promises")."""
     from fspyre.pipeline import require_graph, require_machine
+    from fspyre.stages.symbolic import concrete_graph
 
     graph = require_graph(graph, "evaluate_with_bounds")
     machine = require_machine(machine, "evaluate_with_bounds")
+    graph = concrete_graph(graph, inputs)
     return _evaluate(graph, inputs, machine, bounds=True)
 
 
@@ -76,11 +80,14 @@ def _softmax_sum(op: Op, producers: Mapping[str, Op], buffers, machine: Machine)
     if not (e is not None and e.fn == "exp" and isinstance(e.operands[0], Load)):
         return None
     d = producers.get(e.operands[0].buffer)
-    if not (d is not None and d.fn == "sub" and all(isinstance(o, Load) for o in d.operands)):
+    if not (d is not None and d.fn == "sub"):
         return None
-    m = producers.get(d.operands[1].buffer)
+    x, row_max = d.operands
+    if not (isinstance(x, Load) and isinstance(row_max, Load)):
+        return None
+    m = producers.get(row_max.buffer)
     if not (isinstance(m, Reduction) and m.fn == "amax" and isinstance(m.operands[0], Load)
-            and m.operands[0].buffer == d.operands[0].buffer
+            and m.operands[0].buffer == x.buffer
             and [r.name for r in m.reduction_ranges] == [op.reduction_ranges[0].name]):
         return None
     formats_ = tuple(machine.device_format(buffers[b].type.dtype) for b in (d.store.buffer, e.store.buffer))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fspyre.ir.program import KernelArg, Program, op_fn
+from fspyre.ir.program import KernelArg, OpSpec, Program, op_fn
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.rules import (
     box_bytes,
@@ -160,6 +160,55 @@ def _arg_bytes(arg: KernelArg) -> int:
     return device_bytes(arg.device_size, FORMATS[arg.device_dtype].nbytes)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _OpBytes:
+    """What one run of an op touches, from its shape alone (no names or addresses)."""
+
+    hbm_read: int
+    hbm_write: int
+    lx_read: int
+    lx_write: int
+    lx_boxes: tuple[tuple[int, np.ndarray], ...]  # (argument position, bytes per core) of each LX argument
+    macs: int
+    core_macs: int
+
+
+def _op_bytes(spec: OpSpec) -> _OpBytes:
+    syms = list(spec.iteration_space)
+    sizes = [s for s, _ in spec.iteration_space.values()]
+    splits = [p for _, p in spec.iteration_space.values()]
+    extents = spec.slice_extents
+    reduced = reduced_symbols(spec)
+    writers = writing_cores(splits, [s in reduced for s in syms])
+    hr = hw = lr = lw = 0
+    lx_boxes = []
+    for k, arg in enumerate(spec.args):
+        is_write = k == len(spec.args) - 1
+        elem = FORMATS[arg.device_dtype].nbytes
+        lows, highs = coord_bounds(arg.device_coordinates, syms, extents)
+        cores = writers if is_write else np.ones(len(writers), dtype=bool)
+        if arg.memory == "hbm":
+            lo, hi = lows[cores].min(axis=0), highs[cores].max(axis=0)
+            nbytes = _stick_box_bytes(lo, hi, arg.device_size, elem)
+            if is_write:
+                hw += nbytes
+            else:
+                hr += nbytes
+        else:
+            low, ext = lx_box(lows, highs, arg.device_size)
+            per_core = box_bytes(ext, elem) * cores
+            lx_boxes.append((k, per_core))
+            moved = int(per_core.sum())
+            if is_write:
+                lw += moved
+            else:
+                lr += moved
+    matmul = op_fn(spec.op) == "matmul"
+    return _OpBytes(hbm_read=hr, hbm_write=hw, lx_read=lr, lx_write=lw, lx_boxes=tuple(lx_boxes),
+                    macs=math.prod(sizes) if matmul else 0,
+                    core_macs=max(math.prod(e for _, e in space) for space in spec.core_spaces) if matmul else 0)
+
+
 def traffic_report(program: Program) -> TrafficReport:
     """The program carries every size the report needs, so no machine is passed."""
     ops, _ = program_timeline(program)
@@ -167,44 +216,24 @@ def traffic_report(program: Program) -> TrafficReport:
     kernels: dict[int, list[OpTraffic]] = {}
     lx_peak = np.zeros(program.cores, dtype=np.int64)
     kernel_of: dict[tuple, int] = {}  # a top-level loop (its id) or a top-level op (its time)
+    # Ops of one shape (a chain's, a fan-out's: keep_resident estimates each candidate program)
+    # touch the same bytes wherever their tensors are: computed once per shape.
+    shapes: dict[tuple, _OpBytes] = {}
     for t, spec, chain, counts in ops:
         iters = math.prod(counts)
-        syms = list(spec.iteration_space)
-        sizes = [s for s, _ in spec.iteration_space.values()]
-        splits = [p for _, p in spec.iteration_space.values()]
-        extents = spec.slice_extents
-        reduced = reduced_symbols(spec)
-        writers = writing_cores(splits, [s in reduced for s in syms])
-        hr = hw = lr = lw = 0
-        for k, arg in enumerate(spec.args):
-            is_write = k == len(spec.args) - 1
-            elem = FORMATS[arg.device_dtype].nbytes
-            lows, highs = coord_bounds(arg.device_coordinates, syms, extents)
-            cores = writers if is_write else np.ones(len(writers), dtype=bool)
-            if arg.memory == "hbm":
-                lo, hi = lows[cores].min(axis=0), highs[cores].max(axis=0)
-                nbytes = _stick_box_bytes(lo, hi, arg.device_size, elem) * iters
-                if is_write:
-                    hw += nbytes
-                else:
-                    hr += nbytes
-            else:
-                low, ext = lx_box(lows, highs, arg.device_size)
-                per_core = box_bytes(ext, elem) * cores
-                n = min(len(per_core), program.cores)
-                lx_peak[:n] = np.maximum(lx_peak[:n], (arg.address + per_core[:n]) * (per_core[:n] > 0))
-                moved = int(per_core.sum()) * iters
-                if is_write:
-                    lw += moved
-                else:
-                    lr += moved
-        matmul = op_fn(spec.op) == "matmul"
-        macs = math.prod(sizes) * iters if matmul else 0
-        core_macs = max(math.prod(e for _, e in space) for space in spec.core_spaces) * iters if matmul else 0
+        shape = (spec.op, spec.iteration_space, spec.core_spaces, frozenset(reduced_symbols(spec)),
+                 tuple((a.device_coordinates, a.device_size, a.device_dtype, a.memory) for a in spec.args))
+        b = shapes.get(shape)
+        if b is None:
+            b = shapes[shape] = _op_bytes(spec)
+        for k, per_core in b.lx_boxes:
+            n = min(len(per_core), program.cores)
+            lx_peak[:n] = np.maximum(lx_peak[:n], (spec.args[k].address + per_core[:n]) * (per_core[:n] > 0))
         row = OpTraffic(name=spec.name or spec.op, op=op_fn(spec.op), kernel=kernel_of.setdefault(
                             ("loop", chain[0]) if chain else ("op", t), len(kernel_of)),
-                        iterations=iters, cores=spec.cores, hbm_read=hr, hbm_write=hw, lx_read=lr, lx_write=lw,
-                        macs=macs, core_macs=core_macs)
+                        iterations=iters, cores=spec.cores, hbm_read=b.hbm_read * iters, hbm_write=b.hbm_write * iters,
+                        lx_read=b.lx_read * iters, lx_write=b.lx_write * iters, macs=b.macs * iters,
+                        core_macs=b.core_macs * iters)
         out.append(row)
         kernels.setdefault(row.kernel, []).append(row)
     estimates = []

@@ -62,7 +62,9 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Contiguous row-major element strides of a shape (host tensors, device sizes, LX boxes)."""
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * int(shape[i + 1])
+        n = shape[i + 1]
+        # a symbolic program's device size may be an expression in a symbolic dim's size
+        strides[i] = strides[i + 1] * (n if type(n) is not int and getattr(n, "is_Integer", True) is False else int(n))
     return tuple(strides)
 
 

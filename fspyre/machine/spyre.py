@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass
 
 from fspyre.errors import MachineError
-from fspyre.ir.kinds import FP16_FORMATS, Fp16Format
+from fspyre.ir.kinds import FP16_FORMATS, DeviceFormat, Fp16Format
 
 MAX_CORES = 32  # cores per card; SENCORES must be 1..32 (config.py, work_division.py)
 LX_PHYSICAL_BYTES = 2 << 20  # 2 MiB SRAM per core (allocator.py _LX_PHYSICAL_CAPACITY_BYTES)
@@ -68,7 +68,7 @@ class Machine:
         if self.fp16_format not in FP16_FORMATS:
             raise MachineError(f"fp16_format={self.fp16_format!r}: use 'SEN169_FP16' (DLFloat16) or 'IEEE_FP16'")
 
-    def device_format(self, dtype: str) -> str:
+    def device_format(self, dtype: str) -> DeviceFormat:
         """Device data format name of a host dtype (docs/semantics.md)."""
         return {
             "float16": self.fp16_format,

@@ -19,6 +19,7 @@ from fspyre.ir.graph import Dim, Graph, HintScope, Load, Op, Pointwise, Reductio
 from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep, TreeBuffer
 from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitPlan, TilingPlan, TilingSearch
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, TensorArg
+from fspyre.ir.symbolic import SymbolicSizes
 from fspyre.lower.sdsc import anchor_op_info
 from fspyre.pretty.doc import Doc, bracket, concat, hardline, lines, nest, render, text
 
@@ -193,6 +194,8 @@ def _tiling_plan(p: TilingPlan, detailed: bool) -> Doc:
     ]
     for i, g in enumerate(p.groups):
         head = concat(f"group {i}: ", bracket("[", map(text, g.ops), "]"))
+        if g.depths:
+            head = concat(head, "  outer ops {" + ", ".join(f"{op}: {d}" for op, d in g.depths.items()) + "}")
         if detailed:
             out.append(_under(head, [_level_doc(k, lv) for k, lv in enumerate(g.levels)]))
         else:
@@ -394,7 +397,7 @@ def _tensor_arg(a: TensorArg, detailed: bool) -> Doc:
         ("device_dtype", a.device_dtype),
         ("device_size", bracket("[", (text(str(s)) for s in a.device_size), "]")),
         ("device_coordinates", bracket("[", (text(_expr(c)) for c in a.device_coordinates), "]")),
-        ("allocation", f"{{{a.memory!r}: {hex(a.address)}}}"),  # the anchor's form of the place
+        ("allocation", f"{{{a.memory!r}: {_address(a.address)}}}"),  # the anchor's form of the place
     ]
     if detailed or a.tile_advance:
         fields.append(("tile_advance", bracket("[", (text(str(s)) for s in a.tile_advance), "]")))
@@ -436,13 +439,32 @@ def _kernel_arg(k: KernelArg, detailed: bool) -> Doc:
         ("name", repr(k.name)), ("arg_index", str(k.arg_index)), ("is_input", str(k.is_input)),
         ("dtype", repr(k.dtype)), ("host_shape", _names(map(str, k.host_shape))), ("device_dtype", k.device_dtype),
         ("device_size", _names(map(str, k.device_size))), ("stride_map", _names(map(str, k.stride_map))),
-        ("address", hex(k.address)), ("buffer", repr(k.buffer)),
+        ("address", _address(k.address)), ("buffer", repr(k.buffer)),
     ])
+
+
+def _address(v: Any) -> str:
+    """An address in hex; in a symbolic program an expression, its constant term in hex."""
+    if isinstance(v, int):
+        return hex(v)
+    const, rest = v.as_coeff_Add()
+    return f"{rest} + {hex(int(const))}" if const else str(rest)
+
+
+def _symbolic_sizes(r: SymbolicSizes, detailed: bool) -> Doc:
+    dims = [text(f"{d.name}: {d.form} fixed at {d.fixed} (count {d.count}, tile {d.tile})") for d in r.dims]
+    out = [_under("# symbolic dims", dims), _under("assumptions:", [text(str(a)) for a in r.assumptions])]
+    if detailed:
+        names = ", ".join(d.name for d in r.dims)
+        out.append(text(f"witnesses ({names}): " + ", ".join("(" + ", ".join(map(str, w)) + ")" for w in r.witnesses)))
+    return lines(out)
 
 
 def _program(p: Program, detailed: bool) -> Doc:
     head = text(f"# program {p.name}: cores={p.cores}, hbm_bytes={p.hbm_bytes}, lx_bytes={p.lx_bytes}")
     out = [head]
+    if p.symbolic is not None:
+        out.append(_symbolic_sizes(p.symbolic, detailed))
     if detailed:
         out.append(concat("kernel_args = ", bracket("[", (_kernel_arg(k, detailed) for k in p.kernel_args), "]",
                                                     force=True)))
@@ -469,6 +491,7 @@ _PRINTERS: dict[type, Callable[[Any, bool], Doc]] = {
     OpSpec: _op_spec,
     TensorArg: _tensor_arg,
     KernelArg: _kernel_arg,
+    SymbolicSizes: _symbolic_sizes,
     HintScope: lambda h, detailed: _hint_doc(h),
     Pointwise: lambda op, detailed: _op_doc(op, force=detailed),
     Reduction: lambda op, detailed: _op_doc(op, force=detailed),

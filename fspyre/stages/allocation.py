@@ -42,7 +42,7 @@ from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
 from fspyre.ir.kinds import LX_SOLVERS, LxSolver
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, op_nodes
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
 from fspyre.machine.rules import box_bytes, common_loops, coord_bounds, live_intervals, lx_box, writing_cores
@@ -203,7 +203,8 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
         _refuse_hbm(tree, layouts, pool_base, end, machine)
     ordered = FrozenMap((b.name, placements[b.name]) for b in tree.buffers)
     notes = tuple(f"{n}: in place of {p.in_place_of}" for n, p in ordered.items() if p.in_place_of)
-    return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes)
+    return Allocation(buffers=ordered, hbm_bytes=end, lx_peak_bytes=lx_peak, notes=notes,
+                      no_room=tuple(item.name for item in lx_items if item.name not in placed))
 
 
 def _refuse_hbm(tree: LoopTree, layouts: Mapping[str, StickLayout], pool_base: int, end: int,

@@ -252,7 +252,8 @@ def _full_accesses(ctx: _Context, gi: int, group: Group,
     """Per op of ``group``, the full buffers it reads or writes, with their indices: the ones
     whose tiles advance through memory (a buffer the group both writes and reads is read as a
     per-tile buffer; one read only inside the group is one)."""
-    produced = {ctx.ops[n].store.buffer for n in group.ops}
+    cross = _crossing(ctx, gi, group)
+    produced = {ctx.ops[n].store.buffer for n in group.ops} - cross
     out: dict[str, list[tuple[str, sympy.Expr]]] = {}
     for name in group.ops:
         op = ctx.ops[name]
@@ -262,9 +263,22 @@ def _full_accesses(ctx: _Context, gi: int, group: Group,
         spans = isinstance(op, Reduction) and any(
             d not in {x.name for x in op.reduction_ranges} for d in per_level[name][1:] if d is not None
         ) and any(d in {x.name for x in op.reduction_ranges} for d in per_level[name] if d is not None)
-        if spans or buf in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(buf, ())):
+        if (spans or buf in ctx.outputs or buf in cross
+                or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(buf, ()))):
             found.append((buf, op.store.index))
         out[name] = found
+    return out
+
+
+def _crossing(ctx: _Context, gi: int, group: Group) -> set[str]:
+    """Buffers an op of ``group`` writes that an op of the group at another depth reads: an
+    outer op's result read tile by tile inside the inner loops, or an inner result read whole
+    after them. A per-tile buffer never advances, so these stay full buffers."""
+    out = set()
+    for name in group.ops:
+        buf = ctx.ops[name].store.buffer
+        if any(ctx.group_of.get(rd) == gi and group.depth(rd) != group.depth(name) for rd in ctx.readers.get(buf, ())):
+            out.add(buf)
     return out
 
 
@@ -522,12 +536,20 @@ class _SubNest:
 def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tuple[Node, ...]:
     levels = group.levels
     members = set(group.ops)
-    per_level = {name: _levels_of(ctx.ops[name], levels) for name in group.ops}
-    online = match_online([ctx.ops[name] for name in group.ops], per_level, ctx.readers, ctx.outputs, ctx.online)
+    depth = {name: group.depth(name) for name in group.ops}
+    # an op of an outer scope runs under the outer levels only: invariant at none of the others
+    per_level = {name: _levels_of(ctx.ops[name], levels[:depth[name]]) + (None,) * (len(levels) - depth[name])
+                 for name in group.ops}
+    # the online rewrite matches a softmax whose ops share every level
+    online = None if group.depths else match_online([ctx.ops[name] for name in group.ops], per_level, ctx.readers,
+                                                    ctx.outputs, ctx.online)
     recurrence = _Recurrence(online) if online is not None else None
-    reduced_at = {name: _check_reduction(ctx, gi, ctx.ops[name], per_level[name], levels, members,
+    reduced_at = {name: _check_reduction(ctx, gi, ctx.ops[name], per_level[name][:depth[name]], levels[:depth[name]],
+                                         members,
                                          online=recurrence is not None and recurrence.role(name) in ("amax", "sum"))
                   for name in group.ops}
+    cross = _crossing(ctx, gi, group)
+    first_inner = next(i for i, name in enumerate(group.ops) if depth[name] == len(levels))
     sizes = _tile_sizes(ctx, gi, group, per_level, warnings)
     tilings = [_analyse(ctx.ops[name], per_level[name], sizes) for name in group.ops]
     tiles: dict[str, _TileBuffer] = {}  # graph buffer -> the tile its in-group readers read
@@ -554,8 +576,9 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
         else:
             per_tile = replace(op, operands=operands, ranges=t.dims(op.ranges))
         out = op.store.buffer
-        inside = any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
-        outside = out in ctx.outputs or any(ctx.group_of.get(rd) != gi for rd in ctx.readers.get(out, ()))
+        inside = out not in cross and any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
+        outside = out in ctx.outputs or out in cross or any(ctx.group_of.get(rd) != gi
+                                                             for rd in ctx.readers.get(out, ()))
         store = op.store
         if r is not None and _spans_output_tiles(t, r):
             outside = True  # its finish writes a level-r tile, larger than a per-tile buffer
@@ -575,12 +598,15 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
                 f"(fspyre.stages.tiling_plan.split_at_tiled_reductions); pass this plan through it."
             )
         target = inner if recurrence is None else recurrence.nodes_for(role, inner)
+        if depth[op.name] < len(levels):  # an outer op: in level depth - 1's body, around the inner loops
+            d = depth[op.name]
+            target = fills[d] if group.ops.index(op.name) < first_inner else finishes[d]  # type: ignore[assignment]
         if r is not None:
             assert isinstance(per_tile, Reduction)
             if recurrence is not None and role in ("amax", "sum", "matmul"):
                 inner.extend(recurrence.step(ctx, t, tiled, per_tile, store, r, role, tiles, fills, finishes))
             else:
-                inner.extend(_tiled_reduction(ctx, t, tiled, per_tile, store, r, fills, finishes))
+                target.extend(_tiled_reduction(ctx, t, tiled, per_tile, store, r, fills, finishes))
             continue
         if outside and inside:
             tile_type, vars_ = _tile_type(ctx, t)

@@ -96,6 +96,13 @@ def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, mach
     # the split plan and allocation are side tables keyed by name: refuse ones made for another tree
     verify_split_plan(tree, splits, machine)
     verify_allocation(tree, splits, allocation, machine)
+    return emit_made_for(tree, splits, allocation, machine)
+
+
+def emit_made_for(tree: LoopTree, splits: SplitPlan, allocation: Allocation, machine: Machine) -> Program:
+    """``emit_program`` for a split plan and allocation that ``divide_work`` and ``allocate``
+    have just made from this very tree and machine (keep_resident's candidates), which the
+    verifiers would only confirm; the stage verifies the candidate it hands on."""
     table = tree.buffer_table()
     analysis = access_plan(tree, splits, machine)
     layouts = analysis.layouts

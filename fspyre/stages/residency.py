@@ -48,10 +48,10 @@ from fspyre.machine.indexing import free_names
 from fspyre.machine.report import traffic_report
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
-from fspyre.stages.allocation import AllocationOptions, allocate
+from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
 from fspyre.stages.loop_tree import dim_vars, elems_per_stick
-from fspyre.stages.program import emit_program
-from fspyre.stages.split_plan import SplitOptions, divide_work
+from fspyre.stages.program import emit_made_for
+from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,7 +139,7 @@ class _Judge:
 
     def program(self, c: _Candidate) -> Program:
         if id(c) not in self._programs:  # the candidate is kept alongside, so its id stays its own
-            self._programs[id(c)] = (c, emit_program(c.tree, c.split, c.allocation, self.machine))
+            self._programs[id(c)] = (c, emit_made_for(c.tree, c.split, c.allocation, self.machine))
         return self._programs[id(c)][1]
 
     def estimate(self, c: _Candidate) -> tuple[float, int]:
@@ -149,6 +149,10 @@ class _Judge:
         return self._estimates[id(c)]
 
     def settled(self, c: _Candidate) -> Residency:
+        # a candidate's division and allocation are made from its tree, so the verifiers only
+        # confirm them: once, for the one handed on (emit_program would for each candidate)
+        verify_split_plan(c.tree, c.split, self.machine)
+        verify_allocation(c.tree, c.split, c.allocation, self.machine)
         return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=self.program(c))
 
 
@@ -272,9 +276,9 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
     wsizes, rsizes = _sizes(w.op), _sizes(r.op)
     out: dict[str, int] = {}
     for wv, rv in zip(wvars, rvars):
-        k = wsplit.get(wv.name, 1) if wv is not None else 1
-        if k == 1:
+        if wv is None or wsplit.get(wv.name, 1) == 1:
             continue
+        k = wsplit[wv.name]
         if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
             return None
         size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
@@ -423,6 +427,15 @@ def _pinned(unchanged: _Candidate, machine: Machine, options: ResidencyOptions, 
     where the allocator keeps that LX buffer (the anchor pins an intermediate that is also a
     graph output in LX with an HBM clone); otherwise they read back what was just written."""
     pins = _pins(unchanged.tree, unchanged.split, unchanged.allocation)
+    no_room = set(unchanged.allocation.no_room)
+    if options.allocation.lx_solver == "greedy" and all(p.buffer in no_room for p in pins):
+        # Each pin would meet the greedy solver where its buffer did: at the same point of the
+        # sweep (the pin copies go in after their writers, so no lifetime crosses another's
+        # start), the same size and in-place parents, the same buffers live at the same
+        # addresses as long as no earlier pin was placed -- so no room for any of them. Wide
+        # DAGs (thousands of intermediates spilled for room) would re-divide and re-allocate
+        # the whole tree to find that out.
+        return unchanged
     while pins:
         pinned = _pin(unchanged.tree, pins)
         try:
@@ -562,7 +575,8 @@ def _regions(tree: LoopTree) -> list[_Region]:
     taken = {b.name for b in tree.buffers} | set(order)
 
     def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> _Region | None:
-        anchor = outer + (min(p[len(outer)] for p, _, _ in uses),)
+        # before the first reader inside ``outer`` (the first of the loops, for one kept across them)
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses if p[:len(outer)] == outer),)
         if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
             return None  # written at or after the place the copy would go
         return _Region(name=_fresh(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,

@@ -110,11 +110,22 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
     warnings: list[str] = []
     nodes = op_nodes(tree)
     table = tree.buffer_table()
+    # Ops of one shape (a chain's, a fan-out's, a candidate tiling's) divide alike: each shape
+    # is divided once, unless its division noted or warned (the messages name the op).
+    shapes: dict[tuple, OpSplit] = {}
     for node in nodes:
         accesses = analysis.ops[node.name].tensors
         hint = _merged_hint(node.op, scopes) if options.use_hints else {}
-        plans[node.name] = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
-                                      notes, warnings, _replicates(node.op, table))
+        replicates = _replicates(node.op, table)
+        shape = _division_shape(node.op, accesses, hint, replicates)
+        split = shapes.get(shape) if shape is not None else None
+        if split is None:
+            said = len(notes), len(warnings)
+            split = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
+                               notes, warnings, replicates)
+            if shape is not None and (len(notes), len(warnings)) == said:
+                shapes[shape] = split
+        plans[node.name] = split
     if options.use_hints:
         warnings[:0] = _uniterated_work_div(tree.hints, [n.op for n in nodes])
     return SplitPlan(ops=FrozenMap(plans), notes=tuple(notes), warnings=tuple(warnings), accesses=analysis)
@@ -141,6 +152,16 @@ def _uniterated_work_div(hints: Sequence[HintScope], ops: Sequence[Op]) -> list[
                     f"hint ignored (remove it, or build the ops that iterate {dim} inside the scope)"
                 )
     return out
+
+
+def _division_shape(op: Op, accesses: Sequence[Access], hint: Mapping[str, object], replicates: bool) -> tuple | None:
+    """Everything ``_divide_op`` reads but names: its dims, indices and tensors' layouts and
+    device coordinates, the hint and the replica rule. None when a hint count is not an
+    integer (``_divide_op`` refuses it)."""
+    if not all(type(k) is int for k in hint.values()):
+        return None
+    return (type(op), op.fn, op.ranges, op.reduction_ranges, op.store.index, tuple(ld.index for ld in op.loads),
+            tuple((acc.index, acc.coords, acc.layout) for acc in accesses), tuple(hint.items()), replicates)
 
 
 def _merged_hint(op: Op, scopes: Mapping[int, HintScope]) -> dict[str, object]:

@@ -26,7 +26,7 @@ Hints to groups (docs/tiling.md):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fspyre.errors import HintError, TilingError
 from fspyre.ir.frozen import FrozenMap
@@ -89,7 +89,48 @@ def _plan_from_hints(graph: Graph, online: OnlineOptions) -> TilingPlan:
             warnings.append(f"hint scope {scope.id} slices={dict(scope.slices)}: no op was built inside it; "
                             f"hint ignored (build the ops to tile inside the `with g.hint(...)` block)")
     plan = TilingPlan(order=tuple(op.name for op in ops), groups=tuple(groups), warnings=tuple(warnings))
-    return split_at_tiled_reductions(graph, plan, online)
+    return nest_outer_scopes(graph, split_at_tiled_reductions(graph, plan, online))
+
+
+# -- outer-scope ops around a nested scope -----------------------------------------------------
+def nest_outer_scopes(graph: Graph, plan: TilingPlan) -> TilingPlan:
+    """Adjacent groups whose levels are a proper prefix one of the other -- the ops of an outer
+    hint scope before and after a nested scope -- become one group: the outer ops run in the
+    body of the outer loops, before and after the inner ones (``Group.depths``), instead of
+    in loop nests of their own. Along the merged group the depths rise to one innermost run
+    and fall after it; a second inner run would need sibling loops, so it starts a group of
+    its own. Groups whose ops tile a reduction over its reduction dim are left as they are
+    (loop fission and the online rewrite decide where their readers run)."""
+    table = graph.op_table()
+    position = {name: i for i, name in enumerate(plan.order)}
+
+    def tiles_a_reduction(group: Group) -> bool:
+        return any(isinstance(table[n], Reduction) and set(d for lv in group.levels for d in lv.tiled_dims(table[n]))
+                   & {d.name for d in table[n].reduction_ranges} for n in group.ops)
+
+    out: list[Group] = []
+    falling = False
+    for group in plan.groups:
+        last = out[-1] if out else None
+        if (last is None or position[group.ops[0]] != position[last.ops[-1]] + 1 or tiles_a_reduction(last)
+                or tiles_a_reduction(group)):
+            out.append(group)
+            falling = False
+            continue
+        mine, theirs = last.levels, group.levels
+        if len(theirs) > len(mine) and theirs[:len(mine)] == mine and not falling:
+            depths = {n: last.depth(n) for n in last.ops} | {n: len(theirs) for n in group.ops}
+        elif len(theirs) < len(mine) and mine[:len(theirs)] == theirs and last.depth(last.ops[-1]) >= len(theirs):
+            depths = {n: last.depth(n) for n in last.ops} | {n: len(theirs) for n in group.ops}
+            falling = True
+        else:
+            out.append(group)
+            falling = False
+            continue
+        levels = max(mine, theirs, key=len)
+        out[-1] = Group(ops=last.ops + group.ops, levels=levels,
+                        depths=FrozenMap((n, d) for n, d in depths.items() if d < len(levels)))
+    return plan if len(out) == len(plan.groups) else replace(plan, groups=tuple(out))
 
 
 def _check_scopes(graph: Graph, scopes: Mapping[int, HintScope]) -> None:
@@ -316,10 +357,10 @@ def split_at_tiled_reductions(graph: Graph, plan: TilingPlan, online: OnlineOpti
         tiled = {op.name: tuple(next(iter(lv.tiled_dims(op)), None) for lv in group.levels) for op in ops}
         if match_online(ops, tiled, readers, outputs, online) is not None:
             continue  # one nest: tile rewrites its softmax online (two nests at most, where fission makes three)
-        passes = _passes(group, table)
+        passes = _passes(group, table, graph.buffer_table())
         if len(passes) > 1:
             fissioned[group.ops[0]] = passes
-            notes.append(_fission_note(group, passes, table))
+            notes.append(_fission_note(group, passes, table, graph.buffer_table()))
     if not fissioned:
         return plan
     members = {name for g in plan.groups for name in g.ops}
@@ -350,7 +391,7 @@ def _tiles_its_reduction(op: Op, levels: Sequence[Level]) -> str | None:
     return next((d for lv in levels for d in lv.tiled_dims(op) if d in reduced), None)
 
 
-def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
+def _passes(group: Group, table: Mapping[str, Op], buffers: Mapping) -> tuple[Group, ...]:
     """The group split into passes (one group, unchanged, when nothing in it needs a split).
     A pass left with no level is returned with ``levels=()``: its ops run untiled."""
     ops = [table[n] for n in group.ops]
@@ -359,9 +400,10 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
     # a tiled var reads its operand in two nests (mean, then deviations): it must be whole
     whole = {op.name for op in ops if op.name in tiled and op.fn == "var"}
     producers = {op.name: {writer[ld.buffer] for ld in op.loads if ld.buffer in writer} for op in ops}
+    viewed = _read_through_views(ops, group.levels, writer, table, buffers)
 
     def gap(p: str, c: str) -> int:
-        return int(p in tiled or c in whole)
+        return int(p in tiled or c in whole or (p, c) in viewed)
 
     phase: dict[str, int] = {}
     for op in ops:  # program order is a data-flow order
@@ -384,9 +426,33 @@ def _passes(group: Group, table: Mapping[str, Op]) -> tuple[Group, ...]:
     return tuple(out)
 
 
-def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op]) -> str:
+def _read_through_views(ops: Sequence[Op], levels: Sequence[Level], writer: Mapping[str, str],
+                        table: Mapping[str, Op], buffers: Mapping) -> set[tuple[str, str]]:
+    """(producer, reader) pairs of the group where the reader loads the producer's result
+    through a view that is not one iteration variable per dim (a reshape splitting or merging
+    dims) while a level tiles the producer: a per-tile buffer cannot serve such a reader (it
+    would read other tiles than the one just written), so it runs in a later pass and reads
+    the full buffer the producer's nest wrote."""
+    from fspyre.stages.loop_tree import dim_vars  # loop_tree imports this module
+
+    out = set()
+    for op in ops:
+        sizes = {d.name: d.size for d in iteration_dims(op)}
+        for ld in op.loads:
+            p = writer.get(ld.buffer)
+            if p is None or p == op.name or not any(lv.tiled_dims(table[p]) for lv in levels):
+                continue
+            if dim_vars(ld.index, buffers[ld.buffer].type, sizes) is None:
+                out.add((p, op.name))
+    return out
+
+
+def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op], buffers: Mapping) -> str:
     written = {table[n].store.buffer: n for n in group.ops}
     why = []
+    for p, c in sorted(_read_through_views([table[n] for n in group.ops], group.levels, written, table, buffers)):
+        why.append(f"{c} reads {table[p].store.buffer}, which {p} writes tile by tile, through a view that is not "
+                   f"one iteration variable per dim, so it reads it whole after that nest")
     for name in group.ops:
         op = table[name]
         dim = _tiles_its_reduction(op, group.levels)

@@ -311,3 +311,71 @@ def test_a_hint_on_an_unknown_dim_is_raised_not_run_in_eager() -> None:
     fn, _, _ = compiled(LlamaMLP().eval())
     with torch.no_grad(), pytest.raises(Exception, match=r"hint slices=\{'S': 4\}: unknown dim 'S'"):
         fn(torch.randn(2, 8, 32))
+
+
+# -- dynamic=True: one symbolic program (docs/tiling.md, "Symbolic sizes") ------------------------
+def _dynamic(model, **options):
+    """``model`` under torch.compile(dynamic=True) with fspyre, and the fspyre graphs compiled."""
+    seen: list[object] = []
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="fspyre", dynamic=True,
+                       options={"cores": 8, "on_graph": seen.append, **options})
+    return fn, seen
+
+
+def test_dynamic_llama_mlp_compiles_once_across_three_sequence_lengths() -> None:
+    """The S hint of the MLP (a fixed count of 4) becomes the count form of a symbolic S:
+    on_graph is called before every fspyre compile, per shape or symbolic."""
+    from tests.frontend.test_model_ops import LlamaMLP
+
+    torch.manual_seed(0)
+    model = LlamaMLP(hidden=64, inner=128).eval()
+    fn, seen = _dynamic(model)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", FspyreWarning)
+        for length in (256, 512, 768):
+            x = name_tensor_dims(torch.randn(2, length, 64), ["B", "S", "D"])
+            assert_eager(fn(x), model(x))
+    (graph,) = seen
+    assert graph.symbolic and [dict(h.slices) for h in graph.hints] == [{"S": 4}]
+    # Dynamo made B symbolic too; the largest size (S) stays symbolic, B keeps its value 2
+    with torch.no_grad(), pytest.warns(FspyreWarning, match=r"a size of 3 where the symbolic program takes 2"):
+        x = name_tensor_dims(torch.randn(3, 256, 64), ["B", "S", "D"])
+        assert_eager(fn(x), model(x))
+    assert [g.symbolic for g in seen] == [True, False]
+
+
+def test_dynamic_without_hints_takes_a_fixed_tile_and_compiles_a_size_it_cannot_take() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 128, bias=False).eval()
+
+    def model(x):
+        return torch.nn.functional.silu(lin(x))
+
+    fn, seen = _dynamic(model)
+    with torch.no_grad():
+        with pytest.warns(FspyreWarning, match="fixed tiles of 64"):
+            x = torch.randn(128, 64)
+            assert_eager(fn(x), model(x))
+        x = torch.randn(192, 64)
+        assert_eager(fn(x), model(x))
+        with pytest.warns(FspyreWarning, match=r"size 100 breaks .*% 64 == 0; compiling this shape on its own"):
+            x = torch.randn(100, 64)
+            assert_eager(fn(x), model(x))
+    assert [g.symbolic for g in seen] == [True, False]
+
+
+def test_dynamic_reduction_over_the_symbolic_size_compiles_each_shape_with_a_warning() -> None:
+    def model(x):
+        return torch.softmax(x, 0)  # a reduction over the sequence: its extent cannot be symbolic
+
+    fn, seen = _dynamic(model)
+    with torch.no_grad():
+        with pytest.warns(FspyreWarning, match=r"compiled for each input shape, not once for a symbolic size: "
+                                               r"op \w+: \w+ reduces over dim"):
+            x = torch.randn(128, 16)
+            assert_eager(fn(x), model(x))
+        x = torch.randn(192, 16)
+        assert_eager(fn(x), model(x))
+    # on_graph saw the symbolic graph the compile refused, then each shape's
+    assert [g.symbolic for g in seen] == [True, False, False]

@@ -67,6 +67,10 @@ def test_op_specs_and_tensor_args_refuse_plain_dicts_and_bad_sizes(comp):
         replace(arg, memory="dram")
     with pytest.raises(LoweringError, match=r"tensor a: address -128 must be an integer >= 0"):
         replace(arg, address=-128)
+    with pytest.raises(LoweringError, match=r"tensor a: device_dtype 'FP13' must be one of \['SEN169_FP16', "):
+        replace(arg, device_dtype="FP13")
+    with pytest.raises(LoweringError, match=r"kernel argument a: device_dtype 'FP13' must be one of "):
+        replace(comp.program.kernel_args[0], device_dtype="FP13")
     with pytest.raises(LoweringError, match=r"tensor a: device_size \[.*0.*\] must be positive"):
         replace(arg, device_size=(0,) * len(arg.device_size))
     with pytest.raises(LoweringError, match=r"tensor a: arg_index -2 must be an integer >= -1"):

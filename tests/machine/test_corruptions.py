@@ -9,7 +9,9 @@ The fields left out are labels the device does not read (a tensor's ``name``, an
 and the anchor which symbols a loop tiles: the addresses each loop moves are the tensors'
 ``tile_advance``, which is planted here. An LX tensor's ``device_size`` matters only in its
 stick dim (each core lays its slice out over its own box) and in its bounds: growing another
-dim is harmless to the device too.
+dim is harmless to the device too, and so is moving one access's coordinates by a whole stick
+or row that stays inside the device size (the box moves with them: a full-scope buffer kept in
+LX slots has room to). Nor is computing ``full(0.0)`` in int32 a corruption: the same constant.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import fspyre
 from fspyre.errors import ExecutionError, FspyreError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces, op_fn, op_specs
+from fspyre.machine.indexing import compile_index
 from fspyre.machine.interpreter import run_program
+from fspyre.machine.rules import open_grid
 from fspyre.machine.spyre import spyre
 from fspyre.stages.program import verify_program
 from fspyre.testing import inputs_for
@@ -50,6 +54,14 @@ def _graphs():
     M, N = g.dim("M", 32), g.dim("N", 128)
     x = g.input("x", (M, N), "float16")
     with g.hint(slices={"M": 2}):
+        e = g.exp(g.sub(x, g.amax(x, ["N"], keepdim=True)))
+        g.output("y", g.div(e, g.sum(e, ["N"], keepdim=True)))
+    yield g.build()
+
+    g = fspyre.GraphBuilder("online_softmax")  # tiled over N: x kept in LX slots between two loops
+    M, N = g.dim("M", 32), g.dim("N", 256)
+    x = g.input("x", (M, N), "float16")
+    with g.hint(slices={"N": 2}):
         e = g.exp(g.sub(x, g.amax(x, ["N"], keepdim=True)))
         g.output("y", g.div(e, g.sum(e, ["N"], keepdim=True)))
     yield g.build()
@@ -81,7 +93,7 @@ def _at(program: Program, target, new) -> Program:
     return _edit_specs(program, lambda s: new if s is target else s)
 
 
-def _arg_changes(arg: TensorArg, space: tuple[sympy.Symbol, ...]):
+def _arg_changes(arg: TensorArg, space: FrozenMap):
     yield "arg_index", {"arg_index": arg.arg_index + 1}
     yield "arg_index", {"arg_index": -1 if arg.arg_index >= 0 else 0}
     yield "is_input", {"is_input": not arg.is_input}
@@ -93,7 +105,10 @@ def _arg_changes(arg: TensorArg, space: tuple[sympy.Symbol, ...]):
             yield "device_size", {"device_size": size}
     coords = arg.device_coordinates
     for d in range(len(coords)):
-        yield "device_coordinates", {"device_coordinates": tuple(c + 1 if i == d else c for i, c in enumerate(coords))}
+        moved = tuple(c + 1 if i == d else c for i, c in enumerate(coords))
+        if arg.memory == "lx" and d < len(coords) - 1 and _inside(moved[d], space, arg.device_size[d]):
+            continue  # the core's LX box moves along: the same addresses
+        yield "device_coordinates", {"device_coordinates": moved}
     if len(set(coords)) > 1:
         yield "device_coordinates", {"device_coordinates": coords[1:] + coords[:1]}
     mem = arg.memory
@@ -105,6 +120,12 @@ def _arg_changes(arg: TensorArg, space: tuple[sympy.Symbol, ...]):
         adv = list(arg.tile_advance)
         adv[level] = 2 * a if a else 128
         yield "tile_advance", {"tile_advance": tuple(adv)}
+
+
+def _inside(coord, space: FrozenMap, size: int) -> bool:
+    """``coord`` stays below ``size`` over the op's whole iteration space."""
+    values = compile_index(coord, list(space))(*open_grid([n for n, _ in space.values()]))
+    return int(np.max(values)) < size
 
 
 def _spec_plants(spec: OpSpec):
@@ -128,15 +149,16 @@ def _spec_plants(spec: OpSpec):
         if size // 2 >= split and (size // 2) % split == 0:
             yield "size", respace((size // 2, split))
     info, fn = spec.op_info, op_fn(spec.op)
-    yield "op_info.compute", dataclasses.replace(spec, op_info=dataclasses.replace(
-        info, compute="int32" if info.compute == "float32" else "float32"))
+    if not (fn == "full" and [getattr(o, "value", None) for o in info.operands] == [0.0]):  # the same 0 either way
+        yield "op_info.compute", dataclasses.replace(spec, op_info=dataclasses.replace(
+            info, compute="int32" if info.compute == "float32" else "float32"))
     if fn in ("mean", "var"):  # the only fns the count means something to
         yield "op_info.count", dataclasses.replace(spec, op_info=dataclasses.replace(info, count=info.count * 2))
     if info.reduced:
         kept = tuple(s for s in space if s not in info.reduced)
         yield "op_info.reduced", dataclasses.replace(spec, op_info=dataclasses.replace(info, reduced=kept[-1:]))
     for i, arg in enumerate(spec.args):
-        for field, change in _arg_changes(arg, space):
+        for field, change in _arg_changes(arg, spec.iteration_space):
             args = list(spec.args)
             try:
                 args[i] = dataclasses.replace(arg, **change)

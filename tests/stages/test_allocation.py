@@ -18,6 +18,7 @@ import fspyre
 from fspyre.errors import AllocationError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.plans import Placement
+from fspyre.ir.program import LoopSpec, op_specs
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.memcheck import check_memory
 from fspyre.machine.report import traffic_report
@@ -479,3 +480,61 @@ def test_verify_allocation_refuses_an_advancing_buffer_in_lx():
                                               r"counts and tile steps \[2xA128\]\), op buf1 walks it otherwise "
                                               r"\(\[\]\).*; place it in HBM"):
         verify_allocation(tree, split, replace(alloc, buffers=moved), comp.machine)
+
+
+# -- LX slots: a region sibling loops walk, kept in LX between them ----------------------------
+def _softmax_over_row(count: int = 4):
+    """Softmax over C tiled over C: two online loops, x copied into LX slots by the first and
+    read back by the second."""
+    g = fspyre.GraphBuilder("online")
+    B, C = g.dim("B", 64), g.dim("C", 1024)
+    x = g.input("x", (B, C), "float16")
+    with g.hint(slices={"C": count}):
+        e = g.exp(g.sub(x, g.amax(x, ["C"], keepdim=True)))
+        g.output("y", g.div(e, g.sum(e, ["C"], keepdim=True)))
+    return g.build()
+
+
+def test_lx_slots_hold_one_box_per_iteration_and_round_trip():
+    graph = _softmax_over_row(4)
+    comp = fspyre.compile(graph, machine=fspyre.machine.spyre(cores=8), tiling="hints")
+    tree, split, alloc = (comp.stages[k] for k in ("resident_tree", "split_plan", "allocation"))
+    slots = alloc.buffers["x_lx"]
+    box = 8 * 4 * 128  # per core: 8 rows x 4 sticks of C (a tile of 256) x 128 bytes
+    assert slots.memory == "lx" and slots.nbytes == 4 * box
+    # every op walking it steps one box per iteration, in the first loop and in the second
+    assert set(slots.advances.values()) == {(box,)} and len(slots.advances) >= 3
+    assert loads(dumps(alloc)) == alloc
+    args = [a for spec in op_specs(comp.program) for a in spec.args if a.name == "x_lx"]
+    assert args and all(a.memory == "lx" and a.tile_advance == (box,) for a in args)
+    assert check_memory(comp.program).clean
+    assert fspyre.check(graph, comp=comp, machine=fspyre.machine.spyre(cores=8)).equal
+    # an allocation whose slots are laid out otherwise is refused, naming buffer and numbers
+    op = next(iter(slots.advances))
+    for bad in (replace(slots, advances=slots.advances.set(op, (2 * box,))), replace(slots, advances=FrozenMap()),
+                replace(slots, nbytes=box)):
+        with pytest.raises(AllocationError, match="x_lx"):
+            verify_allocation(tree, split, replace(alloc, buffers=alloc.buffers.set("x_lx", bad)), comp.machine)
+
+
+def test_memory_check_sees_an_lx_tensor_walking_past_its_slots():
+    comp = fspyre.compile(_softmax_over_row(4), machine=fspyre.machine.spyre(cores=8), tiling="hints")
+    program = comp.program
+
+    def wider(spec):
+        if isinstance(spec, LoopSpec):
+            return replace(spec, body=tuple(wider(s) for s in spec.body))
+        return replace(spec, args=tuple(replace(a, tile_advance=tuple(8 * s for s in a.tile_advance))
+                                        if a.name == "x_lx" else a for a in spec.args))
+
+    bad = replace(program, body=tuple(wider(s) for s in program.body))
+    issues = check_memory(bad).issues
+    # its last slot now lies past its allocation, over the buffers placed after it
+    assert any(i.kind == "overlap" and "x_lx" in (i.tensor + i.message) for i in issues), issues
+
+
+def test_a_placement_refuses_slots_in_hbm_or_off_the_lx_grid():
+    with pytest.raises(AllocationError, match="advances are for LX slots"):
+        Placement(memory="hbm", address=0, nbytes=256, advances=FrozenMap({"op": (256,)}))
+    with pytest.raises(AllocationError, match="multiples of 128"):
+        Placement(memory="lx", address=0, nbytes=256, advances=FrozenMap({"op": (100,)}))

@@ -87,6 +87,8 @@ def describe(graph: Graph, plan, tree) -> None:
         event("copy-out of a buffer read inside and after its loop")
     if plan.order != tuple(op.name for op in graph.ops):
         event("an unhinted op moved out of a run")
+    if any(g.depths for g in plan.groups):
+        event("outer-scope ops around a nested scope in one loop nest")
     if any(d.size == 1 and any(s.dim == d.name for lv in n.tiling for s in lv)
            for n in op_nodes(tree) for d in n.op.ranges):
         event("a dim tiled down to one element")

@@ -77,7 +77,8 @@ BAD_CALLS = [
     ("wrong input dtype", lambda: fspyre.check(small_graph(), {"x": np.zeros((4, 64), np.complex64)}, tiling="none"),
      ExecutionError, ["input x", "complex64"]),
     ("not JSON", lambda: loads("{nope"), SerializationError, ["not JSON"]),
-    ("unknown artifact", lambda: loads('{"_format": %d, "_type": "Tensor"}' % FORMAT), SerializationError, ["'Tensor'"]),
+    ("unknown artifact", lambda: loads('{"_format": %d, "_type": "Tensor"}' % FORMAT), SerializationError,
+     ["'Tensor'"]),
 ]
 
 

@@ -263,3 +263,11 @@ def test_documents_of_another_artifact_format_are_refused_whole(compiled):
                                                      rf"reads only format {FORMAT}"):
             loads(json.dumps({**doc, "_format": version}))
     assert loads(json.dumps(doc)) == compiled.program
+
+
+def test_a_device_format_the_machine_does_not_have_is_refused_naming_the_field(compiled):
+    doc = json.loads(dumps(compiled.program))
+    doc["body"][0]["args"][0]["device_dtype"] = "FP13"
+    with pytest.raises(SerializationError, match=r"^Program\.body\[0\]\.args\[0\]\.device_dtype: expected one of "
+                                                 r"\['SEN169_FP16', .*got 'FP13'"):
+        loads(json.dumps(doc))

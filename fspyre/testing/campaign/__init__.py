@@ -25,6 +25,7 @@ import re
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def classify_refusal(err: BaseException) -> str:
 @dataclass
 class Outcome:
     seed: int
-    status: str  # "ok" | "refused" | "failure" | "generator"
+    status: Literal["ok", "refused", "failure", "generator"]
     cls: str = ""  # refusal cause or failure class
     detail: str = ""
     hinted: bool = False
