@@ -859,6 +859,10 @@ class _Machine:
         self.regions: tuple[tuple[int, int, str], ...] = ()  # the kernel arguments' HBM bytes
         # LX regions one store put on several cores, untouched since (``Spread``)
         self.replicas: list[Spread] = []
+        # records whose written marks are not set yet: the bytes are written (in this run, for
+        # good, whatever stores follow), so the marks are set only when something other than a
+        # load the record covers looks at them (``settle``)
+        self.unmarked: list[Spread] = []
 
     def stored(self, acc: Access, offset: int) -> None:
         """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
@@ -880,6 +884,19 @@ class _Machine:
             if mem.size:
                 _SPARES.insert(0, _Spare(data=mem.data, written=mem.written, rows=rows, end=end, mark=mem.mark))
         del _SPARES[_SPARES_MAX:]
+
+    def settle(self, lo: int, hi: int) -> None:
+        """Set the written marks of the replica records that share a byte with LX bytes
+        ``lo``..``hi`` (on some core): before any check or report reads those marks, and at the
+        end of a run whose memories are kept."""
+        keep = []
+        for t in self.unmarked:
+            if t.lo < hi and lo < t.hi:
+                for core in t.cores:
+                    self.lx_all.written[core * self.lx_bytes + t.lo:core * self.lx_bytes + t.hi] = self.lx_all.mark
+            else:
+                keep.append(t)
+        self.unmarked = keep
 
     def full(self, lx: bool, nbytes: int) -> int:
         """An element of ``nbytes`` all written, as its written marks read (``Memory.full``)."""
@@ -930,6 +947,8 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     nb = acc.fmt.nbytes
     raw = _select(m.view(acc.lx, nb, False), p, offset)
     if m.check_written and raw.size:
+        if acc.lx and m.unmarked:
+            m.settle(*_span(acc, offset))
         seen = _select(m.view(acc.lx, nb, True), p, offset)
         if seen.min() != m.full(acc.lx, nb):
             raise _Unwritten
@@ -983,6 +1002,8 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
         # since (``Spread``): they are written and the same on every core, unread
         return formats.decode(first, acc.fmt).reshape(r.same_shape)
     if m.check_written and raw.size:
+        if m.unmarked:
+            m.settle(lo, hi)
         written = m.view(acc.lx, nb, True)
         if np.ndarray(r.shape, written.dtype, written, start, r.strides).min() != m.full(acc.lx, nb):
             raise _Unwritten
@@ -1036,15 +1057,14 @@ def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, off
     at_first = tuple(0 if k in spread.axes else slice(None)
                      for k, dims in enumerate(p.axis_dims) for _ in dims)
     _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]
-    data, written = m.lx_all.data, m.lx_all.written
+    data = m.lx_all.data
     src = data[first * lx + spread.lo:first * lx + spread.hi]
     for core in spread.cores:
-        at = core * lx
         if core != first:
-            data[at + spread.lo:at + spread.hi] = src
-        if m.check_written:
-            written[at + spread.lo:at + spread.hi] = m.lx_all.mark
+            data[core * lx + spread.lo:core * lx + spread.hi] = src
     m.replicas.append(spread)  # after ``stored`` ended those the store overlaps
+    if m.check_written:
+        m.unmarked.append(spread)  # every byte written: the marks when something reads them
 
 
 def _write(m: _Machine, acc: Access, offset: int, values: np.ndarray) -> None:
@@ -1081,6 +1101,7 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
     """Run ``program``: its outputs, and the memories afterwards."""
     outs, m, trace = _execute(program, inputs, options, keep=True)
+    m.settle(0, m.lx_bytes)  # the state shows every written mark
     return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
 
 
@@ -1425,6 +1446,7 @@ def _core_list(op: OpPlan) -> list[tuple[int, tuple[int, ...]]]:
 
 
 def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
+    m.settle(0, m.lx_bytes)
     for core, space in enumerate(op.spec.core_spaces):
         for kind, acc in op.operands:
             if kind == "scalar":

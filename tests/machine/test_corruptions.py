@@ -349,3 +349,23 @@ def test_one_cores_copy_never_written_is_reported():
     graph, program, copy = _replica_program()
     with pytest.raises(ExecutionError, match="core 3.*never written"):
         run_program(_at(program, copy, _with_cores(copy, 3)), inputs_for(graph))
+
+
+def test_every_cores_copy_is_written_for_every_other_reader():
+    # the copies' written marks (set when something other than the replica read looks, or
+    # when the run ends with its memories kept): core 0 copying its b_lx elsewhere reads it
+    # written, and the kept state shows every core's copy written
+    graph, program, copy = _replica_program()
+    inputs = inputs_for(graph)
+    src = copy.args[1]
+    dst = dataclasses.replace(src, name="b_lx_again", address=1 << 20)
+    reader = dataclasses.replace(_with_cores(copy, 1), args=(dataclasses.replace(src, is_input=True), dst),
+                                 name="b_lx_again_copy")
+    clean, clean_state = run_program(program, inputs)
+    outs, state = run_program(_insert_after(program, copy, reader), inputs)
+    assert np.array_equal(outs["y"], clean["y"])
+    size = 2 * int(np.prod(src.device_size))
+    for kept in (clean_state, state):
+        assert all((lx.written[src.address:src.address + size] == 0xFF).all() for lx in kept.lx)
+    assert (state.lx[0].written[1 << 20:(1 << 20) + size] == 0xFF).all()
+    assert not state.lx[1].written[1 << 20:(1 << 20) + size].any()
