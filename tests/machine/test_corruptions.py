@@ -22,6 +22,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import sympy
+from replica_programs import replicated_matmul
 
 import fspyre
 from fspyre.errors import ExecutionError, FspyreError
@@ -276,15 +277,7 @@ def test_every_planted_corruption_is_caught(cores, tiling):
 
 
 def _replica_program():
-    g = fspyre.GraphBuilder("matmul")
-    M, K, N = g.dim("M", 32), g.dim("K", 128), g.dim("N", 128)
-    a, b = g.input("a", (M, K), "float16"), g.input("b", (K, N), "float16")
-    bias = g.input("bias", (N,), "float16")
-    with g.hint(slices={"M": 2}):
-        g.output("y", g.add(g.matmul(a, b), bias))
-    graph = g.build()
-    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
-    copy = next(s for s in op_specs(program) if s.name == "b_lx_copy")
+    graph, program, copy = replicated_matmul()
     (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
     mm = loop.body[0]
     # every core holds b whole; the matmul runs twice over 16 rows, 4 rows per core

@@ -9,14 +9,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+from replica_programs import replicated_matmul
 
-import fspyre
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import even_core_spaces, op_specs
+from fspyre.ir.program import even_core_spaces
 from fspyre.machine import interpreter
 from fspyre.machine.interpreter import RunOptions, run_outputs, run_program
-from fspyre.machine.spyre import spyre
 from fspyre.testing import inputs_for
 
 FAST = RunOptions(check_written=False)
@@ -26,15 +25,7 @@ def _programs():
     """A tiled matmul (b copied into every core's LX, then read there), and the same program
     with the copy of b cut to its first 64 rows: the matmul reads LX bytes this run wrote and
     bytes only an earlier run can have written."""
-    g = fspyre.GraphBuilder("matmul")
-    M, K, N = g.dim("M", 32), g.dim("K", 128), g.dim("N", 128)
-    a, b = g.input("a", (M, K), "float16"), g.input("b", (K, N), "float16")
-    bias = g.input("bias", (N,), "float16")
-    with g.hint(slices={"M": 2}):
-        g.output("y", g.add(g.matmul(a, b), bias))
-    graph = g.build()
-    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
-    copy = next(s for s in op_specs(program) if s.name == "b_lx_copy")
+    graph, program, copy = replicated_matmul()
     space = FrozenMap((s, (64, 1) if s.name == "K" else v) for s, v in copy.iteration_space.items())
     half = dataclasses.replace(copy, iteration_space=space, core_spaces=even_core_spaces(space))
     cut = dataclasses.replace(program, body=tuple(half if s is copy else s for s in program.body))
