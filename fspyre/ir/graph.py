@@ -104,17 +104,7 @@ class TensorType:
 
     def strides(self) -> tuple[int, ...]:
         """Contiguous row-major host strides (expressions in the sizes of symbolic dims)."""
-        return TensorType.strides_of(self.dims)
-
-    @staticmethod
-    def strides_of(dims: tuple[Dim, ...]) -> tuple[int, ...]:
-        sizes = tuple(d.size for d in dims)
-        if all(type(n) is int for n in sizes):
-            return row_major_strides(sizes)
-        out: list = [sympy.Integer(1)] * len(dims)
-        for i in range(len(dims) - 2, -1, -1):
-            out[i] = out[i + 1] * sizes[i + 1]
-        return tuple(out)
+        return row_major_strides(tuple(d.size for d in self.dims))
 
     def contiguous_index(self) -> sympy.Expr:
         """Flat host index of element (d0, d1, ...) in terms of the dims' variables."""
@@ -128,7 +118,8 @@ class TensorType:
 def _contiguous_index(dims: tuple[Dim, ...]) -> sympy.Expr:
     # cached: building the sympy sum is the cost, and keep_resident asks it of every top-level
     # writer (thousands on a wide fan-out) for a handful of distinct types
-    return sympy.Add(*(st * d.symbol for st, d in zip(TensorType.strides_of(dims), dims) if d.size != 1))
+    strides = row_major_strides(tuple(d.size for d in dims))
+    return sympy.Add(*(st * d.symbol for st, d in zip(strides, dims) if d.size != 1))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
