@@ -37,11 +37,10 @@ from typing import Any
 
 import sympy
 
-from fspyre.errors import FspyreError, FspyreWarning, TilingError
+from fspyre.errors import ExecutionError, FspyreError, FspyreWarning, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Reduction, iteration_dims
-from fspyre.ir.kinds import DeviceFormat
-from fspyre.ir.program import Program
+from fspyre.ir.program import Program, op_specs
 from fspyre.ir.symbolic import (
     Assumption,
     SymbolicDim,
@@ -51,7 +50,8 @@ from fspyre.ir.symbolic import (
     size_dim_name,
     size_symbol,
 )
-from fspyre.machine.formats import STICK_BYTES
+from fspyre.machine.formats import FORMATS, STICK_BYTES
+from fspyre.machine.rules import device_bytes
 
 # |S| = k * L at these k: two fix each number's line, the third checks it. Not 1: a loop of
 # one iteration is a degenerate witness (nothing advances), and the program must also run there.
@@ -406,21 +406,13 @@ def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int,
 
 def _lx_end(program: Program) -> sympy.Expr:
     """The end of the highest LX tensor of a core, as an expression (0 without LX tensors)."""
-    from fspyre.ir.program import op_specs
-
     ends = [sympy.Integer(0)]
     for spec in op_specs(program):
         for a in spec.args:
             if a.memory == "lx" and (is_symbolic(a.address) or any(is_symbolic(n) for n in a.device_size)):
-                nbytes = sympy.Mul(*a.device_size) * _elem_bytes(a.device_dtype)
+                nbytes = device_bytes(a.device_size, FORMATS[a.device_dtype].nbytes)
                 ends.append(sympy.sympify(a.address) + nbytes)
     return sympy.Max(*ends)
-
-
-def _elem_bytes(device_dtype: DeviceFormat) -> int:
-    from fspyre.machine import formats
-
-    return formats.FORMATS[device_dtype].nbytes
 
 
 def _largest(expr: Any, s: sympy.Symbol, cap: int) -> int | None:
@@ -443,8 +435,6 @@ def bind_sizes(program: Program, inputs: Mapping[str, object]) -> dict[str, int]
     """Each symbolic dim's size, read off the inputs' shapes where a kernel argument's host
     shape is that size; an ExecutionError names the dim when no input gives it, or two
     inputs disagree."""
-    from fspyre.errors import ExecutionError
-
     assert program.symbolic is not None
     found: dict[str, tuple[int, str]] = {}
     for arg in program.kernel_args:
@@ -475,8 +465,6 @@ def instantiate(program: Program, sizes: Mapping[str, int]) -> Program:
     """The concrete program at ``sizes``, after checking every assumption the symbolic
     program records (an ExecutionError naming the dim, the size, the assumption and what to
     change for the first that fails)."""
-    from fspyre.errors import ExecutionError
-
     record = program.symbolic
     if record is None:
         return program
@@ -496,8 +484,6 @@ def instantiate(program: Program, sizes: Mapping[str, int]) -> Program:
 
 def graph_sizes(graph: Graph, inputs: Mapping[str, object]) -> dict[str, int]:
     """The sizes of ``graph``'s symbolic dims read off the shapes of ``inputs``."""
-    from fspyre.errors import ExecutionError
-
     found: dict[str, tuple[int, str]] = {}
     buffers = graph.buffer_table()
     for name in graph.inputs:
