@@ -18,6 +18,11 @@ MEMORIES: tuple[Memory, ...] = get_args(Memory)
 Scope = Literal["full", "tile"]
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 
+# Which iterations of its innermost enclosing loop an op runs in: all of them, or only the
+# first (a copy or fill the loop then reads) or the last (a finish of what the loop built).
+Runs = Literal["every", "first", "last"]
+RUNS: tuple[Runs, ...] = get_args(Runs)
+
 # The dtype an op computes in (``fspyre.machine.numerics.compute_dtype``).
 ComputeDtype = Literal["float32", "int32"]
 COMPUTE_DTYPES: tuple[ComputeDtype, ...] = get_args(ComputeDtype)

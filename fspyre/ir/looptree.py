@@ -19,7 +19,7 @@ from typing import Union
 from fspyre.errors import TilingError
 from fspyre.ir.frozen import require_int, require_tuple
 from fspyre.ir.graph import HintScope, Op, Output, Pointwise, Reduction, TensorType
-from fspyre.ir.kinds import SCOPES, Scope
+from fspyre.ir.kinds import RUNS, SCOPES, Runs, Scope
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,12 +55,23 @@ class OpNode:
     A node of a peeled tail (docs/tiling.md, "Tails") is a copy of the op ``origin`` (the name
     the op has in the loop's main body) run once after a loop, on the remainder the loop's
     whole tiles leave: its ranges are the remainder's, its full-buffer indices start at the
-    ``peeled`` offsets, and its name is its own."""
+    ``peeled`` offsets, and its name is its own.
+
+    ``runs`` says which iterations of the innermost enclosing loop run the op: ``"every"``,
+    or only the ``"first"`` (a copy of a loop-invariant operand, an accumulator's fill: what
+    would run just before the loop) or the ``"last"`` (an accumulator's finish: what would run
+    just after it). Such a *guarded* op does not move at that loop (its innermost tiling level
+    is empty), and sits at the head (first) or the tail (last) of the loop's body, so it runs
+    at the moment it would have run outside the loop, but inside the loop's kernel
+    (docs/tiling.md, "Kernel boundaries"). Its buffers live as if it ran outside: what a
+    first-iteration op writes lives across all iterations, what a last-iteration op reads
+    lives until the last iteration."""
 
     op: Op
     tiling: tuple[tuple[TileStep, ...], ...] = ()
     origin: str = ""
     peeled: tuple[Peel, ...] = ()
+    runs: Runs = "every"
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, (Pointwise, Reduction)):
@@ -72,6 +83,17 @@ class OpNode:
         if not isinstance(self.origin, str) or bool(self.origin) != bool(self.peeled):
             raise TilingError(f"op {self.op.name}: a peeled tail names its origin op and its offsets, got origin "
                               f"{self.origin!r:.60} and {len(self.peeled)} offsets")
+        if self.runs not in RUNS:
+            raise TilingError(f"op {self.op.name}: runs {self.runs!r:.40} must be one of {list(RUNS)}")
+        if self.runs != "every" and (not self.tiling or self.tiling[-1]):
+            where = "it sits in no loop" if not self.tiling else f"it moves {_listed(self.tiling[-1])} there"
+            raise TilingError(f"op {self.op.name}: runs only in the {self.runs} iteration of its innermost loop, but "
+                              f"{where}; a guarded op runs once per iteration of the loops outside that one")
+
+    @property
+    def guarded(self) -> bool:
+        """The op runs in one iteration of its innermost loop only."""
+        return self.runs != "every"
 
     @property
     def name(self) -> str:
@@ -108,11 +130,23 @@ class Loop:
         require_tuple(self.carried, f"loop of count {self.count}: carried", TilingError, str)
         if list(self.carried) != sorted(set(self.carried)):
             raise TilingError(f"loop of count {self.count}: carried {list(self.carried)} must be sorted and distinct")
+        ranks = [_RANK[n.runs] if isinstance(n, OpNode) else 1 for n in self.body]
+        for k in range(1, len(ranks)):
+            if ranks[k] < ranks[k - 1]:
+                a, b = self.body[k - 1], self.body[k]
+                odd = b if isinstance(b, OpNode) and b.runs == "first" else a
+                assert isinstance(odd, OpNode)
+                raise TilingError(f"loop of count {self.count}: op {odd.name} runs in the {odd.runs} iteration only "
+                                  f"but is not at the {'head' if odd.runs == 'first' else 'tail'} of the body; "
+                                  f"first-iteration ops come before every other node, last-iteration ops after")
 
     @property
     def dims(self) -> tuple[str, ...]:
         """The dims this level moves, in program order (a dim may move by different extents)."""
         return tuple(dict.fromkeys(s.dim for s in self.steps))
+
+
+_RANK = {"first": 0, "every": 1, "last": 2}  # where a guarded op sits in its loop's body
 
 
 def _listed(steps: tuple[TileStep, ...]) -> str:
@@ -136,12 +170,14 @@ def carried_buffers(body: tuple[Union[Loop, OpNode], ...], depth: int,
     that writes them. A buffer read but never written in the body is loop-invariant, not
     carried; nor is a ``full`` buffer (addressed with the loop's advance) that an op of the
     body moves through at this level: each iteration reads and writes its own region of it
-    (an accumulator spanning the output tiles of an inner loop)."""
+    (an accumulator spanning the output tiles of an inner loop). The body's own guarded ops
+    (``OpNode.runs``) run as if before (first) or after (last) the iterations: they hand
+    nothing from one iteration to the next."""
     written: set[str] = set()
     read_first: set[str] = set()
     moving: set[str] = set()
     for node, _ in walk(body):
-        if isinstance(node, OpNode):
+        if isinstance(node, OpNode) and not (node.guarded and len(node.tiling) == depth + 1):
             op = node.op
             read_first.update(ld.buffer for ld in op.loads if ld.buffer not in written)
             written.add(op.store.buffer)

@@ -17,7 +17,16 @@ import sympy
 
 from fspyre.errors import LoweringError
 from fspyre.ir.frozen import FrozenMap, require_int, require_map, require_tuple
-from fspyre.ir.kinds import COMPUTE_DTYPES, DEVICE_FORMATS, MEMORIES, ComputeDtype, DeviceFormat, Memory
+from fspyre.ir.kinds import (
+    COMPUTE_DTYPES,
+    DEVICE_FORMATS,
+    MEMORIES,
+    RUNS,
+    ComputeDtype,
+    DeviceFormat,
+    Memory,
+    Runs,
+)
 from fspyre.ir.symbolic import SymbolicSizes, is_symbolic, require_size, require_sizes
 
 # The anchor's program op for a graph fn it names differently; every other op is named by its fn.
@@ -153,7 +162,9 @@ class OpSpec:
     slices first symbol fastest (``fspyre.machine.rules.core_spaces``, which ``emit_program``
     writes them with; ``even_core_spaces`` gives the even division of an iteration space).
     ``tiled_symbols[L]`` lists the symbols that enclosing loop L (outermost first) tiles.
-    The last arg is the output."""
+    The last arg is the output. ``runs`` is ``"first"`` or ``"last"`` for an op that runs only
+    in that iteration of its innermost loop (the loop tree's ``OpNode.runs``): the bundle
+    guards it with an ``scf.if`` on the induction variable; no tensor of it advances there."""
 
     op: str
     is_reduction: bool
@@ -163,9 +174,12 @@ class OpSpec:
     core_spaces: tuple[tuple[tuple[int | sympy.Expr, int | sympy.Expr], ...], ...]
     tiled_symbols: tuple[tuple[sympy.Symbol, ...], ...] = ()
     name: str = ""
+    runs: Runs = "every"
 
     def __post_init__(self) -> None:
         what = f"op {self.name or self.op}"
+        if self.runs not in RUNS:
+            raise LoweringError(f"{what}: runs {self.runs!r:.40} must be one of {list(RUNS)}")
         require_map(self.iteration_space, f"{what}: iteration_space", LoweringError)
         if not isinstance(self.op_info, OpInfo):
             raise LoweringError(f"{what}: op_info must be an OpInfo, got a {type(self.op_info).__name__} "
@@ -231,9 +245,20 @@ class LoopSpec:
     def __post_init__(self) -> None:
         require_size(self.count, "loop count", LoweringError, 1)
         require_tuple(self.body, f"loop of count {self.count}: body", LoweringError, (LoopSpec, OpSpec), non_empty=True)
+        ranks = [_RANK[s.runs] if isinstance(s, OpSpec) else 1 for s in self.body]
+        for k in range(1, len(ranks)):
+            if ranks[k] < ranks[k - 1]:
+                a, b = self.body[k - 1], self.body[k]
+                odd = b if isinstance(b, OpSpec) and b.runs == "first" else a
+                assert isinstance(odd, OpSpec)
+                raise LoweringError(
+                    f"loop of count {self.count}: op {odd.name or odd.op} runs in the {odd.runs} iteration only but "
+                    f"is not at the {'head' if odd.runs == 'first' else 'tail'} of the body; first-iteration ops "
+                    f"come before every other spec, last-iteration ops after")
 
 
 Spec = Union[LoopSpec, OpSpec]
+_RANK = {"first": 0, "every": 1, "last": 2}  # where a guarded op sits in its loop's body
 
 
 def even_core_spaces(iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]) -> tuple:

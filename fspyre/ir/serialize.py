@@ -62,7 +62,8 @@ _FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 # document of another schema is refused whole instead of failing at its first changed field.
 # 1 (documents without "_format"): op_info as a map, TensorArg's allocation as a map.
 # 2: op_info an OpInfo record, TensorArg's memory and address fields.
-FORMAT = 2
+# 3: OpNode.runs and OpSpec.runs (ops that run only in their loop's first or last iteration).
+FORMAT = 3
 
 
 def _expr_to(e: sympy.Basic) -> Any:

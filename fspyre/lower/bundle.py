@@ -117,7 +117,19 @@ class ForLoop:
     body: tuple["Stmt", ...]
 
 
-Stmt = Union[Constant, AddIndex, MulIndex, ExtractArg, AllocatePool, ApplyMap, Execute, ForLoop]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IfIteration:
+    """``body`` runs only when induction variable ``iv`` equals ``at`` (``c0`` for an op that
+    runs in its loop's first iteration, ``loop_last_K`` for one that runs in its last):
+    ``%name = arith.cmpi eq, %iv, %at`` and an ``scf.if %name`` around the body."""
+
+    name: str
+    iv: str
+    at: str
+    body: tuple["Stmt", ...]
+
+
+Stmt = Union[Constant, AddIndex, MulIndex, ExtractArg, AllocatePool, ApplyMap, Execute, ForLoop, IfIteration]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,7 +181,7 @@ class BundlePlan:
             for s in stmts:
                 if isinstance(s, Execute):
                     out.append(s)
-                elif isinstance(s, ForLoop):
+                elif isinstance(s, (ForLoop, IfIteration)):
                     walk(s.body)
 
         walk(self.body)
@@ -302,6 +314,7 @@ def plan_bundle(program: Program) -> BundlePlan:
     strides: dict[sympy.Expr, str] = {}  # a symbolic stride -> the SSA value computing it
     symbols: dict[Base, int] = {}
     bounds: list[Constant] = []
+    lasts: dict[str, Constant] = {}  # the last iteration of each loop that guards an op with it
     n_ops, n_addr = 0, 0
 
     def op(spec: OpSpec, loops: tuple[int, ...]) -> list[Stmt]:
@@ -352,6 +365,14 @@ def plan_bundle(program: Program) -> BundlePlan:
                 bounds.append(Constant(name=f"loop_bound_{k}", value=spec.count))
                 out.append(ForLoop(index=k, count=spec.count, iv=f"i_{k}", bound=f"loop_bound_{k}",
                                    body=body(spec.body, loops + (k,))))
+            elif spec.runs != "every":  # an op of one iteration of its innermost loop: guarded by an scf.if
+                k = loops[-1]
+                at = "c0"
+                if spec.runs == "last":
+                    at = f"loop_last_{k}"
+                    if at not in lasts:
+                        lasts[at] = Constant(name=at, value=bounds[k].value - 1)
+                out.append(IfIteration(name=f"guard_{n_ops}", iv=f"i_{k}", at=at, body=tuple(op(spec, loops))))
             else:
                 out.extend(op(spec, loops))
         return tuple(out)
@@ -363,7 +384,7 @@ def plan_bundle(program: Program) -> BundlePlan:
         prelude.append(AllocatePool(name="pool", nbytes=regions.pool_bytes))
     prelude.extend(ExtractArg(name=f"arg_{ai}", source=f"arg_{ai}_base_addr") for ai in arg_indices)
     if bounds:
-        prelude += [Constant(name="c0", value=0), Constant(name="c1", value=1), *bounds]
+        prelude += [Constant(name="c0", value=0), Constant(name="c1", value=1), *bounds, *lasts.values()]
     # a stride that is an expression in a symbolic size, computed once
     prelude += [Constant(name=name, value=x) for x, name in strides.items()]
     for base in symbols:
@@ -490,6 +511,11 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, lines: list[str]) -> None:
             spaces = f', "core_spaces"={core_spaces_attr(s.core_spaces)}' if s.core_spaces else ""
             lines.append(f'{tab}sdscbundle.sdsc_execute ({operands}) {{sdsc_filename="{s.filename}", '
                          f'"symbol_ids"=[{ids}]{spaces}}} // {s.comment}')
+        elif isinstance(s, IfIteration):
+            lines.append(f"{tab}%{s.name} = arith.cmpi eq, %{s.iv}, %{s.at} : index")
+            lines.append(f"{tab}scf.if %{s.name} {{")
+            _stmts(s.body, depth + 1, lines)
+            lines.append(f"{tab}}}")
         else:
             lines.append(f"{tab}scf.for %{s.iv} = %c0 to %{s.bound} step %c1 {{")
             _stmts(s.body, depth + 1, lines)

@@ -24,6 +24,7 @@ from fspyre.lower.bundle import (
     Execute,
     ExtractArg,
     ForLoop,
+    IfIteration,
     MulIndex,
     Stmt,
     core_spaces_attr,
@@ -85,6 +86,15 @@ def _stmts(stmts: tuple[Stmt, ...], depth: int, plan: BundlePlan, lines: list[st
             spaces = f", core_spaces = {core_spaces_attr(s.core_spaces)}" if s.core_spaces else ""
             lines.append(f'{tab}"sdscbundle.sdsc_execute"({operands}) {{sdsc_filename = "{s.filename}", '
                          f'symbol_ids = [{ids}]{spaces}}} : ({types}) -> ()  // {s.comment}')
+        elif isinstance(s, IfIteration):
+            # predicate 0 is "eq"; an scf.if without results has an empty else region
+            lines.append(f'{tab}%{s.name} = "arith.cmpi"(%{s.iv}, %{s.at}) <{{predicate = 0 : i64}}> '
+                         f': (index, index) -> i1')
+            lines.append(f'{tab}"scf.if"(%{s.name}) ({{')
+            _stmts(s.body, depth + 1, plan, lines)
+            lines.append(f'{tab}{_INDENT}"scf.yield"() : () -> ()')
+            lines.append(f"{tab}}}, {{")
+            lines.append(f"{tab}}}) : (i1) -> ()")
         else:
             assert isinstance(s, ForLoop)
             lines.append(f'{tab}"scf.for"(%c0, %{s.bound}, %c1) ({{')

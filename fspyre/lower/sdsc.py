@@ -31,7 +31,7 @@ from fspyre.machine import formats
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.rules import core_slices, device_bytes, row_major_strides
 
-SCHEMA = "fspyre.sdsc/1"
+SCHEMA = "fspyre.sdsc/2"  # 2: "runs" (an op of its loop's first or last iteration only)
 
 
 def sdsc_json(program: Program) -> dict[str, dict]:
@@ -127,6 +127,8 @@ def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int])
         "op": spec.op,
         "name": spec.name,
         "is_reduction": spec.is_reduction,
+        # "first" / "last": the bundle runs this op only in that iteration of its innermost loop
+        "runs": spec.runs,
         "loops": [
             {"loop": k, "induction_var": f"%i_{k}", "count": loop_counts[k], "tiled_symbols": [str(s) for s in syms]}
             for k, syms in zip(ex.loops, tiled, strict=True)

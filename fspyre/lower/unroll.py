@@ -3,7 +3,8 @@
 Innermost loops first, as the anchor's E1/E2 ``unroll_loop_specs``: copy ``i`` of a loop's
 body has each HBM tensor's address moved by ``i * tile_advance[level]`` and that level
 dropped from ``tile_advance`` and ``tiled_symbols``, so once every loop is gone both are
-``()``. Execution order is unchanged, which is why the interpreter must give identical
+``()``; an op that runs only in the first or last iteration (``OpSpec.runs``) is in that copy
+only. Execution order is unchanged, which is why the interpreter must give identical
 results on both forms. Programs and OpSpecs outside loops are returned as they are.
 """
 
@@ -28,8 +29,12 @@ def _expand(spec: Spec, depth: int) -> tuple[OpSpec, ...]:
     if isinstance(spec, OpSpec):
         _check_levels(spec, depth)
         return (spec,)
-    inner = tuple(op for s in spec.body for op in _expand(s, depth + 1))
-    return tuple(_peel(op, depth, i) for i in range(spec.count) for op in inner)
+    inner = [(s.runs if isinstance(s, OpSpec) else "every", _expand(s, depth + 1)) for s in spec.body]
+    last = spec.count - 1
+    # a guarded op (OpSpec.runs) is copied into its one iteration, where it runs unguarded
+    return tuple(_peel(op, depth, i) if runs == "every" else replace(_peel(op, depth, i), runs="every")
+                 for i in range(spec.count) for runs, ops in inner
+                 if runs == "every" or i == (0 if runs == "first" else last) for op in ops)
 
 
 def _check_levels(spec: OpSpec, depth: int) -> None:

@@ -1200,12 +1200,14 @@ def _check_written_bytes(mem: Memory, addrs: np.ndarray, nbytes: int, what: _Whe
 
 
 def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, program: Program,
-              plan: _ProgramPlan) -> None:
+              plan: _ProgramPlan, first: bool = True, last: bool = True) -> None:
     for spec in body:
         if isinstance(spec, LoopSpec):
             for i in range(spec.count):
-                _run_body(spec.body, iters + (i,), m, program, plan)
+                _run_body(spec.body, iters + (i,), m, program, plan, i == 0, i == spec.count - 1)
         else:
+            if spec.runs == "first" and not first or spec.runs == "last" and not last:
+                continue  # a guarded op (OpSpec.runs): one iteration of its innermost loop
             op = plan.ops.get(id(spec))
             if op is None:
                 if spec.cores > program.cores:

@@ -24,6 +24,7 @@ from fspyre.machine.rules import (
     box_bytes,
     coord_bounds,
     device_bytes,
+    live_chain,
     live_intervals,
     lx_box,
     program_timeline,
@@ -103,7 +104,7 @@ def program_accesses(program: Program) -> tuple[list[_Access], dict[str, tuple[i
             accesses.append(_Access(time=t, spec=spec, arg=arg, is_write=is_write,
                                     cores=writers if is_write else np.ones(len(writers), dtype=bool),
                                     lows=lows, highs=highs, counts=counts))
-            uses.setdefault(arg.name, []).append((t, chain))
+            uses.setdefault(arg.name, []).append((t, live_chain(chain, spec.runs)))
     return accesses, live_intervals(uses, spans), len(ops)
 
 

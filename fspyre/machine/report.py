@@ -36,12 +36,14 @@ from fspyre.machine.spyre import (
 
 ASSUMPTIONS = (
     "HBM bytes: the stick-padded device box each op touches per loop iteration (union over its cores), "
-    "times the iterations of its enclosing loops; graph inputs and outputs at their device size",
+    "times the iterations of its enclosing loops (an op of a loop's first or last iteration only: of the loops "
+    "outside that one); graph inputs and outputs at their device size",
     "every HBM access of every op is counted each time the op runs: nothing is assumed to be cached or "
     "cloned into LX unless the program does it",
     "all cores reading the same HBM bytes in one op count them once (the anchor's fitted model charges a "
     "broadcast operand at its own size)",
-    "a kernel is a top-level op or a top-level loop nest; LX traffic is free and not timed",
+    "a kernel is a top-level op or a top-level loop nest, with the ops of its loops' first and last iterations; "
+    "LX traffic is free and not timed",
     f"memory time = (R + W) / {HBM_BYTES_PER_NS:g} B/ns + {HBM_TURNAROUND_NS_PER_BYTE} ns/B x min(R, W) over the "
     "whole program (fitted one-directional peak and read/write turnaround), charged to each kernel by its "
     "share of the bytes, so the same bytes cost the same whatever the kernel boundaries",
@@ -220,7 +222,8 @@ def traffic_report(program: Program) -> TrafficReport:
     # touch the same bytes wherever their tensors are: computed once per shape.
     shapes: dict[tuple, _OpBytes] = {}
     for t, spec, chain, counts in ops:
-        iters = math.prod(counts)
+        # a guarded op runs once per iteration of the loops outside its innermost one
+        iters = math.prod(counts[:-1] if spec.runs != "every" else counts)
         shape = (spec.op, spec.iteration_space, spec.core_spaces, frozenset(reduced_symbols(spec)),
                  tuple((a.device_coordinates, a.device_size, a.device_dtype, a.memory) for a in spec.args))
         b = shapes.get(shape)

@@ -278,6 +278,14 @@ def common_loops(chains: Sequence[Sequence[int]]) -> int:
     return common
 
 
+def live_chain(chain: tuple[int, ...], runs: str) -> tuple[int, ...]:
+    """The enclosing loops a use counts for liveness: an op of only the first or last
+    iteration of its innermost loop uses its buffers as if it ran before or after that loop,
+    so what it writes lives across all the loop's iterations and what it reads lives until
+    the last one (``OpNode.runs``)."""
+    return chain[:-1] if runs != "every" else chain
+
+
 def live_intervals(uses: Mapping[str, Sequence[tuple[int, tuple[int, ...]]]],
                    loop_spans: Mapping[int, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     """``[start, end)`` per buffer from its uses ``(time, enclosing loop ids outermost first)``."""

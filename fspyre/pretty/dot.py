@@ -120,7 +120,8 @@ def _tree(t: LoopTree) -> str:
                 yield f"{pad}  }}"
             else:
                 ops.append((f"n_{p}", n.op))
-                yield f"{pad}  n_{p} [label={_q(_op_label(n.op))}, {_OP}];"
+                once = "" if n.runs == "every" else f"\n({n.runs} iteration)"
+                yield f"{pad}  n_{p} [label={_q(_op_label(n.op) + once)}, {_OP}];"
 
     nodes = list(body(t.body, (), 0))
     producers.update({op.store.buffer: nid for nid, op in ops})

@@ -45,7 +45,15 @@ from fspyre.ir.kinds import LX_SOLVERS, LxSolver
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
-from fspyre.machine.rules import box_bytes, common_loops, coord_bounds, live_intervals, lx_box, writing_cores
+from fspyre.machine.rules import (
+    box_bytes,
+    common_loops,
+    coord_bounds,
+    live_chain,
+    live_intervals,
+    lx_box,
+    writing_cores,
+)
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
 from fspyre.stages.split_plan import verify_split_shapes
@@ -131,7 +139,7 @@ def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
             uses.setdefault(acc.buffer, []).append(
                 _Use(time=t, node=node, split=split, access=acc, chain=chain, counts=record.counts, lows=lows,
                      highs=highs, cores=cores))
-            times.setdefault(acc.buffer, []).append((t, chain))
+            times.setdefault(acc.buffer, []).append((t, live_chain(chain, node.runs)))
     live = live_intervals(times, spans)
     at_time: dict[int, list[_Use]] = {}
     for us in uses.values():

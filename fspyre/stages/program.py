@@ -212,6 +212,7 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         tiled_symbols=tiled,
         name=op.name,
         core_spaces=core_spaces([op_split.extents(d.name, d.size) for d in dims]),
+        runs=node.runs,
     )
 
 
@@ -256,6 +257,13 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
         raise LoweringError(f"{where} runs on {spec.cores} cores, more than the program's {program.cores}")
     if spec.tiled_symbols and len(spec.tiled_symbols) != depth:
         raise LoweringError(f"{where} sits in {depth} loops but lists tiled_symbols for {len(spec.tiled_symbols)}")
+    if spec.runs != "every":
+        moving = [a.name for a in spec.args if a.tile_advance and a.tile_advance[-1] != 0]
+        if depth == 0 or moving or (spec.tiled_symbols and spec.tiled_symbols[-1]):
+            why = ("it sits in no loop" if depth == 0 else f"tensor {moving[0]} advances there" if moving
+                   else f"it tiles {[str(s) for s in spec.tiled_symbols[-1]]} there")
+            raise LoweringError(f"{where} runs only in the {spec.runs} iteration of its innermost loop, but {why}; "
+                                f"a guarded op runs once per iteration of the loops outside that one")
     space = {s.name for s in spec.iteration_space}
     stray = [s.name for level in spec.tiled_symbols for s in level if s.name not in space]
     if stray:

@@ -41,7 +41,17 @@ import sympy
 from fspyre.errors import FspyreError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
+from fspyre.ir.looptree import (
+    Loop,
+    LoopTree,
+    Node,
+    OpNode,
+    TileStep,
+    TreeBuffer,
+    carried_buffers,
+    op_nodes,
+    walk,
+)
 from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
 from fspyre.ir.program import Program
 from fspyre.machine.indexing import free_names
@@ -93,13 +103,59 @@ def _hoist_body(body: Sequence[Node]) -> tuple[Node, ...]:
             # reading nothing the loop writes
             if (isinstance(child, OpNode) and not child.tiling[-1] and writers[child.op.store.buffer] == 1
                     and not any(ld.buffer in writers for ld in child.op.loads)):
-                moved.append(replace(child, tiling=child.tiling[:-1]))
+                moved.append(replace(child, tiling=child.tiling[:-1], runs="every"))
                 del writers[child.op.store.buffer]
             else:
                 kept.append(child)
         out.extend(moved)
         if kept:
             out.append(replace(node, body=tuple(kept)) if tuple(kept) != node.body else node)
+    return tuple(out)
+
+
+def guard_boundaries(tree: LoopTree) -> LoopTree:
+    """Ops that run just before or just after a loop, in the same body, run inside it as ops of
+    its first or last iteration (``OpNode.runs``): a copy of a loop-invariant operand, an
+    accumulator's fill, a finish. They run at the same moment, on the same data, but in the
+    loop's kernel, whose memory time then includes their bytes instead of them being kernels
+    of their own (docs/tiling.md, "Kernel boundaries"). Ops before a loop join it (as its
+    first iteration's), ops after the last loop of a body join that one (as its last
+    iteration's); an op already guarded in the enclosing loop stays where it is."""
+    body = _guarded_body(tree.body, len(()), frozenset(b.name for b in tree.buffers if b.scope == "full"))
+    return tree if body == tree.body else replace(tree, body=body)
+
+
+def _guarded_body(body: Sequence[Node], depth: int, full: frozenset[str]) -> tuple[Node, ...]:
+    out: list[Node] = []
+    pending: list[OpNode] = []
+
+    def joined(loop: Loop, firsts: Sequence[OpNode], lasts: Sequence[OpNode]) -> Loop:
+        inner = (tuple(replace(n, tiling=n.tiling + ((),), runs="first") for n in firsts) + loop.body
+                 + tuple(replace(n, tiling=n.tiling + ((),), runs="last") for n in lasts))
+        return replace(loop, body=inner, carried=carried_buffers(inner, depth, full))
+
+    for node in body:
+        if isinstance(node, OpNode):
+            if node.guarded and len(node.tiling) == depth:  # already one iteration's op of the enclosing loop
+                out.extend(pending)
+                pending = []
+                out.append(node)
+            else:
+                pending.append(node)
+            continue
+        loop = replace(node, body=_guarded_body(node.body, depth + 1, full))
+        if loop.body == node.body:
+            loop = node
+        out.append(joined(loop, pending, ()) if pending else loop)
+        pending = []
+    last = next((k for k in range(len(out) - 1, -1, -1) if isinstance(out[k], Loop)), None)
+    if pending and last is not None and all(not isinstance(n, OpNode) or not n.guarded or len(n.tiling) != depth
+                                            for n in out[last + 1:]):
+        loop = out[last]
+        assert isinstance(loop, Loop)
+        out[last] = joined(loop, (), pending)
+    else:
+        out.extend(pending)
     return tuple(out)
 
 
@@ -165,6 +221,12 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
     unchanged = _Candidate(tree=tree, split=split, allocation=alloc)
     if options.enabled and options.allocation.lx_planning:
         unchanged = _pinned(unchanged, machine, options, judge)
+    if options.enabled:
+        guarded = guard_boundaries(unchanged.tree)
+        if guarded is not unchanged.tree:
+            split = divide_work(guarded, machine, options.split)
+            unchanged = _Candidate(tree=guarded, split=split,
+                                   allocation=allocate(guarded, split, machine, options.allocation))
     return judge.settled(_choose(unchanged.tree, unchanged, machine, options, judge))
 
 
@@ -570,7 +632,8 @@ def _regions(tree: LoopTree) -> list[_Region]:
             depth = (moving[-1] + 1) if moving else 0
             steps = tuple(tuple(s for s in level if s.dim in names) for level in node.tiling[:depth])
             key = (ld.buffer, ld.index, walked, steps, path[:depth])
-            found.setdefault(key, []).append((path, node.name, len(node.tiling)))
+            # a guarded op runs once per iteration of the loops outside its innermost one
+            found.setdefault(key, []).append((path, node.name, len(node.tiling) - node.guarded))
     regions: list[_Region] = []
     taken = {b.name for b in tree.buffers} | set(order)
 
@@ -695,7 +758,8 @@ def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, Fro
         buffers.append(b)
         buffers.extend(added.get(b.name, ()))
     scopes = tuple(HintScope(id=scope_of[op], work_div=h) for op, h in hints.items())
-    return replace(tree, body=body, buffers=tuple(buffers), hints=tree.hints + scopes)
+    # a copy placed before a loop runs in the loop's first iteration
+    return guard_boundaries(replace(tree, body=body, buffers=tuple(buffers), hints=tree.hints + scopes))
 
 
 def _rewrite_body(body: Sequence[Node], prefix: tuple[int, ...], copies: Mapping[tuple[int, ...], list[OpNode]],
