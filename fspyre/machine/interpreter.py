@@ -633,6 +633,11 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
         raise ExecutionError(f"op {name}: {spec.op} takes {arity} operands, op_info gives {len(info.operands)}",
                              op=name)
     *ins, last = spec.args
+    moving = [a for a in spec.args if spec.runs != "every" and a.tile_advance and a.tile_advance[-1] != 0]
+    if moving:
+        raise ExecutionError(f"op {name} runs only in the {spec.runs} iteration of its innermost loop, but tensor "
+                             f"{moving[0].name} advances {moving[0].tile_advance[-1]} bytes per iteration there; "
+                             f"a guarded op's tensors do not move with that loop", op=name)
     if fn not in REDUCTION_OPERANDS:
         # a pointwise op writes each output element once: a symbol its output does not use
         # can only spread the op over cores, one point each (a copy into every core's LX)

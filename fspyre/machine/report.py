@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -98,6 +99,10 @@ class TrafficReport:
     lx_peak_per_core: tuple[int, ...]
     cores_used: int
     cores: int
+    # the sum of the kernels' times, computed exactly and rounded once: the same bytes charged
+    # to differently merged kernels give the same total to the last bit (keep_resident and the
+    # tiling search compare such programs)
+    time_ns: float
     assumptions: tuple[str, ...] = ASSUMPTIONS
 
     @property
@@ -128,9 +133,6 @@ class TrafficReport:
     def lx_peak(self) -> int:
         return max(self.lx_peak_per_core, default=0)
 
-    @property
-    def time_ns(self) -> float:
-        return sum(k.time_ns for k in self.kernels)
 
     def __str__(self) -> str:
         rows = [("op", "fn", "kernel", "iters", "cores", "HBM read", "HBM write", "LX read", "LX write")]
@@ -243,19 +245,23 @@ def traffic_report(program: Program) -> TrafficReport:
     total_r, total_w = sum(o.hbm_read for o in out), sum(o.hbm_write for o in out)
     # Turnaround is a property of the program's read/write mix; charging it per kernel would make
     # a split into read-only and write-only kernels look free of it at equal bytes.
-    turnaround_per_byte = (HBM_TURNAROUND_NS_PER_BYTE * min(total_r, total_w) / (total_r + total_w)
-                           if total_r + total_w else 0.0)
+    turnaround_per_byte = (Fraction(HBM_TURNAROUND_NS_PER_BYTE) * min(total_r, total_w) / (total_r + total_w)
+                           if total_r + total_w else Fraction(0))
+    per_byte = 1 / Fraction(HBM_BYTES_PER_NS) + turnaround_per_byte
+    total = Fraction(0)
     for index, rows in kernels.items():
         r, w = sum(o.hbm_read for o in rows), sum(o.hbm_write for o in rows)
-        mem = (r + w) / HBM_BYTES_PER_NS + turnaround_per_byte * (r + w)
-        compute = sum(o.core_macs / MACS_PER_NS_PER_CORE for o in rows if o.macs)
+        mem = per_byte * (r + w)
+        compute = sum(Fraction(o.core_macs) for o in rows if o.macs) / Fraction(MACS_PER_NS_PER_CORE)
+        total += max(mem, compute)
         estimates.append(KernelEstimate(index=index, ops=tuple(o.name for o in rows), hbm_read=r, hbm_write=w,
-                                        macs=sum(o.macs for o in rows), memory_ns=mem, compute_ns=compute))
+                                        macs=sum(o.macs for o in rows), memory_ns=float(mem),
+                                        compute_ns=float(compute)))
     comp_r = sum(_arg_bytes(a) for a in program.kernel_args if a.is_input)
     comp_w = sum(_arg_bytes(a) for a in {a.buffer: a for a in program.kernel_args
                                                        if not a.is_input}.values())
     return TrafficReport(
         program=program.name, ops=tuple(out), kernels=tuple(estimates), compulsory_read=comp_r,
         compulsory_write=comp_w, lx_peak_per_core=tuple(int(x) for x in lx_peak),
-        cores_used=max((o.cores for o in out), default=0), cores=program.cores,
+        cores_used=max((o.cores for o in out), default=0), cores=program.cores, time_ns=float(total),
     )

@@ -75,6 +75,18 @@ def evaluate_bundle(text: str, kernel_bases: dict[int, int], pool_base: int) -> 
             elif m := EXEC_RE.match(ln):
                 operands = [o.strip().lstrip("%") for o in m.group(1).split(",") if o.strip()]
                 trace.append((m.group(2), [env[o] for o in operands]))
+            elif m := re.match(r"^%(\w+) = arith\.cmpi eq, %(\w+), %(\w+) : index$", ln):
+                env[m.group(1)] = int(env[m.group(2)] == env[m.group(3)])
+            elif m := re.match(r"^scf\.if %(\w+) \{$", ln):
+                if env[m.group(1)]:
+                    i = block(i + 1)
+                else:  # skip to the matching close brace
+                    depth = 1
+                    while depth:
+                        i += 1
+                        depth += lines[i].endswith("{") - (lines[i] == "}")
+                    i += 1
+                continue
             elif m := re.match(r"^scf\.for %(i_\d+) = %c0 to %(loop_bound_\d+) step %c1 \{$", ln):
                 end = i + 1
                 for k in range(env[m.group(2)]):
@@ -106,12 +118,12 @@ def expected_trace(program) -> list[tuple[str, list[int]]]:
     index = {id(s): i for i, s in enumerate(op_specs(program))}
     out = []
 
-    def walk(body, iters):
+    def walk(body, iters, counts=()):
         for spec in body:
             if isinstance(spec, LoopSpec):
                 for i in range(spec.count):
-                    walk(spec.body, iters + (i,))
-            else:
+                    walk(spec.body, iters + (i,), counts + (spec.count,))
+            elif spec.runs == "every" or iters[-1] == (0 if spec.runs == "first" else counts[-1] - 1):
                 out.append((f"sdsc_{index[id(spec)]}.json",
                             [t.address + sum(i * a for i, a in zip(iters, t.tile_advance)) for t in spec.args]))
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROGRAMS = all_programs()
 
-OP_KEYS = {"schema", "file", "index", "op", "name", "is_reduction", "loops", "iteration_space", "cores",
+OP_KEYS = {"schema", "file", "index", "op", "name", "is_reduction", "runs", "loops", "iteration_space", "cores",
            "core_to_slice", "core_spaces", "tensors", "op_info"}
 TENSOR_KEYS = {"name", "role", "operand", "arg_index", "device_dtype", "device_size", "device_coordinates",
                "allocation", "address", "core_offsets", "tile_advance", "bytes"}

@@ -37,14 +37,18 @@ def assert_identical(a: dict, b: dict) -> None:
 
 
 def _trip_product(program) -> int:
-    """How many OpSpecs the unrolled program has: each op times its enclosing counts."""
-    def count(body, mult):
+    """How many OpSpecs the unrolled program has: each op times its enclosing counts (an op of
+    one iteration of its innermost loop, times the counts outside that one)."""
+    def count(body, mult, inner):
         n = 0
         for s in body:
-            n += count(s.body, mult * s.count) if isinstance(s, LoopSpec) else mult
+            if isinstance(s, LoopSpec):
+                n += count(s.body, mult * s.count, s.count)
+            else:
+                n += mult if s.runs == "every" else mult // inner
         return n
 
-    return count(program.body, 1)
+    return count(program.body, 1, 1)
 
 
 def check_unrolled(program, graph, seed: int = 0, exact: bool = True) -> None:

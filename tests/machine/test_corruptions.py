@@ -22,7 +22,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import sympy
-from replica_programs import replicated_matmul
+from replica_programs import replicated_matmul, with_specs
 
 import fspyre
 from fspyre.errors import ExecutionError, FspyreError
@@ -279,9 +279,11 @@ def test_every_planted_corruption_is_caught(cores, tiling):
 def _replica_program():
     graph, program, copy = replicated_matmul()
     (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
-    mm = loop.body[0]
-    # every core holds b whole; the matmul runs twice over 16 rows, 4 rows per core
+    mm = next(s for s in loop.body if s.op == "batchmatmul")
+    # every core holds b whole, copied in the loop's first iteration; the matmul runs twice
+    # over 16 rows, 4 rows per core
     assert copy.iteration_space[next(iter(copy.iteration_space))] == (4, 4) and loop.count == 2
+    assert copy in loop.body and copy.runs == "first"
     assert mm.op == "batchmatmul" and [space[0] for space in mm.core_spaces] == [(0, 4), (4, 4), (8, 4), (12, 4)]
     return graph, program, copy
 
@@ -291,8 +293,7 @@ def _rows_of(cores) -> list[int]:
 
 
 def _insert_after(program: Program, target, new) -> Program:
-    body = tuple(x for s in program.body for x in ((s, new) if s is target else (s,)))
-    return dataclasses.replace(program, body=body)
+    return with_specs(program, target, (target, new))
 
 
 def _with_cores(spec: OpSpec, cores: int) -> OpSpec:

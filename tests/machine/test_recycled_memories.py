@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from replica_programs import replicated_matmul
+from replica_programs import replicated_matmul, with_specs
 
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
@@ -28,7 +28,7 @@ def _programs():
     graph, program, copy = replicated_matmul()
     space = FrozenMap((s, (64, 1) if s.name == "K" else v) for s, v in copy.iteration_space.items())
     half = dataclasses.replace(copy, iteration_space=space, core_spaces=even_core_spaces(space))
-    cut = dataclasses.replace(program, body=tuple(half if s is copy else s for s in program.body))
+    cut = with_specs(program, copy, (half,))
     return program, cut, inputs_for(graph)
 
 
