@@ -48,7 +48,7 @@ from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
-from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
+from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +94,8 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
     found = [Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels]
     groups = sorted(hinted.groups + tuple(found), key=lambda g: position[g.ops[0]])
     plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings, notes=hinted.notes)
+    if found:  # a searched accumulation's readers run after its loop, as _judge compiled them
+        plan = split_at_tiled_reductions(graph, plan, options.online)
     note = ""
     if found:
         # Each group was judged alone; together they share LX and copies differently. The
@@ -234,6 +236,7 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
                 break
             best_rank = rank
     _try_online(ctx, judge, members, ops, chosen, levels)
+    _try_accumulation(ctx, judge, members, ops)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
     return GroupSearch(consumer=members[-1], ops=tuple(members),
                        candidates=tuple(c.candidate for c in judge.tried), chosen=best)
@@ -259,6 +262,45 @@ def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequen
                 if best_rank is not None and rank >= best_rank:
                     break
                 best_rank = rank
+
+
+def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op]) -> None:
+    """Judge tiling the reduction dim of a sum or matmul in the group (a K-accumulation: the
+    partial results summed into an accumulator across the tiles) when the ops before it
+    produce that dim as an output dim: the mlp's second matmul over the hidden dim, whose
+    producers (the first matmul, its bias, gelu) then walk the hidden dim with it. Each weight
+    is read once, where a token tiling re-reads both per tile; the copy of the tokens and the
+    finish (the cast, the bias add writing y) run in the loop's first and last iterations
+    (``fspyre.stages.residency.guard_boundaries``). Loop fission puts the readers of the sum
+    after the loop. Counts from the coarsest up until one fits, then finer while the estimate
+    improves."""
+    for dim, size in _accumulation_dims(ops):
+        best_rank = None
+        for c in _counts(ctx, ops, dim, size):
+            cand = judge(members, (Level(count=c, dims=(dim,), source="auto"),))
+            if cand.verdict != "fits":
+                continue
+            rank = _rank(cand)
+            if best_rank is not None and rank >= best_rank:
+                break
+            best_rank = rank
+
+
+def _accumulation_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
+    """The reduction dims of the group's sums and matmuls that are not an output dim of the
+    consumer and that some op before the reduction in the group produces as an output dim
+    (tiling only the reduction's own operand loads re-reads nothing: the search keeps to dims
+    a producer chain walks with it)."""
+    out: list[tuple[str, int]] = []
+    consumer = {d.name for d in ops[-1].ranges}
+    for k, op in enumerate(ops):
+        if not isinstance(op, Reduction) or op.fn not in ("sum", "matmul"):
+            continue
+        for d in op.reduction_ranges:
+            if (d.size > 1 and d.name not in consumer and (d.name, d.size) not in out
+                    and any(any(r.name == d.name and r.size == d.size for r in p.ranges) for p in ops[:k])):
+                out.append((d.name, d.size))
+    return out
 
 
 def _online_dims(ctx: _Search, ops: Sequence[Op]) -> list[tuple[str, int]]:
@@ -355,6 +397,8 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
     sub = _subgraph(ctx, members)
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:
+        # a level over a reduction dim that ops of the group read the result of: loop fission
+        plan = split_at_tiled_reductions(sub, plan, ctx.options.online)
         placed = place_copies(tile(sub, plan, ctx.options.online), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         tree, alloc = placed.tree, placed.allocation
