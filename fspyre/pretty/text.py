@@ -268,7 +268,7 @@ def _peeled(node: OpNode) -> str:
     return "  tail " + ", ".join(f"{p.dim}@{p.start}" for p in node.peeled)
 
 
-def _runs(runs: str) -> str:
+def _once(runs: str) -> str:
     """``"  [first iteration]"`` for a guarded op (empty for one of every iteration)."""
     return "" if runs == "every" else f"  [{runs} iteration]"
 
@@ -284,7 +284,7 @@ def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
                 inner = compact(n.body)
                 out.append(_under(f"for {var} in 0..{n.count}:  {tiles}", inner))
             else:
-                out.append(text(f"{_call_text(n.op)}  {_space(n.op)}{_peeled(n)}{_runs(n.runs)}"))
+                out.append(text(f"{_call_text(n.op)}  {_space(n.op)}{_peeled(n)}{_once(n.runs)}"))
         return out
 
     def scoped(name: str) -> str:
@@ -302,7 +302,7 @@ def _loop_tree(t: LoopTree, detailed: bool) -> Doc:
             else:
                 op = n.op
                 ins = ", ".join(scoped(o.buffer) if isinstance(o, Load) else repr(o.value) for o in op.operands)
-                head = f"[{_path(p)}] {op.name}: {op.fn}({ins}) -> {scoped(op.store.buffer)}{_runs(n.runs)}"
+                head = f"[{_path(p)}] {op.name}: {op.fn}({ins}) -> {scoped(op.store.buffer)}{_once(n.runs)}"
                 levels = ", ".join(f"L{k}: {_steps(lv)}" for k, lv in enumerate(n.tiling))
                 detail = [_op_doc(op), text(f"tiling=[{levels}]")]
                 if n.origin:
