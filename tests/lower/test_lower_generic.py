@@ -82,12 +82,12 @@ def test_property_xdsl_parses(case):
 
 
 def _applies(stmts):
-    from fspyre.lower.bundle import ApplyMap, ForLoop
+    from fspyre.lower.bundle import ApplyMap, ForLoop, IfIteration
 
     for s in stmts:
         if isinstance(s, ApplyMap):
             yield s
-        elif isinstance(s, ForLoop):
+        elif isinstance(s, (ForLoop, IfIteration)):
             yield from _applies(s.body)
 
 
