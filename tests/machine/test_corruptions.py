@@ -7,7 +7,10 @@ The fields left out are labels the device does not read (a tensor's ``name``, an
 ``name``), the operand order of a commutative op, ``op_info``'s count outside ``mean`` and
 ``var`` (the only fns that divide by it), and ``tiled_symbols``, which records for printers
 and the anchor which symbols a loop tiles: the addresses each loop moves are the tensors'
-``tile_advance``, which is planted here. An LX tensor's ``device_size`` matters only in its
+``tile_advance``, which is planted here. A wrong guard (``runs``) is planted as an op of a
+loop's first iteration run in its last and vice versa, and a fill run in every iteration; a
+copy of a loop-invariant operand run in every iteration is no corruption (the same values,
+more traffic). An LX tensor's ``device_size`` matters only in its
 stick dim (each core lays its slice out over its own box) and in its bounds: growing another
 dim is harmless to the device too, and so is moving one access's coordinates by a whole stick
 or row that stays inside the device size (the box moves with them: a full-scope buffer kept in
@@ -72,6 +75,14 @@ def _graphs():
     a, b = g.input("a", (M, K), "float16"), g.input("b", (K, N), "float16")
     bias = g.input("bias", (N,), "float16")
     with g.hint(slices={"M": 2}):
+        g.output("y", g.add(g.matmul(a, b), bias))
+    yield g.build()
+
+    g = fspyre.GraphBuilder("matmul_k")  # a K-accumulation: fill, cast and bias add guarded in its loop
+    M, K, N = g.dim("M", 32), g.dim("K", 256), g.dim("N", 128)
+    a, b = g.input("a", (M, K), "float16"), g.input("b", (K, N), "float16")
+    bias = g.input("bias", (N,), "float16")
+    with g.hint(slices={"K": 2}):
         g.output("y", g.add(g.matmul(a, b), bias))
     yield g.build()
 
@@ -198,12 +209,32 @@ def _kernel_plants(program: Program):
         yield "kernel order", dataclasses.replace(program, kernel_args=placed)
 
 
+def _guard_plants(program: Program, loop: LoopSpec):
+    """An op of the loop's first iteration run in its last instead and vice versa (each moved
+    to where such an op sits), and a fill run in every iteration. (A copy of a loop-invariant
+    operand run in every iteration computes the same values with more traffic: no plant.)"""
+    for spec in loop.body:
+        if not isinstance(spec, OpSpec) or spec.runs == "every":
+            continue
+        rest = tuple(x for x in loop.body if x is not spec)
+        if spec.runs == "first":
+            body = rest + (dataclasses.replace(spec, runs="last"),)
+        else:
+            body = (dataclasses.replace(spec, runs="first"),) + rest
+        yield "runs", _at(program, loop, dataclasses.replace(loop, body=body))
+        if spec.runs == "first" and op_fn(spec.op) == "full":
+            heads = sum(1 for x in rest if isinstance(x, OpSpec) and x.runs == "first")
+            body = rest[:heads] + (dataclasses.replace(spec, runs="every"),) + rest[heads:]
+            yield "runs", _at(program, loop, dataclasses.replace(loop, body=body))
+
+
 def plants(program: Program):
     """(field, corrupted program) for every field of every node of ``program``."""
     for spec in [s for s in _walk(program.body) if isinstance(s, LoopSpec)]:
         yield "loop.count", _at(program, spec, dataclasses.replace(spec, count=spec.count + 1))
         if spec.count > 1:
             yield "loop.count", _at(program, spec, dataclasses.replace(spec, count=spec.count - 1))
+        yield from _guard_plants(program, spec)
     for spec in op_specs(program):
         for field, new in _spec_plants(spec):
             yield field, _at(program, spec, new)
@@ -239,7 +270,7 @@ def caught(program: Program, inputs, clean) -> str | None:
 # Fields the device reads, which the oracle must catch by itself (the rest -- a kernel
 # argument's buffer name, the outermost device dim -- only the verifier can: the
 # device does not read them, or reads them to the same addresses).
-_ORACLE_FIELDS = {"op", "is_reduction", "split", "size", "loop.count", "arg.arg_index", "arg.is_input",
+_ORACLE_FIELDS = {"op", "is_reduction", "split", "size", "loop.count", "runs", "arg.arg_index", "arg.is_input",
                   "arg.address", "arg.memory", "arg.device_coordinates", "arg.tile_advance", "arg.device_dtype",
                   "arg order", "kernel.arg_index", "kernel order", "kernel.address", "kernel.stride_map",
                   "kernel.is_input", "kernel.device_size", "program.cores", "program.hbm_bytes"}
