@@ -121,7 +121,7 @@ def guard_boundaries(tree: LoopTree) -> LoopTree:
     of their own (docs/tiling.md, "Kernel boundaries"). Ops before a loop join it (as its
     first iteration's), ops after the last loop of a body join that one (as its last
     iteration's); an op already guarded in the enclosing loop stays where it is."""
-    body = _guarded_body(tree.body, len(()), frozenset(b.name for b in tree.buffers if b.scope == "full"))
+    body = _guarded_body(tree.body, 0, frozenset(b.name for b in tree.buffers if b.scope == "full"))
     return tree if body == tree.body else replace(tree, body=body)
 
 
@@ -136,24 +136,24 @@ def _guarded_body(body: Sequence[Node], depth: int, full: frozenset[str]) -> tup
 
     for node in body:
         if isinstance(node, OpNode):
-            if node.guarded and len(node.tiling) == depth:  # already one iteration's op of the enclosing loop
+            if node.guarded:  # an op of one iteration of the enclosing loop: it stays where it is
                 out.extend(pending)
                 pending = []
                 out.append(node)
             else:
                 pending.append(node)
             continue
-        loop = replace(node, body=_guarded_body(node.body, depth + 1, full))
-        if loop.body == node.body:
-            loop = node
+        inner = _guarded_body(node.body, depth + 1, full)
+        loop = node if inner == node.body else replace(node, body=inner)
         out.append(joined(loop, pending, ()) if pending else loop)
         pending = []
+    # what follows the last loop joins it (the enclosing loop's last-iteration ops, at the
+    # tail, come after ``pending`` and leave it empty)
     last = next((k for k in range(len(out) - 1, -1, -1) if isinstance(out[k], Loop)), None)
-    if pending and last is not None and all(not isinstance(n, OpNode) or not n.guarded or len(n.tiling) != depth
-                                            for n in out[last + 1:]):
-        loop = out[last]
-        assert isinstance(loop, Loop)
-        out[last] = joined(loop, (), pending)
+    if pending and last is not None:
+        final = out[last]
+        assert isinstance(final, Loop)
+        out[last] = joined(final, (), pending)
     else:
         out.extend(pending)
     return tuple(out)

@@ -20,7 +20,7 @@ from tiling_examples import attention
 import fspyre
 from fspyre.errors import ExecutionError, FspyreError, LoweringError, SerializationError, TilingError
 from fspyre.ir.graph import Pointwise, Store
-from fspyre.ir.looptree import Loop, OpNode, TileStep, op_nodes
+from fspyre.ir.looptree import Loop, OpNode, TileStep
 from fspyre.ir.program import LoopSpec, OpSpec, op_specs
 from fspyre.ir.serialize import FORMAT, dumps, loads
 from fspyre.lower.generic import mlir_generic
