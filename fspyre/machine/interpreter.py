@@ -1211,6 +1211,9 @@ def _run_body(body: tuple[Spec, ...], iters: tuple[int, ...], m: _Machine, progr
             for i in range(spec.count):
                 _run_body(spec.body, iters + (i,), m, program, plan, i == 0, i == spec.count - 1)
         else:
+            if spec.runs != "every" and not iters:
+                raise ExecutionError(f"op {spec.name or spec.op} runs only in the {spec.runs} iteration of its loop, "
+                                     f"but sits in no loop", op=spec.name or spec.op)
             if spec.runs == "first" and not first or spec.runs == "last" and not last:
                 continue  # a guarded op (OpSpec.runs): one iteration of its innermost loop
             op = plan.ops.get(id(spec))

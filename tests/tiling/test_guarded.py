@@ -173,6 +173,11 @@ def test_a_program_op_guarded_out_of_place_is_refused():
         LoopSpec(count=loop.count, body=(dataclasses.replace(first, runs="last"),) + loop.body[1:])
     with pytest.raises(LoweringError, match="runs 'sometimes'"):
         dataclasses.replace(first, runs="sometimes")
+    # the copy of q alone, at the top level, still guarded
+    alone = dataclasses.replace(first, args=tuple(dataclasses.replace(a, tile_advance=()) for a in first.args),
+                                tiled_symbols=())
+    with pytest.raises(ExecutionError, match="sits in no loop"):
+        run_program(dataclasses.replace(program, body=(alone,)), inputs_for(attention(64, 512, 64, {"Sk": 4})))
     with pytest.raises(SerializationError, match=f"reads only format {FORMAT}"):
         loads(dumps(program).replace(f'"_format": {FORMAT}', f'"_format": {FORMAT - 1}'))
 
