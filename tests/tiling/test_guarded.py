@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from test_tiling_properties import GRAPHS, agree, reassociates
 from tiling_examples import attention
@@ -276,6 +276,7 @@ def test_guarded_programs_equal_unguarded_ones(data, cores, lx):
         plain = fspyre.compile(graph, machine, tiling=comp.stages["tiling_plan"], residency=False)
     except FspyreError:
         assume(False)
+    event(f"guarded ops: {min(len(guards(comp.program)), 3)}{'+' if len(guards(comp.program)) > 2 else ''}")
     assert check_memory(comp.program).clean
     inputs = inputs_for(graph, 5)
     got, want = fspyre.run(comp, inputs), fspyre.run(plain, inputs)
