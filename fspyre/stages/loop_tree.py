@@ -1001,7 +1001,9 @@ def _accumulation(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: 
 def verify_loop_tree(tree: LoopTree) -> LoopTree:
     """Tree invariants: one tiling entry per enclosing loop, steps on dims the op iterates,
     each loop's ``steps`` the moves of the ops below it, every buffer known, every read
-    preceded by a write (or an input), every peeled tail a copy of an op of the main body."""
+    preceded by a write (or an input), every peeled tail a copy of an op of the main body.
+    An op of a loop's first or last iteration (``OpNode.runs``) is checked where it is built:
+    inside a loop that does not move it, at the head or the tail of that loop's body."""
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")
