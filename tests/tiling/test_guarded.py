@@ -154,8 +154,9 @@ def test_what_a_first_iteration_op_writes_lives_across_the_whole_loop():
     finish = next(n for n in loop.body if isinstance(n, OpNode) and n.runs == "last")
     assert acc == "buf9" and all(alloc.buffers[ld.buffer].live[1] == len(ops) for ld in finish.op.loads)
     from fspyre.pretty.dot import to_dot
+    from fspyre.pretty.text import pretty
     assert "(first iteration)" in to_dot(tree) and "(last iteration)" in to_dot(tree)
-    assert "[first iteration]" in fspyre.pretty.text.pretty(tree)
+    assert "[first iteration]" in pretty(tree) and "[last iteration]" in pretty(tree)
 
 
 # -- construction and verification --------------------------------------------------------------------

@@ -100,13 +100,16 @@ def test_a_count_of_3_on_100_rows_peels_a_tail():
     assert [(n.origin, n.peeled, n.op.ranges[0].size) for n in rest] == [
         (o, (Peel(dim="A", start=68),), 32) for o in ("buf0", "buf1", "buf2")]
     assert len({n.name for n in rest} | {n.name for n in loop.body}) == 6
-    # the program: the loop, then the tail's three ops outside it; bundle.mlir likewise
-    spec_loop, *spec_tail = comp.program.body
+    # the program: the loop, whose last iteration runs the tail's three ops after the body
+    # (keep_resident joins the ops after a loop to it); bundle.mlir guards them by %i_0 == 1
+    (spec_loop,) = comp.program.body
     assert isinstance(spec_loop, LoopSpec) and spec_loop.count == 2
+    spec_tail = [s for s in spec_loop.body if s.runs == "last"]
     assert [s.name for s in spec_tail] == [n.name for n in rest] and all(isinstance(s, OpSpec) for s in spec_tail)
+    assert spec_loop.body[-3:] == tuple(spec_tail)  # after every op of the body
     mlir = comp.bundle_mlir
-    after_loop = mlir[mlir.index("scf.for"):].split("\n\t\t}\n", 1)[1]
-    assert after_loop.count("sdscbundle.sdsc_execute") == 3
+    assert "%loop_last_0 = arith.constant 1 : index" in mlir
+    assert mlir.count("arith.cmpi eq, %i_0, %loop_last_0") == 3
     untiled = fspyre.run(fspyre.compile(graph, machine, tiling="none"), inputs)
     agree(graph, got, untiled, inputs, None, machine)
 

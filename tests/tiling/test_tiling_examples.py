@@ -109,9 +109,10 @@ def test_matmul_m_tiling_is_bit_exact_on_one_core():
 def test_nested_reduction_program():
     comp = fspyre.compile(nested_reduction(), FULL)
     (outer,) = comp.program.body
-    fill, inner, finish = outer.body
+    (inner,) = outer.body  # the fill and the finish run in the inner loop's first and last iterations
+    fill, scale, partial, combine, finish = inner.body
     assert (fill.op, finish.op) == ("full", "cast") and inner.count == 4
-    scale, partial, combine = inner.body
+    assert (fill.runs, scale.runs, finish.runs) == ("first", "every", "last")
     assert (scale.op, partial.op, combine.op) == ("mul", "sum", "add")
     assert partial.tiled_symbols == ((sym("A"),), (sym("K"),))
     assert combine.tiled_symbols == ((sym("A"),), ())
@@ -121,7 +122,7 @@ def test_nested_reduction_program():
     assert x.device_size == (16, 128, 64) and x.tile_advance == (8_192, 65_536)
     assert scale.args[-1].tile_advance == (0, 0)  # x * 0.5 lives in one tile
     out = finish.args[-1]
-    assert out.tile_advance == (128,) and out.memory == "hbm"  # r [128] -> device [2, 64]: 64 elements x 2 B
+    assert out.tile_advance == (128, 0) and out.memory == "hbm"  # r [128] -> device [2, 64]: 64 elements x 2 B
 
 
 @pytest.mark.parametrize("fn", ["sum", "mean", "prod", "amax", "amin"])

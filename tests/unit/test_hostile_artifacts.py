@@ -251,7 +251,7 @@ def test_documents_of_another_artifact_format_are_refused_whole(compiled):
     refused as a whole, naming the format, not at its first changed field."""
     doc = json.loads(dumps(compiled.program))
     old = {k: copy.deepcopy(v) for k, v in doc.items() if k != "_format"}
-    spec = old["body"][0]
+    spec = old["body"][0]["body"][0]  # the copy of w, in the M loop's first iteration
     spec["op_info"] = {"_map": [["fn", spec["op"]], ["operands", [["arg", 0]]], ["compute", "float32"]]}
     for t in spec["args"]:
         t["allocation"] = {"_map": [[t.pop("memory"), t.pop("address")]]}
@@ -267,7 +267,8 @@ def test_documents_of_another_artifact_format_are_refused_whole(compiled):
 
 def test_a_device_format_the_machine_does_not_have_is_refused_naming_the_field(compiled):
     doc = json.loads(dumps(compiled.program))
-    doc["body"][0]["args"][0]["device_dtype"] = "FP13"
-    with pytest.raises(SerializationError, match=r"^Program\.body\[0\]\.args\[0\]\.device_dtype: expected one of "
+    doc["body"][0]["body"][0]["args"][0]["device_dtype"] = "FP13"  # w, read by its copy in the loop
+    with pytest.raises(SerializationError, match=r"^Program\.body\[0\]\.body\[0\]\.args\[0\]\.device_dtype: "
+                                                 r"expected one of "
                                                  r"\['SEN169_FP16', .*got 'FP13'"):
         loads(json.dumps(doc))
