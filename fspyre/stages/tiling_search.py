@@ -91,11 +91,13 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
         records.extend(_search_run(ctx, run))
         run = []
     position = {name: i for i, name in enumerate(hinted.order)}
-    found = [Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels]
-    groups = sorted(hinted.groups + tuple(found), key=lambda g: position[g.ops[0]])
-    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings, notes=hinted.notes)
-    if found:  # a searched accumulation's readers run after its loop, as _judge compiled them
-        plan = split_at_tiled_reductions(graph, plan, options.online)
+    # a searched accumulation's readers run after its loop (loop fission), as _judge compiled them
+    searched = split_at_tiled_reductions(graph, TilingPlan(order=hinted.order, groups=tuple(
+        Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)), options.online)
+    found = searched.groups
+    groups = sorted(hinted.groups + found, key=lambda g: position[g.ops[0]])
+    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings,
+                      notes=hinted.notes + searched.notes)
     note = ""
     if found:
         # Each group was judged alone; together they share LX and copies differently. The
