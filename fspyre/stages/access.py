@@ -43,6 +43,11 @@ class Access:
     # per enclosing loop, outermost first: the tile steps of that loop that move this full
     # buffer's address (none for a tile buffer, which never moves)
     moves: tuple[tuple[TileStep, ...], ...]
+    # per enclosing loop: how far one iteration moves the access in the buffer's row-major
+    # elements (0 where the loop does not move it), judged on the index before size-1 dims
+    # are dropped, as ``moves`` is; an index not linear in the moving variables gives its
+    # symbolic step as text, so only the same expression compares equal
+    element_steps: tuple[int | str, ...] = ()
 
     @property
     def advances(self) -> bool:
@@ -118,10 +123,12 @@ def _op_access(node: OpNode, counts: tuple[int, ...], table: Mapping[str, TreeBu
         # the address, so the advance is judged on the index before size-1 dims are dropped.
         names = free_names(index)
         moves = tuple(tuple(s for s in level if b.scope == "full" and s.dim in names) for level in node.tiling)
+        steps = tuple(_element_step(index, level) for level in moves)
         index = index.subs(unit) if unit else index
         ranges = {d.symbol: (full[d.name] if b.scope == "full" else d.size) for d in dims}
         coords = device_coordinates(lay, index, ranges)
-        out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, moves=moves))
+        out.append(Access(buffer=name, is_write=is_write, index=index, layout=lay, coords=coords, moves=moves,
+                          element_steps=steps))
     return OpAccess(node=node, counts=counts, dims=dims, full=FrozenMap(full), tensors=tuple(out))
 
 
@@ -140,3 +147,13 @@ def access_plan(tree: LoopTree, splits: SplitPlan, machine: Machine) -> AccessPl
     if isinstance(known, AccessPlan) and known.tree is tree and known.machine == machine:
         return known
     return analyze_accesses(tree, machine)
+
+
+def _element_step(index: sympy.Expr, steps: Sequence[TileStep]) -> int | str:
+    """How far one iteration of a loop moving ``steps`` moves ``index`` (0 for none)."""
+    if not steps:
+        return 0
+    extent = {s.dim: s.extent for s in steps}
+    moved = {v: v + extent[v.name] for v in index.free_symbols if v.name in extent}
+    step = sympy.expand(index.xreplace(moved) - index)
+    return int(step) if step.is_Integer else str(step)

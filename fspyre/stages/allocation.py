@@ -37,13 +37,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import sympy
 
 from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
 from fspyre.ir.kinds import LX_SOLVERS, LxSolver
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
 from fspyre.machine.rules import (
@@ -314,8 +313,7 @@ def _lx_slots(us: Sequence[_Walk]) -> tuple[tuple[int, ...], list[tuple[int, ...
         own = tuple(k for k in range(common, len(chain)) if moves[k])
         # alike in the buffer's own elements, not in the ops' dim names: a reader whose
         # variable A walks the buffer's second dim does not walk it as a writer's A does
-        key = (tuple(_advance(access, m) for m in moves[:common]),
-               tuple((counts[k], _advance(access, moves[k])) for k in own))
+        key = (access.element_steps[:common], tuple((counts[k], access.element_steps[k]) for k in own))
         if walk is None:
             walk, first = key, op
         elif key != walk:
@@ -326,18 +324,6 @@ def _lx_slots(us: Sequence[_Walk]) -> tuple[tuple[int, ...], list[tuple[int, ...
         levels.append(own)
     assert walk is not None
     return tuple(c for c, _ in walk[1]), levels
-
-
-def _advance(access: Access, steps: Sequence[TileStep]) -> int | str:
-    """How far one iteration of a loop moving ``steps`` moves ``access`` in its buffer's
-    row-major elements (0 for a loop that does not move it); an index not linear in the
-    moving variables gives its symbolic step, so only the same expression compares equal."""
-    if not steps:
-        return 0
-    extent = {s.dim: s.extent for s in steps}
-    moved = {v: v + extent[v.name] for v in access.index.free_symbols if v.name in extent}
-    step = sympy.expand(access.index.xreplace(moved) - access.index)
-    return int(step) if step.is_Integer else str(step)
 
 
 def _steps(key) -> str:

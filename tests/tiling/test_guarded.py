@@ -301,3 +301,28 @@ def test_guarded_programs_equal_unguarded_ones(data, cores, lx):
     got = fspyre.run(comp, inputs)
     agree(graph, got, fspyre.run(plain, inputs), not reassociates(graph), hinted)
     agree(graph, got, untiled_run(graph, machine, inputs), not reassociates(graph), hinted)
+
+
+def test_a_buffer_a_guarded_op_writes_whole_and_the_loop_walks_stays_in_hbm():
+    """The fill writes the accumulator whole in the first iteration; the combine walks it one
+    row per iteration (a tile of one element: the dim leaves the iteration space but still
+    moves the address). LX tensors advance only through slots every use walks alike, so the
+    allocator keeps it in HBM; with the step judged on the index after size-1 dims were
+    dropped, both looked still and core 1 read LX nobody wrote."""
+    g = fspyre.GraphBuilder("walked_accumulator")
+    A, B = g.dim("A", 8), g.dim("B", 64)
+    x = g.input("x", (A, B), "float16")
+    # B: 2 would cut sticks, so its level makes no loop (a warning) but still makes the sum an
+    # accumulation; A: 8 walks the rows one at a time
+    with g.hint(slices={"B": 2, "A": 8}):
+        s = g.sum(x, ["B"], keepdim=True)
+    g.output("s", s)
+    graph = g.build()
+    comp = fspyre.compile(graph, spyre(cores=8, lx_bytes=16384), tiling="hints")
+    (loop,) = comp.stages["resident_tree"].body
+    assert [n.runs for n in loop.body] == ["first", "every", "every", "last"]
+    assert comp.stages["allocation"].buffers["buf0_acc"].memory == "hbm"
+    assert check_memory(comp.program).clean
+    inputs = inputs_for(graph, 1)
+    want = inputs["x"].astype(np.float64).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(fspyre.run(comp, inputs)["s"], want, rtol=2**-8, atol=2**-8)
