@@ -153,6 +153,10 @@ class RunOptions:
     # Grid points per block when a large op runs block by block (``Blocking``); 0 runs every
     # op whole. Results and reports do not depend on it (tests run tiny blocks to prove so).
     block: int = 1 << 14
+    # A store of the same bits to every core's LX (``Spread``) writes one copy and makes the
+    # others when something reads or overwrites them (``_Copies``); False makes them at the
+    # store. Results, memories and reports do not depend on it (tests compare the two).
+    lazy_copies: bool = True
 
     def __post_init__(self) -> None:
         if self.block < 0:
@@ -342,6 +346,18 @@ class Spread:
     cores: frozenset[int]
     lo: int
     hi: int
+
+
+@dataclass(slots=True, eq=False)
+class _Copies:
+    """The copies a ``Spread`` store has not made yet (interpreter state, mutable): the bytes
+    ``spread.lo``..``spread.hi`` of the LX of ``cores`` are to equal those of ``source``, which
+    the store wrote. Any store touching those bytes first makes them (it may leave some of
+    them), and so does any read of them but a covered replicated read of the source's copy."""
+
+    spread: Spread
+    source: int
+    cores: set[int]
 
 
 def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int]) -> Replicated | None:
@@ -838,8 +854,9 @@ def _program_plan(program: Program, block: int) -> _ProgramPlan:
 class _Machine:
     """HBM and the stacked LX of all cores, with element views per width."""
 
-    def __init__(self, program: Program, check_written: bool, keep: bool) -> None:
+    def __init__(self, program: Program, check_written: bool, keep: bool, lazy_copies: bool = True) -> None:
         self.check_written = check_written
+        self.lazy_copies = lazy_copies
         self.lx_bytes = program.lx_bytes
         # end of the bytes a store may have reached: in HBM, and in the LX of any core (``recycle``)
         self.hbm, self.hbm_end = _memory("HBM", program.hbm_bytes, 1, check_written, keep)
@@ -863,6 +880,9 @@ class _Machine:
         # good, whatever stores follow), so the marks are set only when something other than a
         # load the record covers looks at them (``settle``)
         self.unmarked: list[Spread] = []
+        # copies a Spread store has not made yet, made when something reads or overwrites
+        # their bytes (``make_copies``)
+        self.uncopied: list[_Copies] = []
 
     def stored(self, acc: Access, offset: int) -> None:
         """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
@@ -871,6 +891,8 @@ class _Machine:
         if self.decoded:
             self.forget(acc.lx, lo, hi)
         if acc.lx:
+            if self.uncopied:  # the bytes the store leaves must hold their copies
+                self.make_copies(lo, hi)
             if self.replicas:  # the span is the union over cores: a store to one core's copy ends it
                 self.replicas = [t for t in self.replicas if not (t.lo < hi and lo < t.hi)]
             self.lx_end = max(self.lx_end, hi)
@@ -897,6 +919,25 @@ class _Machine:
             else:
                 keep.append(t)
         self.unmarked = keep
+
+    def make_copies(self, lo: int, hi: int, cores: range | None = None) -> None:
+        """Make the copies not made yet (``_Copies``) on ``cores`` (default: all) that share a
+        byte with LX bytes ``lo``..``hi``: before anything reads or overwrites them, and at the
+        end of a run whose memories are kept."""
+        keep = []
+        lx, data = self.lx_bytes, self.lx_all.data
+        for u in self.uncopied:
+            t = u.spread
+            if t.lo < hi and lo < t.hi:
+                todo = u.cores if cores is None else {c for c in u.cores if c in cores}
+                src = data[u.source * lx + t.lo:u.source * lx + t.hi]
+                for core in sorted(todo):
+                    data[core * lx + t.lo:core * lx + t.hi] = src
+                u.cores -= todo
+                if not u.cores:
+                    continue
+            keep.append(u)
+        self.uncopied = keep
 
     def full(self, lx: bool, nbytes: int) -> int:
         """An element of ``nbytes`` all written, as its written marks read (``Memory.full``)."""
@@ -945,6 +986,8 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     """The bit patterns at the access, once every byte of them was written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
+    if acc.lx and m.uncopied:
+        m.make_copies(*_span(acc, offset), _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
     raw = _select(m.view(acc.lx, nb, False), p, offset)
     if m.check_written and raw.size:
         if acc.lx and m.unmarked:
@@ -974,6 +1017,11 @@ def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     return values
 
 
+def _cores(m: _Machine, lo: int, hi: int) -> range:
+    """The cores whose LX holds some of the stacked LX bytes ``lo``..``hi``."""
+    return range(lo // m.lx_bytes, (hi - 1) // m.lx_bytes + 1)
+
+
 def _span(acc: Access, offset: int) -> tuple[int, int]:
     """Bytes ``lo``..``hi`` the access may touch ``offset`` elements on: in HBM, or in LX
     relative to each core's own LX (the union over cores: the stacked range of an LX access
@@ -1000,7 +1048,14 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
     if any(t.lo <= lo and hi <= t.hi and r.cores <= t.cores for t in m.replicas):
         # one store put these bytes on every core the load reads, and no store touched them
         # since (``Spread``): they are written and the same on every core, unread
+        if m.uncopied:  # the first slice's cores hold their copies (the store's own, as a rule)
+            reach = [(n - 1) * st for n, st in zip(first.shape, first.strides)]
+            m.make_copies(lo, hi, _cores(m, start + sum(x for x in reach if x < 0),
+                                         start + sum(x for x in reach if x > 0) + nb))
         return formats.decode(first, acc.fmt).reshape(r.same_shape)
+    if m.uncopied:
+        p = acc.pattern
+        m.make_copies(lo, hi, _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
     if m.check_written and raw.size:
         if m.unmarked:
             m.settle(lo, hi)
@@ -1047,9 +1102,10 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
 def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int) -> None:
     """The store of bits that do not vary along the cores of a ``Spread`` (``raw``: view
     axes, 1 along those of the cores), ``offset`` elements on (an LX tensor walking its
-    slots): into the first core's LX through the access's view, then its bytes ``lo``..``hi``
-    -- exactly those the store writes on each core -- copied whole into every other core's LX.
-    Every core's LX holds its copy, as the device's do."""
+    slots): into the first core's LX through the access's view; its bytes ``lo``..``hi`` --
+    exactly those the store writes on each core -- are the other cores' copies, copied whole
+    into their LX when something reads or overwrites them there (``_Copies``; at once without
+    ``RunOptions.lazy_copies``). Whatever looks at a core's LX finds its copy, as on the device."""
     p, nb, lx = acc.pattern, acc.fmt.nbytes, m.lx_bytes
     if offset:
         spread = replace(spread, lo=spread.lo + offset * nb, hi=spread.hi + offset * nb)
@@ -1057,11 +1113,9 @@ def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, off
     at_first = tuple(0 if k in spread.axes else slice(None)
                      for k, dims in enumerate(p.axis_dims) for _ in dims)
     _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]
-    data = m.lx_all.data
-    src = data[first * lx + spread.lo:first * lx + spread.hi]
-    for core in spread.cores:
-        if core != first:
-            data[core * lx + spread.lo:core * lx + spread.hi] = src
+    m.uncopied.append(_Copies(spread=spread, source=first, cores=set(spread.cores) - {first}))
+    if not m.lazy_copies:
+        m.make_copies(spread.lo, spread.hi)
     m.replicas.append(spread)  # after ``stored`` ended those the store overlaps
     if m.check_written:
         m.unmarked.append(spread)  # every byte written: the marks when something reads them
@@ -1101,7 +1155,8 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
     """Run ``program``: its outputs, and the memories afterwards."""
     outs, m, trace = _execute(program, inputs, options, keep=True)
-    m.settle(0, m.lx_bytes)  # the state shows every written mark
+    m.make_copies(0, m.lx_bytes)  # the state shows every copy
+    m.settle(0, m.lx_bytes)  # and every written mark
     return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
 
 
@@ -1119,7 +1174,7 @@ def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions
     types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
     host = check_inputs(types, inputs)
     plan = _program_plan(program, options.block)
-    m = _Machine(program, options.check_written, keep)
+    m = _Machine(program, options.check_written, keep, options.lazy_copies)
     m.regions = tuple(plan.regions.values())
     if options.trace_hbm:
         m.trace = {}
@@ -1446,6 +1501,7 @@ def _core_list(op: OpPlan) -> list[tuple[int, tuple[int, ...]]]:
 
 
 def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
+    m.make_copies(0, m.lx_bytes)
     m.settle(0, m.lx_bytes)
     for core, space in enumerate(op.spec.core_spaces):
         for kind, acc in op.operands:
