@@ -1,11 +1,15 @@
 """A small program whose weight is copied whole into every core's LX, shared by the tests of
-the interpreter's replica paths (``test_corruptions``, ``test_recycled_memories``)."""
+the interpreter's replica paths (``test_corruptions``, ``test_recycled_memories``,
+``test_lazy_copies``), and the edits those tests plant in it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import fspyre
+from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
-from fspyre.ir.program import OpSpec, Program, op_specs
+from fspyre.ir.program import LoopSpec, OpSpec, Program, even_core_spaces, op_specs
 from fspyre.machine.spyre import spyre
 
 
@@ -22,3 +26,29 @@ def replicated_matmul() -> tuple[Graph, Program, OpSpec]:
     program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
     copy = next(s for s in op_specs(program) if s.name == "b_lx_copy")
     return graph, program, copy
+
+
+def edit_specs(program: Program, fn) -> Program:
+    """``program`` with every spec ``s`` replaced by ``fn(s)`` (loops rebuilt around their bodies)."""
+    def walk(body):
+        out = []
+        for s in body:
+            new = fn(s)
+            if isinstance(new, LoopSpec) and new is s:
+                new = dataclasses.replace(s, body=walk(s.body))
+            out.append(new)
+        return tuple(out)
+
+    return dataclasses.replace(program, body=walk(program.body))
+
+
+def insert_after(program: Program, target, new) -> Program:
+    body = tuple(x for s in program.body for x in ((s, new) if s is target else (s,)))
+    return dataclasses.replace(program, body=body)
+
+
+def with_cores(spec: OpSpec, cores: int) -> OpSpec:
+    """``spec`` spread over ``cores`` of its copy symbol (the first) instead of all."""
+    first = next(iter(spec.iteration_space))
+    space = FrozenMap((s, (cores, cores) if s == first else v) for s, v in spec.iteration_space.items())
+    return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
