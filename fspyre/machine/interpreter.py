@@ -214,6 +214,37 @@ class Pattern:
     view_strides: tuple[int, ...] = ()
     nbytes: int = 1
     axis_dims: tuple[tuple[tuple[int, int], ...], ...] = ()  # strided: ``dims`` grouped by grid axis
+    # strided: the view axes with the grid axes in the order the memory runs (``_memory_order``),
+    # () when that is the grid order
+    order: tuple[int, ...] = ()
+
+
+def _memory_order(groups: Sequence[Sequence[tuple[int, int]]]) -> tuple[int, ...]:
+    """A permutation of the view axes of a strided access, whose (size, stride) view axes come
+    in ``groups``, one per grid axis: the grid axes ordered by their finest stride, coarsest
+    first, each keeping its view axes together and in order. A decode reading the view in this
+    order walks the memory's runs instead of striding across them, and its values, put back
+    into grid order (``_decode``), reshape to the grid without a copy. () when it is the grid
+    order. (A GEMM takes its operands in the layout this leaves: b of a matmul kept in the
+    device's (N/64, K, N%64) sticks decodes into a row-major [K, N].)"""
+    finest = [min((abs(st) for n, st in g if n > 1 and st), default=None) for g in groups]
+    moving = [k for k, f in enumerate(finest) if f is not None]
+    ranked = sorted(moving, key=lambda k: -finest[k])  # type: ignore[operator]
+    if ranked == moving:
+        return ()
+    grid = list(range(len(groups)))
+    for k, r in zip(moving, ranked):
+        grid[k] = r
+    starts = list(itertools.accumulate((len(g) for g in groups), initial=0))
+    return tuple(v for k in grid for v in range(starts[k], starts[k + 1]))
+
+
+def _decode(raw: np.ndarray, fmt: formats.DataFormat, order: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """The values of the view ``raw`` over the grid ``shape``, decoded in the view axis ``order``
+    (``_memory_order``) and returned in grid order (strided as decoded)."""
+    if not order:
+        return formats.decode(raw, fmt).reshape(shape)  # C order: the reshape is free
+    return formats.decode(raw.transpose(order), fmt).transpose(np.argsort(order)).reshape(shape)
 
 
 def _positions(p: Pattern) -> np.ndarray:
@@ -277,7 +308,7 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
         if np.array_equal(expect, np.broadcast_to(elem, shape).reshape([s for s, _ in dims])):
             return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes,
                            view_shape=tuple(s for s, _ in dims), view_strides=tuple(st * nbytes for _, st in dims),
-                           nbytes=nbytes, axis_dims=tuple(axis_dims))
+                           nbytes=nbytes, axis_dims=tuple(axis_dims), order=_memory_order(axis_dims))
     return Pattern(shape=shape, dims=None, index=np.broadcast_to(elem, shape), start=0,
                    lo=lo // nbytes, hi=hi // nbytes)
 
@@ -331,6 +362,7 @@ class Replicated:
     slice_axes: tuple[int, ...]  # the view axes of the slices, compared for equal bits
     same_shape: tuple[int, ...]  # the values when all slices are equal: the grid, 1 along replicated axes
     cores: frozenset[int]  # the cores whose LX the load reads
+    order: tuple[int, ...] = ()  # the view axes of one slice in memory order (``_memory_order``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,20 +401,23 @@ def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int]) -> Repli
     strides: list[int] = []
     slice_axes: list[int] = []
     same: list[int] = []
+    one_slice: list[tuple[tuple[int, int], ...]] = []  # the view dims of the first slice, per grid axis
     for k, (n, dims) in enumerate(zip(p.shape, p.axis_dims)):
         if k in axes and n > 1 and dims[0][1] != 0 and all(st == 0 for _, st in dims[1:]):
             slice_axes.append(len(shape))
             shape += [dims[0][0]] + [1] * (len(dims) - 1)
             strides += [dims[0][1] * p.nbytes] + [0] * (len(dims) - 1)
             same.append(1)
+            one_slice.append(((1, 0),) * len(dims))
         else:
             shape += [size for size, _ in dims]
             strides += [st * p.nbytes for _, st in dims]
             same.append(n)
+            one_slice.append(dims)
     if not slice_axes:
         return None
     return Replicated(shape=tuple(shape), strides=tuple(strides), slice_axes=tuple(slice_axes),
-                      same_shape=tuple(same), cores=cores)
+                      same_shape=tuple(same), cores=cores, order=_memory_order(one_slice))
 
 
 def _spread(p: Pattern, sizes: tuple[int, ...], splits: tuple[int, ...], copies: Sequence[int],
@@ -457,6 +492,10 @@ class OpPlan:
     # an exact unary op between 2-byte formats: the output bits of each of the 65,536 input
     # patterns (``_recode_table``), so a copy moves bits instead of decoding and encoding
     recode: np.ndarray | None = None
+    # the patterns ``recode`` changes, when there are at most ``_FEW_MOVED`` of them (a copy
+    # between the same formats: DLFloat16's second NaN code, or none): bits holding none of
+    # them are their own result, and the gather is skipped (``_recoded``)
+    recode_moved: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,29 +727,44 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
             if kind == "scalar" and not limits.min <= v <= limits.max:  # NaN fails both
                 raise ExecutionError(f"op {name}: scalar operand {v} does not fit its compute type {ctype}", op=name)
     bool_store = info.bool_store
-    recode = None
+    recode, moved = None, None
     if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
         src = operands[0][1].fmt
         if src.nbytes == 2 and out.fmt.nbytes == 2:
-            recode = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
+            recode, moved = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
                   blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
-                  bool_store=bool_store, recode=recode)
+                  bool_store=bool_store, recode=recode, recode_moved=moved)
+
+
+# A recode table changing at most this many patterns is checked for them (one pass over the
+# bits each) instead of gathered (``OpPlan.recode_moved``).
+_FEW_MOVED = 2
+
+
+def _recoded(table: np.ndarray, moved: tuple[int, ...] | None, raw: np.ndarray) -> np.ndarray:
+    """``table[raw]`` for a ``_recode_table`` and the patterns it changes (None: many): ``raw``
+    itself when it holds none of them, else gathered."""
+    if moved is not None and not any((raw == p).any() for p in moved):
+        return raw
+    return formats.lookup16(table, raw)
 
 
 @functools.lru_cache(maxsize=None)
 def _recode_table(fn: str, ctype: str, bool_store: bool, src: kinds.DeviceFormat,
-                  dst: kinds.DeviceFormat) -> np.ndarray:
+                  dst: kinds.DeviceFormat) -> tuple[np.ndarray, tuple[int, ...] | None]:
     """The bits a unary ``fn`` stores for each 2-byte pattern it reads: the op computed on every
     pattern's value (``_pointwise``). Exact (correctly rounded) fns only, so that each result
-    is the one the op gives in any array, and a gather computes the op."""
+    is the one the op gives in any array, and a gather computes the op. With it, the patterns
+    the table changes when they are few (``OpPlan.recode_moved``), else None."""
     values = formats.decode(np.arange(1 << 16, dtype=np.uint16), formats.FORMATS[src])
     with np.errstate(all="ignore"):  # every pattern, NaN included, whether the program holds it or not
         result = _pointwise(fn, ctype=np.dtype(ctype), bool_store=bool_store, values=[values], sizes=values.shape)
     table = formats.encode(result, formats.FORMATS[dst])
     table.setflags(write=False)
-    return table
+    moved = np.nonzero(table != np.arange(1 << 16, dtype=table.dtype))[0]
+    return table, (tuple(int(p) for p in moved) if moved.size <= _FEW_MOVED else None)
 
 
 def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
@@ -1008,8 +1062,7 @@ def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
         return hit[3]
     r = acc.replicated
     if r is None:
-        # decode gives C order: the reshape is free
-        values = formats.decode(_load(m, acc, offset), acc.fmt).reshape(acc.pattern.shape)
+        values = _decode(_load(m, acc, offset), acc.fmt, acc.pattern.order, acc.pattern.shape)
     else:
         values = _read_replicated(m, acc, r, offset)
     if values.size >= _REMEMBER:
@@ -1052,7 +1105,7 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
             reach = [(n - 1) * st for n, st in zip(first.shape, first.strides)]
             m.make_copies(lo, hi, _cores(m, start + sum(x for x in reach if x < 0),
                                          start + sum(x for x in reach if x > 0) + nb))
-        return formats.decode(first, acc.fmt).reshape(r.same_shape)
+        return _decode(first, acc.fmt, r.order, r.same_shape)
     if m.uncopied:
         p = acc.pattern
         m.make_copies(lo, hi, _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
@@ -1064,7 +1117,7 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
             raise _Unwritten
     if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
         # every slice holds the same bits: the same values, whichever core reads them
-        return formats.decode(first, acc.fmt).reshape(r.same_shape)
+        return _decode(first, acc.fmt, r.order, r.same_shape)
     values = formats.decode(raw, acc.fmt)
     return np.broadcast_to(values, acc.pattern.view_shape).reshape(acc.pattern.shape)
 
@@ -1305,7 +1358,8 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
         _run_blocks(op, offsets, out_off, m)
     elif bits:
         assert op.recode is not None  # ``bits`` says so
-        _store(m, op.out, out_off, formats.lookup16(op.recode, values[0]).reshape(op.operands[0][1].pattern.shape))
+        _store(m, op.out, out_off,
+               _recoded(op.recode, op.recode_moved, values[0]).reshape(op.operands[0][1].pattern.shape))
     else:
         _write(m, op.out, out_off, _compute(op, values, op.sizes))
     if m.trace is not None:
@@ -1385,7 +1439,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
         for r0 in range(0, b.size, b.step):
             if op.recode is not None:  # a gather of the output bits (``OpPlan.recode``)
                 (v, ba, off, arr), = tensors
-                bits = formats.lookup16(op.recode, _block_view(arr, v, ba, off, index, r0, b.step)).reshape(
+                bits = _recoded(op.recode, op.recode_moved, _block_view(arr, v, ba, off, index, r0, b.step)).reshape(
                     ones + (b.step if ba.cut else 1,) + ba.values_tail)
             else:
                 block = [formats.decode(_block_view(arr, v, ba, off, index, r0, b.step), v.fmt)
