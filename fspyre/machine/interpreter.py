@@ -221,21 +221,23 @@ class Pattern:
 
 def _memory_order(groups: Sequence[Sequence[tuple[int, int]]]) -> tuple[int, ...]:
     """A permutation of the view axes of a strided access, whose (size, stride) view axes come
-    in ``groups``, one per grid axis: the grid axes ordered by their finest stride, coarsest
-    first, each keeping its view axes together and in order. A decode reading the view in this
-    order walks the memory's runs instead of striding across them, and its values, put back
-    into grid order (``_decode``), reshape to the grid without a copy. () when it is the grid
-    order. (A GEMM takes its operands in the layout this leaves: b of a matmul kept in the
-    device's (N/64, K, N%64) sticks decodes into a row-major [K, N].)"""
-    finest = [min((abs(st) for n, st in g if n > 1 and st), default=None) for g in groups]
-    moving = [k for k, f in enumerate(finest) if f is not None]
-    ranked = sorted(moving, key=lambda k: -finest[k])  # type: ignore[operator]
-    if ranked == moving:
+    in ``groups``, one per grid axis: the grid axis along which the memory runs finest moved
+    last, the others in their order, each keeping its view axes together and in order. A
+    decode reading the view in this order walks the memory's runs instead of striding across
+    them, and its values, put back into grid order (``_decode``), reshape to the grid without
+    a copy. () when that axis is last already. Only for the operands of a matmul, whose GEMM
+    takes a matrix in either layout (b kept in the device's (N/64, K, N%64) sticks decodes into
+    a row-major [K, N]); any other op computes in grid order, and a transposed operand would
+    cost it a copy (so would batch axes out of their order, even for the GEMM)."""
+    finest = {k: min((abs(st) for n, st in g if n > 1 and st), default=None) for k, g in enumerate(groups)}
+    moving = [k for k, f in finest.items() if f is not None]
+    if not moving:
         return ()
-    grid = list(range(len(groups)))
-    for k, r in zip(moving, ranked):
-        grid[k] = r
+    last = min(moving, key=lambda k: (finest[k], -k))
+    if last == moving[-1]:
+        return ()
     starts = list(itertools.accumulate((len(g) for g in groups), initial=0))
+    grid = [k for k in range(len(groups)) if k != last] + [last]
     return tuple(v for k in grid for v in range(starts[k], starts[k + 1]))
 
 
@@ -278,8 +280,9 @@ def _split_line(line: np.ndarray) -> list[tuple[int, int]] | None:
     return None
 
 
-def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
-    """Plan the access whose byte addresses are ``addr`` (broadcastable to ``shape``)."""
+def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int, ordered: bool = False) -> Pattern:
+    """Plan the access whose byte addresses are ``addr`` (broadcastable to ``shape``);
+    ``ordered``: its values decode in the memory's order (``Pattern.order``)."""
     addr = np.asarray(addr, dtype=np.int64)
     addr = addr.reshape((1,) * (len(shape) - addr.ndim) + addr.shape)
     if addr.size == 0:
@@ -308,7 +311,8 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
         if np.array_equal(expect, np.broadcast_to(elem, shape).reshape([s for s, _ in dims])):
             return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes,
                            view_shape=tuple(s for s, _ in dims), view_strides=tuple(st * nbytes for _, st in dims),
-                           nbytes=nbytes, axis_dims=tuple(axis_dims), order=_memory_order(axis_dims))
+                           nbytes=nbytes, axis_dims=tuple(axis_dims),
+                           order=_memory_order(axis_dims) if ordered else ())
     return Pattern(shape=shape, dims=None, index=np.broadcast_to(elem, shape), start=0,
                    lo=lo // nbytes, hi=hi // nbytes)
 
@@ -392,9 +396,9 @@ class _Copies:
     cores: set[int]
 
 
-def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int]) -> Replicated | None:
+def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int], ordered: bool) -> Replicated | None:
     """``axes``: the grid axes to try (split across cores, not used by the coordinates);
-    ``cores``: those the load touches."""
+    ``cores``: those the load touches; ``ordered``: as ``_pattern``'s."""
     if p.dims is None or not p.aligned or not axes:
         return None
     shape: list[int] = []
@@ -417,7 +421,7 @@ def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int]) -> Repli
     if not slice_axes:
         return None
     return Replicated(shape=tuple(shape), strides=tuple(strides), slice_axes=tuple(slice_axes),
-                      same_shape=tuple(same), cores=cores, order=_memory_order(one_slice))
+                      same_shape=tuple(same), cores=cores, order=_memory_order(one_slice) if ordered else ())
 
 
 def _spread(p: Pattern, sizes: tuple[int, ...], splits: tuple[int, ...], copies: Sequence[int],
@@ -546,11 +550,13 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
 
 def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
                  cores: Sequence[int], slices: np.ndarray, spaces: Sequence[Sequence[tuple[int, int]]],
-                 lx_bytes: int, store: bool, regions: Mapping[int, tuple[int, int, str]]) -> Access:
+                 lx_bytes: int, store: bool, regions: Mapping[int, tuple[int, int, str]],
+                 ordered: bool = False) -> Access:
     """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``,
     which covers ``spaces[core]`` ((start, extent) per symbol).
     A load keeps the size-1 axes its addresses do not vary along (numpy broadcasts the values);
-    a store covers the whole grid, as every core stores every element of its slice."""
+    a store covers the whole grid, as every core stores every element of its slice. A load
+    ``ordered`` decodes in the memory's order (``_memory_order``)."""
     fmt = formats.FORMATS[arg.device_dtype]
     nb = fmt.nbytes
     _check_coordinates(arg, spec, syms, sizes)
@@ -570,7 +576,7 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         strides = row_major_strides(arg.device_size)
         addr = _sum_terms([(c, st * nb) for c, st in zip(coords, strides)], arg.address)
         shape = tuple(sizes) if store else (1,) * (len(sizes) - addr.ndim) + addr.shape
-        return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
+        return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb, ordered),
                       advance=tuple(arg.tile_advance), core_range=None,
                       region=None if region is None else region[:2])
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
@@ -579,7 +585,7 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         arg, syms, sizes, splits, cores, spaces, lx_bytes, store)
     r = core_range
     lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
-    pattern = _pattern(full, full.shape, nb)
+    pattern = _pattern(full, full.shape, nb, ordered)
     used = frozenset().union(*map(free_names, arg.device_coordinates))
     copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
     on = r[:, 0] <= r[:, 1]
@@ -587,7 +593,8 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
     return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=tuple(arg.tile_advance), core_range=core_range,
                   lx_ok=lx_ok,
-                  replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist())),
+                  replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist()),
+                                                            ordered),
                   spread=_spread(pattern, sizes, splits, copies, r, nb) if store and lx_ok else None, lx_span=span)
 
 
@@ -710,8 +717,11 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
         if isinstance(o, ScalarOperand):
             operands.append(("scalar", o.value))
         else:
+            # a GEMM takes its operands in either layout: they decode in the memory's order;
+            # every other op computes in grid order (a transposed operand would cost it a copy)
             operands.append(("tensor", _plan_access(spec.args[o.index], spec, syms, sizes, splits, all_cores, slices,
-                                                    spaces, program.lx_bytes, store=False, regions=regions)))
+                                                    spaces, program.lx_bytes, store=False, regions=regions,
+                                                    ordered=fn == "matmul")))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
     writers = [c for c in all_cores if all(slices[c][i] == 0 for i in red_pos)]

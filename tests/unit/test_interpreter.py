@@ -504,5 +504,7 @@ def test_values_decode_in_memory_order_into_the_grid():
     assert np.array_equal(got, formats.decode(view, fmt).reshape(256, 96), equal_nan=True)
     assert got.strides == (4, 256 * 4)  # [K, N] row-major, without a copy after the decode
     assert interpreter._memory_order([((4, 64),), ((8, 1),)]) == ()  # already in memory order
-    # size-1 and broadcast axes keep their places, whatever their strides
-    assert interpreter._memory_order([((1, 0),), ((5, 1),), ((3, 0),), ((6, 5),)]) == (0, 3, 2, 1)
+    # only the finest axis moves: the others (batch axes of a batched matmul, size-1 and
+    # broadcast axes) keep their order, whatever their strides
+    assert interpreter._memory_order([((1, 0),), ((5, 1),), ((3, 0),), ((6, 5),)]) == (0, 2, 3, 1)
+    assert interpreter._memory_order([((2, 64), (4, 2048)), ((1, 0),), ((64, 1),), ((16, 128),)]) == (0, 1, 2, 4, 3)
