@@ -108,7 +108,7 @@ class _Spare:
     data: np.ndarray
     written: np.ndarray
     rows: int  # LX: one row per core
-    end: int  # bytes of each row some run may have written
+    end: np.ndarray  # per row: the bytes some run may have written there
     mark: int
 
 
@@ -116,26 +116,28 @@ _SPARES: list[_Spare] = []
 _SPARES_MAX = 2  # the newest few: a machine's HBM and LX
 
 
-def _memory(name: str, size: int, rows: int, check_written: bool, keep: bool) -> tuple[Memory, int]:
+def _memory(name: str, size: int, rows: int, check_written: bool, keep: bool) -> tuple[Memory, np.ndarray]:
     """A memory of ``size`` bytes in ``rows`` rows for a run (``_Spare``), and the bytes of each
     row a previous run may have written there."""
     spare = next((s for s in _SPARES if s.data.size == size and s.rows == rows), None) if size else None
     if spare is None:
-        return Memory(name, size, mark=0xFF if keep else 1), 0
+        return Memory(name, size, mark=0xFF if keep else 1), np.zeros(rows, np.int64)
     _SPARES.remove(spare)
 
-    def dirty(arr: np.ndarray) -> np.ndarray:
-        return arr.reshape(rows, -1)[:, :spare.end]
+    def zero(arr: np.ndarray) -> None:
+        per_row = arr.reshape(rows, -1)
+        for row in np.nonzero(spare.end)[0]:
+            per_row[row, :spare.end[row]] = 0
 
     mark = spare.mark
     if keep:
-        dirty(spare.data)[...] = 0
-        dirty(spare.written)[...] = 0
+        zero(spare.data)
+        zero(spare.written)
         mark = 0xFF
     elif not check_written:
-        dirty(spare.data)[...] = 0  # the written marks are left alone: this run sets none
+        zero(spare.data)  # the written marks are left alone: this run sets none
     elif mark == 0xFF:
-        dirty(spare.written)[...] = 0
+        zero(spare.written)
         mark = 1
     else:
         mark += 1
@@ -948,9 +950,10 @@ class _Machine:
         # their bytes (``make_copies``)
         self.uncopied: list[_Copies] = []
 
-    def stored(self, acc: Access, offset: int) -> None:
-        """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
-        bytes are the next run's to zero if it needs zeros there (``_Spare``)."""
+    def stored(self, acc: Access, offset: int, rows: range | None = None) -> None:
+        """A store of ``acc`` at ``offset`` (in LX on the cores ``rows``, default: every core
+        its addresses reach): remembered reads of its bytes are stale, and the bytes are the
+        next run's to zero if it needs zeros there (``_Spare``)."""
         lo, hi = _span(acc, offset)
         if self.decoded:
             self.forget(acc.lx, lo, hi)
@@ -959,9 +962,21 @@ class _Machine:
                 self.make_copies(lo, hi)
             if self.replicas:  # the span is the union over cores: a store to one core's copy ends it
                 self.replicas = [t for t in self.replicas if not (t.lo < hi and lo < t.hi)]
-            self.lx_end = max(self.lx_end, hi)
+            if rows is None:
+                p, nb = acc.pattern, acc.fmt.nbytes
+                rows = _cores(self, (p.lo + offset) * nb, (p.hi + offset + 1) * nb)
+            self.wrote(rows, hi)
         else:
-            self.hbm_end = max(self.hbm_end, hi)
+            self.hbm_end[0] = max(self.hbm_end[0], hi)
+
+    def wrote(self, rows: range | Sequence[int], hi: int) -> None:
+        """Bytes below ``hi`` of the LX of cores ``rows`` may hold data or marks (``_Spare``)."""
+        if isinstance(rows, range):
+            end = self.lx_end[rows.start:rows.stop]
+            np.maximum(end, hi, out=end)
+        else:
+            for row in rows:
+                self.lx_end[row] = max(self.lx_end[row], hi)
 
     def recycle(self) -> None:
         """Hand the memories to the next run (``_Spare``). Only for a machine whose state
@@ -980,6 +995,7 @@ class _Machine:
             if t.lo < hi and lo < t.hi:
                 for core in t.cores:
                     self.lx_all.written[core * self.lx_bytes + t.lo:core * self.lx_bytes + t.hi] = self.lx_all.mark
+                self.wrote(sorted(t.cores), t.hi)
             else:
                 keep.append(t)
         self.unmarked = keep
@@ -997,6 +1013,7 @@ class _Machine:
                 src = data[u.source * lx + t.lo:u.source * lx + t.hi]
                 for core in sorted(todo):
                     data[core * lx + t.lo:core * lx + t.hi] = src
+                self.wrote(sorted(todo), t.hi)
                 u.cores -= todo
                 if not u.cores:
                     continue
@@ -1136,8 +1153,8 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    m.stored(acc, offset)
     if p.dims is None:
+        m.stored(acc, offset)
         assert p.index is not None  # an index pattern (Pattern: dims or index)
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
@@ -1155,24 +1172,27 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         raw = raw.reshape(p.view_shape)
     spread = acc.spread
     if spread is not None and all(shape[k] == 1 for k in spread.axes):
-        _store_spread(m, acc, spread, raw, offset)
+        first = (p.start + offset) * nb // m.lx_bytes  # the core of the grid's first point
+        m.stored(acc, offset, rows=range(first, first + 1))  # the others' copies: ``make_copies``
+        _store_spread(m, acc, spread, raw, offset, first)
         return
+    m.stored(acc, offset)
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = m.full(acc.lx, nb)
 
 
-def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int) -> None:
+def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int, first: int) -> None:
     """The store of bits that do not vary along the cores of a ``Spread`` (``raw``: view
     axes, 1 along those of the cores), ``offset`` elements on (an LX tensor walking its
     slots): into the first core's LX through the access's view; its bytes ``lo``..``hi`` --
     exactly those the store writes on each core -- are the other cores' copies, copied whole
     into their LX when something reads or overwrites them there (``_Copies``; at once without
-    ``RunOptions.lazy_copies``). Whatever looks at a core's LX finds its copy, as on the device."""
-    p, nb, lx = acc.pattern, acc.fmt.nbytes, m.lx_bytes
+    ``RunOptions.lazy_copies``). Whatever looks at a core's LX finds its copy, as on the device.
+    ``first``: the core of the grid's first point, whose copy the store writes."""
+    p, nb = acc.pattern, acc.fmt.nbytes
     if offset:
         spread = replace(spread, lo=spread.lo + offset * nb, hi=spread.hi + offset * nb)
-    first = (p.start + offset) * nb // lx  # the core of the grid's first point
     at_first = tuple(0 if k in spread.axes else slice(None)
                      for k, dims in enumerate(p.axis_dims) for _ in dims)
     _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]

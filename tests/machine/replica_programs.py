@@ -52,3 +52,17 @@ def with_cores(spec: OpSpec, cores: int) -> OpSpec:
     first = next(iter(spec.iteration_space))
     space = FrozenMap((s, (cores, cores) if s == first else v) for s, v in spec.iteration_space.items())
     return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
+
+
+def rows_reader(copy: OpSpec, split: int) -> OpSpec:
+    """An op reading the LX copy ``copy`` writes with K split over ``split`` cores, each core
+    its own box of rows at the start of its LX (not a replicated read: the coordinates use the
+    split symbol), and copying what it reads to LX address 1 MiB."""
+    src = copy.args[1]
+    copies = next(iter(copy.iteration_space))
+    space = FrozenMap((s, (1, 1) if s == copies else (128, split) if s.name == "K" else v)
+                      for s, v in copy.iteration_space.items())
+    return dataclasses.replace(copy, iteration_space=space, core_spaces=even_core_spaces(space),
+                               args=(dataclasses.replace(src, is_input=True),
+                                     dataclasses.replace(src, name="b_rows", address=1 << 20)),
+                               name="b_rows_copy")

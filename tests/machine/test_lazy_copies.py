@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from replica_programs import edit_specs, insert_after, replicated_matmul, with_cores
+from replica_programs import edit_specs, insert_after, replicated_matmul, rows_reader, with_cores
 
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
@@ -100,13 +100,7 @@ def test_copies_read_through_another_access(split):
     # the start of its LX (not the replicated read: the coordinates use the split symbol),
     # copying what it reads elsewhere in LX; the matmul then reads the copies as before
     graph, program, copy = replicated_matmul()
-    src = copy.args[1]
-    space = FrozenMap((s, (1, 1) if s == next(iter(copy.iteration_space)) else
-                       (128, split) if s.name == "K" else v) for s, v in copy.iteration_space.items())
-    reader = dataclasses.replace(copy, iteration_space=space, core_spaces=even_core_spaces(space),
-                                 args=(dataclasses.replace(src, is_input=True),
-                                       dataclasses.replace(src, name="b_rows", address=1 << 20)),
-                                 name="b_rows_copy")
+    reader = rows_reader(copy, split)
     outs = _same_either_way(insert_after(program, copy, reader), inputs_for(graph))
     assert not isinstance(outs, ExecutionError)
 
