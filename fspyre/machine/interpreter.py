@@ -46,7 +46,7 @@ import itertools
 import math
 import mmap
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -924,9 +924,15 @@ class _Machine:
         self.check_written = check_written
         self.lazy_copies = lazy_copies
         self.lx_bytes = program.lx_bytes
-        # end of the bytes a store may have reached: in HBM, and in the LX of any core (``recycle``)
-        self.hbm, self.hbm_end = _memory("HBM", program.hbm_bytes, 1, check_written, keep)
-        lx, self.lx_end = _memory("LX", program.cores * program.lx_bytes, program.cores, check_written, keep)
+        # end of the bytes a store may have reached (``recycle``): in HBM; in the LX of every
+        # core (an ordinary store's, counted for all: one comparison per store); and per core,
+        # beyond that, where only some cores' LX is written (a spread store's own copy, the
+        # copies and marks made later, what earlier runs wrote)
+        hbm, hbm_end = _memory("HBM", program.hbm_bytes, 1, check_written, keep)
+        self.hbm, self.hbm_end = hbm, int(hbm_end[0])
+        lx, lx_row_end = _memory("LX", program.cores * program.lx_bytes, program.cores, check_written, keep)
+        self.lx_end = 0
+        self.lx_row_end: list[int] = lx_row_end.tolist()
         self.lx_all = lx
         self.lx = tuple(Memory(f"LX of core {c}", program.lx_bytes,
                                lx.data[c * program.lx_bytes:(c + 1) * program.lx_bytes],
@@ -947,8 +953,19 @@ class _Machine:
         # load the record covers looks at them (``settle``)
         self.unmarked: list[Spread] = []
         # copies a Spread store has not made yet, made when something reads or overwrites
-        # their bytes (``make_copies``)
+        # their bytes (``make_copies``), and the LX bytes lo..hi they lie in on their cores
         self.uncopied: list[_Copies] = []
+        self.uncopied_span = (0, 0)
+
+    def copies_due(self, lo: int, hi: int) -> bool:
+        """Some copy not made yet may share a byte with LX bytes ``lo``..``hi``."""
+        return bool(self.uncopied) and self.uncopied_span[0] < hi and lo < self.uncopied_span[1]
+
+    def copies_pending(self, u: _Copies) -> None:
+        """A spread store left the copies ``u`` to make."""
+        self.uncopied.append(u)
+        a, b = self.uncopied_span if len(self.uncopied) > 1 else (u.spread.lo, u.spread.hi)
+        self.uncopied_span = (min(a, u.spread.lo), max(b, u.spread.hi))
 
     def stored(self, acc: Access, offset: int, rows: range | None = None) -> None:
         """A store of ``acc`` at ``offset`` (in LX on the cores ``rows``, default: every core
@@ -958,30 +975,29 @@ class _Machine:
         if self.decoded:
             self.forget(acc.lx, lo, hi)
         if acc.lx:
-            if self.uncopied:  # the bytes the store leaves must hold their copies
+            if self.copies_due(lo, hi):  # the bytes the store leaves must hold their copies
                 self.make_copies(lo, hi)
             if self.replicas:  # the span is the union over cores: a store to one core's copy ends it
                 self.replicas = [t for t in self.replicas if not (t.lo < hi and lo < t.hi)]
             if rows is None:
-                p, nb = acc.pattern, acc.fmt.nbytes
-                rows = _cores(self, (p.lo + offset) * nb, (p.hi + offset + 1) * nb)
-            self.wrote(rows, hi)
+                self.lx_end = max(self.lx_end, hi)
+            else:
+                self.wrote(rows, hi)
         else:
-            self.hbm_end[0] = max(self.hbm_end[0], hi)
+            self.hbm_end = max(self.hbm_end, hi)
 
-    def wrote(self, rows: range | Sequence[int], hi: int) -> None:
+    def wrote(self, rows: Iterable[int], hi: int) -> None:
         """Bytes below ``hi`` of the LX of cores ``rows`` may hold data or marks (``_Spare``)."""
-        if isinstance(rows, range):
-            end = self.lx_end[rows.start:rows.stop]
-            np.maximum(end, hi, out=end)
-        else:
-            for row in rows:
-                self.lx_end[row] = max(self.lx_end[row], hi)
+        ends = self.lx_row_end
+        for row in rows:
+            if ends[row] < hi:
+                ends[row] = hi
 
     def recycle(self) -> None:
         """Hand the memories to the next run (``_Spare``). Only for a machine whose state
         nobody keeps."""
-        for mem, rows, end in ((self.hbm, 1, self.hbm_end), (self.lx_all, len(self.lx), self.lx_end)):
+        ends = (np.array([self.hbm_end], np.int64), np.maximum(np.array(self.lx_row_end, np.int64), self.lx_end))
+        for mem, rows, end in ((self.hbm, 1, ends[0]), (self.lx_all, len(self.lx), ends[1])):
             if mem.size:
                 _SPARES.insert(0, _Spare(data=mem.data, written=mem.written, rows=rows, end=end, mark=mem.mark))
         del _SPARES[_SPARES_MAX:]
@@ -995,7 +1011,7 @@ class _Machine:
             if t.lo < hi and lo < t.hi:
                 for core in t.cores:
                     self.lx_all.written[core * self.lx_bytes + t.lo:core * self.lx_bytes + t.hi] = self.lx_all.mark
-                self.wrote(sorted(t.cores), t.hi)
+                self.wrote(t.cores, t.hi)
             else:
                 keep.append(t)
         self.unmarked = keep
@@ -1013,12 +1029,14 @@ class _Machine:
                 src = data[u.source * lx + t.lo:u.source * lx + t.hi]
                 for core in sorted(todo):
                     data[core * lx + t.lo:core * lx + t.hi] = src
-                self.wrote(sorted(todo), t.hi)
+                self.wrote(todo, t.hi)
                 u.cores -= todo
                 if not u.cores:
                     continue
             keep.append(u)
         self.uncopied = keep
+        if keep:
+            self.uncopied_span = (min(u.spread.lo for u in keep), max(u.spread.hi for u in keep))
 
     def full(self, lx: bool, nbytes: int) -> int:
         """An element of ``nbytes`` all written, as its written marks read (``Memory.full``)."""
@@ -1068,7 +1086,9 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     p = acc.pattern
     nb = acc.fmt.nbytes
     if acc.lx and m.uncopied:
-        m.make_copies(*_span(acc, offset), _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
+        lo, hi = _span(acc, offset)
+        if m.copies_due(lo, hi):
+            m.make_copies(lo, hi, _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
     raw = _select(m.view(acc.lx, nb, False), p, offset)
     if m.check_written and raw.size:
         if acc.lx and m.unmarked:
@@ -1128,12 +1148,12 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
     if any(t.lo <= lo and hi <= t.hi and r.cores <= t.cores for t in m.replicas):
         # one store put these bytes on every core the load reads, and no store touched them
         # since (``Spread``): they are written and the same on every core, unread
-        if m.uncopied:  # the first slice's cores hold their copies (the store's own, as a rule)
+        if m.copies_due(lo, hi):  # the first slice's cores hold their copies (the store's own, as a rule)
             reach = [(n - 1) * st for n, st in zip(first.shape, first.strides)]
             m.make_copies(lo, hi, _cores(m, start + sum(x for x in reach if x < 0),
                                          start + sum(x for x in reach if x > 0) + nb))
         return _decode(first, acc.fmt, r.order, r.same_shape)
-    if m.uncopied:
+    if m.copies_due(lo, hi):
         p = acc.pattern
         m.make_copies(lo, hi, _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
     if m.check_written and raw.size:
@@ -1196,7 +1216,7 @@ def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, off
     at_first = tuple(0 if k in spread.axes else slice(None)
                      for k, dims in enumerate(p.axis_dims) for _ in dims)
     _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]
-    m.uncopied.append(_Copies(spread=spread, source=first, cores=set(spread.cores) - {first}))
+    m.copies_pending(_Copies(spread=spread, source=first, cores=set(spread.cores) - {first}))
     if not m.lazy_copies:
         m.make_copies(spread.lo, spread.hi)
     m.replicas.append(spread)  # after ``stored`` ended those the store overlaps
