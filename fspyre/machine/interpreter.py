@@ -27,12 +27,15 @@ How it is fast without changing that meaning (docs/semantics.md, "The interprete
   computed, encoded and stored, so no memory-sized temporaries pass through RAM.
 - Values convert through tables (``formats``): decoding a 2-byte format, encoding DLFloat16,
   copying float16 host arrays in and out; an exact unary op between 2-byte formats (a copy)
-  is one gather of its output bits (``OpPlan.recode``).
-- A store of the same bits to every core's LX (``Spread``) writes one copy and copies its
-  bytes to the others, and records that they are the same; a region every core holds its own
-  copy of is read by decoding one copy when such a record covers it, else by comparing the
-  copies' bits and decoding one when they agree (``Replicated``); a large decoded read is
-  remembered until a store touches its bytes.
+  is one gather of its output bits (``OpPlan.recode``), or none when the bits hold none of the
+  few patterns the table changes. A matmul's operands decode in the memory's order
+  (``_memory_order``), as the GEMM takes them.
+- A store of the same bits to every core's LX (``Spread``) writes one copy, records that the
+  others are the same, and makes the other cores' copies when something reads or overwrites
+  their bytes (``_Copies``); a region every core holds its own copy of is read by decoding
+  one copy when such a record covers it, else by comparing the copies' bits and decoding one
+  when they agree (``Replicated``); a large decoded read is remembered until a store touches
+  its bytes.
 
 What it reads is what the device reads: the operation from ``OpSpec.op``, each kernel
 argument's tensor inside the argument its ``arg_index`` names (bounds per allocation), device
