@@ -37,12 +37,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import sympy
 
 from fspyre.errors import AllocationError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Pointwise
 from fspyre.ir.kinds import LX_SOLVERS, LxSolver
-from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, OpSplit, Placement, SplitPlan
 from fspyre.machine.layout import StickLayout
 from fspyre.machine.rules import box_bytes, common_loops, coord_bounds, live_intervals, lx_box, writing_cores
@@ -298,16 +299,20 @@ def _lx_slots(us: Sequence[_Walk]) -> tuple[tuple[int, ...], list[tuple[int, ...
     of the others left there."""
     common = common_loops([chain for _, _, chain, _ in us])
     walk = None
+    first = ""
     levels: list[tuple[int, ...]] = []
     for op, access, chain, counts in us:
         moves = access.moves
         own = tuple(k for k in range(common, len(chain)) if moves[k])
-        key = (moves[:common], tuple((counts[k], moves[k]) for k in own))
+        # alike in the buffer's own elements, not in the ops' dim names: a reader whose
+        # variable A walks the buffer's second dim does not walk it as a writer's A does
+        key = (tuple(_advance(access, m) for m in moves[:common]),
+               tuple((counts[k], _advance(access, moves[k])) for k in own))
         if walk is None:
-            walk = key
+            walk, first = key, op
         elif key != walk:
-            (a, ka), (b, kb) = sorted([(us[0][0], walk), (op, key)], key=lambda x: not any(x[1][1]))
-            return (f"op {a} advances it with an enclosing loop (loop counts and tile steps {_steps(ka)}), op {b} "
+            (a, ka), (b, kb) = sorted([(first, walk), (op, key)], key=lambda x: not any(x[1][1]))
+            return (f"op {a} advances it with an enclosing loop (loop counts and element steps {_steps(ka)}), op {b} "
                     f"walks it otherwise ({_steps(kb)}); LX holds one slot per iteration of such loops, which "
                     f"every op must walk alike")
         levels.append(own)
@@ -315,11 +320,22 @@ def _lx_slots(us: Sequence[_Walk]) -> tuple[tuple[int, ...], list[tuple[int, ...
     return tuple(c for c, _ in walk[1]), levels
 
 
+def _advance(access: Access, steps: Sequence[TileStep]) -> int | str:
+    """How far one iteration of a loop moving ``steps`` moves ``access`` in its buffer's
+    row-major elements (0 for a loop that does not move it); an index not linear in the
+    moving variables gives its symbolic step, so only the same expression compares equal."""
+    if not steps:
+        return 0
+    extent = {s.dim: s.extent for s in steps}
+    moved = {v: v + extent[v.name] for v in access.index.free_symbols if v.name in extent}
+    step = sympy.expand(access.index.xreplace(moved) - access.index)
+    return int(step) if step.is_Integer else str(step)
+
+
 def _steps(key) -> str:
     common, own = key
-    shown = [f"{n}x" + "+".join(f"{s.dim}{s.extent}" for s in steps) for n, steps in own]
-    return "[" + ", ".join(["shared " + "+".join(f"{s.dim}{s.extent}" for lv in common for s in lv)] * bool(any(common))
-                           + shown) + "]"
+    shown = [f"{n}x{step}" for n, step in own]
+    return "[" + ", ".join([f"shared {list(common)}"] * any(common) + shown) + "]"
 
 
 def _in_place_parents(name: str, us: Sequence[_Use], at_time: Mapping[int, Sequence[_Use]],

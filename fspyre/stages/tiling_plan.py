@@ -100,8 +100,12 @@ def nest_outer_scopes(graph: Graph, plan: TilingPlan) -> TilingPlan:
     in loop nests of their own. Along the merged group the depths rise to one innermost run
     and fall after it; a second inner run would need sibling loops, so it starts a group of
     its own. Groups whose ops tile a reduction over its reduction dim are left as they are
-    (loop fission and the online rewrite decide where their readers run)."""
+    (loop fission and the online rewrite decide where their readers run), and so are groups an
+    op of which would read, inside the shared loop, a result the other writes tile by tile but
+    it does not read in step (``_read_off_tile``): merged, it would read tiles not yet written."""
     table = graph.op_table()
+    buffers = graph.buffer_table()
+    notes: list[str] = []
     position = {name: i for i, name in enumerate(plan.order)}
 
     def tiles_a_reduction(group: Group) -> bool:
@@ -128,9 +132,21 @@ def nest_outer_scopes(graph: Graph, plan: TilingPlan) -> TilingPlan:
             falling = False
             continue
         levels = max(mine, theirs, key=len)
-        out[-1] = Group(ops=last.ops + group.ops, levels=levels,
-                        depths=FrozenMap((n, d) for n, d in depths.items() if d < len(levels)))
-    return plan if len(out) == len(plan.groups) else replace(plan, groups=tuple(out))
+        merged = Group(ops=last.ops + group.ops, levels=levels,
+                       depths=FrozenMap((n, d) for n, d in depths.items() if d < len(levels)))
+        ops = [table[n] for n in merged.ops]
+        off = _read_off_tile(merged, ops, {op.store.buffer: op.name for op in ops}, table, buffers)
+        if off:
+            (p, c), how = min(off.items())
+            notes.append(f"groups {_listing(last.ops)} and {_listing(group.ops)} stay separate loop nests: in one "
+                         f"outer loop {c} would read {table[p].store.buffer}, which {p} writes tile by tile, {how}")
+            out.append(group)
+            falling = False
+            continue
+        out[-1] = merged
+    if len(out) == len(plan.groups):
+        return plan if not notes else replace(plan, notes=plan.notes + tuple(notes))
+    return replace(plan, groups=tuple(out), notes=plan.notes + tuple(notes))
 
 
 def _check_scopes(graph: Graph, scopes: Mapping[int, HintScope]) -> None:
@@ -400,7 +416,7 @@ def _passes(group: Group, table: Mapping[str, Op], buffers: Mapping) -> tuple[Gr
     # a tiled var reads its operand in two nests (mean, then deviations): it must be whole
     whole = {op.name for op in ops if op.name in tiled and op.fn == "var"}
     producers = {op.name: {writer[ld.buffer] for ld in op.loads if ld.buffer in writer} for op in ops}
-    viewed = _read_through_views(ops, group.levels, writer, table, buffers)
+    viewed = _read_off_tile(group, ops, writer, table, buffers)
 
     def gap(p: str, c: str) -> int:
         return int(p in tiled or c in whole or (p, c) in viewed)
@@ -426,33 +442,53 @@ def _passes(group: Group, table: Mapping[str, Op], buffers: Mapping) -> tuple[Gr
     return tuple(out)
 
 
-def _read_through_views(ops: Sequence[Op], levels: Sequence[Level], writer: Mapping[str, str],
-                        table: Mapping[str, Op], buffers: Mapping) -> set[tuple[str, str]]:
-    """(producer, reader) pairs of the group where the reader loads the producer's result
+def _read_off_tile(group: Group, ops: Sequence[Op], writer: Mapping[str, str], table: Mapping[str, Op],
+                   buffers: Mapping) -> dict[tuple[str, str], str]:
+    """(producer, reader) pairs of the group where a loop enclosing both writes the producer's
+    result tile by tile but the reader does not read it tile by tile, each with why: it reads
     through a view that is not one iteration variable per dim (a reshape splitting or merging
-    dims) while a level tiles the producer: a per-tile buffer cannot serve such a reader (it
-    would read other tiles than the one just written), so it runs in a later pass and reads
-    the full buffer the producer's nest wrote."""
+    dims), or the dim the loop walks in the producer is read with another variable (a reshape
+    that renames it, a slice) or with none, so the reader is loop-invariant there. Inside the
+    loop the reader would read tiles not yet written; it runs in a later pass and reads the full
+    buffer the producer's nest wrote."""
     from fspyre.stages.loop_tree import dim_vars  # loop_tree imports this module
 
-    out = set()
+    out: dict[tuple[str, str], str] = {}
     for op in ops:
         sizes = {d.name: d.size for d in iteration_dims(op)}
         for ld in op.loads:
             p = writer.get(ld.buffer)
-            if p is None or p == op.name or not any(lv.tiled_dims(table[p]) for lv in levels):
+            if p is None or p == op.name or (p, op.name) in out:
                 continue
-            if dim_vars(ld.index, buffers[ld.buffer].type, sizes) is None:
-                out.add((p, op.name))
+            producer, btype = table[p], buffers[ld.buffer].type
+            shared = group.levels[:min(group.depth(p), group.depth(op.name))]
+            walked = [(lv, set(lv.tiled_dims(producer))) for lv in shared]
+            if not any(dims for _, dims in walked):
+                continue
+            read = dim_vars(ld.index, btype, sizes)
+            if read is None:
+                out[(p, op.name)] = "through a view that is not one iteration variable per dim"
+                continue
+            written = dim_vars(producer.store.index, btype, {d.name: d.size for d in iteration_dims(producer)})
+            if written is None:
+                continue  # a producer storing through a view: tile() decides (and refuses what it cannot place)
+            off = next(((lv, w, r) for lv, dims in walked for w, r in zip(written, read) if w is not None
+                        and w.name in dims and (r is None or r.name != w.name or r.name not in lv.tiled_dims(op))),
+                       None)
+            if off is not None:
+                lv, w, r = off
+                what = "no variable" if r is None else f"variable {r.name}"
+                out[(p, op.name)] = (f"where the loop of {lv.count} walks dim {w.name}, with {what}, which that "
+                                     f"loop does not walk in step")
     return out
 
 
 def _fission_note(group: Group, passes: Sequence[Group], table: Mapping[str, Op], buffers: Mapping) -> str:
     written = {table[n].store.buffer: n for n in group.ops}
     why = []
-    for p, c in sorted(_read_through_views([table[n] for n in group.ops], group.levels, written, table, buffers)):
-        why.append(f"{c} reads {table[p].store.buffer}, which {p} writes tile by tile, through a view that is not "
-                   f"one iteration variable per dim, so it reads it whole after that nest")
+    for (p, c), how in sorted(_read_off_tile(group, [table[n] for n in group.ops], written, table, buffers).items()):
+        why.append(f"{c} reads {table[p].store.buffer}, which {p} writes tile by tile, {how}, so it reads it whole "
+                   f"after that nest")
     for name in group.ops:
         op = table[name]
         dim = _tiles_its_reduction(op, group.levels)

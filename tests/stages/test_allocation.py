@@ -477,7 +477,7 @@ def test_verify_allocation_refuses_an_advancing_buffer_in_lx():
     assert alloc.buffers["buf0"].memory == "hbm"
     moved = alloc.buffers.set("buf0", Placement(memory="lx", address=0, nbytes=4096))
     with pytest.raises(AllocationError, match=r"LX buffer buf0: op buf0 advances it with an enclosing loop \(loop "
-                                              r"counts and tile steps \[2xA128\]\), op buf1 walks it otherwise "
+                                              r"counts and element steps \[2x65536\]\), op buf1 walks it otherwise "
                                               r"\(\[\]\).*; place it in HBM"):
         verify_allocation(tree, split, replace(alloc, buffers=moved), comp.machine)
 

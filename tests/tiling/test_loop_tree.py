@@ -11,6 +11,7 @@ import pytest
 
 import fspyre
 from fspyre.errors import TilingError
+from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, Pointwise, Reduction
 from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep
 from fspyre.ir.plans import Group, Level, TilingPlan
@@ -347,8 +348,17 @@ def test_readers_must_walk_the_producers_tiles():
     z = g.neg(g.permute(y, ["B", "A"]))  # z iterates (B, A): its first dim is B
     g.output("z", z)
     graph = g.build()
+    plan = plan_groups(graph, [(["buf0", "buf1"], 2, [0])])
+    # the plan gives z a nest of its own after y's (loop fission): z's loop walks B, not y's A
+    assert [grp.ops for grp in plan.groups] == [("buf0",), ("buf1",)]
+    assert "buf1 reads buf0, which buf0 writes tile by tile, where the loop of 2 walks dim A" in plan.notes[0]
+    assert fspyre.check(graph, machine=fspyre.machine.spyre(cores=4), comp=fspyre.compile(
+        graph, machine=fspyre.machine.spyre(cores=4), tiling=plan)).equal
+    # tile() itself refuses the one nest the plan no longer makes
+    whole = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(Level(
+        count=2, dims=("A", "B"), op_dims=FrozenMap({"buf0": ("A",), "buf1": ("B",)})),)),))
     with pytest.raises(TilingError, match="op buf1 reads buf0 along dim A in tiles of 128"):
-        tile(graph, plan_groups(graph, [(["buf0", "buf1"], 2, [0])]))
+        tile(graph, whole)
 
 
 def test_verify_loop_tree_catches_inconsistent_trees():

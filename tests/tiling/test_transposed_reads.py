@@ -8,6 +8,9 @@ import pytest
 
 import fspyre
 from fspyre.errors import TilingError
+from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.stages.loop_tree import tile
+from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 
 
 def nest(outer: str, inner: str, rows: int, reader_inside: bool = True) -> fspyre.Graph:
@@ -38,9 +41,11 @@ def test_permuted_reads_and_writes_in_a_nest_equal_numpy(outer, inner, rows):
     assert np.array_equal(got["w"], ins["a"].T + z)
 
 
-def test_a_read_walking_the_producer_along_another_level_is_refused_with_both_advances():
+def test_a_read_walking_the_producer_along_another_level_runs_in_a_later_nest():
     # rename swaps which iteration variable walks y's first dim: the reader moves it at the
-    # inner level, the producer at the outer one, so the per-tile buffer cannot serve it
+    # inner level, the producer at the outer one, so no shared nest can serve it. The plan
+    # gives the reader a nest of its own after y's (loop fission); tile() refuses the shared
+    # nest with both advances.
     g = fspyre.GraphBuilder("swapped")
     g.dim("A", 128)
     g.dim("B", 128)
@@ -49,5 +54,41 @@ def test_a_read_walking_the_producer_along_another_level_is_refused_with_both_ad
         y = g.add(a, b)
         z = g.mul(g.rename(y, {"A": "B", "B": "A"}), 2.0)
     g.output("z", z)
+    graph = g.build()
+    plan = plan_tiling(graph, TilingOptions(mode="hints"))
+    assert [grp.ops for grp in plan.groups] == [("buf0",), ("buf1",)]
+    assert "buf1 reads buf0, which buf0 writes tile by tile, where the loop of 2 walks dim A, with variable B" \
+        in plan.notes[0]
+    report = fspyre.check(graph, tiling="hints")
+    assert report.equal and report.safe, str(report)
+    shared = TilingPlan(order=("buf0", "buf1"), groups=(Group(ops=("buf0", "buf1"), levels=(
+        Level(count=2, dims=("A",)), Level(count=2, dims=("B",)))),))
     with pytest.raises(TilingError, match=r"moving \[L0: -, L1: 64\].*moving \[L0: 64, L1: -\]"):
-        fspyre.compile(g.build(), tiling="hints")
+        tile(graph, shared)
+
+
+def test_sibling_nests_walking_a_buffer_in_other_orders_do_not_share_lx_slots():
+    # Two nests A:2 > B:2. The second reads y with its dims renamed, so its outer loop walks
+    # y's second dim and its inner loop y's first. LX keeps one slot per iteration of such
+    # sibling loops, found by iteration number: iteration (i, j) of the second nest would read
+    # the tile (i, j) of the first nest left there, i.e. y's tile (A i, B j) where it needs
+    # (A j, B i). Both accesses name their loops' dims A and B; the allocator compares what
+    # each loop moves in y's own elements, so y stays in HBM. (Before, this compiled, passed
+    # the memory check and gave the wrong z, silently.)
+    g = fspyre.GraphBuilder("siblings")
+    g.dim("A", 128)
+    g.dim("B", 128)
+    a, b = g.input("a", ["A", "B"], "float32"), g.input("b", ["A", "B"], "float32")
+    with g.hint(slices={"A": 2}), g.hint(slices={"B": 2}):
+        y = g.add(a, b)
+    with g.hint(slices={"A": 2}), g.hint(slices={"B": 2}):
+        z = g.mul(g.rename(y, {"A": "B", "B": "A"}), 2.0)
+    g.output("z", z)
+    graph = g.build()
+    comp = fspyre.compile(graph, tiling="hints")
+    placed = comp.stages["allocation"].buffers[y.buffer]
+    assert placed.memory == "hbm"
+    assert "walks it otherwise ([2x64, 2x8192])" in placed.reason
+    rng = np.random.default_rng(0)
+    ins = {n: rng.standard_normal((128, 128)).astype(np.float32) for n in ("a", "b")}
+    assert np.array_equal(fspyre.run(comp, ins)["z"], 2 * (ins["a"] + ins["b"]))  # a rename relabels, in place
