@@ -393,8 +393,9 @@ class Spread:
 class _Copies:
     """The copies a ``Spread`` store has not made yet (interpreter state, mutable): the bytes
     ``spread.lo``..``spread.hi`` of the LX of ``cores`` are to equal those of ``source``, which
-    the store wrote. Any store touching those bytes first makes them (it may leave some of
-    them), and so does any read of them but a covered replicated read of the source's copy."""
+    the store wrote. Any store touching those bytes first makes them all (it may leave some of
+    them); a read of them makes those of the cores it reads (a covered replicated read: of the
+    cores of its first slice, the source's as a rule)."""
 
     spread: Spread
     source: int
@@ -971,9 +972,9 @@ class _Machine:
         self.uncopied_span = (min(a, u.spread.lo), max(b, u.spread.hi))
 
     def stored(self, acc: Access, offset: int, rows: range | None = None) -> None:
-        """A store of ``acc`` at ``offset`` (in LX on the cores ``rows``, default: every core
-        its addresses reach): remembered reads of its bytes are stale, and the bytes are the
-        next run's to zero if it needs zeros there (``_Spare``)."""
+        """A store of ``acc`` at ``offset`` (in LX on the cores ``rows``; by default counted for
+        every core): remembered reads of its bytes are stale, and the bytes are the next run's
+        to zero if it needs zeros there (``_Spare``)."""
         lo, hi = _span(acc, offset)
         if self.decoded:
             self.forget(acc.lx, lo, hi)
