@@ -2,10 +2,12 @@
 query and 2 key/value heads, rotary embeddings, a causal mask, RMSNorm, the gated MLP), small
 config, random weights, float16 [B, S, D] hidden states. One hint around the whole layer tiles
 it by the sequence dim S (S:4): nn.Linear flattens [B, S, D] to [B*S, D], and the front end
-keeps S iterable through it. The layer's rotary and mask ops cannot run in an S loop; fspyre
-moves each out with a warning naming the op and its line in modeling_llama.py, and tiles the
-rest (docs/deviations.md, "Hint scopes around module code"). Needs the `dev` extra
-(transformers)."""
+keeps S iterable through it. The ops that read an S-tiled result out of step (the rotary
+embedding through the reshape that merges its halves, the mask along another dim) run in
+S loops after their producers' (loop fission); an op no S loop could hold would be moved out
+with a warning naming it and its line (docs/deviations.md, "Hint scopes around module code").
+At this small S, three ops whose sticks hold more than a quarter of S warn that they run in
+fewer, whole-stick tiles. Needs the `dev` extra (transformers)."""
 
 import torch
 from transformers import LlamaConfig
