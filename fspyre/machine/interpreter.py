@@ -27,12 +27,15 @@ How it is fast without changing that meaning (docs/semantics.md, "The interprete
   computed, encoded and stored, so no memory-sized temporaries pass through RAM.
 - Values convert through tables (``formats``): decoding a 2-byte format, encoding DLFloat16,
   copying float16 host arrays in and out; an exact unary op between 2-byte formats (a copy)
-  is one gather of its output bits (``OpPlan.recode``).
-- A store of the same bits to every core's LX (``Spread``) writes one copy and copies its
-  bytes to the others, and records that they are the same; a region every core holds its own
-  copy of is read by decoding one copy when such a record covers it, else by comparing the
-  copies' bits and decoding one when they agree (``Replicated``); a large decoded read is
-  remembered until a store touches its bytes.
+  is one gather of its output bits (``OpPlan.recode``), or none when the bits hold none of the
+  few patterns the table changes. A matmul's operands decode in the memory's order
+  (``_memory_order``), as the GEMM takes them.
+- A store of the same bits to every core's LX (``Spread``) writes one copy, records that the
+  others are the same, and makes the other cores' copies when something reads or overwrites
+  their bytes (``_Copies``); a region every core holds its own copy of is read by decoding
+  one copy when such a record covers it, else by comparing the copies' bits and decoding one
+  when they agree (``Replicated``); a large decoded read is remembered until a store touches
+  its bytes.
 
 What it reads is what the device reads: the operation from ``OpSpec.op``, each kernel
 argument's tensor inside the argument its ``arg_index`` names (bounds per allocation), device
@@ -46,7 +49,7 @@ import itertools
 import math
 import mmap
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -108,7 +111,7 @@ class _Spare:
     data: np.ndarray
     written: np.ndarray
     rows: int  # LX: one row per core
-    end: int  # bytes of each row some run may have written
+    end: np.ndarray  # per row: the bytes some run may have written there
     mark: int
 
 
@@ -116,26 +119,28 @@ _SPARES: list[_Spare] = []
 _SPARES_MAX = 2  # the newest few: a machine's HBM and LX
 
 
-def _memory(name: str, size: int, rows: int, check_written: bool, keep: bool) -> tuple[Memory, int]:
+def _memory(name: str, size: int, rows: int, check_written: bool, keep: bool) -> tuple[Memory, np.ndarray]:
     """A memory of ``size`` bytes in ``rows`` rows for a run (``_Spare``), and the bytes of each
     row a previous run may have written there."""
     spare = next((s for s in _SPARES if s.data.size == size and s.rows == rows), None) if size else None
     if spare is None:
-        return Memory(name, size, mark=0xFF if keep else 1), 0
+        return Memory(name, size, mark=0xFF if keep else 1), np.zeros(rows, np.int64)
     _SPARES.remove(spare)
 
-    def dirty(arr: np.ndarray) -> np.ndarray:
-        return arr.reshape(rows, -1)[:, :spare.end]
+    def zero(arr: np.ndarray) -> None:
+        per_row = arr.reshape(rows, -1)
+        for row in np.nonzero(spare.end)[0]:
+            per_row[row, :spare.end[row]] = 0
 
     mark = spare.mark
     if keep:
-        dirty(spare.data)[...] = 0
-        dirty(spare.written)[...] = 0
+        zero(spare.data)
+        zero(spare.written)
         mark = 0xFF
     elif not check_written:
-        dirty(spare.data)[...] = 0  # the written marks are left alone: this run sets none
+        zero(spare.data)  # the written marks are left alone: this run sets none
     elif mark == 0xFF:
-        dirty(spare.written)[...] = 0
+        zero(spare.written)
         mark = 1
     else:
         mark += 1
@@ -153,6 +158,10 @@ class RunOptions:
     # Grid points per block when a large op runs block by block (``Blocking``); 0 runs every
     # op whole. Results and reports do not depend on it (tests run tiny blocks to prove so).
     block: int = 1 << 14
+    # A store of the same bits to every core's LX (``Spread``) writes one copy and makes the
+    # others when something reads or overwrites them (``_Copies``); False makes them at the
+    # store. Results, memories and reports do not depend on it (tests compare the two).
+    lazy_copies: bool = True
 
     def __post_init__(self) -> None:
         if self.block < 0:
@@ -210,6 +219,39 @@ class Pattern:
     view_strides: tuple[int, ...] = ()
     nbytes: int = 1
     axis_dims: tuple[tuple[tuple[int, int], ...], ...] = ()  # strided: ``dims`` grouped by grid axis
+    # strided: the view axes with the grid axes in the order the memory runs (``_memory_order``),
+    # () when that is the grid order
+    order: tuple[int, ...] = ()
+
+
+def _memory_order(groups: Sequence[Sequence[tuple[int, int]]]) -> tuple[int, ...]:
+    """A permutation of the view axes of a strided access, whose (size, stride) view axes come
+    in ``groups``, one per grid axis: the grid axis along which the memory runs finest moved
+    last, the others in their order, each keeping its view axes together and in order. A
+    decode reading the view in this order walks the memory's runs instead of striding across
+    them, and its values, put back into grid order (``_decode``), reshape to the grid without
+    a copy. () when that axis is last already. Only for the operands of a matmul, whose GEMM
+    takes a matrix in either layout (b kept in the device's (N/64, K, N%64) sticks decodes into
+    a row-major [K, N]); any other op computes in grid order, and a transposed operand would
+    cost it a copy (so would batch axes out of their order, even for the GEMM)."""
+    finest = {k: min((abs(st) for n, st in g if n > 1 and st), default=None) for k, g in enumerate(groups)}
+    moving = [k for k, f in finest.items() if f is not None]
+    if not moving:
+        return ()
+    last = min(moving, key=lambda k: (finest[k], -k))
+    if last == moving[-1]:
+        return ()
+    starts = list(itertools.accumulate((len(g) for g in groups), initial=0))
+    grid = [k for k in range(len(groups)) if k != last] + [last]
+    return tuple(v for k in grid for v in range(starts[k], starts[k + 1]))
+
+
+def _decode(raw: np.ndarray, fmt: formats.DataFormat, order: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """The values of the view ``raw`` over the grid ``shape``, decoded in the view axis ``order``
+    (``_memory_order``) and returned in grid order (strided as decoded)."""
+    if not order:
+        return formats.decode(raw, fmt).reshape(shape)  # C order: the reshape is free
+    return formats.decode(raw.transpose(order), fmt).transpose(np.argsort(order)).reshape(shape)
 
 
 def _positions(p: Pattern) -> np.ndarray:
@@ -243,8 +285,9 @@ def _split_line(line: np.ndarray) -> list[tuple[int, int]] | None:
     return None
 
 
-def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
-    """Plan the access whose byte addresses are ``addr`` (broadcastable to ``shape``)."""
+def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int, ordered: bool = False) -> Pattern:
+    """Plan the access whose byte addresses are ``addr`` (broadcastable to ``shape``);
+    ``ordered``: its values decode in the memory's order (``Pattern.order``)."""
     addr = np.asarray(addr, dtype=np.int64)
     addr = addr.reshape((1,) * (len(shape) - addr.ndim) + addr.shape)
     if addr.size == 0:
@@ -273,7 +316,8 @@ def _pattern(addr: np.ndarray, shape: tuple[int, ...], nbytes: int) -> Pattern:
         if np.array_equal(expect, np.broadcast_to(elem, shape).reshape([s for s, _ in dims])):
             return Pattern(shape=shape, dims=tuple(dims), index=None, start=start, lo=lo // nbytes, hi=hi // nbytes,
                            view_shape=tuple(s for s, _ in dims), view_strides=tuple(st * nbytes for _, st in dims),
-                           nbytes=nbytes, axis_dims=tuple(axis_dims))
+                           nbytes=nbytes, axis_dims=tuple(axis_dims),
+                           order=_memory_order(axis_dims) if ordered else ())
     return Pattern(shape=shape, dims=None, index=np.broadcast_to(elem, shape), start=0,
                    lo=lo // nbytes, hi=hi // nbytes)
 
@@ -327,6 +371,7 @@ class Replicated:
     slice_axes: tuple[int, ...]  # the view axes of the slices, compared for equal bits
     same_shape: tuple[int, ...]  # the values when all slices are equal: the grid, 1 along replicated axes
     cores: frozenset[int]  # the cores whose LX the load reads
+    order: tuple[int, ...] = ()  # the view axes of one slice in memory order (``_memory_order``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,29 +389,45 @@ class Spread:
     hi: int
 
 
-def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int]) -> Replicated | None:
+@dataclass(slots=True, eq=False)
+class _Copies:
+    """The copies a ``Spread`` store has not made yet (interpreter state, mutable): the bytes
+    ``spread.lo``..``spread.hi`` of the LX of ``cores`` are to equal those of ``source``, which
+    the store wrote. Any store touching those bytes first makes them all (it may leave some of
+    them); a read of them makes those of the cores it reads (a covered replicated read: of the
+    cores of its first slice, the source's as a rule)."""
+
+    spread: Spread
+    source: int
+    cores: set[int]
+
+
+def _replicated(p: Pattern, axes: Sequence[int], cores: frozenset[int], ordered: bool) -> Replicated | None:
     """``axes``: the grid axes to try (split across cores, not used by the coordinates);
-    ``cores``: those the load touches."""
+    ``cores``: those the load touches; ``ordered``: as ``_pattern``'s."""
     if p.dims is None or not p.aligned or not axes:
         return None
     shape: list[int] = []
     strides: list[int] = []
     slice_axes: list[int] = []
     same: list[int] = []
+    one_slice: list[tuple[tuple[int, int], ...]] = []  # the view dims of the first slice, per grid axis
     for k, (n, dims) in enumerate(zip(p.shape, p.axis_dims)):
         if k in axes and n > 1 and dims[0][1] != 0 and all(st == 0 for _, st in dims[1:]):
             slice_axes.append(len(shape))
             shape += [dims[0][0]] + [1] * (len(dims) - 1)
             strides += [dims[0][1] * p.nbytes] + [0] * (len(dims) - 1)
             same.append(1)
+            one_slice.append(((1, 0),) * len(dims))
         else:
             shape += [size for size, _ in dims]
             strides += [st * p.nbytes for _, st in dims]
             same.append(n)
+            one_slice.append(dims)
     if not slice_axes:
         return None
     return Replicated(shape=tuple(shape), strides=tuple(strides), slice_axes=tuple(slice_axes),
-                      same_shape=tuple(same), cores=cores)
+                      same_shape=tuple(same), cores=cores, order=_memory_order(one_slice) if ordered else ())
 
 
 def _spread(p: Pattern, sizes: tuple[int, ...], splits: tuple[int, ...], copies: Sequence[int],
@@ -441,6 +502,10 @@ class OpPlan:
     # an exact unary op between 2-byte formats: the output bits of each of the 65,536 input
     # patterns (``_recode_table``), so a copy moves bits instead of decoding and encoding
     recode: np.ndarray | None = None
+    # the patterns ``recode`` changes, when there are at most ``_FEW_MOVED`` of them (a copy
+    # between the same formats: DLFloat16's second NaN code, or none): bits holding none of
+    # them are their own result, and the gather is skipped (``_recoded``)
+    recode_moved: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,11 +556,13 @@ def _core_addresses(arg: TensorArg, syms, space: Sequence[tuple[int, int]], iter
 
 def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], splits: tuple[int, ...],
                  cores: Sequence[int], slices: np.ndarray, spaces: Sequence[Sequence[tuple[int, int]]],
-                 lx_bytes: int, store: bool, regions: Mapping[int, tuple[int, int, str]]) -> Access:
+                 lx_bytes: int, store: bool, regions: Mapping[int, tuple[int, int, str]],
+                 ordered: bool = False) -> Access:
     """``cores`` touch the grid ``syms``/``sizes`` (full sizes), each its slice ``slices[core]``,
     which covers ``spaces[core]`` ((start, extent) per symbol).
     A load keeps the size-1 axes its addresses do not vary along (numpy broadcasts the values);
-    a store covers the whole grid, as every core stores every element of its slice."""
+    a store covers the whole grid, as every core stores every element of its slice. A load
+    ``ordered`` decodes in the memory's order (``_memory_order``)."""
     fmt = formats.FORMATS[arg.device_dtype]
     nb = fmt.nbytes
     _check_coordinates(arg, spec, syms, sizes)
@@ -515,7 +582,7 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         strides = row_major_strides(arg.device_size)
         addr = _sum_terms([(c, st * nb) for c, st in zip(coords, strides)], arg.address)
         shape = tuple(sizes) if store else (1,) * (len(sizes) - addr.ndim) + addr.shape
-        return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb),
+        return Access(arg=arg, fmt=fmt, lx=False, pattern=_pattern(addr, shape, nb, ordered),
                       advance=tuple(arg.tile_advance), core_range=None,
                       region=None if region is None else region[:2])
     # LX: per core, its own box; stacked LX puts core c at c * lx_bytes.
@@ -524,7 +591,7 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
         arg, syms, sizes, splits, cores, spaces, lx_bytes, store)
     r = core_range
     lx_ok = bool(((r[:, 1] < r[:, 0]) | ((r[:, 0] >= 0) & (r[:, 1] + nb <= lx_bytes) & (r[:, 0] % nb == 0))).all())
-    pattern = _pattern(full, full.shape, nb)
+    pattern = _pattern(full, full.shape, nb, ordered)
     used = frozenset().union(*map(free_names, arg.device_coordinates))
     copies = [k for k, s in enumerate(syms) if splits[k] > 1 and s.name not in used]
     on = r[:, 0] <= r[:, 1]
@@ -532,7 +599,8 @@ def _plan_access(arg: TensorArg, spec: OpSpec, syms, sizes: tuple[int, ...], spl
     span = (int(touched[:, 0].min()), int(touched[:, 1].max()) + nb) if touched.size else (0, 0)
     return Access(arg=arg, fmt=fmt, lx=True, pattern=pattern, advance=tuple(arg.tile_advance), core_range=core_range,
                   lx_ok=lx_ok,
-                  replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist())),
+                  replicated=None if store else _replicated(pattern, copies, frozenset(np.nonzero(on)[0].tolist()),
+                                                            ordered),
                   spread=_spread(pattern, sizes, splits, copies, r, nb) if store and lx_ok else None, lx_span=span)
 
 
@@ -660,8 +728,11 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
         if isinstance(o, ScalarOperand):
             operands.append(("scalar", o.value))
         else:
+            # a GEMM takes its operands in either layout: they decode in the memory's order;
+            # every other op computes in grid order (a transposed operand would cost it a copy)
             operands.append(("tensor", _plan_access(spec.args[o.index], spec, syms, sizes, splits, all_cores, slices,
-                                                    spaces, program.lx_bytes, store=False, regions=regions)))
+                                                    spaces, program.lx_bytes, store=False, regions=regions,
+                                                    ordered=fn == "matmul")))
     # the output: with a split reduction, the core holding slice 0 of every reduced symbol
     # stores the value combined in slice order
     writers = [c for c in all_cores if all(slices[c][i] == 0 for i in red_pos)]
@@ -677,29 +748,44 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
             if kind == "scalar" and not limits.min <= v <= limits.max:  # NaN fails both
                 raise ExecutionError(f"op {name}: scalar operand {v} does not fit its compute type {ctype}", op=name)
     bool_store = info.bool_store
-    recode = None
+    recode, moved = None, None
     if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
         src = operands[0][1].fmt
         if src.nbytes == 2 and out.fmt.nbytes == 2:
-            recode = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
+            recode, moved = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
                   blocking=None if fn == "matmul" else _plan_blocking(sizes, len(out_pos), operands, out, block),
-                  bool_store=bool_store, recode=recode)
+                  bool_store=bool_store, recode=recode, recode_moved=moved)
+
+
+# A recode table changing at most this many patterns is checked for them (one pass over the
+# bits each) instead of gathered (``OpPlan.recode_moved``).
+_FEW_MOVED = 2
+
+
+def _recoded(table: np.ndarray, moved: tuple[int, ...] | None, raw: np.ndarray) -> np.ndarray:
+    """``table[raw]`` for a ``_recode_table`` and the patterns it changes (None: many): ``raw``
+    itself when it holds none of them, else gathered."""
+    if moved is not None and not any((raw == p).any() for p in moved):
+        return raw
+    return formats.lookup16(table, raw)
 
 
 @functools.lru_cache(maxsize=None)
 def _recode_table(fn: str, ctype: str, bool_store: bool, src: kinds.DeviceFormat,
-                  dst: kinds.DeviceFormat) -> np.ndarray:
+                  dst: kinds.DeviceFormat) -> tuple[np.ndarray, tuple[int, ...] | None]:
     """The bits a unary ``fn`` stores for each 2-byte pattern it reads: the op computed on every
     pattern's value (``_pointwise``). Exact (correctly rounded) fns only, so that each result
-    is the one the op gives in any array, and a gather computes the op."""
+    is the one the op gives in any array, and a gather computes the op. With it, the patterns
+    the table changes when they are few (``OpPlan.recode_moved``), else None."""
     values = formats.decode(np.arange(1 << 16, dtype=np.uint16), formats.FORMATS[src])
     with np.errstate(all="ignore"):  # every pattern, NaN included, whether the program holds it or not
         result = _pointwise(fn, ctype=np.dtype(ctype), bool_store=bool_store, values=[values], sizes=values.shape)
     table = formats.encode(result, formats.FORMATS[dst])
     table.setflags(write=False)
-    return table
+    moved = np.nonzero(table != np.arange(1 << 16, dtype=table.dtype))[0]
+    return table, (tuple(int(p) for p in moved) if moved.size <= _FEW_MOVED else None)
 
 
 def _plan_blocking(sizes: tuple[int, ...], n_out: int, operands: Sequence[tuple[str, Any]],
@@ -843,12 +929,19 @@ def _program_plan(program: Program, block: int) -> _ProgramPlan:
 class _Machine:
     """HBM and the stacked LX of all cores, with element views per width."""
 
-    def __init__(self, program: Program, check_written: bool, keep: bool) -> None:
+    def __init__(self, program: Program, check_written: bool, keep: bool, lazy_copies: bool = True) -> None:
         self.check_written = check_written
+        self.lazy_copies = lazy_copies
         self.lx_bytes = program.lx_bytes
-        # end of the bytes a store may have reached: in HBM, and in the LX of any core (``recycle``)
-        self.hbm, self.hbm_end = _memory("HBM", program.hbm_bytes, 1, check_written, keep)
-        lx, self.lx_end = _memory("LX", program.cores * program.lx_bytes, program.cores, check_written, keep)
+        # end of the bytes a store may have reached (``recycle``): in HBM; in the LX of every
+        # core (an ordinary store's, counted for all: one comparison per store); and per core,
+        # beyond that, where only some cores' LX is written (a spread store's own copy, the
+        # copies and marks made later, what earlier runs wrote)
+        hbm, hbm_end = _memory("HBM", program.hbm_bytes, 1, check_written, keep)
+        self.hbm, self.hbm_end = hbm, int(hbm_end[0])
+        lx, lx_row_end = _memory("LX", program.cores * program.lx_bytes, program.cores, check_written, keep)
+        self.lx_end = 0
+        self.lx_row_end: list[int] = lx_row_end.tolist()
         self.lx_all = lx
         self.lx = tuple(Memory(f"LX of core {c}", program.lx_bytes,
                                lx.data[c * program.lx_bytes:(c + 1) * program.lx_bytes],
@@ -868,24 +961,52 @@ class _Machine:
         # good, whatever stores follow), so the marks are set only when something other than a
         # load the record covers looks at them (``settle``)
         self.unmarked: list[Spread] = []
+        # copies a Spread store has not made yet, made when something reads or overwrites
+        # their bytes (``make_copies``), and the LX bytes lo..hi they lie in on their cores
+        self.uncopied: list[_Copies] = []
+        self.uncopied_span = (0, 0)
 
-    def stored(self, acc: Access, offset: int) -> None:
-        """A store of ``acc`` at ``offset``: remembered reads of its bytes are stale, and the
-        bytes are the next run's to zero if it needs zeros there (``_Spare``)."""
+    def copies_due(self, lo: int, hi: int) -> bool:
+        """Some copy not made yet may share a byte with LX bytes ``lo``..``hi``."""
+        return bool(self.uncopied) and self.uncopied_span[0] < hi and lo < self.uncopied_span[1]
+
+    def copies_pending(self, u: _Copies) -> None:
+        """A spread store left the copies ``u`` to make."""
+        self.uncopied.append(u)
+        a, b = self.uncopied_span if len(self.uncopied) > 1 else (u.spread.lo, u.spread.hi)
+        self.uncopied_span = (min(a, u.spread.lo), max(b, u.spread.hi))
+
+    def stored(self, acc: Access, offset: int, rows: range | None = None) -> None:
+        """A store of ``acc`` at ``offset`` (in LX on the cores ``rows``; by default counted for
+        every core): remembered reads of its bytes are stale, and the bytes are the next run's
+        to zero if it needs zeros there (``_Spare``)."""
         lo, hi = _span(acc, offset)
         if self.decoded:
             self.forget(acc.lx, lo, hi)
         if acc.lx:
+            if self.copies_due(lo, hi):  # the bytes the store leaves must hold their copies
+                self.make_copies(lo, hi)
             if self.replicas:  # the span is the union over cores: a store to one core's copy ends it
                 self.replicas = [t for t in self.replicas if not (t.lo < hi and lo < t.hi)]
-            self.lx_end = max(self.lx_end, hi)
+            if rows is None:
+                self.lx_end = max(self.lx_end, hi)
+            else:
+                self.wrote(rows, hi)
         else:
             self.hbm_end = max(self.hbm_end, hi)
+
+    def wrote(self, rows: Iterable[int], hi: int) -> None:
+        """Bytes below ``hi`` of the LX of cores ``rows`` may hold data or marks (``_Spare``)."""
+        ends = self.lx_row_end
+        for row in rows:
+            if ends[row] < hi:
+                ends[row] = hi
 
     def recycle(self) -> None:
         """Hand the memories to the next run (``_Spare``). Only for a machine whose state
         nobody keeps."""
-        for mem, rows, end in ((self.hbm, 1, self.hbm_end), (self.lx_all, len(self.lx), self.lx_end)):
+        ends = (np.array([self.hbm_end], np.int64), np.maximum(np.array(self.lx_row_end, np.int64), self.lx_end))
+        for mem, rows, end in ((self.hbm, 1, ends[0]), (self.lx_all, len(self.lx), ends[1])):
             if mem.size:
                 _SPARES.insert(0, _Spare(data=mem.data, written=mem.written, rows=rows, end=end, mark=mem.mark))
         del _SPARES[_SPARES_MAX:]
@@ -899,9 +1020,32 @@ class _Machine:
             if t.lo < hi and lo < t.hi:
                 for core in t.cores:
                     self.lx_all.written[core * self.lx_bytes + t.lo:core * self.lx_bytes + t.hi] = self.lx_all.mark
+                self.wrote(t.cores, t.hi)
             else:
                 keep.append(t)
         self.unmarked = keep
+
+    def make_copies(self, lo: int, hi: int, cores: range | None = None) -> None:
+        """Make the copies not made yet (``_Copies``) on ``cores`` (default: all) that share a
+        byte with LX bytes ``lo``..``hi``: before anything reads or overwrites them, and at the
+        end of a run whose memories are kept."""
+        keep = []
+        lx, data = self.lx_bytes, self.lx_all.data
+        for u in self.uncopied:
+            t = u.spread
+            if t.lo < hi and lo < t.hi:
+                todo = u.cores if cores is None else {c for c in u.cores if c in cores}
+                src = data[u.source * lx + t.lo:u.source * lx + t.hi]
+                for core in sorted(todo):
+                    data[core * lx + t.lo:core * lx + t.hi] = src
+                self.wrote(todo, t.hi)
+                u.cores -= todo
+                if not u.cores:
+                    continue
+            keep.append(u)
+        self.uncopied = keep
+        if keep:
+            self.uncopied_span = (min(u.spread.lo for u in keep), max(u.spread.hi for u in keep))
 
     def full(self, lx: bool, nbytes: int) -> int:
         """An element of ``nbytes`` all written, as its written marks read (``Memory.full``)."""
@@ -950,6 +1094,10 @@ def _load(m: _Machine, acc: Access, offset: int) -> np.ndarray:
     """The bit patterns at the access, once every byte of them was written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
+    if acc.lx and m.uncopied:
+        lo, hi = _span(acc, offset)
+        if m.copies_due(lo, hi):
+            m.make_copies(lo, hi, _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
     raw = _select(m.view(acc.lx, nb, False), p, offset)
     if m.check_written and raw.size:
         if acc.lx and m.unmarked:
@@ -970,13 +1118,17 @@ def _read(m: _Machine, acc: Access, offset: int) -> np.ndarray:
         return hit[3]
     r = acc.replicated
     if r is None:
-        # decode gives C order: the reshape is free
-        values = formats.decode(_load(m, acc, offset), acc.fmt).reshape(acc.pattern.shape)
+        values = _decode(_load(m, acc, offset), acc.fmt, acc.pattern.order, acc.pattern.shape)
     else:
         values = _read_replicated(m, acc, r, offset)
     if values.size >= _REMEMBER:
         m.decoded[key] = (acc.lx, *_span(acc, offset), values)
     return values
+
+
+def _cores(m: _Machine, lo: int, hi: int) -> range:
+    """The cores whose LX holds some of the stacked LX bytes ``lo``..``hi``."""
+    return range(lo // m.lx_bytes, (hi - 1) // m.lx_bytes + 1)
 
 
 def _span(acc: Access, offset: int) -> tuple[int, int]:
@@ -1005,7 +1157,14 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
     if any(t.lo <= lo and hi <= t.hi and r.cores <= t.cores for t in m.replicas):
         # one store put these bytes on every core the load reads, and no store touched them
         # since (``Spread``): they are written and the same on every core, unread
-        return formats.decode(first, acc.fmt).reshape(r.same_shape)
+        if m.copies_due(lo, hi):  # the first slice's cores hold their copies (the store's own, as a rule)
+            reach = [(n - 1) * st for n, st in zip(first.shape, first.strides)]
+            m.make_copies(lo, hi, _cores(m, start + sum(x for x in reach if x < 0),
+                                         start + sum(x for x in reach if x > 0) + nb))
+        return _decode(first, acc.fmt, r.order, r.same_shape)
+    if m.copies_due(lo, hi):
+        p = acc.pattern
+        m.make_copies(lo, hi, _cores(m, (p.lo + offset) * nb, (p.hi + offset + 1) * nb))
     if m.check_written and raw.size:
         if m.unmarked:
             m.settle(lo, hi)
@@ -1014,7 +1173,7 @@ def _read_replicated(m: _Machine, acc: Access, r: Replicated, offset: int) -> np
             raise _Unwritten
     if np.array_equal(raw, np.broadcast_to(first, raw.shape)):
         # every slice holds the same bits: the same values, whichever core reads them
-        return formats.decode(first, acc.fmt).reshape(r.same_shape)
+        return _decode(first, acc.fmt, r.order, r.same_shape)
     values = formats.decode(raw, acc.fmt)
     return np.broadcast_to(values, acc.pattern.view_shape).reshape(acc.pattern.shape)
 
@@ -1023,8 +1182,8 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
     """Store bit patterns ``raw`` (broadcastable to the access's grid) and mark them written."""
     p = acc.pattern
     nb = acc.fmt.nbytes
-    m.stored(acc, offset)
     if p.dims is None:
+        m.stored(acc, offset)
         assert p.index is not None  # an index pattern (Pattern: dims or index)
         idx = p.index + offset if offset else p.index
         m.view(acc.lx, nb, False)[idx] = np.broadcast_to(raw, p.shape)
@@ -1042,31 +1201,33 @@ def _store(m: _Machine, acc: Access, offset: int, raw: np.ndarray) -> None:
         raw = raw.reshape(p.view_shape)
     spread = acc.spread
     if spread is not None and all(shape[k] == 1 for k in spread.axes):
-        _store_spread(m, acc, spread, raw, offset)
+        first = (p.start + offset) * nb // m.lx_bytes  # the core of the grid's first point
+        m.stored(acc, offset, rows=range(first, first + 1))  # the others' copies: ``make_copies``
+        _store_spread(m, acc, spread, raw, offset, first)
         return
+    m.stored(acc, offset)
     _select(m.view(acc.lx, nb, False), p, offset)[...] = raw
     if m.check_written:
         _select(m.view(acc.lx, nb, True), p, offset)[...] = m.full(acc.lx, nb)
 
 
-def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int) -> None:
+def _store_spread(m: _Machine, acc: Access, spread: Spread, raw: np.ndarray, offset: int, first: int) -> None:
     """The store of bits that do not vary along the cores of a ``Spread`` (``raw``: view
     axes, 1 along those of the cores), ``offset`` elements on (an LX tensor walking its
-    slots): into the first core's LX through the access's view, then its bytes ``lo``..``hi``
-    -- exactly those the store writes on each core -- copied whole into every other core's LX.
-    Every core's LX holds its copy, as the device's do."""
-    p, nb, lx = acc.pattern, acc.fmt.nbytes, m.lx_bytes
+    slots): into the first core's LX through the access's view; its bytes ``lo``..``hi`` --
+    exactly those the store writes on each core -- are the other cores' copies, copied whole
+    into their LX when something reads or overwrites them there (``_Copies``; at once without
+    ``RunOptions.lazy_copies``). Whatever looks at a core's LX finds its copy, as on the device.
+    ``first``: the core of the grid's first point, whose copy the store writes."""
+    p, nb = acc.pattern, acc.fmt.nbytes
     if offset:
         spread = replace(spread, lo=spread.lo + offset * nb, hi=spread.hi + offset * nb)
-    first = (p.start + offset) * nb // lx  # the core of the grid's first point
     at_first = tuple(0 if k in spread.axes else slice(None)
                      for k, dims in enumerate(p.axis_dims) for _ in dims)
     _select(m.view(True, nb, False), p, offset)[at_first] = raw[at_first]
-    data = m.lx_all.data
-    src = data[first * lx + spread.lo:first * lx + spread.hi]
-    for core in spread.cores:
-        if core != first:
-            data[core * lx + spread.lo:core * lx + spread.hi] = src
+    m.copies_pending(_Copies(spread=spread, source=first, cores=set(spread.cores) - {first}))
+    if not m.lazy_copies:
+        m.make_copies(spread.lo, spread.hi)
     m.replicas.append(spread)  # after ``stored`` ended those the store overlaps
     if m.check_written:
         m.unmarked.append(spread)  # every byte written: the marks when something reads them
@@ -1106,7 +1267,8 @@ def run_program(program: Program, inputs: Mapping[str, object], options: RunOpti
                 ) -> tuple[dict[str, np.ndarray], MachineState]:
     """Run ``program``: its outputs, and the memories afterwards."""
     outs, m, trace = _execute(program, inputs, options, keep=True)
-    m.settle(0, m.lx_bytes)  # the state shows every written mark
+    m.make_copies(0, m.lx_bytes)  # the state shows every copy
+    m.settle(0, m.lx_bytes)  # and every written mark
     return outs, MachineState(hbm=m.hbm, lx=m.lx, hbm_trace=trace)
 
 
@@ -1124,7 +1286,7 @@ def _execute(program: Program, inputs: Mapping[str, object], options: RunOptions
     types = {a.name: _kernel_type(a) for a in program.kernel_args if a.is_input}
     host = check_inputs(types, inputs)
     plan = _program_plan(program, options.block)
-    m = _Machine(program, options.check_written, keep)
+    m = _Machine(program, options.check_written, keep, options.lazy_copies)
     m.regions = tuple(plan.regions.values())
     if options.trace_hbm:
         m.trace = {}
@@ -1260,7 +1422,8 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
         _run_blocks(op, offsets, out_off, m)
     elif bits:
         assert op.recode is not None  # ``bits`` says so
-        _store(m, op.out, out_off, formats.lookup16(op.recode, values[0]).reshape(op.operands[0][1].pattern.shape))
+        _store(m, op.out, out_off,
+               _recoded(op.recode, op.recode_moved, values[0]).reshape(op.operands[0][1].pattern.shape))
     else:
         _write(m, op.out, out_off, _compute(op, values, op.sizes))
     if m.trace is not None:
@@ -1340,7 +1503,7 @@ def _run_blocks(op: OpPlan, offsets: Sequence[int], out_off: int, m: _Machine) -
         for r0 in range(0, b.size, b.step):
             if op.recode is not None:  # a gather of the output bits (``OpPlan.recode``)
                 (v, ba, off, arr), = tensors
-                bits = formats.lookup16(op.recode, _block_view(arr, v, ba, off, index, r0, b.step)).reshape(
+                bits = _recoded(op.recode, op.recode_moved, _block_view(arr, v, ba, off, index, r0, b.step)).reshape(
                     ones + (b.step if ba.cut else 1,) + ba.values_tail)
             else:
                 block = [formats.decode(_block_view(arr, v, ba, off, index, r0, b.step), v.fmt)
@@ -1456,7 +1619,7 @@ def _core_list(op: OpPlan) -> list[tuple[int, tuple[int, ...]]]:
 
 
 def _report_reads(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
-    m.settle(0, m.lx_bytes)
+    m.settle(0, m.lx_bytes)  # (the report reads written marks, never the copies' bytes)
     for core, space in enumerate(op.spec.core_spaces):
         for kind, acc in op.operands:
             if kind == "scalar":

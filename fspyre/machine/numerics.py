@@ -207,8 +207,8 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], grid: tuple[i
               ctype: np.dtype | None = None) -> np.ndarray:
     """sum over ``axes`` of a*b, with a and b broadcast over the grid, as one batched BLAS
     matmul (``np.matmul``: [batch, M, K] @ [batch, K, N]) without materialising the product
-    grid. Float operands accumulate in float64 and round once to ``ctype`` (default: the
-    operands' dtype)."""
+    grid. Float operands go to one float32 GEMM (its K-sum in BLAS's order, docs/semantics.md
+    rule 5), the result in ``ctype`` (default: the operands' dtype); integers to numpy's."""
     ctype = a.dtype if ctype is None else ctype
     nd = len(grid)
     a = a.reshape((1,) * (nd - a.ndim) + a.shape)

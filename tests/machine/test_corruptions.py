@@ -25,7 +25,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import sympy
-from replica_programs import replicated_matmul, with_specs
+from replica_programs import edit_specs, insert_after, replicated_matmul, with_cores
 
 import fspyre
 from fspyre.errors import ExecutionError, FspyreError
@@ -87,22 +87,8 @@ def _graphs():
     yield g.build()
 
 
-def _edit_specs(program: Program, fn) -> Program:
-    """``program`` with every spec ``s`` replaced by ``fn(s)`` (loops rebuilt around their bodies)."""
-    def walk(body):
-        out = []
-        for s in body:
-            new = fn(s)
-            if isinstance(new, LoopSpec) and new is s:
-                new = dataclasses.replace(s, body=walk(s.body))
-            out.append(new)
-        return tuple(out)
-
-    return dataclasses.replace(program, body=walk(program.body))
-
-
 def _at(program: Program, target, new) -> Program:
-    return _edit_specs(program, lambda s: new if s is target else s)
+    return edit_specs(program, lambda s: new if s is target else s)
 
 
 def _arg_changes(arg: TensorArg, space: FrozenMap):
@@ -323,17 +309,6 @@ def _rows_of(cores) -> list[int]:
     return [16 * i + 4 * c + r for i in range(2) for c in cores for r in range(4)]
 
 
-def _insert_after(program: Program, target, new) -> Program:
-    return with_specs(program, target, (target, new))
-
-
-def _with_cores(spec: OpSpec, cores: int) -> OpSpec:
-    """``spec`` spread over ``cores`` of its copy symbol (the first) instead of all."""
-    first = next(iter(spec.iteration_space))
-    space = FrozenMap((s, (cores, cores) if s == first else v) for s, v in spec.iteration_space.items())
-    return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
-
-
 def _expect_rows(program, inputs, changed_b, cores) -> np.ndarray:
     """The clean output, with the rows ``cores`` compute taken from a run where b is ``changed_b``."""
     clean, _ = run_program(program, inputs)
@@ -350,8 +325,8 @@ def test_a_store_to_some_cores_copies_changes_their_rows_only(cores):
     # b negated into the LX of cores 0..cores-1 after the copy: their copy of b is -b
     graph, program, copy = _replica_program()
     inputs = inputs_for(graph)
-    neg = dataclasses.replace(_with_cores(copy, cores), op="neg", name="neg_b")
-    outs, _ = run_program(_insert_after(program, copy, neg), inputs)
+    neg = dataclasses.replace(with_cores(copy, cores), op="neg", name="neg_b")
+    outs, _ = run_program(insert_after(program, copy, neg), inputs)
     assert np.array_equal(outs["y"], _expect_rows(program, inputs, -inputs["b"], range(cores)))
 
 
@@ -373,7 +348,7 @@ def test_one_cores_copy_never_written_is_reported():
     # the copy runs on cores 0..2 only: core 3 reads bytes nobody wrote
     graph, program, copy = _replica_program()
     with pytest.raises(ExecutionError, match="core 3.*never written"):
-        run_program(_at(program, copy, _with_cores(copy, 3)), inputs_for(graph))
+        run_program(_at(program, copy, with_cores(copy, 3)), inputs_for(graph))
 
 
 def test_every_cores_copy_is_written_for_every_other_reader():
@@ -384,10 +359,10 @@ def test_every_cores_copy_is_written_for_every_other_reader():
     inputs = inputs_for(graph)
     src = copy.args[1]
     dst = dataclasses.replace(src, name="b_lx_again", address=1 << 20)
-    reader = dataclasses.replace(_with_cores(copy, 1), args=(dataclasses.replace(src, is_input=True), dst),
+    reader = dataclasses.replace(with_cores(copy, 1), args=(dataclasses.replace(src, is_input=True), dst),
                                  name="b_lx_again_copy")
     clean, clean_state = run_program(program, inputs)
-    outs, state = run_program(_insert_after(program, copy, reader), inputs)
+    outs, state = run_program(insert_after(program, copy, reader), inputs)
     assert np.array_equal(outs["y"], clean["y"])
     size = 2 * int(np.prod(src.device_size))
     for kept in (clean_state, state):

@@ -13,7 +13,7 @@ import fspyre
 from fspyre.errors import ExecutionError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import LoopSpec, Program, even_core_spaces, op_specs
-from fspyre.machine import formats
+from fspyre.machine import formats, interpreter
 from fspyre.machine.formats import FORMATS, round_to
 from fspyre.machine.interpreter import RunOptions, run_program
 from fspyre.machine.spyre import spyre
@@ -461,3 +461,50 @@ def test_fast_checks_give_identical_results_on_valid_programs(tiling):
         full, fast = fspyre.run(program, inputs), fspyre.run(program, inputs, checks="fast")
         for name in full:
             assert np.array_equal(full[name], fast[name], equal_nan=True)
+
+
+_TWO_BYTE = ("SEN169_FP16", "IEEE_FP16", "BF16")
+
+
+@pytest.mark.parametrize("fn", ["copy", "cast", "neg", "abs", "relu", "sqrt", "logical_not"])
+def test_a_recode_keeps_the_bits_only_where_its_table_does(fn):
+    # a copy between the same formats skips its gather when the bits hold none of the few
+    # patterns its table changes (DLFloat16's second NaN code 0xFFFF; none in IEEE_FP16):
+    # the same bits as the gather, with those patterns present or not
+    rng = np.random.default_rng(0)
+    for src in _TWO_BYTE:
+        for dst in _TWO_BYTE:
+            table, moved = interpreter._recode_table(fn, "<f4", fn == "logical_not", src, dst)
+            changed = np.nonzero(table != np.arange(1 << 16))[0]
+            assert (moved is None) == (changed.size > interpreter._FEW_MOVED)
+            if moved is not None:
+                assert moved == tuple(changed)
+            kept = np.setdiff1d(np.arange(1 << 16, dtype=np.uint16), changed)[::7]
+            for bits in (rng.integers(0, 1 << 16, (3, 64, 5), dtype=np.uint16),
+                         kept[:kept.size // 2 * 2].reshape(-1, 2)[:, ::-1],  # strided, none of them changed
+                         np.full((4, 4), 0xFFFF, np.uint16)):
+                got = interpreter._recoded(table, moved, bits)
+                assert got.shape == bits.shape and np.array_equal(got, table[bits]), (src, dst)
+    assert interpreter._recode_table("copy", "<f4", False, "SEN169_FP16", "SEN169_FP16")[1] == (0xFFFF,)
+    assert interpreter._recode_table("copy", "<f4", False, "IEEE_FP16", "IEEE_FP16")[1] == ()
+
+
+def test_values_decode_in_memory_order_into_the_grid():
+    # a view whose grid axes run against the memory (b of a matmul in the device's sticks,
+    # (N/64, K, N%64), viewed as [N, K]) decodes in the memory's order: the same values as the
+    # decode in grid order, laid out K-major
+    fmt = FORMATS["SEN169_FP16"]
+    rng = np.random.default_rng(0)
+    mem = rng.integers(0, 1 << 16, (4, 96, 64), dtype=np.uint16)
+    view = mem.transpose(0, 2, 1)  # view axes N/64, N%64, K: two grid axes (N, K)
+    groups = [((4, 96 * 64), (64, 1)), ((96, 64),)]
+    order = interpreter._memory_order(groups)
+    assert order == (2, 0, 1)
+    got = interpreter._decode(view, fmt, order, (256, 96))
+    assert np.array_equal(got, formats.decode(view, fmt).reshape(256, 96), equal_nan=True)
+    assert got.strides == (4, 256 * 4)  # [K, N] row-major, without a copy after the decode
+    assert interpreter._memory_order([((4, 64),), ((8, 1),)]) == ()  # already in memory order
+    # only the finest axis moves: the others (batch axes of a batched matmul, size-1 and
+    # broadcast axes) keep their order, whatever their strides
+    assert interpreter._memory_order([((1, 0),), ((5, 1),), ((3, 0),), ((6, 5),)]) == (0, 2, 3, 1)
+    assert interpreter._memory_order([((2, 64), (4, 2048)), ((1, 0),), ((64, 1),), ((16, 128),)]) == (0, 1, 2, 4, 3)
