@@ -114,13 +114,14 @@ def _hoist_body(body: Sequence[Node]) -> tuple[Node, ...]:
 
 
 def guard_boundaries(tree: LoopTree) -> LoopTree:
-    """Ops that run just before or just after a loop, in the same body, run inside it as ops of
-    its first or last iteration (``OpNode.runs``): a copy of a loop-invariant operand, an
-    accumulator's fill, a finish. They run at the same moment, on the same data, but in the
-    loop's kernel, whose memory time then includes their bytes instead of them being kernels
-    of their own (docs/tiling.md, "Kernel boundaries"). Ops before a loop join it (as its
-    first iteration's), ops after the last loop of a body join that one (as its last
-    iteration's); an op already guarded in the enclosing loop stays where it is."""
+    """Ops that run just before or just after a loop *for* it run inside it as ops of its
+    first or last iteration (``OpNode.runs``): a copy of a loop-invariant operand, an
+    accumulator's fill (what the loop reads), a finish and what reads it (what reads the
+    loop's results). They run at the same moment, on the same data, but in the loop's kernel,
+    whose memory time then includes their bytes instead of them being kernels of their own
+    (docs/tiling.md, "Kernel boundaries"). An op tied to no loop stays a kernel of its own:
+    joining it would only overlap, in the estimate, work the loop does not wait for or feed.
+    An op already guarded in the enclosing loop stays where it is."""
     body = _guarded_body(tree.body, 0, frozenset(b.name for b in tree.buffers if b.scope == "full"))
     return tree if body == tree.body else replace(tree, body=body)
 
@@ -134,10 +135,20 @@ def _guarded_body(body: Sequence[Node], depth: int, full: frozenset[str]) -> tup
                  + tuple(replace(n, tiling=n.tiling + ((),), runs="last") for n in lasts))
         return replace(loop, body=inner, carried=carried_buffers(inner, depth, full))
 
+    def close(pending: list[OpNode]) -> list[OpNode]:
+        """The ops after the loop just placed that belong to it join its last iteration; the
+        rest are returned."""
+        if not pending or not out or not isinstance(out[-1], Loop):
+            return pending
+        lasts, after = _epilogue(out[-1], pending)
+        if lasts:
+            out[-1] = joined(out[-1], (), lasts)
+        return after
+
     for node in body:
         if isinstance(node, OpNode):
             if node.guarded:  # an op of one iteration of the enclosing loop: it stays where it is
-                out.extend(pending)
+                out.extend(close(pending))
                 pending = []
                 out.append(node)
             else:
@@ -145,18 +156,56 @@ def _guarded_body(body: Sequence[Node], depth: int, full: frozenset[str]) -> tup
             continue
         inner = _guarded_body(node.body, depth + 1, full)
         loop = node if inner == node.body else replace(node, body=inner)
-        out.append(joined(loop, pending, ()) if pending else loop)
+        # between two loops: what belongs to the one before joins its last iteration, what
+        # feeds the one after its first
+        before, firsts = _prologue(close(pending), loop)
+        out.extend(before)
+        out.append(joined(loop, firsts, ()) if firsts else loop)
         pending = []
-    # what follows the last loop joins it (the enclosing loop's last-iteration ops, at the
-    # tail, come after ``pending`` and leave it empty)
-    last = next((k for k in range(len(out) - 1, -1, -1) if isinstance(out[k], Loop)), None)
-    if pending and last is not None:
-        final = out[last]
-        assert isinstance(final, Loop)
-        out[last] = joined(final, (), pending)
-    else:
-        out.extend(pending)
+    out.extend(close(pending))
     return tuple(out)
+
+
+def _prologue(pending: Sequence[OpNode], loop: Loop) -> tuple[list[OpNode], list[OpNode]]:
+    """The ops before ``loop`` that stay before it, and those that run in its first
+    iteration: an op whose result the loop reads (or an op joining it reads) and no op
+    staying before the loop reads. Program order is kept within each part."""
+    needed = {ld.buffer for node, _ in walk(loop.body) if isinstance(node, OpNode) for ld in node.op.loads}
+    blocked: set[str] = set()  # read by an op that stays before the loop
+    joins: set[int] = set()
+    for k in range(len(pending) - 1, -1, -1):
+        op = pending[k].op
+        if op.store.buffer in needed and op.store.buffer not in blocked:
+            joins.add(k)
+            needed.update(ld.buffer for ld in op.loads)
+        else:
+            blocked.update(ld.buffer for ld in op.loads)
+    return ([n for k, n in enumerate(pending) if k not in joins], [n for k, n in enumerate(pending) if k in joins])
+
+
+def _epilogue(loop: Loop, pending: Sequence[OpNode]) -> tuple[list[OpNode], list[OpNode]]:
+    """The ops after ``loop`` that run in its last iteration -- the loop's peeled tail (the
+    remainder its whole tiles leave: the loop's own work), an op that reads what the loop (or
+    an op joining it) wrote -- unless they read what an op staying after the loop writes; and
+    those that stay after it, each in program order."""
+    nodes = [node for node, _ in walk(loop.body) if isinstance(node, OpNode)]
+    ours = {node.op.store.buffer for node in nodes}
+    origins = {node.name for node in nodes} | {node.origin for node in nodes if node.origin}
+    stepped = set(loop.dims)
+    theirs: set[str] = set()
+    lasts: list[OpNode] = []
+    after: list[OpNode] = []
+    for node in pending:
+        reads = {ld.buffer for ld in node.op.loads}
+        # a tail of this loop: a copy of one of its ops on the remainder of a dim it steps
+        tail = node.origin in origins and any(p.dim in stepped for p in node.peeled)
+        if (tail or reads & ours) and not reads & theirs:
+            lasts.append(node)
+            ours.add(node.op.store.buffer)
+        else:
+            after.append(node)
+            theirs.add(node.op.store.buffer)
+    return lasts, after
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -403,7 +452,10 @@ def _better(new: _Candidate, old: _Candidate, judge: _Judge) -> bool:
     """Copies only take reads off HBM. When every reader kept its work division and nothing
     the old allocation kept in LX was pushed out, the new program moves fewer HBM bytes at
     the same compute; otherwise (a reader's cores moved, or an intermediate lost its LX)
-    the estimates decide."""
+    the estimates decide. (Fewer bytes are less estimated time wherever a copy runs inside its
+    readers' loop -- in each iteration or in the first, ``guard_boundaries`` -- or its readers
+    are memory bound; a copy outside every loop before compute-bound readers is a kernel of
+    its own, which docs/tiling.md lists under "Not done".)"""
     kept_cores = all(new.split.ops[n] == s for n, s in old.split.ops.items())
     kept_lx = all(new.allocation.buffers[n].memory == "lx" for n, p in old.allocation.buffers.items()
                   if p.memory == "lx")

@@ -326,3 +326,29 @@ def test_a_buffer_a_guarded_op_writes_whole_and_the_loop_walks_stays_in_hbm():
     inputs = inputs_for(graph, 1)
     want = inputs["x"].astype(np.float64).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(fspyre.run(comp, inputs)["s"], want, rtol=2**-8, atol=2**-8)
+
+
+def test_only_ops_that_run_for_a_loop_join_it():
+    """u feeds nothing in the loop and w reads nothing it wrote: they stay kernels of their own.
+    v reads the loop's result: it joins the last iteration. Joining u or w would only overlap,
+    in the estimate, work the loop neither waits for nor feeds."""
+    g = fspyre.GraphBuilder("neighbours")
+    g.dim("A", 256)
+    g.dim("B", 512)
+    x, b, c = (g.input(n, ["A", "B"], "float16") for n in "xbc")
+    u = g.exp(c)  # before the loop, for nobody in it
+    with g.hint(slices={"A": 4}):
+        y = g.mul(g.add(x, b), b)
+    v = g.neg(y)  # after the loop, reads its result
+    w = g.abs(c)  # after the loop, reads only an input
+    for name, t in (("u", u), ("v", v), ("w", w)):
+        g.output(name, t)
+    graph = g.build()
+    comp = fspyre.compile(graph, spyre(cores=4), tiling="hints")
+    tree = comp.stages["resident_tree"]
+    top = [n.name for n in tree.body if isinstance(n, OpNode)]
+    (loop,) = [n for n in tree.body if isinstance(n, Loop)]
+    assert u.buffer in top and w.buffer in top
+    assert [(n.name, n.runs) for n in loop.body if isinstance(n, OpNode) and n.guarded] == [(v.buffer, "last")]
+    report = fspyre.check(graph, machine=spyre(cores=4), comp=comp)
+    assert report.equal and report.safe, str(report)
