@@ -8,6 +8,7 @@ each type is its names, for the run-time checks at construction and for messages
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 # Where a buffer lives: device memory, or a core's LX scratchpad.
@@ -22,6 +23,17 @@ SCOPES: tuple[Scope, ...] = get_args(Scope)
 # first (a copy or fill the loop then reads) or the last (a finish of what the loop built).
 Runs = Literal["every", "first", "last"]
 RUNS: tuple[Runs, ...] = get_args(Runs)
+
+
+def misplaced_guard(runs: Sequence[Runs | None]) -> tuple[int, str] | None:
+    """A loop body's rule for ops of one iteration (``runs`` per body item, None for a nested
+    loop): first-iteration ops at the head, last-iteration ops at the tail. The index of the
+    first op out of place and where it belongs ("head" or "tail"), or None."""
+    rank = [{"first": 0, "last": 2}.get(r or "every", 1) for r in runs]
+    for k in range(1, len(rank)):
+        if rank[k] < rank[k - 1]:
+            return (k, "head") if runs[k] == "first" else (k - 1, "tail")
+    return None
 
 # The dtype an op computes in (``fspyre.machine.numerics.compute_dtype``).
 ComputeDtype = Literal["float32", "int32"]

@@ -19,7 +19,7 @@ from typing import Union
 from fspyre.errors import TilingError
 from fspyre.ir.frozen import require_int, require_tuple
 from fspyre.ir.graph import HintScope, Op, Output, Pointwise, Reduction, TensorType
-from fspyre.ir.kinds import RUNS, SCOPES, Runs, Scope
+from fspyre.ir.kinds import RUNS, SCOPES, Runs, Scope, misplaced_guard
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,23 +130,20 @@ class Loop:
         require_tuple(self.carried, f"loop of count {self.count}: carried", TilingError, str)
         if list(self.carried) != sorted(set(self.carried)):
             raise TilingError(f"loop of count {self.count}: carried {list(self.carried)} must be sorted and distinct")
-        ranks = [_RANK[n.runs] if isinstance(n, OpNode) else 1 for n in self.body]
-        for k in range(1, len(ranks)):
-            if ranks[k] < ranks[k - 1]:
-                a, b = self.body[k - 1], self.body[k]
-                odd = b if isinstance(b, OpNode) and b.runs == "first" else a
-                assert isinstance(odd, OpNode)
-                raise TilingError(f"loop of count {self.count}: op {odd.name} runs in the {odd.runs} iteration only "
-                                  f"but is not at the {'head' if odd.runs == 'first' else 'tail'} of the body; "
-                                  f"first-iteration ops come before every other node, last-iteration ops after")
+        misplaced = misplaced_guard([n.runs if isinstance(n, OpNode) else None for n in self.body])
+        if misplaced is not None:
+            k, where = misplaced
+            odd = self.body[k]
+            assert isinstance(odd, OpNode)
+            raise TilingError(f"loop of count {self.count}: op {odd.name} runs in the {odd.runs} iteration only "
+                              f"but is not at the {where} of the body; first-iteration ops come before every "
+                              f"other node, last-iteration ops after")
 
     @property
     def dims(self) -> tuple[str, ...]:
         """The dims this level moves, in program order (a dim may move by different extents)."""
         return tuple(dict.fromkeys(s.dim for s in self.steps))
 
-
-_RANK = {"first": 0, "every": 1, "last": 2}  # where a guarded op sits in its loop's body
 
 
 def _listed(steps: tuple[TileStep, ...]) -> str:

@@ -26,6 +26,7 @@ from fspyre.ir.kinds import (
     DeviceFormat,
     Memory,
     Runs,
+    misplaced_guard,
 )
 from fspyre.ir.symbolic import SymbolicSizes, is_symbolic, require_size, require_sizes
 
@@ -245,20 +246,18 @@ class LoopSpec:
     def __post_init__(self) -> None:
         require_size(self.count, "loop count", LoweringError, 1)
         require_tuple(self.body, f"loop of count {self.count}: body", LoweringError, (LoopSpec, OpSpec), non_empty=True)
-        ranks = [_RANK[s.runs] if isinstance(s, OpSpec) else 1 for s in self.body]
-        for k in range(1, len(ranks)):
-            if ranks[k] < ranks[k - 1]:
-                a, b = self.body[k - 1], self.body[k]
-                odd = b if isinstance(b, OpSpec) and b.runs == "first" else a
-                assert isinstance(odd, OpSpec)
-                raise LoweringError(
-                    f"loop of count {self.count}: op {odd.name or odd.op} runs in the {odd.runs} iteration only but "
-                    f"is not at the {'head' if odd.runs == 'first' else 'tail'} of the body; first-iteration ops "
-                    f"come before every other spec, last-iteration ops after")
+        misplaced = misplaced_guard([s.runs if isinstance(s, OpSpec) else None for s in self.body])
+        if misplaced is not None:
+            k, where = misplaced
+            odd = self.body[k]
+            assert isinstance(odd, OpSpec)
+            raise LoweringError(
+                f"loop of count {self.count}: op {odd.name or odd.op} runs in the {odd.runs} iteration only but "
+                f"is not at the {where} of the body; first-iteration ops come before every other spec, "
+                f"last-iteration ops after")
 
 
 Spec = Union[LoopSpec, OpSpec]
-_RANK = {"first": 0, "every": 1, "last": 2}  # where a guarded op sits in its loop's body
 
 
 def even_core_spaces(iteration_space: FrozenMap[sympy.Symbol, tuple[int, int]]) -> tuple:
