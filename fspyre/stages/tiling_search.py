@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import sympy
 
@@ -253,17 +254,29 @@ def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequen
     for dim, size in _online_dims(ctx, ops):
         counts = _counts(ctx, ops, dim, size)
         for base in ({}, dict(chosen)) if chosen else ({},):
-            best_rank = None
-            for c in counts:
-                cand = judge(members, levels(base) + (Level(count=c, dims=(dim,), source="auto"),))
-                if cand.verdict != "fits":
-                    # refused (tiles too small for whole sticks, ...) or spilling: a finer count
-                    # may fit, and spilling estimates need not fall as the tiles shrink
-                    continue
-                rank = _rank(cand)
-                if best_rank is not None and rank >= best_rank:
-                    break
-                best_rank = rank
+            outer = levels(base)
+            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim))
+
+
+def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, ...]:
+    return outer + (Level(count=count, dims=(dim,), source="auto"),)
+
+
+def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
+                    levels: Callable[[int], tuple[Level, ...]]) -> None:
+    """Judge the counts from the coarsest up until one fits, then finer while the estimate
+    improves."""
+    best_rank = None
+    for c in counts:
+        cand = judge(members, levels(c))
+        if cand.verdict != "fits":
+            # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
+            # fit, and spilling estimates need not fall as the tiles shrink
+            continue
+        rank = _rank(cand)
+        if best_rank is not None and rank >= best_rank:
+            break
+        best_rank = rank
 
 
 def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op]) -> None:
@@ -277,15 +290,7 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     after the loop. Counts from the coarsest up until one fits, then finer while the estimate
     improves."""
     for dim, size in _accumulation_dims(ops):
-        best_rank = None
-        for c in _counts(ctx, ops, dim, size):
-            cand = judge(members, (Level(count=c, dims=(dim,), source="auto"),))
-            if cand.verdict != "fits":
-                continue
-            rank = _rank(cand)
-            if best_rank is not None and rank >= best_rank:
-                break
-            best_rank = rank
+        _coarse_to_fine(judge, members, _counts(ctx, ops, dim, size), partial(_innermost, (), dim))
 
 
 def _accumulation_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
