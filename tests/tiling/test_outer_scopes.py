@@ -107,16 +107,21 @@ def _with_scopes(graph, scopes):
     return replace(graph, ops=tuple(replace(op, hints=scopes.get(op.name, op.hints)) for op in graph.ops))
 
 
-def test_an_outer_op_reading_the_inner_result_out_of_step_keeps_its_own_nest():
-    """Found by the property below: the outer op reads the inner scope's result through a
-    reshape view whose variable P2 is not M, so in a shared M loop it would read the rows of tiles
-    not yet written. The groups stay separate nests, and the plan says why."""
-    g = fspyre.GraphBuilder("view")
+def _rows(name: str):
+    """x [M=64, N=64], and dims P1, P2 to reshape M into (a view whose variable is P2)."""
+    g = fspyre.GraphBuilder(name)
     g.dim("M", 64)
     g.dim("N", 64)
     g.dim("P1", 1)
     g.dim("P2", 64)
-    x = g.input("x", ["M", "N"], "float16")
+    return g, g.input("x", ["M", "N"], "float16")
+
+
+def test_an_outer_op_reading_the_inner_result_out_of_step_keeps_its_own_nest():
+    """Found by the property below: the outer op reads the inner scope's result through a
+    reshape view whose variable P2 is not M, so in a shared M loop it would read the rows of tiles
+    not yet written. The groups stay separate nests, and the plan says why."""
+    g, x = _rows("view")
     with g.hint(slices={"M": 2}):
         with g.hint(slices={"M": 2}):
             y = g.neg(x)
@@ -135,12 +140,7 @@ def test_an_outer_op_reading_the_inner_result_out_of_step_keeps_its_own_nest():
 def test_a_reader_walking_the_tiled_dim_with_another_variable_runs_after_the_nest():
     """One scope: the reshape reads y with P2 where the loop walks M. Loop fission gives it a
     nest of its own after y's (it used to be refused as a per-tile buffer reader)."""
-    g = fspyre.GraphBuilder("fission")
-    g.dim("M", 64)
-    g.dim("N", 64)
-    g.dim("P1", 1)
-    g.dim("P2", 64)
-    x = g.input("x", ["M", "N"], "float16")
+    g, x = _rows("fission")
     with g.hint(slices={"M": 2}):
         y = g.neg(x)
     w = g.neg(g.reshape(y, ["P1", "P2", "N"]))
