@@ -46,20 +46,30 @@ def test_permuted_reads_and_writes_in_a_nest_equal_numpy(outer, inner, rows):
     assert np.array_equal(got["w"], ins["a"].T + z)
 
 
+def renamed_reader(name: str, *, one_scope: bool):
+    """y = a + b written under A:2 > B:2; z = 2 y read with y's dims renamed (the reader's A
+    walks y's B), under the same hint scopes (one scope) or in a second nest like the first."""
+    g = fspyre.GraphBuilder(name)
+    g.dim("A", 128)
+    g.dim("B", 128)
+    a, b = g.input("a", ["A", "B"], "float32"), g.input("b", ["A", "B"], "float32")
+    with contextlib.ExitStack() as scopes:
+        scopes.enter_context(_nested(g, "AB"))
+        y = g.add(a, b)
+        if not one_scope:
+            scopes.close()
+            scopes.enter_context(_nested(g, "AB"))
+        z = g.mul(g.rename(y, {"A": "B", "B": "A"}), 2.0)
+    g.output("z", z)
+    return g.build(), y
+
+
 def test_a_read_walking_the_producer_along_another_level_runs_in_a_later_nest():
     # rename swaps which iteration variable walks y's first dim: the reader moves it at the
     # inner level, the producer at the outer one, so no shared nest can serve it. The plan
     # gives the reader a nest of its own after y's (loop fission); tile() refuses the shared
     # nest with both advances.
-    g = fspyre.GraphBuilder("swapped")
-    g.dim("A", 128)
-    g.dim("B", 128)
-    a, b = g.input("a", ["A", "B"], "float32"), g.input("b", ["A", "B"], "float32")
-    with g.hint(slices={"A": 2}), g.hint(slices={"B": 2}):
-        y = g.add(a, b)
-        z = g.mul(g.rename(y, {"A": "B", "B": "A"}), 2.0)
-    g.output("z", z)
-    graph = g.build()
+    graph, _ = renamed_reader("swapped", one_scope=True)
     plan = plan_tiling(graph, TilingOptions(mode="hints"))
     assert [grp.ops for grp in plan.groups] == [("buf0",), ("buf1",)]
     assert "buf1 reads buf0, which buf0 writes tile by tile, where the loop of 2 walks dim A, with variable B" \
@@ -80,16 +90,7 @@ def test_sibling_nests_walking_a_buffer_in_other_orders_do_not_share_lx_slots():
     # (A j, B i). Both accesses name their loops' dims A and B; the allocator compares what
     # each loop moves in y's own elements, so y stays in HBM. (Before, this compiled, passed
     # the memory check and gave the wrong z, silently.)
-    g = fspyre.GraphBuilder("siblings")
-    g.dim("A", 128)
-    g.dim("B", 128)
-    a, b = g.input("a", ["A", "B"], "float32"), g.input("b", ["A", "B"], "float32")
-    with g.hint(slices={"A": 2}), g.hint(slices={"B": 2}):
-        y = g.add(a, b)
-    with g.hint(slices={"A": 2}), g.hint(slices={"B": 2}):
-        z = g.mul(g.rename(y, {"A": "B", "B": "A"}), 2.0)
-    g.output("z", z)
-    graph = g.build()
+    graph, y = renamed_reader("siblings", one_scope=False)
     comp = fspyre.compile(graph, tiling="hints")
     placed = comp.stages["allocation"].buffers[y.buffer]
     assert placed.memory == "hbm"
