@@ -168,43 +168,54 @@ def _guarded_body(body: Sequence[Node], depth: int, full: frozenset[str]) -> tup
 
 def _prologue(pending: Sequence[OpNode], loop: Loop) -> tuple[list[OpNode], list[OpNode]]:
     """The ops before ``loop`` that stay before it, and those that run in its first
-    iteration: an op whose result the loop reads (or an op joining it reads) and no op
-    staying before the loop reads. Program order is kept within each part."""
+    iteration: an op whose result the loop reads (or an op joining it reads), unless an op
+    staying before the loop, after it in program order, reads or writes that result or
+    writes what it reads (a tail writes the buffer its main part wrote; moving the op past
+    such an op would change what either sees). Program order is kept within each part."""
     needed = {ld.buffer for node, _ in walk(loop.body) if isinstance(node, OpNode) for ld in node.op.loads}
-    blocked: set[str] = set()  # read by an op that stays before the loop
+    stay_reads: set[str] = set()  # of the ops that stay before the loop, after the one at hand
+    stay_writes: set[str] = set()
     joins: set[int] = set()
     for k in range(len(pending) - 1, -1, -1):
         op = pending[k].op
-        if op.store.buffer in needed and op.store.buffer not in blocked:
+        reads = {ld.buffer for ld in op.loads}
+        out = op.store.buffer
+        if out in needed and out not in stay_reads | stay_writes and not reads & stay_writes:
             joins.add(k)
-            needed.update(ld.buffer for ld in op.loads)
+            needed.update(reads)
         else:
-            blocked.update(ld.buffer for ld in op.loads)
+            stay_reads.update(reads)
+            stay_writes.add(out)
     return ([n for k, n in enumerate(pending) if k not in joins], [n for k, n in enumerate(pending) if k in joins])
 
 
 def _epilogue(loop: Loop, pending: Sequence[OpNode]) -> tuple[list[OpNode], list[OpNode]]:
     """The ops after ``loop`` that run in its last iteration -- the loop's peeled tail (the
     remainder its whole tiles leave: the loop's own work), an op that reads what the loop (or
-    an op joining it) wrote -- unless they read what an op staying after the loop writes; and
-    those that stay after it, each in program order."""
+    an op joining it) wrote -- unless an op staying after the loop, before it in program
+    order, writes what it reads or reads or writes what it writes (moving it before such an op
+    would change what either sees: a tail writes the buffer its main part wrote); and those
+    that stay after it, each in program order."""
     nodes = [node for node, _ in walk(loop.body) if isinstance(node, OpNode)]
     ours = {node.op.store.buffer for node in nodes}
     origins = {node.name for node in nodes} | {node.origin for node in nodes if node.origin}
     stepped = set(loop.dims)
-    theirs: set[str] = set()
+    stay_reads: set[str] = set()  # of the ops that stay after the loop, before the one at hand
+    stay_writes: set[str] = set()
     lasts: list[OpNode] = []
     after: list[OpNode] = []
     for node in pending:
         reads = {ld.buffer for ld in node.op.loads}
+        out = node.op.store.buffer
         # a tail of this loop: a copy of one of its ops on the remainder of a dim it steps
         tail = node.origin in origins and any(p.dim in stepped for p in node.peeled)
-        if (tail or reads & ours) and not reads & theirs:
+        if (tail or reads & ours) and not reads & stay_writes and out not in stay_reads | stay_writes:
             lasts.append(node)
-            ours.add(node.op.store.buffer)
+            ours.add(out)
         else:
             after.append(node)
-            theirs.add(node.op.store.buffer)
+            stay_reads.update(reads)
+            stay_writes.add(out)
     return lasts, after
 
 
