@@ -266,15 +266,38 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Alternative:
+    """A group the search weighed for a consumer (its last op). Times are changes of the
+    run's estimated time against running its ops untiled in the hinted program, up to and
+    including this consumer: ``bound_ns`` is the best change of the ops before the group plus
+    the group's lower bound from its shapes alone; ``choice`` the group's best candidate (None:
+    the bound could not beat the best change found, so the group was not judged) and
+    ``change_ns`` the change with it."""
+
+    ops: tuple[str, ...]
+    bound_ns: float
+    choice: Candidate | None = None
+    change_ns: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_tuple(self.ops, "alternative: ops", TilingError, str, non_empty=True)
+        if self.choice is not None and not isinstance(self.choice, Candidate):
+            raise TilingError(f"alternative of {list(self.ops)}: choice is a {type(self.choice).__name__}, "
+                              f"not a Candidate")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GroupSearch:
     """The search for one consumer: the ops fused with it, every candidate tried in order,
     and the chosen one (an index into ``candidates``; its levels are empty when the group
-    runs untiled)."""
+    runs untiled). ``alternatives``: the other groups the dynamic programming weighed for
+    this consumer (``fspyre.stages.tiling_search``), this one among them."""
 
     consumer: str
     ops: tuple[str, ...]
     candidates: tuple[Candidate, ...]
     chosen: int
+    alternatives: tuple[Alternative, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.chosen < len(self.candidates):
@@ -294,6 +317,9 @@ class TilingSearch:
     groups: tuple[GroupSearch, ...]
     fuse: FuseMode
     note: str = ""  # why the searched groups were not used, when they were not
+    compiled: int = 0  # candidates judged by compiling them
+    reused: int = 0  # segments whose judgement a structurally equal segment gave
+    screened: int = 0  # segments not judged: their lower bound could not beat the best found
 
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_MODES:

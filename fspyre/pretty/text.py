@@ -220,14 +220,24 @@ def _candidate_levels(levels: Sequence[Level]) -> str:
 
 def _tiling_search(s: TilingSearch, detailed: bool) -> Doc:
     tiled = sum(1 for g in s.groups if g.choice.levels)
-    out: list[Doc] = [text(f"tiling search ({s.fuse}): {_plural(len(s.groups), 'group')} searched, {tiled} tiled")]
+    out: list[Doc] = [text(f"tiling search ({s.fuse}): {_plural(len(s.groups), 'group')} searched, {tiled} tiled; "
+                           f"{s.compiled} candidates compiled, {s.reused} segments reused, {s.screened} screened")]
     for i, g in enumerate(s.groups):
         head = text(f"group {i} (consumer {g.consumer}): {_listing(g.ops)}  -> {_candidate_levels(g.choice.levels)}")
         shown = g.candidates if detailed else (g.choice,)
         rows = [[("* " if c is g.choice else "  ") + _candidate_levels(c.levels), c.verdict,
                  f"{c.time_ns / 1000:.2f} us" if c.time_ns >= 0 else "-",
                  f"{c.hbm_bytes} B" if c.hbm_bytes >= 0 else "-", c.reason] for c in shown]
-        out.append(_under(head, _table(rows)))
+        body = _table(rows)
+        if detailed and g.alternatives:
+            # the segments the dynamic programming weighed for this consumer: each with the
+            # change of the run's estimate against untiled (its bound when it was screened)
+            alts = [["* " if a.ops == g.ops else "  ", _listing(a.ops, 4),
+                     "screened" if a.choice is None else _candidate_levels(a.choice.levels),
+                     f"bound {a.bound_ns / 1000:+.2f} us",
+                     "-" if a.choice is None else f"change {a.change_ns / 1000:+.2f} us"] for a in g.alternatives]
+            body = [*body, _under(text("alternatives:"), _table(alts))]
+        out.append(_under(head, body))
     if s.note:
         out.append(text(f"note: {s.note}"))
     out.append(_tiling_plan(s.plan, detailed))

@@ -32,24 +32,35 @@ tiling"):
 
 from __future__ import annotations
 
+import math
+import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Literal, get_args
 
 import sympy
 
 from fspyre.errors import FspyreError, TilingError
-from fspyre.ir.graph import Buffer, Graph, Load, Op, Output, Reduction, Store
+from fspyre.ir.graph import Buffer, Graph, Load, Op, Output, Reduction, Scalar, Store, iteration_dims
 from fspyre.ir.kinds import FUSE_MODES, FuseMode
-from fspyre.ir.plans import Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
-from fspyre.machine.report import traffic_report
-from fspyre.machine.spyre import Machine
+from fspyre.ir.plans import Alternative, Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
+from fspyre.machine.formats import FORMATS
+from fspyre.machine.layout import stick_layout
+from fspyre.machine.report import TrafficReport, traffic_report
+from fspyre.machine.rules import device_bytes, row_major_strides
+from fspyre.machine.spyre import HBM_BYTES_PER_NS, HBM_TURNAROUND_NS_PER_BYTE, MACS_PER_NS_PER_CORE, Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
+
+# How the max-producers search chooses groups (``SearchOptions.strategy``).
+Strategy = Literal["dp", "greedy"]
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,10 +74,17 @@ class SearchOptions:
     - "only-patterns": only what must share a loop: a reduction with the ops that read its
       result;
     - "no-fuse": every op is a group of its own.
+    ``strategy`` (max-producers only): "dp" chooses the groups of each run together, by
+    dynamic programming over its contiguous segments of at most ``window`` ops (and each
+    consumer's whole producer chain) for the least estimated time of the run; "greedy" is the
+    seed's pass, one consumer at a time in reverse order, a producer left out only when no
+    tiling of the group fits.
     ``residency``, ``online``, ``split`` and ``allocation`` are the options the downstream
     stages will run with: each candidate is judged as it would be compiled."""
 
     fuse: FuseMode = "max-producers"
+    strategy: Strategy = "dp"
+    window: int = 8
     residency: bool = True
     online: OnlineOptions = OnlineOptions()
     split: SplitOptions = SplitOptions()
@@ -75,14 +93,20 @@ class SearchOptions:
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_MODES:
             raise TilingError(f"fuse={self.fuse!r}: use one of {', '.join(FUSE_MODES)}")
+        if self.strategy not in STRATEGIES:
+            raise TilingError(f"strategy={self.strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
+            raise TilingError(f"window={self.window!r}: the most ops of a segment the search weighs must be an "
+                              f"integer >= 1")
 
 
 def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> TilingSearch:
     hinted = plan_tiling(graph, TilingOptions(mode="hints", online=options.online))
     in_group = {name for g in hinted.groups for name in g.ops}
+    base = _report(options, machine, graph, hinted)
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
-                  outputs=frozenset(o.buffer for o in graph.outputs))
+                  outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base))
     records: list[GroupSearch] = []
     run: list[str] = []
     for name in hinted.order + ("",):  # "" closes the last run
@@ -91,36 +115,54 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
             continue
         records.extend(_search_run(ctx, run))
         run = []
-    position = {name: i for i, name in enumerate(hinted.order)}
     # a searched accumulation's readers run after its loop (loop fission), as _judge compiled them
     searched = split_at_tiled_reductions(graph, TilingPlan(order=hinted.order, groups=tuple(
         Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)), options.online)
     found = searched.groups
+    position = {name: i for i, name in enumerate(searched.order)}
     groups = sorted(hinted.groups + found, key=lambda g: position[g.ops[0]])
-    plan = TilingPlan(order=hinted.order, groups=tuple(groups), warnings=hinted.warnings,
+    # loop fission may run a pass's ops in another order than the graph's: take its order
+    plan = TilingPlan(order=searched.order, groups=tuple(groups), warnings=hinted.warnings,
                       notes=hinted.notes + searched.notes)
     note = ""
     if found:
         # Each group was judged alone; together they share LX and copies differently. The
         # whole program must not be estimated slower than leaving those ops untiled.
-        mine, base = _whole(ctx, graph, plan), _whole(ctx, graph, hinted)
-        if base is not None and (mine is None or base < mine):
+        mine = _report(options, machine, graph, plan)
+        if base is not None and (mine is None or _whole(base) < _whole(mine)):
             note = (f"the searched groups together are estimated at "
-                    f"{'a refusal' if mine is None else f'{mine[0] / 1000:.2f} us'}, the hinted plan alone at "
-                    f"{base[0] / 1000:.2f} us: kept the hinted plan")
+                    f"{'a refusal' if mine is None else f'{mine.time_ns / 1000:.2f} us'}, the hinted plan alone at "
+                    f"{base.time_ns / 1000:.2f} us: kept the hinted plan")
             plan = hinted
-    return TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note)
+    return TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note,
+                        compiled=ctx.tally["compiled"], reused=ctx.tally["reused"], screened=ctx.tally["screened"])
 
 
-def _whole(ctx: _Search, graph: Graph, plan: TilingPlan) -> tuple[float, int] | None:
-    """(estimated time, HBM bytes) of the whole graph compiled under ``plan``."""
+def _report(options: SearchOptions, machine: Machine, graph: Graph, plan: TilingPlan) -> TrafficReport | None:
+    """The traffic report of the whole graph compiled under ``plan`` (None: refused)."""
     try:
-        placed = place_copies(tile(graph, plan, ctx.options.online), ctx.machine, ResidencyOptions(
-            enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
-        report = traffic_report(placed.program)
+        placed = place_copies(tile(graph, plan, options.online), machine, ResidencyOptions(
+            enabled=options.residency, split=options.split, allocation=options.allocation))
     except FspyreError:
         return None
+    return traffic_report(placed.program)
+
+
+def _whole(report: TrafficReport) -> tuple[float, int]:
     return round(report.time_ns, 6), report.hbm_bytes
+
+
+def _alone(report: TrafficReport | None) -> dict[str, tuple[float, int]]:
+    """op -> (estimated time, HBM bytes) of each op that is a kernel of its own in ``report``:
+    what an op left untiled costs in the program as a whole, where the allocator may keep its
+    operands in LX across kernels."""
+    if report is None:
+        return {}
+    ops: dict[int, list[str]] = {}
+    for o in report.ops:
+        ops.setdefault(o.kernel, []).append(o.name)
+    hbm = {o.name: o.hbm_read + o.hbm_write for o in report.ops}
+    return {names[0]: (k.time_ns, hbm[names[0]]) for k in report.kernels if len(names := ops[k.index]) == 1}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +174,12 @@ class _Search:
     buffers: Mapping[str, Buffer]
     readers: Mapping[str, tuple[str, ...]]
     outputs: frozenset[str]
+    # The judgements of one search_tiling call, by structural key (``_structure``): a segment
+    # repeated elsewhere in the graph (the next transformer block) is solved once.
+    memo: dict[tuple, GroupSearch] = field(default_factory=dict)
+    # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
+    untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused
 
 
 def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -146,6 +194,8 @@ def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 # -- one run of unhinted ops ------------------------------------------------------------------
 def _search_run(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
+    if ctx.options.fuse == "max-producers" and ctx.options.strategy == "dp":
+        return _segments(ctx, run)
     records: list[GroupSearch] = []
     end = len(run)
     while end > 0:
@@ -154,6 +204,219 @@ def _search_run(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         records.append(record)
         end -= len(record.ops)
     return records[::-1]
+
+
+_Cost = tuple[float, int, int]  # estimated time, HBM bytes, iterations: compared in that order
+_REFUSED: _Cost = (math.inf, 0, 0)
+
+
+def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
+    """The groups of ``run`` that minimise its estimated time, by dynamic programming over
+    contiguous segments: ``best[i]`` is the least cost of ``run[:i]``, the minimum over the
+    segments ``run[j:i]`` of ``best[j]`` plus what the segment's best tiling (``_solve``)
+    changes against running its ops untiled in the whole program. A segment is a consumer with
+    producers before it (``_fusable``), at most ``window`` ops long, or a consumer's whole
+    producer chain (the seed's max-producers group) of at most twice that: judging a whole
+    model's chain (in a transformer every op feeds the next) costs a dozen compiles of the
+    model, for groups the window's segments cover.
+    Segments are judged in the order of ``best[j]`` plus the segment's lower bound
+    (``_bound``), and one whose bound cannot beat the best found for ``i`` is not judged."""
+    n = len(run)
+    best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
+    back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
+    chains = _chain_starts(ctx, run)
+    for i in range(1, n + 1):
+        starts = _fusable_starts(ctx, run, i - 1, ctx.options.window)
+        if chains.get(i) is not None and chains[i] not in starts and i - chains[i] <= 2 * ctx.options.window:
+            starts.append(chains[i])
+        # a segment's cost is what its tiling changes against running its ops untiled in the
+        # whole program; an untiled segment changes nothing (its ops are no group)
+        bounds = {j: _bound(ctx, run[j:i]) - _in_place(ctx, run[j:i])[0] for j in starts}
+        order = sorted(starts, key=lambda j: (best[j][0] + bounds[j], -j))
+        found: tuple[int, GroupSearch] | None = None
+        alternatives: list[Alternative] = []
+        for j in order:
+            members = tuple(run[j:i])
+            reach = best[j][0] + bounds[j]
+            if found is not None and reach > best[i][0]:
+                ctx.tally["screened"] += 1
+                alternatives.append(Alternative(ops=members, bound_ns=reach))
+                continue
+            record = _solve(ctx, members)
+            cost = _add(best[j], record.choice, _in_place(ctx, members))
+            alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
+            if found is None or cost < best[i]:
+                best[i], found = cost, (j, record)
+        assert found is not None  # the consumer alone is always a segment
+        back[i] = (*found, tuple(alternatives))
+    records: list[GroupSearch] = []
+    i = n
+    while i > 0:
+        entry = back[i]
+        assert entry is not None
+        j, record, weighed = entry
+        records.append(replace(record, alternatives=weighed))
+        i = j
+    return records[::-1]
+
+
+def _add(prefix: _Cost, cand: Candidate, untiled: tuple[float, int]) -> _Cost:
+    if not cand.levels:
+        return prefix
+    if cand.verdict == "refused" or prefix[0] == math.inf:
+        return _REFUSED
+    return (round(prefix[0] + cand.time_ns - untiled[0], 6), prefix[1] + cand.hbm_bytes - untiled[1],
+            prefix[2] + cand.iterations)
+
+
+def _in_place(ctx: _Search, members: Sequence[str]) -> tuple[float, int]:
+    """What ``members`` cost untiled in the hinted program as a whole."""
+    t, b = 0.0, 0
+    for m in members:
+        mt, mb = ctx.untiled.get(m, (0.0, 0))
+        t, b = t + mt, b + mb
+    return t, b
+
+
+def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> list[int]:
+    """The starts j of the segments ``run[j:i+1]`` of at most ``window`` ops that are the
+    consumer ``run[i]`` and producers before it, as ``_fusable`` grows them."""
+    starts = [i]
+    reads = {ld.buffer for ld in ctx.ops[run[i]].loads}
+    for j in range(i - 1, max(i - window, -1), -1):
+        op = ctx.ops[run[j]]
+        if op.store.buffer not in reads:
+            break
+        starts.append(j)
+        reads |= {ld.buffer for ld in op.loads}
+    return starts
+
+
+def _chain_starts(ctx: _Search, run: Sequence[str]) -> dict[int, int]:
+    """end -> start of the seed's max-producers groups: from the last op back, each consumer
+    with every contiguous producer before it (linear in the run)."""
+    out: dict[int, int] = {}
+    end = len(run)
+    while end > 0:
+        start = end - len(_fusable(ctx, run, end - 1))
+        out[end] = start
+        end = start
+    return out
+
+
+def _bound(ctx: _Search, members: Sequence[str]) -> float:
+    """A lower bound on the estimated time of any tiling of ``members`` as one group, from
+    their shapes alone: every input they read whole is read from HBM at least once and every
+    output written once (at their device size),
+    at the fitted bandwidth with the read/write turnaround of at least min(reads, writes); and
+    a matmul's MACs at the peak rate of every core. The traffic report charges each kernel
+    max(memory, compute) and sums them, so its time is at least max(total memory, total
+    compute); the fitted derates the report may add only add time."""
+    inside = set(members)
+    written: set[str] = set()
+    read: dict[str, int] = {}
+    wrote = 0
+    macs = 0
+    for name in members:
+        op = ctx.ops[name]
+        for ld in op.loads:
+            if ld.buffer not in written and ld.buffer not in read and _whole_load(op, ld, ctx.buffers[ld.buffer]):
+                read[ld.buffer] = _device_bytes(ctx, ld.buffer)
+        buf = op.store.buffer
+        written.add(buf)
+        if buf in ctx.outputs or any(r not in inside for r in ctx.readers.get(buf, ())):
+            wrote += _device_bytes(ctx, buf)
+        if isinstance(op, Reduction) and op.fn == "matmul":
+            macs += math.prod(int(d.size) for d in iteration_dims(op))
+    r = sum(read.values())
+    memory = (r + wrote) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, wrote)
+    return max(memory, macs / (MACS_PER_NS_PER_CORE * ctx.machine.cores))
+
+
+def _device_bytes(ctx: _Search, buffer: str) -> int:
+    """A buffer's bytes in HBM, padded sticks included (every buffer takes the default stick
+    layout, ``fspyre.stages.access.buffer_layout``)."""
+    btype = ctx.buffers[buffer].type
+    fmt = FORMATS[ctx.machine.device_format(btype.dtype)]
+    return device_bytes(stick_layout(btype.shape, fmt.elems_per_stick).device_size, fmt.nbytes)
+
+
+def _whole_load(op: Op, load: Load, buffer: Buffer) -> bool:
+    """Whether ``load`` reads every element of ``buffer``: its index is the buffer's row-major
+    offset with one iteration dim of the buffer dim's size per dim (a view that slices, steps
+    or repeats a dim is not counted)."""
+    sizes = {d.name: int(d.size) for d in iteration_dims(op)}
+    strides = row_major_strides(tuple(int(d.size) for d in buffer.type.dims))
+    want = {st: int(d.size) for d, st in zip(buffer.type.dims, strides) if int(d.size) > 1}
+    if len(want) != sum(1 for d in buffer.type.dims if int(d.size) > 1):
+        return False
+    got: dict[int, int] = {}
+    for term, coeff in load.index.as_coefficients_dict().items():
+        if not isinstance(term, sympy.Symbol):
+            if term != 1 or coeff != 0:
+                return False
+            continue
+        if not coeff.is_Integer or int(coeff) in got or term.name not in sizes:
+            return False
+        got[int(coeff)] = sizes[term.name]
+    return got == want
+
+
+# -- one segment, solved once per structure ---------------------------------------------------------
+def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
+    """The best tiling of ``members`` as one group (``_fit``), memoised by the structure of
+    their subgraph: names canonicalised, so a repeated block or head is solved once."""
+    sub = _subgraph(ctx, members)
+    canon, names = _canonical(sub)
+    key = _structure(canon)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        local = _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
+                        buffers=canon.buffer_table(), readers=_readers(canon),
+                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally)
+        hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops])
+    else:
+        ctx.tally["reused"] += 1
+    return _renamed(hit, names)
+
+
+_CANON = re.compile(r"(?<![A-Za-z0-9])_[bo]\d+_")
+
+
+def _canonical(sub: Graph) -> tuple[Graph, dict[str, str]]:
+    """``sub`` with its buffers named ``_b0_, _b1_, ...`` and its ops ``_o0_, ...`` in order of
+    appearance, and the map back to the real names."""
+    rename = {b.name: f"_b{k}_" for k, b in enumerate(sub.buffers)}
+    ops = {op.name: f"_o{k}_" for k, op in enumerate(sub.ops)}
+
+    def operand(o: Load | Scalar) -> Load | Scalar:
+        return replace(o, buffer=rename[o.buffer]) if isinstance(o, Load) else o
+
+    new_ops: tuple[Op, ...] = tuple(
+        replace(op, name=ops[op.name], store=replace(op.store, buffer=rename[op.store.buffer]),
+                operands=tuple(operand(o) for o in op.operands))  # type: ignore[misc]
+        for op in sub.ops)
+    canon = Graph(name=sub.name, buffers=tuple(replace(b, name=rename[b.name]) for b in sub.buffers),
+                  inputs=tuple(rename[n] for n in sub.inputs), ops=new_ops,
+                  outputs=tuple(Output(name=rename[o.buffer], buffer=rename[o.buffer]) for o in sub.outputs),
+                  hints=sub.hints)
+    back = {v: k for k, v in rename.items()} | {v: k for k, v in ops.items()}
+    return canon, back
+
+
+def _structure(canon: Graph) -> tuple:
+    """What a judgement depends on: the ops (kinds, fns, shapes, index expressions, hint
+    scopes), the buffers' types, which are inputs and outputs; the machine and options are
+    those of the whole search."""
+    return (canon.buffers, canon.inputs, canon.ops, canon.outputs, canon.hints)
+
+
+def _renamed(record: GroupSearch, names: Mapping[str, str]) -> GroupSearch:
+    def real(text: str) -> str:
+        return _CANON.sub(lambda m: names.get(m.group(0), m.group(0)), text)
+
+    return replace(record, consumer=names[record.consumer], ops=tuple(names[o] for o in record.ops),
+                   candidates=tuple(replace(c, reason=real(c.reason)) if c.reason else c for c in record.candidates))
 
 
 def _fusable(ctx: _Search, run: Sequence[str], i: int) -> list[str]:
@@ -177,7 +440,7 @@ def _search_group(ctx: _Search, members: list[str]) -> GroupSearch:
     if ctx.options.fuse == "max-size":
         return _grow_producers(ctx, members)
     while True:
-        record = _fit(ctx, members)
+        record = _solve(ctx, members)
         if record.choice.verdict == "fits" or len(members) == 1:
             return record
         members = members[1:]  # nothing fits with every producer: leave the farthest out
@@ -185,7 +448,7 @@ def _search_group(ctx: _Search, members: list[str]) -> GroupSearch:
 
 def _grow_producers(ctx: _Search, members: list[str]) -> GroupSearch:
     """max-size: the consumer's best tiling, then producers (nearest first) while it still fits."""
-    best = _fit(ctx, members[-1:])
+    best = _solve(ctx, members[-1:])
     judge = _Judge(ctx)
     for k in range(len(members) - 2, -1, -1):
         trial = members[k:]
@@ -211,7 +474,10 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     def fits(at: Mapping[str, int]) -> bool:
         return judge(members, levels(at)).verdict == "fits"
 
-    if not fits(chosen):
+    fitted = fits(chosen)
+    if fitted and _at_bound(ctx, ops, judge.tried[0].candidate):
+        return GroupSearch(consumer=members[-1], ops=tuple(members), candidates=(judge.tried[0].candidate,), chosen=0)
+    if not fitted:
         for d, _ in dims:  # shrink
             options = counts[d]
             if not options:
@@ -243,6 +509,15 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
     return GroupSearch(consumer=members[-1], ops=tuple(members),
                        candidates=tuple(c.candidate for c in judge.tried), chosen=best)
+
+
+def _at_bound(ctx: _Search, ops: Sequence[Op], cand: Candidate) -> bool:
+    """Whether no tiling can beat ``cand``: the group has no matmul (its bound is memory
+    alone) and ``cand`` is estimated at the bound, so it moves only the compulsory bytes and
+    no candidate has fewer bytes either."""
+    if any(isinstance(op, Reduction) and op.fn == "matmul" for op in ops):
+        return False
+    return cand.time_ns <= _bound(ctx, [op.name for op in ops]) * (1 + 1e-9)
 
 
 def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op], chosen: Mapping[str, int],
@@ -362,11 +637,25 @@ def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
             btype = ctx.buffers[access.buffer].type
             if btype.dims and btype.dims[-1].size > 1 and access.index.coeff(var) == 1:
                 stick = max(stick, elems_per_stick(btype.dtype))
-    exact = [c for c in range(2, size + 1) if size % c == 0 and (size // c) % stick == 0]
+    # tiles of whole sticks: the counts dividing size / stick (found by trial division up to
+    # its square root, not by walking the dim's elements)
+    exact = [c for c in _divisors(size // stick) if c > 1] if size % stick == 0 else []
     if any(c < size for c in exact):
         return exact
     tiles = (stick << k for k in range(size.bit_length()))
     return sorted(set(exact) | {-(-size // t) for t in tiles if t < size})
+
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
 
 
 # -- judging one candidate ------------------------------------------------------------------------
@@ -401,6 +690,7 @@ class _Judge:
 
 
 def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
+    ctx.tally["compiled"] += 1
     sub = _subgraph(ctx, members)
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:

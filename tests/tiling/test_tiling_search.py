@@ -57,9 +57,10 @@ def test_an_intermediate_too_big_for_lx_is_tiled_until_it_fits():
 def test_a_graph_that_fits_untiled_is_left_alone():
     comp = checked(add_mul(256, 1024, tiled=False), spyre(cores=4))
     (group,) = comp.stages["tiling_search"].groups
-    untiled, loop = group.candidates  # a loop is judged too: it may overlap memory with compute
-    assert group.choice is untiled and untiled.levels == () and loop.verdict == "fits"
-    assert loop.time_ns == untiled.time_ns  # no compute to overlap here: the tie goes to fewer iterations
+    # untiled moves only the compulsory bytes and there is no matmul: no tiling can beat it,
+    # so no loop is judged
+    (untiled,) = group.candidates
+    assert group.choice is untiled and untiled.levels == () and untiled.verdict == "fits"
     untiled = fspyre.compile(add_mul(256, 1024, tiled=False), machine=spyre(cores=4), tiling="none")
     assert comp.program == untiled.program
 

@@ -1,0 +1,54 @@
+"""A transformer stack built with GraphBuilder: ``blocks`` pre-norm blocks of RMSNorm,
+multi-head attention and a SwiGLU MLP, each with its own weights, float16 [S, D] hidden states.
+
+Used to measure the tiling search at model scale (benchmarks/search.py) and in its tests: a
+repeated block is the same subproblem for the search's memo. ``hinted`` puts each block's
+RMSNorms and MLP under an ``S`` hint scope, what a user would write by hand."""
+
+from __future__ import annotations
+
+import contextlib
+
+from fspyre.ir.builder import GraphBuilder, Tensor
+from fspyre.ir.graph import Graph
+
+
+def transformer_stack(blocks: int = 1, *, seq: int = 128, model: int = 256, heads: int = 4, hidden: int | None = None,
+                      hinted: bool = False, row_tiles: int = 2) -> Graph:
+    """``hidden`` is the MLP width (4 x ``model`` when not given); the head dim is
+    ``model // heads``."""
+    g = GraphBuilder(f"transformer{blocks}")
+    S, D = g.dim("S", seq), g.dim("D", model)
+    g.dim("T", seq)  # the keys: the sequence renamed, so scores have both
+    H, E, F = g.dim("H", heads), g.dim("E", model // heads), g.dim("F", hidden or 4 * model)
+    x = g.input("x", (S, D), "float16")
+
+    def scope():
+        return g.hint(slices={"S": row_tiles}) if hinted else contextlib.nullcontext()
+
+    def rmsnorm(h: Tensor, w: Tensor) -> Tensor:
+        with scope():
+            r = g.rsqrt(g.add(g.mean(g.mul(h, h), ["D"], keepdim=True), 1e-6))
+            return g.mul(g.mul(h, r), w)
+
+    for b in range(blocks):
+        w1, w2 = g.input(f"norm1_{b}", (D,), "float16"), g.input(f"norm2_{b}", (D,), "float16")
+        wq, wk, wv = (g.input(f"w{n}_{b}", (D, H, E), "float16") for n in "qkv")
+        wo = g.input(f"wo_{b}", (H, E, D), "float16")
+        wg, wu = g.input(f"wg_{b}", (D, F), "float16"), g.input(f"wu_{b}", (D, F), "float16")
+        wd = g.input(f"wd_{b}", (F, D), "float16")
+        n = rmsnorm(x, w1)
+        q = g.matmul(n, wq, "D")  # [S, H, E]
+        k = g.rename(g.matmul(n, wk, "D"), {"S": "T"})  # [T, H, E]
+        v = g.rename(g.matmul(n, wv, "D"), {"S": "T"})
+        scores = g.mul(g.matmul(q, k, "E"), (model // heads) ** -0.5)  # [H, S, T]
+        e = g.exp(g.sub(scores, g.amax(scores, ["T"], keepdim=True)))
+        p = g.div(e, g.sum(e, ["T"], keepdim=True))
+        att = g.matmul(p, v, "T")  # [H, S, E]
+        h = g.add(x, g.sum(g.matmul(att, wo, "E"), ["H"]))  # the heads' projections summed: [S, D]
+        m = rmsnorm(h, w2)
+        with scope():
+            a = g.mul(g.silu(g.matmul(m, wg, "D")), g.matmul(m, wu, "D"))  # [S, F]
+            x = g.add(h, g.matmul(a, wd, "F"))
+    g.output("y", x)
+    return g.build()
