@@ -537,16 +537,24 @@ def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, .
     return outer + (Level(count=count, dims=(dim,), source="auto"),)
 
 
+_MISSES = 3
+
+
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
                     levels: Callable[[int], tuple[Level, ...]]) -> None:
     """Judge the counts from the coarsest up until one fits, then finer while the estimate
-    improves."""
+    improves; give up after ``_MISSES`` counts that do not fit (the counts of a large dim
+    that never fits would each be compiled)."""
     best_rank = None
+    misses = 0
     for c in counts:
         cand = judge(members, levels(c))
         if cand.verdict != "fits":
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
             # fit, and spilling estimates need not fall as the tiles shrink
+            misses += 1
+            if misses == _MISSES:
+                break
             continue
         rank = _rank(cand)
         if best_rank is not None and rank >= best_rank:
