@@ -17,9 +17,11 @@ from fspyre.machine.memcheck import check_memory
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.pretty import pretty
-from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling
+from fspyre.stages import tiling_search
+from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling, segment_bound
 from fspyre.testing import examples, inputs_for, programs
 from fspyre.testing.machines import core_counts, lx_capacities
+from fspyre.testing.transformer import transformer_stack
 
 SMALL_LX = spyre(cores=4, lx_bytes=64 * 1024)
 
@@ -160,3 +162,94 @@ def test_the_gallery_mlp_at_4096_tokens_accumulates_over_its_hidden_dim():
     report = traffic_report(comp.program)
     assert report.traffic_ratio == 1.0 and len(report.kernels) == 1
     assert check_memory(comp.program).clean
+
+
+# -- the time-first search: dynamic programming, memo, screen ------------------------------------
+def small_stack(blocks: int) -> fspyre.Graph:
+    return transformer_stack(blocks, seq=128, model=128, heads=2, hidden=256)
+
+
+def estimate(graph: fspyre.Graph, machine: Machine, tiling) -> float:
+    return traffic_report(fspyre.compile(graph, machine=machine, tiling=tiling).program).time_ns
+
+
+def test_the_memo_gives_the_plan_the_search_finds_without_it(monkeypatch):
+    graph, machine = small_stack(2), spyre(cores=4, lx_bytes=64 * 1024)
+    with_memo = search_tiling(graph, machine)
+    assert with_memo.reused > 0  # the second block's segments are the first's
+    monkeypatch.setattr(tiling_search, "_structure", lambda canon: (object(),))  # every key new
+    without = search_tiling(graph, machine)
+    assert without.reused == 0 and without.compiled > with_memo.compiled
+    assert without.plan == with_memo.plan
+    assert [(g.ops, g.choice) for g in without.groups] == [(g.ops, g.choice) for g in with_memo.groups]
+
+
+def test_repeated_blocks_are_solved_once():
+    machine = spyre()
+    compiled = [search_tiling(small_stack(n), machine).compiled for n in (1, 2, 4)]
+    # only the segments across a block boundary are new
+    assert compiled[2] <= compiled[0] * 1.5, compiled
+
+
+def test_a_transformer_block_on_a_small_lx_machine_runs_equal_to_untiled():
+    machine = spyre(cores=4, lx_bytes=64 * 1024)
+    comp = checked(transformer_stack(1, seq=64, model=128, heads=2, hidden=256), machine)
+    auto = traffic_report(comp.program).time_ns
+    assert auto <= estimate(transformer_stack(1, seq=64, model=128, heads=2, hidden=256), machine, "none")
+
+
+def test_a_long_one_dim_exp_takes_its_counts_from_divisors():
+    g = fspyre.GraphBuilder("exp")
+    g.dim("N", 2**24)
+    g.output("y", g.exp(g.input("x", ["N"], "float16")))
+    graph = g.build()
+    ctx_op = graph.ops[0]
+    search = search_tiling(graph, spyre())
+    assert search.compiled <= 4  # at its bound untiled: nothing else is judged
+    counts = tiling_search._counts(search_context(graph), [ctx_op], "N", 2**24)
+    assert counts == [2**k for k in range(1, 19)]  # tiles of 2**24 / 2**k elements, whole 64-element sticks
+
+
+def search_context(graph: fspyre.Graph):
+    return tiling_search._Search(graph=graph, machine=spyre(), options=SearchOptions(), ops=graph.op_table(),
+                                 buffers=graph.buffer_table(), readers=tiling_search._readers(graph),
+                                 outputs=frozenset(o.buffer for o in graph.outputs))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(size=st.integers(1, 5000), dtype=st.sampled_from(["float16", "float32", "int32"]))
+def test_counts_are_the_whole_stick_divisors(size, dtype):
+    """The divisor counts equal the definition walked element by element (the old code)."""
+    g = fspyre.GraphBuilder("one")
+    g.dim("N", size)
+    g.output("y", g.add(g.input("x", ["N"], dtype), 1))
+    graph = g.build()
+    stick = 128 // {"float16": 2, "float32": 4, "int32": 4}[dtype]
+    got = tiling_search._counts(search_context(graph), graph.ops, "N", size)
+    exact = [c for c in range(2, size + 1) if size % c == 0 and (size // c) % stick == 0]
+    if any(c < size for c in exact):
+        assert got == exact
+    else:
+        assert set(exact) <= set(got) and all(1 < c <= size for c in got)
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(prog=programs(max_ops=5), cores=core_counts(), lx=lx_capacities())
+def test_the_bound_is_below_every_judged_candidate(prog, cores, lx):
+    machine = spyre(cores=cores, lx_bytes=lx)
+    search = search_tiling(prog.graph, machine)
+    for group in search.groups:
+        bound = segment_bound(prog.graph, machine, group.ops)
+        for cand in group.candidates:
+            if cand.verdict != "refused":
+                assert cand.time_ns >= bound * (1 - 1e-9), (group.ops, cand)
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(prog=programs(max_ops=5), cores=core_counts(), lx=lx_capacities())
+def test_the_dp_is_never_estimated_slower_than_greedy_none_or_hints(prog, cores, lx):
+    graph, machine = prog.graph, spyre(cores=cores, lx_bytes=lx)
+    auto = estimate(graph, machine, "auto")
+    greedy = estimate(graph, machine, search_tiling(graph, machine, SearchOptions(strategy="greedy")).plan)
+    assert auto <= min(estimate(graph, machine, "none"), estimate(graph, machine, "hints")) * (1 + 1e-9)
+    assert auto <= greedy * (1 + 1e-9)
