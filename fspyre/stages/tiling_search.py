@@ -43,7 +43,22 @@ from typing import Literal, get_args
 import sympy
 
 from fspyre.errors import FspyreError, TilingError
-from fspyre.ir.graph import Buffer, Graph, Load, Op, Output, Reduction, Scalar, Store, iteration_dims
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import (
+    Buffer,
+    Dim,
+    Graph,
+    HintScope,
+    Load,
+    Op,
+    Output,
+    Reduction,
+    Scalar,
+    Store,
+    TensorType,
+    iteration_dims,
+    sym,
+)
 from fspyre.ir.kinds import FUSE_MODES, FuseMode
 from fspyre.ir.plans import Alternative, Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.formats import FORMATS
@@ -389,27 +404,50 @@ def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     return _renamed(hit, names)
 
 
-_CANON = re.compile(r"(?<![A-Za-z0-9])_[bo]\d+_")
+_CANON = re.compile(r"(?<![A-Za-z0-9])_[bod]\d+_")
 
 
 def _canonical(sub: Graph) -> tuple[Graph, dict[str, str]]:
-    """``sub`` with its buffers named ``_b0_, _b1_, ...`` and its ops ``_o0_, ...`` in order of
-    appearance, and the map back to the real names."""
+    """``sub`` with its buffers named ``_b0_, _b1_, ...``, its ops ``_o0_, ...`` and its dims
+    ``_d0_, ...`` in order of appearance (a captured model names dims after its layers'
+    parameters), and the map back to the real names."""
     rename = {b.name: f"_b{k}_" for k, b in enumerate(sub.buffers)}
     ops = {op.name: f"_o{k}_" for k, op in enumerate(sub.ops)}
+    dims: dict[str, str] = {}
+    for b in sub.buffers:
+        for d in b.type.dims:
+            dims.setdefault(d.name, f"_d{len(dims)}_")
+    for op in sub.ops:
+        for d in iteration_dims(op):
+            dims.setdefault(d.name, f"_d{len(dims)}_")
+    symbols = {sym(n): sym(c) for n, c in dims.items()}
+
+    def dim(d: Dim) -> Dim:
+        return Dim(dims[d.name], d.size)
+
+    def btype(t: TensorType) -> TensorType:
+        return replace(t, dims=tuple(dim(d) for d in t.dims))
 
     def operand(o: Load | Scalar) -> Load | Scalar:
-        return replace(o, buffer=rename[o.buffer]) if isinstance(o, Load) else o
+        return replace(o, buffer=rename[o.buffer], index=o.index.xreplace(symbols)) if isinstance(o, Load) else o
 
-    new_ops: tuple[Op, ...] = tuple(
-        replace(op, name=ops[op.name], store=replace(op.store, buffer=rename[op.store.buffer]),
-                operands=tuple(operand(o) for o in op.operands))  # type: ignore[misc]
-        for op in sub.ops)
-    canon = Graph(name=sub.name, buffers=tuple(replace(b, name=rename[b.name]) for b in sub.buffers),
-                  inputs=tuple(rename[n] for n in sub.inputs), ops=new_ops,
+    def op_of(op: Op) -> Op:
+        store = replace(op.store, buffer=rename[op.store.buffer], index=op.store.index.xreplace(symbols))
+        new = replace(op, name=ops[op.name], store=store, ranges=tuple(dim(d) for d in op.ranges),
+                      operands=tuple(operand(o) for o in op.operands))  # type: ignore[misc]
+        if isinstance(new, Reduction):
+            new = replace(new, reduction_ranges=tuple(dim(d) for d in new.reduction_ranges))
+        return new
+
+    def scope(h: HintScope) -> HintScope:
+        return replace(h, slices=FrozenMap({dims.get(k, k): v for k, v in h.slices.items()}),
+                       work_div=FrozenMap({dims.get(k, k): v for k, v in h.work_div.items()}))
+
+    canon = Graph(name=sub.name, buffers=tuple(Buffer(name=rename[b.name], type=btype(b.type)) for b in sub.buffers),
+                  inputs=tuple(rename[n] for n in sub.inputs), ops=tuple(op_of(op) for op in sub.ops),
                   outputs=tuple(Output(name=rename[o.buffer], buffer=rename[o.buffer]) for o in sub.outputs),
-                  hints=sub.hints)
-    back = {v: k for k, v in rename.items()} | {v: k for k, v in ops.items()}
+                  hints=tuple(scope(h) for h in sub.hints))
+    back = {v: k for k, v in rename.items()} | {v: k for k, v in ops.items()} | {v: k for k, v in dims.items()}
     return canon, back
 
 
@@ -424,8 +462,12 @@ def _renamed(record: GroupSearch, names: Mapping[str, str]) -> GroupSearch:
     def real(text: str) -> str:
         return _CANON.sub(lambda m: names.get(m.group(0), m.group(0)), text)
 
+    def candidate(c: Candidate) -> Candidate:
+        levels = tuple(replace(lv, dims=tuple(names.get(d, d) for d in lv.dims)) for lv in c.levels)
+        return replace(c, levels=levels, reason=real(c.reason))
+
     return replace(record, consumer=names[record.consumer], ops=tuple(names[o] for o in record.ops),
-                   candidates=tuple(replace(c, reason=real(c.reason)) if c.reason else c for c in record.candidates))
+                   candidates=tuple(candidate(c) for c in record.candidates))
 
 
 def _fusable(ctx: _Search, run: Sequence[str], i: int) -> list[str]:
