@@ -223,7 +223,8 @@ def enumerate_best(graph: Graph, machine: Machine) -> tuple[float, int, str]:
                      outputs=frozenset(o.buffer for o in graph.outputs))
     names = [op.name for op in graph.ops]
     cuts = [c for k in range(len(names)) for c in itertools.combinations(range(1, len(names)), k)]
-    segments = {(a, b): options(ctx, tuple(names[a:b])) for a in range(len(names)) for b in range(a + 1, len(names) + 1)}
+    n = len(names)
+    segments = {(a, b): options(ctx, tuple(names[a:b])) for a in range(n) for b in range(a + 1, n + 1)}
 
     def groups_of(cut):
         ends = [0, *cut, len(names)]
