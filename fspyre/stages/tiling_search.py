@@ -221,6 +221,9 @@ def _search_run(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     return records[::-1]
 
 
+# The reason of an op's untiled candidate taken from the hinted program, not compiled alone.
+IN_CONTEXT = "untiled alone: the hinted program's kernel (not compiled again)"
+
 _Cost = tuple[float, int, int]  # estimated time, HBM bytes, iterations: compared in that order
 _REFUSED: _Cost = (math.inf, 0, 0)
 
@@ -234,6 +237,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     producer chain (the seed's max-producers group) of at most twice that: judging a whole
     model's chain (in a transformer every op feeds the next) costs a dozen compiles of the
     model, for groups the window's segments cover.
+    The consumer untiled on its own is always an option, at no change and without a compile.
     Segments are judged in the order of ``best[j]`` plus the segment's lower bound
     (``_bound``), and one whose bound cannot beat the best found for ``i`` is not judged."""
     n = len(run)
@@ -250,6 +254,16 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         order = sorted(starts, key=lambda j: (best[j][0] + bounds[j], -j))
         found: tuple[int, GroupSearch] | None = None
         alternatives: list[Alternative] = []
+        consumer = run[i - 1]
+        if consumer in ctx.untiled and best[i - 1] != _REFUSED:
+            # the consumer untiled on its own changes nothing: it costs what it costs in the
+            # hinted program, whose figures it is given without a compile
+            t, b = ctx.untiled[consumer]
+            alone = Candidate(levels=(), verdict="fits", time_ns=t, hbm_bytes=b, reason=IN_CONTEXT)
+            best[i], found = best[i - 1], (i - 1, GroupSearch(consumer=consumer, ops=(consumer,),
+                                                              candidates=(alone,), chosen=0))
+            alternatives.append(Alternative(ops=(consumer,), bound_ns=best[i - 1][0], choice=alone,
+                                            change_ns=best[i - 1][0]))
         for j in order:
             members = tuple(run[j:i])
             reach = best[j][0] + bounds[j]
@@ -262,7 +276,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
             if found is None or cost < best[i]:
                 best[i], found = cost, (j, record)
-        assert found is not None  # the consumer alone is always a segment
+        assert found is not None  # the consumer alone is always a segment, judged when not free
         back[i] = (*found, tuple(alternatives))
     records: list[GroupSearch] = []
     i = n
