@@ -288,6 +288,8 @@ def iteration_dims(op: Op) -> tuple[Dim, ...]:
 
 def verify_graph(graph: Graph) -> Graph:
     """Whole-graph invariants: SSA buffers, defined-before-use, index vars within ranges."""
+    if not isinstance(graph, Graph):
+        raise GraphError(f"verify_graph: expected an fspyre Graph, got a {type(graph).__name__}")
     buffers = graph.buffer_table()
     if len(buffers) != len(graph.buffers):
         raise GraphError(f"graph {graph.name}: duplicate buffer names")

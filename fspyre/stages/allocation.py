@@ -56,6 +56,8 @@ from fspyre.machine.rules import (
 )
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
+from fspyre.stages.arguments import require, verified
+from fspyre.stages.loop_tree import verify_loop_tree
 from fspyre.stages.split_plan import verify_split_shapes
 
 
@@ -103,7 +105,13 @@ class _Use:
 
 def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
              options: AllocationOptions = AllocationOptions()) -> Allocation:
-    verify_split_shapes(tree, splits, machine)  # a side table keyed by op name: refuse one made for another tree
+    require(tree, LoopTree, "allocate", "tree")
+    require(splits, SplitPlan, "allocate", "splits")
+    require(machine, Machine, "allocate", "machine")
+    require(options, AllocationOptions, "allocate", "options")
+    verified(verify_loop_tree, tree)
+    # a side table keyed by op name: refuse one made for another tree
+    verified(verify_split_shapes, tree, splits, machine)
     analysis = access_plan(tree, splits, machine)
     layouts = analysis.layouts
 
@@ -557,6 +565,8 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
     Linear in the tree; an allocation made for another tree, or edited, is refused naming the
     first mismatch (it does not re-check that live LX buffers do not overlap: ``check_memory``
     does, on the program)."""
+    require(alloc, Allocation, "verify_allocation", "alloc")
+    verified(verify_split_shapes, tree, plan, machine)
     analysis = access_plan(tree, plan, machine)
     layouts = analysis.layouts
     names = [b.name for b in tree.buffers]

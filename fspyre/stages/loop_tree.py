@@ -69,6 +69,7 @@ from fspyre.ir.looptree import (
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.spyre import Machine
+from fspyre.stages.arguments import require, require_graph, verified
 from fspyre.stages.online_softmax import Carried, OnlineOptions, OnlineSoftmax, match_online, online_amax, online_sum
 from fspyre.stages.tiling_plan import verify_plan
 
@@ -95,6 +96,9 @@ _UNTILED: Mapping[str, str] = {
 
 def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()) -> LoopTree:
     """``online``: whether a softmax tiled over its reduction dim becomes an online softmax."""
+    graph = require_graph(graph, "tile")
+    require(plan, TilingPlan, "tile", "plan")
+    require(online, OnlineOptions, "tile", "online")
     verify_plan(graph, plan)
     ops = graph.op_table()
     group_of = {name: gi for gi, g in enumerate(plan.groups) for name in g.ops}
@@ -133,7 +137,7 @@ def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()
         if b.name in used:
             buffers.append(ctx.replaced.get(b.name) or TreeBuffer(name=b.name, type=b.type))
         buffers.extend(ctx.extra.get(b.name, ()))
-    return verify_loop_tree(LoopTree(
+    return verified(verify_loop_tree, LoopTree(
         name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs, body=tuple(body),
         hints=graph.hints, warnings=tuple(warnings),
     ))
@@ -1004,6 +1008,7 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
     preceded by a write (or an input), every peeled tail a copy of an op of the main body.
     An op of a loop's first or last iteration (``OpNode.runs``) is checked where it is built:
     inside a loop that does not move it, at the head or the tail of that loop's body."""
+    require(tree, LoopTree, "verify_loop_tree", "tree")
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")

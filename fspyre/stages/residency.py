@@ -59,7 +59,8 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
-from fspyre.stages.loop_tree import dim_vars, elems_per_stick
+from fspyre.stages.arguments import require, verified
+from fspyre.stages.loop_tree import dim_vars, elems_per_stick, verify_loop_tree
 from fspyre.stages.program import emit_made_for
 from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
 
@@ -75,6 +76,7 @@ class ResidencyOptions:
 
 
 def keep_resident(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> LoopTree:
+    _require(tree, machine, options, "keep_resident")
     return place_copies(tree, machine, options).tree
 
 
@@ -272,7 +274,15 @@ class _Judge:
         return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=self.program(c))
 
 
+def _require(tree: object, machine: object, options: object, where: str) -> None:
+    require(tree, LoopTree, where, "tree")
+    require(machine, Machine, where, "machine")
+    require(options, ResidencyOptions, where, "options")
+    verified(verify_loop_tree, tree)
+
+
 def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:
+    _require(tree, machine, options, "place_copies")
     if options.enabled:
         tree = hoist_invariants(tree)
     split = divide_work(tree, machine, options.split)

@@ -58,6 +58,8 @@ from fspyre.machine.indexing import free_names
 from fspyre.machine.rules import coord_terms, slice_extents, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
 from fspyre.stages.access import Access, access_plan, analyze_accesses, op_dims
+from fspyre.stages.arguments import require, verified
+from fspyre.stages.loop_tree import verify_loop_tree
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +99,10 @@ def useful_splits(n: int, cores: int) -> list[int]:
 
 
 def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitOptions()) -> SplitPlan:
+    require(tree, LoopTree, "divide_work", "tree")
+    require(machine, Machine, "divide_work", "machine")
+    require(options, SplitOptions, "divide_work", "options")
+    verified(verify_loop_tree, tree)
     budget = machine.cores if options.max_cores is None else options.max_cores
     if not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= machine.cores:
         raise WorkDivisionError(
@@ -504,7 +510,7 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
     order), within the machine's cores, in whole slices (whole sticks along a stick dim) and
     within the per-core span limit: what ``allocate`` and ``emit_program`` rely on. Linear in
     the tree; a plan made for another tree, or edited, is refused naming the first mismatch."""
-    verify_split_shapes(tree, plan, machine)
+    verified(verify_split_shapes, tree, plan, machine)
     seen: dict[tuple, int] = {}  # ops of one shape share their spans: each is swept once
     for name, record in access_plan(tree, plan, machine).ops.items():
         split = plan.ops[name]
@@ -530,6 +536,9 @@ def verify_split_shapes(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Sp
     coordinates): the plan names exactly the tree's ops and dims, within the machine's cores,
     in whole slices. ``allocate`` runs it on the plan it is handed, so a plan made for another
     tree is refused by name instead of failing on a missing key."""
+    require(tree, LoopTree, "verify_split_plan", "tree")
+    require(plan, SplitPlan, "verify_split_plan", "plan")
+    require(machine, Machine, "verify_split_plan", "machine")
     records = access_plan(tree, plan, machine).ops  # each op's dims, as the program lists them
     extra = [name for name in plan.ops if name not in records]
     if extra:

@@ -33,6 +33,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Op, Reduction, iteration_dims
 from fspyre.ir.kinds import TILING_MODES, TilingMode
 from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.stages.arguments import require, require_graph
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 
 
@@ -52,6 +53,8 @@ class TilingOptions:
 
 
 def plan_tiling(graph: Graph, options: TilingOptions = TilingOptions()) -> TilingPlan:
+    graph = require_graph(graph, "plan_tiling")
+    require(options, TilingOptions, "plan_tiling", "options")
     if options.mode == "none":
         return TilingPlan(order=tuple(op.name for op in graph.ops))
     return _plan_from_hints(graph, options.online)
@@ -524,6 +527,8 @@ def _restrict(level: Level, names: Sequence[str]) -> Level | None:
 def verify_plan(graph: Graph, plan: TilingPlan) -> TilingPlan:
     """The plan's order runs every op of the graph once, after the ops it reads from, and each
     group is a contiguous slice of that order."""
+    require(graph, Graph, "verify_plan", "graph")
+    require(plan, TilingPlan, "verify_plan", "plan")
     table = graph.op_table()
     position: dict[str, int] = {}
     for i, name in enumerate(plan.order):
