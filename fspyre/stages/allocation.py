@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fspyre.errors import AllocationError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import Pointwise
 from fspyre.ir.kinds import LX_SOLVERS, LxSolver
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
@@ -68,6 +68,7 @@ class AllocationOptions:
     hbm_reuse: bool = True  # pool intermediates whose lifetimes do not overlap share addresses
 
     def __post_init__(self) -> None:
+        require_fields(self, AllocationError)
         if self.lx_solver not in LX_SOLVERS:
             raise AllocationError(f"lx_solver={self.lx_solver!r}: use one of {list(LX_SOLVERS)}")
 

@@ -38,8 +38,8 @@ from typing import Any
 
 import sympy
 
-from fspyre.errors import FspyreError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.errors import FspyreError, TilingError
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
 from fspyre.ir.looptree import (
     Loop,
@@ -73,6 +73,9 @@ class ResidencyOptions:
     enabled: bool = True
     split: SplitOptions = SplitOptions()
     allocation: AllocationOptions = AllocationOptions()
+
+    def __post_init__(self) -> None:
+        require_fields(self, TilingError)
 
 
 def keep_resident(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> LoopTree:

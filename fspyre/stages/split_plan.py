@@ -50,7 +50,7 @@ from functools import lru_cache
 import sympy
 
 from fspyre.errors import HintError, WorkDivisionError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import HintScope, Op, Pointwise, Reduction, iteration_dims
 from fspyre.ir.looptree import LoopTree, TreeBuffer, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
@@ -72,6 +72,16 @@ class SplitOptions:
     max_cores: int | None = None
     use_hints: bool = True
     distribute: bool = True
+
+    def __post_init__(self) -> None:
+        budget = self.max_cores
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
+                                   or not 1 <= budget <= MAX_CORES):
+            raise WorkDivisionError(
+                f"max_cores={budget!r}: the core budget must be an integer in 1..{MAX_CORES} (a Spyre card's cores) "
+                f"or None for all of the machine's; pass max_cores in that range"
+            )
+        require_fields(self, WorkDivisionError)
 
 
 def divisors(n: int, at_most: int | None = None) -> list[int]:

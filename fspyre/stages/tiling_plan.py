@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fspyre.errors import HintError, TilingError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import Graph, HintScope, Op, Reduction, iteration_dims
 from fspyre.ir.kinds import TILING_MODES, TilingMode
 from fspyre.ir.plans import Group, Level, TilingPlan
@@ -50,6 +50,7 @@ class TilingOptions:
                 f"tiling={self.mode!r}: use 'none' or 'hints' here; 'auto' needs a machine to search against "
                 f"(fspyre.compile(..., tiling='auto') or fspyre.stages.tiling_search.search_tiling)"
             )
+        require_fields(self, TilingError)
 
 
 def plan_tiling(graph: Graph, options: TilingOptions = TilingOptions()) -> TilingPlan:
