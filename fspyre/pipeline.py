@@ -70,8 +70,8 @@ def compile(
     allocation_options: AllocationOptions = AllocationOptions(),
     callback: StageCallback | None = None,
 ) -> Compilation:
-    graph = require_graph(graph, "compile")
     machine = require_machine(machine, "compile")
+    graph = require_graph(graph, "compile", machine)
     if not isinstance(tiling, TilingPlan) and tiling not in TILINGS:
         raise TilingError(f"compile: tiling={short(tiling)}: use one of {list(TILINGS)} or a TilingPlan")
     if fuse not in FUSE_MODES:

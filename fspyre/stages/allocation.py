@@ -56,8 +56,7 @@ from fspyre.machine.rules import (
 )
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
-from fspyre.stages.arguments import require, verified
-from fspyre.stages.loop_tree import verify_loop_tree
+from fspyre.stages.arguments import require, require_tree, verified
 from fspyre.stages.split_plan import verify_split_shapes
 
 
@@ -106,11 +105,10 @@ class _Use:
 
 def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
              options: AllocationOptions = AllocationOptions()) -> Allocation:
-    require(tree, LoopTree, "allocate", "tree")
     require(splits, SplitPlan, "allocate", "splits")
     require(machine, Machine, "allocate", "machine")
     require(options, AllocationOptions, "allocate", "options")
-    verified(verify_loop_tree, tree)
+    require_tree(tree, "allocate", machine)
     # a side table keyed by op name: refuse one made for another tree
     verified(verify_split_shapes, tree, splits, machine)
     analysis = access_plan(tree, splits, machine)

@@ -10,6 +10,7 @@ identity: artifacts are immutable, so each is verified once however many stages 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -79,12 +80,52 @@ def require_callable(value: object, where: str, arg: str, error: type[FspyreErro
                     f"{type(value).__name__} {short(value)}")
 
 
-def require_graph(graph: object, where: str) -> Any:
-    """``graph`` if it is a verified Graph (see ``verified``)."""
+def require_graph(graph: object, where: str, machine: Any = None) -> Any:
+    """``graph`` if it is a verified Graph (see ``verified``) whose tensors fit ``machine``
+    (by default a Spyre card)."""
     from fspyre.ir.graph import Graph, verify_graph
 
     require(graph, Graph, where, "graph", GraphError)
-    return verified(verify_graph, graph)
+    verified(verify_graph, graph)
+    return verified(fits_device, graph, _default_machine() if machine is None else require_machine(machine, where))
+
+
+def require_tree(tree: object, where: str, machine: Any) -> Any:
+    """``tree`` if it is a verified LoopTree whose tensors fit ``machine``."""
+    from fspyre.ir.looptree import LoopTree
+    from fspyre.stages.loop_tree import verify_loop_tree
+
+    require(tree, LoopTree, where, "tree", TilingError)
+    verified(verify_loop_tree, tree)
+    return verified(fits_device, tree, machine)
+
+
+def fits_device(artifact: Any, machine: Any) -> Any:
+    """Every tensor of a Graph or LoopTree fits the machine's device memory, and so do its
+    kernel arguments together: checked before any stage does work sized by a tensor (a dim of
+    2^40 or 2^70 elements is refused here, in one line, not by a MemoryError or an overflow
+    deep in a stage). The allocator plans the exact, stick-padded bytes later."""
+    from fspyre.machine.formats import FORMATS
+
+    args = {*artifact.inputs, *(o.buffer for o in artifact.outputs)}
+    total = 0
+    for b in artifact.buffers:
+        numel = 1
+        for d in b.type.dims:
+            numel *= d.size if type(d.size) is int else 1  # a symbolic dim is checked at its witness sizes
+        nbytes = numel * FORMATS[machine.device_format(b.type.dtype)].nbytes
+        if nbytes > machine.hbm_bytes:
+            raise MachineError(
+                f"{artifact.name}: tensor {b.name} {b.type} takes {nbytes} bytes of device memory, more than the "
+                f"machine's {machine.hbm_bytes}; split the work into smaller tensors"
+            )
+        total += nbytes if b.name in args else 0
+    if total > machine.hbm_bytes:
+        raise MachineError(
+            f"{artifact.name}: its inputs and outputs take {total} bytes of device memory together, more than the "
+            f"machine's {machine.hbm_bytes}; split the work into smaller graphs"
+        )
+    return artifact
 
 
 def require_machine(machine: object, where: str) -> Any:
@@ -97,6 +138,13 @@ def require_machine(machine: object, where: str) -> Any:
         raise MachineError(f"{where}: machine={short(machine)} is a {type(machine).__name__}; "
                            f"pass fspyre.machine.spyre(cores=...)")
     return machine
+
+
+@functools.cache
+def _default_machine() -> Any:
+    from fspyre.machine.spyre import spyre
+
+    return spyre()
 
 
 # id(verifier), id(artifact), ... -> the artifacts, held so their ids cannot be reused while

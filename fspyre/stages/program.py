@@ -42,8 +42,7 @@ from fspyre.machine.rules import core_spaces, device_bytes, row_major_strides
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
-from fspyre.stages.arguments import require, verified
-from fspyre.stages.loop_tree import verify_loop_tree
+from fspyre.stages.arguments import require, require_tree, verified
 from fspyre.stages.split_plan import verify_split_plan
 
 
@@ -99,7 +98,7 @@ def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, mach
     require(splits, SplitPlan, "emit_program", "splits")
     require(allocation, Allocation, "emit_program", "allocation")
     require(machine, Machine, "emit_program", "machine")
-    verified(verify_loop_tree, tree)
+    require_tree(tree, "emit_program", machine)
     # the split plan and allocation are side tables keyed by name: refuse ones made for another tree
     verified(verify_split_plan, tree, splits, machine)
     verified(verify_allocation, tree, splits, allocation, machine)

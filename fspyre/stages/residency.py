@@ -59,8 +59,8 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
-from fspyre.stages.arguments import require, verified
-from fspyre.stages.loop_tree import dim_vars, elems_per_stick, verify_loop_tree
+from fspyre.stages.arguments import require, require_tree
+from fspyre.stages.loop_tree import dim_vars, elems_per_stick
 from fspyre.stages.program import emit_made_for
 from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
 
@@ -278,10 +278,9 @@ class _Judge:
 
 
 def _require(tree: object, machine: object, options: object, where: str) -> None:
-    require(tree, LoopTree, where, "tree")
     require(machine, Machine, where, "machine")
     require(options, ResidencyOptions, where, "options")
-    verified(verify_loop_tree, tree)
+    require_tree(tree, where, machine)
 
 
 def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:

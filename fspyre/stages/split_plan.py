@@ -58,8 +58,7 @@ from fspyre.machine.indexing import free_names
 from fspyre.machine.rules import coord_terms, slice_extents, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
 from fspyre.stages.access import Access, access_plan, analyze_accesses, op_dims
-from fspyre.stages.arguments import require, verified
-from fspyre.stages.loop_tree import verify_loop_tree
+from fspyre.stages.arguments import require, require_tree, verified
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,10 +108,9 @@ def useful_splits(n: int, cores: int) -> list[int]:
 
 
 def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitOptions()) -> SplitPlan:
-    require(tree, LoopTree, "divide_work", "tree")
     require(machine, Machine, "divide_work", "machine")
     require(options, SplitOptions, "divide_work", "options")
-    verified(verify_loop_tree, tree)
+    require_tree(tree, "divide_work", machine)
     budget = machine.cores if options.max_cores is None else options.max_cores
     if not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= machine.cores:
         raise WorkDivisionError(
