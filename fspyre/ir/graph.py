@@ -42,6 +42,22 @@ def _prod(xs: tuple[int, ...]) -> int:
     return reduce(mul, xs, 1)
 
 
+NAME_LIMIT = 256  # characters in a graph, tensor, op or dim name
+
+
+def require_name(name: object, what: str) -> str:
+    """A name fspyre accepts: an ASCII identifier (letters, digits and ``_``, not starting with
+    a digit) of at most NAME_LIMIT characters. Names are written into MLIR (comments, and a
+    symbolic dim's name as a value name), JSON, DOT and SVG; such a name is a bare MLIR
+    identifier and holds no quote, newline, brace or comment marker (docs/ir.md, "Names")."""
+    if type(name) is not str or not name.isascii() or not name.isidentifier() or len(name) > NAME_LIMIT:
+        shown = " ".join(repr(name).split())
+        raise GraphError(f"{what} {shown[:60]}{'...' if len(shown) > 60 else ''}: a name must be an ASCII "
+                         f"identifier (letters, digits, _; not starting with a digit) of at most {NAME_LIMIT} "
+                         f"characters")
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class Dim:
     """A named iteration/tensor dimension. Dims with equal names are the same axis. The size
@@ -51,8 +67,7 @@ class Dim:
     size: int | sympy.Symbol
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise GraphError(f"dim name {self.name!r} must be a Python identifier")
+        require_name(self.name, "dim name")
         if type(self.size) is int and self.size > 0 or is_size_symbol(self.size):
             return
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size <= 0:
@@ -284,21 +299,6 @@ class Graph:
 
 def iteration_dims(op: Op) -> tuple[Dim, ...]:
     return tuple(op.ranges) + tuple(op.reduction_ranges)
-
-
-NAME_LIMIT = 256  # characters in a graph, tensor, op or dim name
-
-
-def require_name(name: object, what: str) -> str:
-    """A name fspyre accepts: a Python identifier (letters, digits and ``_``, not starting with
-    a digit) of at most NAME_LIMIT characters. Names are written into MLIR comments, JSON, DOT
-    and SVG; an identifier holds no quote, newline, brace or comment marker (docs/ir.md, "Names")."""
-    if type(name) is not str or not name.isidentifier() or len(name) > NAME_LIMIT:
-        shown = " ".join(repr(name).split())
-        raise GraphError(f"{what} {shown[:60]}{'...' if len(shown) > 60 else ''}: a name must be a Python "
-                         f"identifier (letters, digits, _; not starting with a digit) of at most {NAME_LIMIT} "
-                         f"characters")
-    return name
 
 
 def _verify_names_and_sizes(graph: Graph) -> None:

@@ -50,6 +50,7 @@ from fspyre.ir.graph import (
     Store,
     TensorType,
     iteration_dims,
+    require_name,
     sym,
 )
 from fspyre.ir.kinds import Scope
@@ -1009,6 +1010,11 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
     An op of a loop's first or last iteration (``OpNode.runs``) is checked where it is built:
     inside a loop that does not move it, at the head or the tail of that loop's body."""
     require(tree, LoopTree, "verify_loop_tree", "tree")
+    require_name(tree.name, "loop tree name")
+    for b in tree.buffers:
+        require_name(b.name, f"loop tree {tree.name}: buffer name")
+    for node in op_nodes(tree):
+        require_name(node.op.name, f"loop tree {tree.name}: op name")
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")
