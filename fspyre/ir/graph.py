@@ -356,6 +356,10 @@ def verify_graph(graph: Graph) -> Graph:
                 )
         if op.store.buffer not in buffers:
             raise GraphError(f"op {op.name} writes unknown buffer {op.store.buffer}")
+        extra = {s for s in op.store.index.free_symbols - varset if not is_size_symbol(s)}
+        if extra:
+            raise GraphError(f"op {op.name}: store to {op.store.buffer} uses {sorted(map(str, extra))}, not "
+                             f"iteration dims of the op")
         if op.store.buffer in written or op.store.buffer in graph.inputs:
             raise GraphError(f"op {op.name} writes {op.store.buffer}, which is already written")
         written.add(op.store.buffer)

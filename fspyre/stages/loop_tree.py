@@ -667,7 +667,8 @@ def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str]
             f"{_where(k, levels[k])} tiles {shown}, which leave different numbers of whole tiles or tails; one "
             f"loop cannot peel them all. Give each dim a count that divides it."
         )
-    main = next(iter(whole.values()))[0]
+    # a level naming only dims no op of the group iterates moves nothing: it runs in place
+    main = next(iter(whole.values()))[0] if whole else 1
     out = place(fills[k])
     tiled = {**extents, **{d: sizes[k, d] for d in dims}}
     if main == 1:  # one whole tile runs once, in place: no loop of one iteration

@@ -234,8 +234,8 @@ def verify_program(program: Program) -> Program:
     argument), a kernel argument exactly as the argument list places it. Linear in the
     program; the meaning (bounds per core, overlaps, values) is the interpreter's and
     ``check_memory``'s."""
-    where = f"program {program.name}"
     require(program, Program, "verify_program", "program")
+    where = f"program {program.name}"
     kernel: dict[int, KernelArg] = {}
     n = len({k.buffer for k in program.kernel_args})  # an output may be an input's, or another output's, buffer
     for k in program.kernel_args:
