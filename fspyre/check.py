@@ -107,8 +107,8 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
 
 def check(graph: Graph, inputs: Mapping[str, object] | None = None, seed: int = 0, *,
           machine: Machine | None = None, tiling: Tiling = "auto", comp: Compilation | None = None) -> CheckReport:
-    graph = require_graph(graph, "check")
     machine = require_machine(machine, "check")
+    graph = require_graph(graph, "check", machine)
     if comp is not None and not isinstance(comp, Compilation):
         raise ExecutionError(f"check: comp= takes the Compilation of this graph, got {type(comp).__name__}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import functools
 import importlib.util
 import itertools
@@ -21,10 +22,11 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -110,7 +112,8 @@ def _parse(path: Path) -> ast.Module:
         raise UsageError(f"{path}: no such file; pass a Python file defining build() -> Graph, "
                          f"or a torch `model` and `example_inputs()`")
     try:
-        return ast.parse(path.read_text(), filename=str(path))
+        # utf-8-sig: a file saved with a byte-order mark is read as Python reads it
+        return ast.parse(path.read_text(encoding="utf-8-sig"), filename=str(path))
     except SyntaxError as err:
         raise UsageError(f"{path}:{err.lineno}: syntax error: {err.msg}") from err
     except (UnicodeDecodeError, ValueError) as err:
@@ -119,8 +122,11 @@ def _parse(path: Path) -> ast.Module:
 
 def _run_file(path: Path) -> Any:
     """Execute FILE.py as a module; its own directory is importable while it runs."""
-    spec = importlib.util.spec_from_file_location(f"fspyre_user_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
+    name = f"fspyre_user_{path.stem}"
+    # an explicit source loader: FILE.py is Python whatever its suffix (good.txt too)
+    spec = importlib.util.spec_from_file_location(name, path, loader=SourceFileLoader(name, str(path)))
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent.resolve()))
     try:
@@ -455,12 +461,12 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    debug = argparse.ArgumentParser(add_help=False)
+    debug = _Parser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print the traceback of any error")
-    machine = argparse.ArgumentParser(add_help=False)
+    machine = _Parser(add_help=False)
     machine.add_argument("--cores", type=_cores, default=32, help="cores of the Spyre card, 1..32 (default 32)")
-    pipeline = argparse.ArgumentParser(add_help=False, parents=[machine])
+    pipeline = _Parser(add_help=False, parents=[machine])
     pipeline.add_argument("--tiling", choices=TILINGS, default="auto",
                           help="auto: honour the hints and search a tiling for every other op (default); "
                                "hints: tile only as the graph's hint scopes say; none: no loops")
@@ -475,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="LX scratchpad packing (default: the allocation stage's, greedy)")
     pipeline.add_argument("--no-lx", action="store_true", help="keep every tensor in HBM (no LX planning)")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fspyre", parents=[debug],
         description="fspyre: a pure-functional staged compiler for IBM Spyre-style accelerators, "
                     "checked by a machine-model interpreter.",
@@ -553,10 +559,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: the message and where to read the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"fspyre: error: {_one_line(message)} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+@contextlib.contextmanager
+def _exits_refused(file: str) -> Iterator[None]:
+    """``os._exit`` raises instead of ending the process while a command runs. FILE.py (or code
+    it imports) runs inside fspyre's process, and ``os._exit(0)`` there would end ``fspyre
+    check`` with status 0 and no verdict: a silent pass. ``sys.exit`` raises SystemExit, which
+    the loaders turn into an error; ``os._exit`` skips every handler, so it is replaced for the
+    command's duration (in this process only: a child the file forks exits as it asked)."""
+    real, pid = os._exit, os.getpid()
+
+    def refuse(code: int) -> NoReturn:
+        if os.getpid() != pid:
+            real(code)
+        raise UsageError(f"{file}: os._exit({code!r}) was called while fspyre ran the file's code; a file that "
+                         f"ends the process cannot be compiled or checked: remove the call, or guard script code "
+                         f"with `if __name__ == \"__main__\":`")
+
+    os._exit = refuse  # type: ignore[assignment]  # restored below
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+def _internal(err: BaseException) -> str:
+    """An unexpected exception as one line that always says something: its text, or where it
+    was raised when it has none (a bare ``assert``)."""
+    text = _one_line(str(err))
+    if not text:
+        frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+        text = f"raised at {Path(frame.filename).name}:{frame.lineno} ({frame.line})" if frame else "no message"
+    return f"{type(err).__name__}: {text[:200]}"
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         check_flags(args)
-        return args.run(args)
+        with _exits_refused(getattr(args, "file", "FILE.py")):
+            return args.run(args)
     except FspyreError as err:
         if args.debug:
             traceback.print_exc()
@@ -582,6 +630,6 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as err:
         if args.debug:
             traceback.print_exc()
-        print(f"fspyre: internal error: {type(err).__name__}: {_one_line(str(err))[:200]} "
+        print(f"fspyre: internal error: {_internal(err)} "
               f"(rerun with --debug for the traceback, and please report it)", file=sys.stderr)
         return 2

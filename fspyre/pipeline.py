@@ -11,14 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from fspyre.errors import ExecutionError, FspyreWarning, GraphError, MachineError
+from fspyre.errors import AllocationError, ExecutionError, FspyreWarning, GraphError, TilingError, WorkDivisionError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
-from fspyre.ir.kinds import CHECKS, Checks, FuseMode, Tiling
+from fspyre.ir.kinds import CHECKS, FUSE_MODES, TILINGS, Checks, FuseMode, Tiling
 from fspyre.ir.plans import TilingPlan
 from fspyre.ir.program import Program
-from fspyre.machine.spyre import Machine, spyre
+from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
+from fspyre.stages.arguments import require, require_callable, require_graph, require_machine, short, verified
 from fspyre.stages.loop_tree import tile, verify_loop_tree
 from fspyre.stages.online_softmax import OnlineOptions
 from fspyre.stages.program import verify_program
@@ -28,27 +29,6 @@ from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 from fspyre.stages.tiling_search import SearchOptions, search_tiling
 
 StageCallback = Callable[[str, Any], None]
-
-
-def require_graph(graph: object, where: str) -> Graph:
-    """``graph`` if it is a Graph; otherwise an error saying what was passed and how to get one."""
-    if isinstance(graph, Graph):
-        return graph
-    from fspyre.ir.builder import GraphBuilder
-
-    if isinstance(graph, GraphBuilder):
-        raise GraphError(f"{where}: got the GraphBuilder {graph.name!r}, not a Graph; call .build() on it first")
-    raise GraphError(f"{where}: expected an fspyre Graph, got {type(graph).__name__}")
-
-
-def require_machine(machine: object, where: str) -> Machine:
-    if machine is None:
-        return spyre()
-    if not isinstance(machine, Machine):
-        raise MachineError(
-            f"{where}: machine={machine!r:.60} is a {type(machine).__name__}; pass fspyre.machine.spyre(cores=...)"
-        )
-    return machine
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,8 +70,18 @@ def compile(
     allocation_options: AllocationOptions = AllocationOptions(),
     callback: StageCallback | None = None,
 ) -> Compilation:
-    graph = require_graph(graph, "compile")
     machine = require_machine(machine, "compile")
+    graph = require_graph(graph, "compile", machine)
+    if not isinstance(tiling, TilingPlan) and tiling not in TILINGS:
+        raise TilingError(f"compile: tiling={short(tiling)}: use one of {list(TILINGS)} or a TilingPlan")
+    if fuse not in FUSE_MODES:
+        raise TilingError(f"compile: fuse={short(fuse)}: use one of {list(FUSE_MODES)}")
+    for flag, value in (("residency", residency), ("online", online)):
+        if not isinstance(value, bool):
+            raise GraphError(f"compile: {flag}={short(value)} must be True or False")
+    require(split_options, SplitOptions, "compile", "split_options", WorkDivisionError)
+    require(allocation_options, AllocationOptions, "compile", "allocation_options", AllocationError)
+    require_callable(callback, "compile", "callback", GraphError)
     if graph.symbolic:
         return _compile_symbolic(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
                                  split_options=split_options, allocation_options=allocation_options,
@@ -122,7 +112,7 @@ def compile(
     tree = done("resident_tree", placed.tree)
     split = done("split_plan", placed.split)
     done("allocation", placed.allocation)
-    verify_loop_tree(tree)
+    verified(verify_loop_tree, tree)  # once: keep_resident verified the trees it made
     # keep_resident emitted the program to judge its copies (emit_program verifies the split
     # plan and allocation against the tree it is given)
     program = done("program", verify_program(placed.program))

@@ -34,6 +34,7 @@ from fspyre.ir.graph import (
     Scalar,
     Store,
     TensorType,
+    require_name,
     sym,
     verify_graph,
 )
@@ -132,8 +133,7 @@ def _check_int32_scalar(x: object, where: str) -> None:
 
 class GraphBuilder:
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise GraphError(f"graph name {name!r} must be an identifier")
+        require_name(name, "graph name")
         self.name = name
         self._id = next(_builder_ids)
         self._dims: dict[str, Dim] = {}
@@ -161,8 +161,7 @@ class GraphBuilder:
         return d
 
     def input(self, name: str, dims: Sequence[Dim | str], dtype: str) -> Tensor:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise GraphError(f"input name {name!r} must be a Python identifier")
+        require_name(name, "input name")
         check_dtype(dtype, f"input {name}")
         if name in self._buffers:
             raise GraphError(f"input {name}: the name is already used")
@@ -672,8 +671,7 @@ class GraphBuilder:
 
     # outputs and the result
     def output(self, name: str, x: Tensor) -> None:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise GraphError(f"output name {name!r} must be a Python identifier")
+        require_name(name, "output name")
         x = self._own(x, f"output {name}")
         if any(o.name == name for o in self._outputs):
             raise GraphError(f"output {name}: the name is already used")

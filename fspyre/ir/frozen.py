@@ -7,6 +7,10 @@ Equality is order-sensitive for the same reason.
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
+import types
+import typing
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any, Generic, TypeVar, overload
 
@@ -108,3 +112,55 @@ def require_tuple(value: object, what: str, error: type[Exception], item: type |
 def require_int(value: object, what: str, error: type[Exception], least: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise error(f"{what} {value!r:.60} must be an integer >= {least}")
+
+
+_FIELD_TYPES: dict[type, dict[str, Any]] = {}
+
+
+def require_fields(record: Any, error: type[Exception]) -> None:
+    """Each field of an options record holds a value of its declared type: ``bool`` only
+    True/False (never a truthy ``"no"``), ``int`` an integer (not a bool), a ``Literal`` one of
+    its values, a record type an instance of it, ``X | None`` either. Records call it in
+    ``__post_init__``, so a wrong option is refused where it is made, naming the field."""
+    cls = type(record)
+    if cls not in _FIELD_TYPES:
+        _FIELD_TYPES[cls] = typing.get_type_hints(cls)
+    for f in dataclasses.fields(record):
+        value, tp = getattr(record, f.name), _FIELD_TYPES[cls][f.name]
+        if not _fits(value, tp):
+            shown = " ".join(repr(value).split())[:60]
+            raise error(f"{cls.__name__}({f.name}={shown}): must be {_describe(tp)}")
+
+
+def _fits(value: object, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return any(type(value) is type(v) and value == v for v in typing.get_args(tp))
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(value, t) for t in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return type(value) is bool
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is not None:  # a generic such as Callable[...] or tuple[...]: its container only
+        return callable(value) if origin is collections.abc.Callable else isinstance(value, origin)
+    return tp is Any or isinstance(value, tp)
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_describe(t) for t in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
+    if tp is bool:
+        return "True or False"
+    if tp is int:
+        return "an integer"
+    return f"a {getattr(tp, '__name__', str(tp))}"

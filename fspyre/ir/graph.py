@@ -42,6 +42,22 @@ def _prod(xs: tuple[int, ...]) -> int:
     return reduce(mul, xs, 1)
 
 
+NAME_LIMIT = 256  # characters in a graph, tensor, op or dim name
+
+
+def require_name(name: object, what: str) -> str:
+    """A name fspyre accepts: an ASCII identifier (letters, digits and ``_``, not starting with
+    a digit) of at most NAME_LIMIT characters. Names are written into MLIR (comments, and a
+    symbolic dim's name as a value name), JSON, DOT and SVG; such a name is a bare MLIR
+    identifier and holds no quote, newline, brace or comment marker (docs/ir.md, "Names")."""
+    if type(name) is not str or not name.isascii() or not name.isidentifier() or len(name) > NAME_LIMIT:
+        shown = " ".join(repr(name).split())
+        raise GraphError(f"{what} {shown[:60]}{'...' if len(shown) > 60 else ''}: a name must be an ASCII "
+                         f"identifier (letters, digits, _; not starting with a digit) of at most {NAME_LIMIT} "
+                         f"characters")
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class Dim:
     """A named iteration/tensor dimension. Dims with equal names are the same axis. The size
@@ -51,8 +67,7 @@ class Dim:
     size: int | sympy.Symbol
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise GraphError(f"dim name {self.name!r} must be a Python identifier")
+        require_name(self.name, "dim name")
         if type(self.size) is int and self.size > 0 or is_size_symbol(self.size):
             return
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size <= 0:
@@ -286,8 +301,40 @@ def iteration_dims(op: Op) -> tuple[Dim, ...]:
     return tuple(op.ranges) + tuple(op.reduction_ranges)
 
 
+def _verify_names_and_sizes(graph: Graph) -> None:
+    """Every name is a name (``require_name``); a dim name is one axis, of one size wherever it
+    appears with a size other than 1."""
+    sizes: dict[str, int | sympy.Symbol] = {}
+
+    def same(d: Dim, where: str) -> None:
+        if d.size == 1:  # a kept or broadcast axis (sum(keepdim=True), expand) keeps its name
+            return
+        have = sizes.setdefault(d.name, d.size)
+        if have != d.size:
+            raise GraphError(f"graph {graph.name}: dim {d.name} has size {have} in one place and {d.size} in "
+                             f"{where}; a dim name is one axis: give axes of different sizes different names")
+
+    for b in graph.buffers:
+        require_name(b.name, f"graph {graph.name}: buffer name")
+        for d in b.type.dims:
+            same(d, f"buffer {b.name}")
+    for op in graph.ops:
+        require_name(op.name, f"graph {graph.name}: op name")
+        for d in iteration_dims(op):
+            same(d, f"op {op.name}")
+    for out in graph.outputs:
+        require_name(out.name, f"graph {graph.name}: output name")
+    for scope in graph.hints:
+        for dim in (*scope.slices, *scope.work_div):
+            require_name(dim, f"graph {graph.name}: hint scope {scope.id} names dim")
+
+
 def verify_graph(graph: Graph) -> Graph:
     """Whole-graph invariants: SSA buffers, defined-before-use, index vars within ranges."""
+    if not isinstance(graph, Graph):
+        raise GraphError(f"verify_graph: expected an fspyre Graph, got a {type(graph).__name__}")
+    require_name(graph.name, "graph name")
+    _verify_names_and_sizes(graph)
     buffers = graph.buffer_table()
     if len(buffers) != len(graph.buffers):
         raise GraphError(f"graph {graph.name}: duplicate buffer names")
@@ -309,6 +356,10 @@ def verify_graph(graph: Graph) -> Graph:
                 )
         if op.store.buffer not in buffers:
             raise GraphError(f"op {op.name} writes unknown buffer {op.store.buffer}")
+        extra = {s for s in op.store.index.free_symbols - varset if not is_size_symbol(s)}
+        if extra:
+            raise GraphError(f"op {op.name}: store to {op.store.buffer} uses {sorted(map(str, extra))}, not "
+                             f"iteration dims of the op")
         if op.store.buffer in written or op.store.buffer in graph.inputs:
             raise GraphError(f"op {op.name} writes {op.store.buffer}, which is already written")
         written.add(op.store.buffer)

@@ -129,6 +129,35 @@ def loads(text: str) -> Any:
         raise SerializationError(
             f"document: expected an fspyre artifact (an object with \"_type\"), got {_kind(data)}"
         )
+    return _verified(value)
+
+
+def _verified(value: Any) -> Any:
+    """``value`` after the whole-artifact verifier of its kind: a document is as untrusted as a
+    hand-built artifact, and a stage handed it alone must not be the first to find it broken.
+    A map of stages (``Compilation.stages``) has each artifact verified, and its tiling plan
+    against its graph; split plans and allocations are verified by the stage they are handed
+    to, against the tree and machine."""
+    from fspyre.ir.graph import Graph, verify_graph
+    from fspyre.ir.looptree import LoopTree
+    from fspyre.ir.plans import TilingPlan
+    from fspyre.ir.program import Program
+    from fspyre.stages.arguments import verified
+    from fspyre.stages.loop_tree import verify_loop_tree
+    from fspyre.stages.program import verify_program
+    from fspyre.stages.tiling_plan import verify_plan
+
+    verifiers: dict[type, Callable[[Any], Any]] = {Graph: verify_graph, LoopTree: verify_loop_tree,
+                                                   Program: verify_program}
+    parts = value.values() if isinstance(value, FrozenMap) else (value,)
+    for part in parts:
+        verifier = verifiers.get(type(part))
+        if verifier is not None:
+            verified(verifier, part)
+    if isinstance(value, FrozenMap):
+        graph, plan = value.get("graph"), value.get("tiling_plan")
+        if isinstance(graph, Graph) and isinstance(plan, TilingPlan) and not graph.symbolic:
+            verified(verify_plan, graph, plan)
     return value
 
 

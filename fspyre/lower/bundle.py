@@ -417,7 +417,15 @@ def _comment(spec: OpSpec) -> str:
     ins = ", ".join(show(spec.args[o.index]) if isinstance(o, ArgOperand) else repr(o.value)
                     for o in spec.op_info.operands)
     outs = ", ".join(show(t) for t in spec.args if not t.is_input)
-    return f"{spec.op}: {ins} -> {outs}"
+    return comment_text(f"{spec.op}: {ins} -> {outs}")
+
+
+def comment_text(text: str) -> str:
+    """``text`` fit for the rest of one ``//`` line: a character outside printable ASCII is
+    written as its Python escape. Names are ASCII identifiers when checked (``require_name``),
+    but a program built or edited by hand reaches the printer too, and a newline in a comment
+    would start a line MLIR reads as an op."""
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def index_arith(name: str, value: sympy.Expr) -> list[tuple[str, str, object, object]]:

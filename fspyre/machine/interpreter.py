@@ -57,6 +57,7 @@ import numpy as np
 
 from fspyre.errors import ExecutionError
 from fspyre.ir import kinds
+from fspyre.ir.frozen import require_fields
 from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_OPERANDS, Dim, TensorType
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, ScalarOperand, Spec, TensorArg, op_fn
 from fspyre.machine import formats, numerics
@@ -164,6 +165,7 @@ class RunOptions:
     lazy_copies: bool = True
 
     def __post_init__(self) -> None:
+        require_fields(self, ExecutionError)
         if self.block < 0:
             raise ExecutionError(f"RunOptions: block={self.block}; use 0 (no blocks) or a positive count of points")
 

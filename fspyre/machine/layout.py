@@ -209,7 +209,7 @@ def _check_index(layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.S
             raise LoweringError(f"device_coordinates: index {index} uses {var}, which has no range in {dict(ranges)}")
         span = int(coef) * (int(ranges[var]) - 1)
         lo, hi = lo + min(span, 0), hi + max(span, 0)
-    numel = int(np.prod(layout.host_size, dtype=np.int64))
+    numel = math.prod(layout.host_size)
     if lo < 0 or hi >= max(numel, 1):
         raise LoweringError(
             f"device_coordinates: index {index} reaches host elements {lo}..{hi}, outside the "
@@ -220,15 +220,18 @@ def _check_index(layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.S
 def _matches_digits(coords: Sequence[sympy.Expr], layout: StickLayout, index: sympy.Expr,
                     ranges: Mapping[sympy.Symbol, int]) -> bool:
     """Check ``coords`` against the true device position of each host element, computed in
-    numpy from host digits, on every single-var sweep (others 0) and 257 fixed random points."""
+    numpy from host digits, on a sweep of each var (others 0) and 257 fixed random points."""
     syms = sorted(index.free_symbols | {s for e in coords for s in e.free_symbols}, key=lambda s: s.name)
     size = [int(ranges.get(s, 1)) for s in syms]
+    periods = _periods(layout)
+    sweeps = [_sweep(n, _coefficient(index, s), periods) for s, n in zip(syms, size)]
     rng = np.random.default_rng(0)
-    points = [np.concatenate([np.zeros(sum(size), np.int64), rng.integers(0, n, 257)]) for n in size]
+    total = sum(len(sw) for sw in sweeps)
+    points = [np.concatenate([np.zeros(total, np.int64), rng.integers(0, n, 257)]) for n in size]
     at = 0
-    for i, n in enumerate(size):
-        points[i][at:at + n] = np.arange(n)
-        at += n
+    for i, sw in enumerate(sweeps):
+        points[i][at:at + len(sw)] = sw
+        at += len(sw)
     npts = len(points[0]) if points else 1
     h = np.broadcast_to(np.asarray(compile_index(index, syms)(*points)), (npts,))
     host, hstr, eps = layout.host_size, row_major_strides(layout.host_size), layout.elems_per_stick
@@ -252,6 +255,39 @@ def _matches_digits(coords: Sequence[sympy.Expr], layout: StickLayout, index: sy
         if not np.array_equal(got, want):
             return False
     return True
+
+
+_SWEEP = 4096  # a var's first and last values swept whole; past them, only where a digit wraps
+
+
+def _sweep(n: int, coef: int, periods: Sequence[int]) -> np.ndarray:
+    """Values of a var of range ``n`` to check a coordinate form on: all of them for a short
+    range; otherwise the first and last ``_SWEEP`` and both sides of every point where
+    ``coef * var`` crosses a multiple of a period longer than that (a host or device stride or
+    size, where a digit wraps). A coordinate form and the digits differ by a linear part plus
+    a part periodic in those periods, so a disagreement shows within one short period of the
+    start or at a long period's wrap: the work grows with a dim's tiles, not its elements."""
+    if n <= 2 * _SWEEP:
+        return np.arange(n, dtype=np.int64)
+    parts = [np.arange(_SWEEP, dtype=np.int64), np.arange(n - _SWEEP, n, dtype=np.int64)]
+    step = max(abs(coef), 1)
+    for m in periods:
+        if m // step > _SWEEP // 2:
+            at = np.arange(m, step * n, m, dtype=np.int64) // step
+            parts += [at - 1, at, at + 1]
+    out = np.unique(np.concatenate(parts))
+    return out[(out >= 0) & (out < n)]
+
+
+def _periods(layout: StickLayout) -> tuple[int, ...]:
+    strides = row_major_strides(layout.host_size)
+    return tuple(sorted({int(x) for x in (*layout.host_size, *strides, *layout.device_size, *layout.stride_map)
+                         if int(x) > 1}))
+
+
+def _coefficient(index: sympy.Expr, var: sympy.Symbol) -> int:
+    coef = index.coeff(var)
+    return int(coef) if coef.is_Integer else 1
 
 
 def exact_coordinates(

@@ -24,8 +24,8 @@ def evaluate(graph: Graph, inputs: Mapping[str, object], machine: Machine | None
     from fspyre.pipeline import require_graph, require_machine
     from fspyre.stages.symbolic import concrete_graph
 
-    graph = require_graph(graph, "evaluate")
     machine = require_machine(machine, "evaluate")
+    graph = require_graph(graph, "evaluate", machine)
     graph = concrete_graph(graph, inputs)  # a symbolic dim takes the size the inputs give it
     return _evaluate(graph, inputs, machine, bounds=False)[0]
 
@@ -39,8 +39,8 @@ def evaluate_with_bounds(graph: Graph, inputs: Mapping[str, object], machine: Ma
     from fspyre.pipeline import require_graph, require_machine
     from fspyre.stages.symbolic import concrete_graph
 
-    graph = require_graph(graph, "evaluate_with_bounds")
     machine = require_machine(machine, "evaluate_with_bounds")
+    graph = require_graph(graph, "evaluate_with_bounds", machine)
     graph = concrete_graph(graph, inputs)
     return _evaluate(graph, inputs, machine, bounds=True)
 

@@ -180,8 +180,24 @@ def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...],
     """Min and max of ``term`` over each slice block: arrays of shape ``[len(e) for e in
     extents]`` (block ``(k1, k2, ...)`` holds ``syms[i]`` in its ``k_i``-th slice, the slices
     of ``syms[i]`` having the element extents ``extents[i]``, even or not). Evaluated on the
-    whole grid of the term's own variables."""
+    whole grid of the term's own variables, unless the term never decreases as a variable
+    grows: then a block's min and max are at its first and last point, and the work is the
+    number of slices, not of elements (a 2^24-element dim is one 2^24-point sweep otherwise)."""
     sizes = tuple(sum(e) for e in extents)
+    if _ascending(term):
+        starts = [np.array(slice_starts(e), dtype=np.int64) for e in extents]
+        firsts = [st.reshape([-1 if i == j else 1 for j in range(len(extents))]) for i, st in enumerate(starts)]
+        lasts = [(st + np.array(e, dtype=np.int64) - 1).reshape(f.shape)
+                 for st, e, f in zip(starts, extents, firsts)]
+        shape = tuple(len(e) for e in extents)
+        f = compile_index(term, syms)
+        lo = np.array(np.broadcast_to(np.asarray(f(*firsts)), shape))
+        hi = np.array(np.broadcast_to(np.asarray(f(*lasts)), shape))
+        lo.setflags(write=False)
+        hi.setflags(write=False)
+        return lo, hi
+    if len(syms) == 1 and (period := _period(term, syms[0])) is not None and sizes[0] > 2 * period:
+        return _periodic_extremes(term, syms, extents[0], period)
     grid = open_grid(list(sizes))
     vals = np.broadcast_to(np.asarray(compile_index(term, syms)(*grid)), sizes)
     if all(len(set(e)) == 1 for e in extents):  # even: one reshape, (slice, point) per axis
@@ -199,6 +215,59 @@ def term_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...],
     lo.setflags(write=False)  # cached: shared by every caller
     hi.setflags(write=False)
     return lo, hi
+
+
+def _period(term: sympy.Expr, var: sympy.Symbol) -> int | None:
+    """The period of a term periodic in its one variable (``Mod(a*v + c, m)``, perhaps under
+    floor or a positive scale), or None. Proven on the expression: shifting the variable by
+    the period gives the same term."""
+    mods = term.atoms(sympy.Mod)
+    if not mods:
+        return None
+    period = 1
+    for mod in mods:
+        arg, m = mod.args
+        a = arg.coeff(var)
+        if not (m.is_Integer and a.is_Integer and int(m) > 0):
+            return None
+        period = math.lcm(period, int(m) // math.gcd(int(a), int(m)))
+    return period if term.xreplace({var: var + period}) == term else None
+
+
+def _periodic_extremes(term: sympy.Expr, syms: tuple[sympy.Symbol, ...], extents: tuple[int, ...],
+                       period: int) -> tuple[np.ndarray, np.ndarray]:
+    """``term_extremes`` of a term periodic in its one variable: a slice as long as a period
+    takes every value of one period; a shorter one is evaluated point by point."""
+    f = compile_index(term, syms)
+
+    def values(start: int, n: int) -> np.ndarray:
+        return np.broadcast_to(np.asarray(f(np.arange(start, start + n, dtype=np.int64))), (n,))
+
+    whole = values(0, period)
+    lo = np.empty(len(extents), dtype=np.int64)
+    hi = np.empty_like(lo)
+    for i, (start, e) in enumerate(zip(slice_starts(extents), extents)):
+        part = whole if e >= period else values(start, e)
+        lo[i], hi[i] = part.min(), part.max()
+    lo.setflags(write=False)
+    hi.setflags(write=False)
+    return lo, hi
+
+
+def _ascending(expr: sympy.Expr) -> bool:
+    """``expr`` never decreases as any of its (non-negative) variables grows: built from
+    variables and constants by sums, products with a positive constant, and floor."""
+    if expr.is_Symbol or expr.is_Integer:
+        return True
+    if isinstance(expr, sympy.Add):
+        return all(_ascending(a) for a in expr.args)
+    if isinstance(expr, sympy.Mul):
+        const, rest = expr.as_coeff_Mul()
+        return bool(const.is_Rational and const > 0 and rest is not expr and _ascending(rest)
+                    and not isinstance(rest, sympy.Mul))
+    if isinstance(expr, sympy.floor):
+        return _ascending(expr.args[0])
+    return False
 
 
 def coord_bounds(coords: Sequence[sympy.Expr], syms: Sequence[sympy.Symbol],

@@ -50,7 +50,9 @@ def render(dot_source: str, path: str, fmt: str = "svg") -> bool:
 
 
 def _q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A DOT quoted string; a line break is DOT's ``\\n``, any other control character its escape."""
+    s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + "".join(c if c >= " " else c.encode("unicode_escape").decode("ascii") for c in s) + '"'
 
 
 def _op_label(op: Op) -> str:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fspyre.errors import AllocationError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import Pointwise
 from fspyre.ir.kinds import LX_SOLVERS, LxSolver
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode
@@ -56,6 +56,7 @@ from fspyre.machine.rules import (
 )
 from fspyre.machine.spyre import HBM_ALIGN, LX_ALIGN, Machine
 from fspyre.stages.access import Access, access_plan
+from fspyre.stages.arguments import require, require_tree, verified
 from fspyre.stages.split_plan import verify_split_shapes
 
 
@@ -66,6 +67,7 @@ class AllocationOptions:
     hbm_reuse: bool = True  # pool intermediates whose lifetimes do not overlap share addresses
 
     def __post_init__(self) -> None:
+        require_fields(self, AllocationError)
         if self.lx_solver not in LX_SOLVERS:
             raise AllocationError(f"lx_solver={self.lx_solver!r}: use one of {list(LX_SOLVERS)}")
 
@@ -103,7 +105,12 @@ class _Use:
 
 def allocate(tree: LoopTree, splits: SplitPlan, machine: Machine,
              options: AllocationOptions = AllocationOptions()) -> Allocation:
-    verify_split_shapes(tree, splits, machine)  # a side table keyed by op name: refuse one made for another tree
+    require(splits, SplitPlan, "allocate", "splits")
+    require(machine, Machine, "allocate", "machine")
+    require(options, AllocationOptions, "allocate", "options")
+    require_tree(tree, "allocate", machine)
+    # a side table keyed by op name: refuse one made for another tree
+    verified(verify_split_shapes, tree, splits, machine)
     analysis = access_plan(tree, splits, machine)
     layouts = analysis.layouts
 
@@ -557,6 +564,8 @@ def verify_allocation(tree: LoopTree, plan: SplitPlan, alloc: Allocation, machin
     Linear in the tree; an allocation made for another tree, or edited, is refused naming the
     first mismatch (it does not re-check that live LX buffers do not overlap: ``check_memory``
     does, on the program)."""
+    require(alloc, Allocation, "verify_allocation", "alloc")
+    verified(verify_split_shapes, tree, plan, machine)
     analysis = access_plan(tree, plan, machine)
     layouts = analysis.layouts
     names = [b.name for b in tree.buffers]

@@ -50,6 +50,7 @@ from fspyre.ir.graph import (
     Store,
     TensorType,
     iteration_dims,
+    require_name,
     sym,
 )
 from fspyre.ir.kinds import Scope
@@ -69,6 +70,7 @@ from fspyre.ir.looptree import (
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.spyre import Machine
+from fspyre.stages.arguments import require, require_graph, verified
 from fspyre.stages.online_softmax import Carried, OnlineOptions, OnlineSoftmax, match_online, online_amax, online_sum
 from fspyre.stages.tiling_plan import verify_plan
 
@@ -95,6 +97,9 @@ _UNTILED: Mapping[str, str] = {
 
 def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()) -> LoopTree:
     """``online``: whether a softmax tiled over its reduction dim becomes an online softmax."""
+    graph = require_graph(graph, "tile")
+    require(plan, TilingPlan, "tile", "plan")
+    require(online, OnlineOptions, "tile", "online")
     verify_plan(graph, plan)
     ops = graph.op_table()
     group_of = {name: gi for gi, g in enumerate(plan.groups) for name in g.ops}
@@ -133,7 +138,7 @@ def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()
         if b.name in used:
             buffers.append(ctx.replaced.get(b.name) or TreeBuffer(name=b.name, type=b.type))
         buffers.extend(ctx.extra.get(b.name, ()))
-    return verify_loop_tree(LoopTree(
+    return verified(verify_loop_tree, LoopTree(
         name=graph.name, buffers=tuple(buffers), inputs=graph.inputs, outputs=graph.outputs, body=tuple(body),
         hints=graph.hints, warnings=tuple(warnings),
     ))
@@ -662,7 +667,8 @@ def _nest(ctx: _Context, levels: Sequence[Level], sizes: Mapping[tuple[int, str]
             f"{_where(k, levels[k])} tiles {shown}, which leave different numbers of whole tiles or tails; one "
             f"loop cannot peel them all. Give each dim a count that divides it."
         )
-    main = next(iter(whole.values()))[0]
+    # a level naming only dims no op of the group iterates moves nothing: it runs in place
+    main = next(iter(whole.values()))[0] if whole else 1
     out = place(fills[k])
     tiled = {**extents, **{d: sizes[k, d] for d in dims}}
     if main == 1:  # one whole tile runs once, in place: no loop of one iteration
@@ -1004,6 +1010,12 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
     preceded by a write (or an input), every peeled tail a copy of an op of the main body.
     An op of a loop's first or last iteration (``OpNode.runs``) is checked where it is built:
     inside a loop that does not move it, at the head or the tail of that loop's body."""
+    require(tree, LoopTree, "verify_loop_tree", "tree")
+    require_name(tree.name, "loop tree name")
+    for b in tree.buffers:
+        require_name(b.name, f"loop tree {tree.name}: buffer name")
+    for node in op_nodes(tree):
+        require_name(node.op.name, f"loop tree {tree.name}: op name")
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")

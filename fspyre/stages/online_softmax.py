@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import sympy
 
+from fspyre.errors import TilingError
+from fspyre.ir.frozen import require_fields
 from fspyre.ir.graph import Dim, Load, Op, Pointwise, Reduction, Scalar, Store, TensorType, iteration_dims
 from fspyre.ir.looptree import OpNode, TileStep, TreeBuffer
 
@@ -58,6 +60,9 @@ class OnlineOptions:
     refused as before."""
 
     enabled: bool = True
+
+    def __post_init__(self) -> None:
+        require_fields(self, TilingError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

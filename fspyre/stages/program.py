@@ -42,6 +42,7 @@ from fspyre.machine.rules import core_spaces, device_bytes, row_major_strides
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
+from fspyre.stages.arguments import require, require_tree, verified
 from fspyre.stages.split_plan import verify_split_plan
 
 
@@ -93,9 +94,14 @@ def tile_advance(
 
 
 def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, machine: Machine) -> Program:
+    require(tree, LoopTree, "emit_program", "tree")
+    require(splits, SplitPlan, "emit_program", "splits")
+    require(allocation, Allocation, "emit_program", "allocation")
+    require(machine, Machine, "emit_program", "machine")
+    require_tree(tree, "emit_program", machine)
     # the split plan and allocation are side tables keyed by name: refuse ones made for another tree
-    verify_split_plan(tree, splits, machine)
-    verify_allocation(tree, splits, allocation, machine)
+    verified(verify_split_plan, tree, splits, machine)
+    verified(verify_allocation, tree, splits, allocation, machine)
     return emit_made_for(tree, splits, allocation, machine)
 
 
@@ -228,6 +234,7 @@ def verify_program(program: Program) -> Program:
     argument), a kernel argument exactly as the argument list places it. Linear in the
     program; the meaning (bounds per core, overlaps, values) is the interpreter's and
     ``check_memory``'s."""
+    require(program, Program, "verify_program", "program")
     where = f"program {program.name}"
     kernel: dict[int, KernelArg] = {}
     n = len({k.buffer for k in program.kernel_args})  # an output may be an input's, or another output's, buffer

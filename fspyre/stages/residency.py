@@ -38,8 +38,8 @@ from typing import Any
 
 import sympy
 
-from fspyre.errors import FspyreError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.errors import FspyreError, TilingError
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
 from fspyre.ir.looptree import (
     Loop,
@@ -59,6 +59,7 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
+from fspyre.stages.arguments import require, require_tree
 from fspyre.stages.loop_tree import dim_vars, elems_per_stick
 from fspyre.stages.program import emit_made_for
 from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
@@ -73,8 +74,12 @@ class ResidencyOptions:
     split: SplitOptions = SplitOptions()
     allocation: AllocationOptions = AllocationOptions()
 
+    def __post_init__(self) -> None:
+        require_fields(self, TilingError)
+
 
 def keep_resident(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> LoopTree:
+    _require(tree, machine, options, "keep_resident")
     return place_copies(tree, machine, options).tree
 
 
@@ -272,7 +277,14 @@ class _Judge:
         return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=self.program(c))
 
 
+def _require(tree: object, machine: object, options: object, where: str) -> None:
+    require(machine, Machine, where, "machine")
+    require(options, ResidencyOptions, where, "options")
+    require_tree(tree, where, machine)
+
+
 def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:
+    _require(tree, machine, options, "place_copies")
     if options.enabled:
         tree = hoist_invariants(tree)
     split = divide_work(tree, machine, options.split)

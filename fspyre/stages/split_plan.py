@@ -50,7 +50,7 @@ from functools import lru_cache
 import sympy
 
 from fspyre.errors import HintError, WorkDivisionError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import HintScope, Op, Pointwise, Reduction, iteration_dims
 from fspyre.ir.looptree import LoopTree, TreeBuffer, op_nodes
 from fspyre.ir.plans import OpSplit, SplitPlan
@@ -58,6 +58,7 @@ from fspyre.machine.indexing import free_names
 from fspyre.machine.rules import coord_terms, slice_extents, term_extremes
 from fspyre.machine.spyre import MAX_CORES, Machine
 from fspyre.stages.access import Access, access_plan, analyze_accesses, op_dims
+from fspyre.stages.arguments import require, require_tree, verified
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +71,16 @@ class SplitOptions:
     max_cores: int | None = None
     use_hints: bool = True
     distribute: bool = True
+
+    def __post_init__(self) -> None:
+        budget = self.max_cores
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
+                                   or not 1 <= budget <= MAX_CORES):
+            raise WorkDivisionError(
+                f"max_cores={budget!r}: the core budget must be an integer in 1..{MAX_CORES} (a Spyre card's cores) "
+                f"or None for all of the machine's; pass max_cores in that range"
+            )
+        require_fields(self, WorkDivisionError)
 
 
 def divisors(n: int, at_most: int | None = None) -> list[int]:
@@ -97,6 +108,9 @@ def useful_splits(n: int, cores: int) -> list[int]:
 
 
 def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitOptions()) -> SplitPlan:
+    require(machine, Machine, "divide_work", "machine")
+    require(options, SplitOptions, "divide_work", "options")
+    require_tree(tree, "divide_work", machine)
     budget = machine.cores if options.max_cores is None else options.max_cores
     if not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= machine.cores:
         raise WorkDivisionError(
@@ -504,7 +518,7 @@ def verify_split_plan(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Spli
     order), within the machine's cores, in whole slices (whole sticks along a stick dim) and
     within the per-core span limit: what ``allocate`` and ``emit_program`` rely on. Linear in
     the tree; a plan made for another tree, or edited, is refused naming the first mismatch."""
-    verify_split_shapes(tree, plan, machine)
+    verified(verify_split_shapes, tree, plan, machine)
     seen: dict[tuple, int] = {}  # ops of one shape share their spans: each is swept once
     for name, record in access_plan(tree, plan, machine).ops.items():
         split = plan.ops[name]
@@ -530,6 +544,9 @@ def verify_split_shapes(tree: LoopTree, plan: SplitPlan, machine: Machine) -> Sp
     coordinates): the plan names exactly the tree's ops and dims, within the machine's cores,
     in whole slices. ``allocate`` runs it on the plan it is handed, so a plan made for another
     tree is refused by name instead of failing on a missing key."""
+    require(tree, LoopTree, "verify_split_plan", "tree")
+    require(plan, SplitPlan, "verify_split_plan", "plan")
+    require(machine, Machine, "verify_split_plan", "machine")
     records = access_plan(tree, plan, machine).ops  # each op's dims, as the program lists them
     extra = [name for name in plan.ops if name not in records]
     if extra:

@@ -29,10 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fspyre.errors import HintError, TilingError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import Graph, HintScope, Op, Reduction, iteration_dims
 from fspyre.ir.kinds import TILING_MODES, TilingMode
 from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.stages.arguments import require, require_graph
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 
 
@@ -46,12 +47,15 @@ class TilingOptions:
     def __post_init__(self) -> None:
         if self.mode not in TILING_MODES:
             raise TilingError(
-                f"tiling={self.mode!r}: use 'none' or 'hints' here; 'auto' needs a machine to search against "
+                f"tiling={self.mode!r} (TilingOptions.mode): use 'none' or 'hints' here; 'auto' needs a machine to search against "
                 f"(fspyre.compile(..., tiling='auto') or fspyre.stages.tiling_search.search_tiling)"
             )
+        require_fields(self, TilingError)
 
 
 def plan_tiling(graph: Graph, options: TilingOptions = TilingOptions()) -> TilingPlan:
+    graph = require_graph(graph, "plan_tiling")
+    require(options, TilingOptions, "plan_tiling", "options")
     if options.mode == "none":
         return TilingPlan(order=tuple(op.name for op in graph.ops))
     return _plan_from_hints(graph, options.online)
@@ -266,8 +270,14 @@ def plan_groups(graph: Graph, groups: Sequence[GroupSpec], online: OnlineOptions
     ``ops`` are op names. A dim is a dim name (every op iterating it is tiled; the others are
     loop-invariant at that level) or an output-dim index into each op's ``ranges``.
     """
+    graph = require_graph(graph, "plan_groups")
+    require(online, OnlineOptions, "plan_groups", "online")
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+        raise TilingError(f"plan_groups: groups must be a list of (ops, K[, dims]) groups, got "
+                          f"{type(groups).__name__} {groups!r:.40}")
     table = graph.op_table()
     out: list[Group] = []
+    warnings: list[str] = []
     for gi, spec in enumerate(groups):
         ops, levels = _normalise(gi, spec)
         for name in ops:
@@ -278,10 +288,11 @@ def plan_groups(graph: Graph, groups: Sequence[GroupSpec], online: OnlineOptions
                     f"group {gi}: op {name} is not in graph {graph.name} (its ops are {_listing(table)})"
                 )
         members = [table[n] for n in ops]
-        out.append(Group(ops=tuple(ops), levels=tuple(
-            _level(gi, k, count, dims, members) for k, (count, dims) in enumerate(levels)
-        )))
-    plan = TilingPlan(order=tuple(op.name for op in graph.ops), groups=tuple(out))
+        kept = [lv for k, (count, dims) in enumerate(levels)
+                if (lv := _level(gi, k, count, dims, members, warnings)) is not None]
+        if kept:
+            out.append(Group(ops=tuple(ops), levels=tuple(kept)))
+    plan = TilingPlan(order=tuple(op.name for op in graph.ops), groups=tuple(out), warnings=tuple(warnings))
     verify_plan(graph, plan)
     return split_at_tiled_reductions(graph, plan, online)
 
@@ -306,7 +317,9 @@ def _normalise(gi: int, spec: GroupSpec) -> tuple[Sequence[str], list[tuple[int,
     return ops, [(spec[1], [0] if dims is None else dims)]
 
 
-def _level(gi: int, k: int, count, dims, members: Sequence[Op]) -> Level:
+def _level(gi: int, k: int, count, dims, members: Sequence[Op], warnings: list[str]) -> Level | None:
+    """The level, or None with a warning when it would tile nothing (as a hint with no
+    effect is a warning, not an error)."""
     src = f"group {gi} level {k}"
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise TilingError(f"{src}: count {count!r} must be an integer >= 1")
@@ -314,11 +327,16 @@ def _level(gi: int, k: int, count, dims, members: Sequence[Op]) -> Level:
         dims = [dims]
     dims = list(dims)
     if not dims:
-        raise TilingError(f"{src}: names no dim to tile")
+        warnings.append(f"{src}: names no dim to tile; level ignored (name the dims to tile)")
+        return None
     for d in dims:
         if not isinstance(d, (str, int)) or isinstance(d, bool):
             raise TilingError(f"{src}: dim {d!r} must be a dim name or an output-dim index")
     if all(isinstance(d, str) for d in dims):
+        if not any(d.name in dims and d.size > 1 for op in members for d in iteration_dims(op)):
+            warnings.append(f"{src}: no op of {[op.name for op in members]} iterates any of {dims}; level ignored "
+                            f"(name a dim the group's ops iterate)")
+            return None
         return Level(count=count, dims=tuple(dict.fromkeys(dims)), source=src)
     per_op: dict[str, tuple[str, ...]] = {}
     for op in members:
@@ -337,7 +355,9 @@ def _level(gi: int, k: int, count, dims, members: Sequence[Op]) -> Level:
         per_op[op.name] = tuple(dict.fromkeys(names))
     union = tuple(dict.fromkeys(n for names in per_op.values() for n in names))
     if not union:
-        raise TilingError(f"{src}: no op of the group iterates any of {dims}")
+        warnings.append(f"{src}: no op of {[op.name for op in members]} iterates any of {dims}; level ignored "
+                        f"(name a dim the group's ops iterate)")
+        return None
     return Level(count=count, dims=union, op_dims=FrozenMap(per_op), source=src)
 
 
@@ -524,6 +544,8 @@ def _restrict(level: Level, names: Sequence[str]) -> Level | None:
 def verify_plan(graph: Graph, plan: TilingPlan) -> TilingPlan:
     """The plan's order runs every op of the graph once, after the ops it reads from, and each
     group is a contiguous slice of that order."""
+    require(graph, Graph, "verify_plan", "graph")
+    require(plan, TilingPlan, "verify_plan", "plan")
     table = graph.op_table()
     position: dict[str, int] = {}
     for i, name in enumerate(plan.order):

@@ -521,3 +521,79 @@ def test_no_online_turns_the_online_softmax_off(fspyre_main, tmp_path: Path) -> 
     assert fission.returncode == 0, fission.stderr
     assert "_alpha" not in fission.stdout and fission.stdout.count("for C in 0..4") == 3
     assert fspyre_main("check", str(src), "--tiling", "hints", "--cores", "4").returncode == 0
+
+
+# -- doors: exits, odd files, usage errors (issue #22) -----------------------------------------
+GOOD_BUILD = ("import fspyre\n\ndef build():\n    g = fspyre.GraphBuilder('t')\n    a = g.dim('A', 64)\n"
+              "    x = g.input('x', (a,), 'float32')\n    g.output('y', g.exp(x))\n    {tail}\n")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        GOOD_BUILD.format(tail="import os; os._exit(0)"),
+        "import os\nos._exit(0)\n\ndef build():\n    pass\n",
+        "import torch, os\nos._exit(0)\n\ndef model(x):\n    return x\n\ndef example_inputs():\n"
+        "    return (torch.ones(64),)\n",
+        "import torch, os\n\ndef model(x):\n    os._exit(0)\n\ndef example_inputs():\n    return (torch.ones(64),)\n",
+    ],
+    ids=["in-build", "at-import", "torch-at-import", "torch-in-model"],
+)
+def test_a_file_calling_os_exit_is_exit_2_never_a_silent_pass(tmp_path: Path, source: str) -> None:
+    """os._exit skips every handler: it must not end `fspyre check` with status 0 and no verdict."""
+    path = tmp_path / "exits.py"
+    path.write_text(source)
+    line = one_line_error(fspyre_cmd("check", str(path)))
+    assert "os._exit(0)" in line and str(path) in line
+
+
+def test_os_exit_is_restored_after_the_command(fspyre_main, tmp_path: Path) -> None:
+    import os
+
+    real = os._exit
+    path = tmp_path / "exits.py"
+    path.write_text(GOOD_BUILD.format(tail="import os; os._exit(0)"))
+    one_line_error(fspyre_main("check", str(path)))
+    assert os._exit is real
+
+
+def test_a_utf8_bom_file_loads(fspyre_main, tmp_path: Path) -> None:
+    path = tmp_path / "bom.py"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD_BUILD.format(tail="return g.build()").encode())
+    done = fspyre_main("check", str(path), "--tiling", "none")
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_file_with_another_suffix_is_python(fspyre_main, tmp_path: Path) -> None:
+    path = tmp_path / "good.txt"
+    path.write_text(GOOD_BUILD.format(tail="return g.build()"))
+    done = fspyre_main("compile", str(path), "--emit", "mlir", "--tiling", "none")
+    assert done.returncode == 0, done.stderr
+    assert "sdsc_execute" in done.stdout
+
+
+def test_an_internal_error_without_text_says_where(fspyre_main, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(*args, **kwargs):
+        raise AssertionError
+
+    monkeypatch.setattr(fspyre, "compile", crash)
+    line = fspyre_main("compile", ADD_MUL).stderr.strip()
+    assert line.startswith("fspyre: internal error: AssertionError: raised at test_cli.py:")
+    assert "raise AssertionError" in line
+
+
+USAGE_ERRORS = [
+    (), ("frob",), ("compile",), ("check",), ("compile", ADD_MUL, "--bogus"), ("check", ADD_MUL, "--tiling", "fast"),
+    ("check", ADD_MUL, "--fuse", "x"), ("compile", ADD_MUL, "--emit", "pdf"), ("check", ADD_MUL, "--cores", "x"),
+    ("check", ADD_MUL, "--cores", "0"), ("check", ADD_MUL, "--cores", "-1"), ("check", ADD_MUL, "--seed", "-3"),
+    ("check", ADD_MUL, "--seed"), ("compile", ADD_MUL, "--out"), ("check", ADD_MUL, ADD_MUL),
+    ("compile", ADD_MUL, "--lx-solver", "best"), ("demo", "--cores", "99"), ("demo", "extra"),
+    ("check", "--tiling"), ("compile", "--emit", ""), ("--cores", "4"), ("check", ADD_MUL, "--no-lx=1"),
+    ("compile", ADD_MUL, "--detailed=yes"), ("check", ADD_MUL, "--seed", "1e3"), ("check", ADD_MUL, "--cores", "2.5"),
+]
+
+
+@pytest.mark.parametrize("args", USAGE_ERRORS, ids=[" ".join(a) or "nothing" for a in USAGE_ERRORS])
+def test_a_usage_error_is_one_line_pointing_at_help(fspyre_main, args: tuple[str, ...]) -> None:
+    line = one_line_error(fspyre_main(*args))
+    assert "--help" in line or "cores" in line or "seed" in line or "emit" in line, line

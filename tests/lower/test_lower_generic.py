@@ -134,3 +134,62 @@ def test_output_is_stable_across_hash_seeds():
         assert run.returncode == 0, run.stderr
         outs.append(run.stdout)
     assert outs[0] == outs[1] and len(outs[0]) > 1000
+
+
+HOSTILE_NAMES = [
+    'x\n"sdscbundle.sdsc_execute"() : () -> ()', "x*/ }", '"q"', "a\r\nb", "x\u2028y", "x // y", "x\x00y", "é",
+]
+
+
+def _renamed(program, old: str, new: str):
+    """``program`` with every mention of tensor ``old`` renamed ``new``: built from the JSON
+    form, as a hand-edited document would be (programs do not check names; the loop tree and
+    graph they come from do)."""
+    import json
+
+    from fspyre.ir.serialize import dumps, from_json
+
+    def walk(doc):
+        if isinstance(doc, dict):
+            return {k: (new if k in ("name", "buffer") and v == old else walk(v)) for k, v in doc.items()}
+        if isinstance(doc, list):
+            return [walk(v) for v in doc]
+        return doc
+
+    doc = json.loads(dumps(program))
+    doc.pop("_format")
+    return from_json(walk(doc))
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_name_never_adds_a_line_or_an_op_to_mlir(hostile):
+    from fspyre.lower.bundle import bundle_mlir
+
+    program = PROGRAMS[sorted(PROGRAMS)[0]]
+    name = program.kernel_args[0].name
+    edited = _renamed(program, name, hostile)
+    assert any(t.name == hostile for spec in op_specs(edited) for t in spec.args)
+    for emit in (mlir_generic, bundle_mlir):
+        before, after = emit(program), emit(edited)
+        assert after.count("\n") == before.count("\n")
+        assert len(after.splitlines()) == len(before.splitlines())  # no \r, \u2028 line breaks either
+        assert all(c == "\t" or " " <= c <= "~" for c in after if c != "\n")
+    ops = [op_name(op) for op in parse(mlir_generic(edited)).walk()]
+    assert ops == [op_name(op) for op in parse(mlir_generic(program)).walk()]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_name_that_is_not_an_identifier_is_refused_where_it_enters(hostile):
+    import fspyre
+    from fspyre.errors import GraphError
+
+    g = fspyre.GraphBuilder("names")
+    with pytest.raises(GraphError, match="ASCII identifier"):
+        g.input(hostile, [g.dim("A", 64)], "float32")
+    with pytest.raises(GraphError, match="ASCII identifier"):
+        g.dim(hostile, 64)
+    x = g.input("x", [g.dim("B", 64)], "float32")
+    with pytest.raises(GraphError, match="ASCII identifier"):
+        g.output(hostile, g.exp(x))
+    with pytest.raises(GraphError, match="ASCII identifier"):
+        fspyre.GraphBuilder(hostile)

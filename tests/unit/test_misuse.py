@@ -306,3 +306,115 @@ def test_declare_tensor_dim_with_a_conflicting_size_is_an_error():
             declare_tensor_dim("A", 16)
     finally:
         clear_dim_names()
+
+
+# -- every public stage function and option record, called alone with each argument wrong ------
+def _stage_calls():
+    """(name, function, the right arguments): each stage of the pipeline, called alone."""
+    from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
+    from fspyre.stages.loop_tree import tile, verify_loop_tree
+    from fspyre.stages.online_softmax import OnlineOptions
+    from fspyre.stages.program import emit_program, verify_program
+    from fspyre.stages.residency import ResidencyOptions, keep_resident, place_copies
+    from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
+    from fspyre.stages.tiling_plan import TilingOptions, plan_groups, plan_tiling, verify_plan
+
+    G, M = graph(), fspyre.machine.spyre(cores=4)
+    plan = plan_tiling(G)
+    tree = tile(G, plan)
+    split = divide_work(tree, M)
+    alloc = allocate(tree, split, M)
+    program = emit_program(tree, split, alloc, M)
+    return [
+        ("plan_tiling", plan_tiling, (G, TilingOptions())),
+        ("plan_groups", plan_groups, (G, [(["buf0"], 2, ["A"])], OnlineOptions())),
+        ("verify_plan", verify_plan, (G, plan)),
+        ("tile", tile, (G, plan, OnlineOptions())),
+        ("verify_loop_tree", verify_loop_tree, (tree,)),
+        ("keep_resident", keep_resident, (tree, M, ResidencyOptions())),
+        ("place_copies", place_copies, (tree, M, ResidencyOptions())),
+        ("divide_work", divide_work, (tree, M, SplitOptions())),
+        ("verify_split_plan", verify_split_plan, (tree, split, M)),
+        ("allocate", allocate, (tree, split, M, AllocationOptions())),
+        ("verify_allocation", verify_allocation, (tree, split, alloc, M)),
+        ("emit_program", emit_program, (tree, split, alloc, M)),
+        ("verify_program", verify_program, (program,)),
+        ("compile", fspyre.compile, (G, M)),
+        ("evaluate", fspyre.evaluate, (G, {"x": X})),
+        ("run", fspyre.run, (program, {"x": X})),
+        ("check", fspyre.check, (G,)),
+    ]
+
+
+def _wrong_values():
+    g, _ = builder()
+    return [None, 5, "hints", {}, [], 2.5, True, g, np.ones(3), fspyre.machine.spyre(cores=2), object()]
+
+
+def _wrong_calls():
+    calls = _stage_calls()
+    artifacts = [a for _, _, args in calls for a in args]
+    out = []
+    for name, fn, args in calls:
+        for i in range(len(args)):
+            # every other argument in this slot: wrong types, other artifacts (swapped arguments)
+            for j, wrong in enumerate(_wrong_values() + artifacts):
+                if type(wrong) is type(args[i]) or (i == 1 and name == "compile" and wrong is None):
+                    continue  # the right type (another valid value), or compile's default machine
+                out.append((f"{name}-arg{i}-{j}", fn, args[:i] + (wrong,) + args[i + 1:]))
+    return out
+
+
+WRONG_CALLS = _wrong_calls()
+
+
+@pytest.mark.parametrize("fn, args", [c[1:] for c in WRONG_CALLS], ids=[c[0] for c in WRONG_CALLS])
+def test_a_stage_called_with_a_wrong_argument_is_a_one_line_fspyre_error(fn, args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(FspyreError) as info:
+            fn(*args)
+    msg = str(info.value)
+    assert msg and "\n" not in msg, msg
+
+
+def _option_records():
+    from fspyre.machine.interpreter import RunOptions
+    from fspyre.stages.allocation import AllocationOptions
+    from fspyre.stages.online_softmax import OnlineOptions
+    from fspyre.stages.residency import ResidencyOptions
+    from fspyre.stages.split_plan import SplitOptions
+    from fspyre.stages.tiling_plan import TilingOptions
+
+    return [TilingOptions, OnlineOptions, ResidencyOptions, SplitOptions, AllocationOptions, RunOptions]
+
+
+def _wrong_options():
+    import dataclasses
+
+    out = []
+    for cls in _option_records():
+        for f in dataclasses.fields(cls):
+            default = getattr(cls(), f.name)
+            for j, wrong in enumerate(["no", 1.5, [], {}, object(), -1 if isinstance(default, bool) else None]):
+                if wrong is None and f.name == "max_cores":
+                    continue  # None is a valid max_cores
+                if type(wrong) is type(default):
+                    continue
+                out.append((f"{cls.__name__}.{f.name}-{j}", cls, f.name, wrong))
+    return out
+
+
+WRONG_OPTIONS = _wrong_options()
+
+
+@pytest.mark.parametrize("cls, field, value", [c[1:] for c in WRONG_OPTIONS], ids=[c[0] for c in WRONG_OPTIONS])
+def test_an_option_record_refuses_a_wrong_field(cls, field, value):
+    with pytest.raises(FspyreError) as info:
+        cls(**{field: value})
+    msg = str(info.value)
+    assert field in msg and "\n" not in msg, msg
+
+
+def test_the_systematic_misuse_cases_number_over_four_hundred():
+    assert len(WRONG_CALLS) + len(WRONG_OPTIONS) > 400
