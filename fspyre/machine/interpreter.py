@@ -714,6 +714,24 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
             if s.name not in used and size != split:
                 raise ExecutionError(f"op {name}: symbol {s} (size {size}, split {split}) is not in its output's "
                                      f"coordinates, so every one of its points writes the same elements", op=name)
+    else:
+        # what a reduction reduces is read off ``op_info`` (``reduced``, ``count``) by the
+        # device, and off the output's coordinates by the layout: they must say the same, or
+        # one output element would take several points' values (a symbol neither reduced nor
+        # in the output) or several elements one partial (a reduced symbol the output varies
+        # along), and mean/var would divide by the wrong count
+        used = frozenset().union(*map(free_names, last.device_coordinates))
+        reduced_names = {s.name for s in info.reduced}
+        for s, (size, split) in spec.iteration_space.items():
+            if (s.name in reduced_names) == (s.name in used) and (size > 1 or s.name in reduced_names):
+                why = "the output varies along it" if s.name in used else "the output does not use it"
+                listed = "" if s.name in reduced_names else "not "
+                raise ExecutionError(f"op {name}: symbol {s} (size {size}) is {listed}in op_info.reduced "
+                                     f"{sorted(reduced_names)}, but {why}", op=name)
+        count = math.prod(size for s, (size, _) in spec.iteration_space.items() if s.name in reduced_names)
+        if info.count != count:
+            raise ExecutionError(f"op {name}: op_info.count is {info.count}, but it reduces "
+                                 f"{sorted(reduced_names)}: {count} elements per output", op=name)
     if last.is_input or not all(a.is_input for a in ins):
         raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
                              f"{[a.is_input for a in spec.args]}", op=name)
