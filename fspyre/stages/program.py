@@ -365,7 +365,10 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
             raise LoweringError(f"{where}: tensor {a.name} is kernel argument {a.arg_index} but placed in LX; the "
                                 f"runtime hands kernel arguments over in HBM")
         if memory == "lx":
-            if address >= program.lx_bytes:
+            if type(address) is not int:  # each core's LX is laid out at fixed addresses
+                raise LoweringError(f"{where}: LX tensor {a.name} is at address {address}, an expression; an LX "
+                                    f"address is a number of bytes, whatever the symbolic sizes")
+            if type(program.lx_bytes) is int and address >= program.lx_bytes:
                 raise LoweringError(
                     f"{where}: LX tensor {a.name} at {address} is past the {program.lx_bytes}-byte LX")
             continue
