@@ -127,3 +127,21 @@ def random_inputs(types: Mapping[str, TensorType], seed: int = 0) -> dict[str, n
         else:
             out[name] = rng.integers(0, 2, size=t.shape).astype(bool)
     return out
+
+
+def wide_inputs(types: Mapping[str, TensorType], seed: int = 0) -> dict[str, np.ndarray]:
+    """``random_inputs`` that defeat shift and scale invariances: each float tensor shifted by
+    its own constant in [-8, 8) and each element scaled by 2^k, k in [-4, 4] (a softmax with the
+    wrong running max, a mean with the wrong count, a normalisation by the wrong scale show
+    here, where values of one magnitude around 0 may hide them). Ints and bools as
+    ``random_inputs``."""
+    out = random_inputs(types, seed)
+    rng = np.random.default_rng(seed + 1)
+    for name, t in types.items():
+        if is_float(t.dtype):
+            v = out[name].astype(np.float32) * np.exp2(rng.integers(-4, 5, size=t.shape)).astype(np.float32)
+            v = v + np.float32(rng.uniform(-8.0, 8.0))
+            if t.dtype == "bfloat16":
+                v = formats.round_to(v, formats.BF16)
+            out[name] = v.astype(HOST_NUMPY[t.dtype])
+    return out

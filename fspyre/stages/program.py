@@ -239,7 +239,7 @@ def verify_program(program: Program) -> Program:
                 f"argument buffers must be numbered 0..{n - 1}, one number per buffer"
             )
         end = k.address + device_bytes(k.device_size, formats.FORMATS[k.device_dtype].nbytes)
-        if end > program.hbm_bytes:
+        if not _fits(end, program.hbm_bytes):
             raise LoweringError(f"{where}: kernel argument {k.name} at {k.address} ends at byte {end}, past the "
                                 f"program's {program.hbm_bytes} bytes of HBM")
     placed: dict[str, TensorArg] = {}  # tensor -> its first use
@@ -249,6 +249,15 @@ def verify_program(program: Program) -> Program:
             _verify_op_spec(spec, depth, program, kernel, placed, coord_names)
     _verify_tiled_symbols(program, coord_names)
     return program
+
+
+def _fits(end: int | sympy.Expr, limit: int | sympy.Expr) -> bool:
+    """``end <= limit``, at every size when either is an expression in the symbolic sizes:
+    what sympy cannot prove (a corrupted size or address) does not fit."""
+    try:
+        return not bool(end > limit)
+    except TypeError:  # an undecidable relation between expressions
+        return False
 
 
 def _loop_ops(body: tuple, chain: tuple[LoopSpec, ...] = ()):
@@ -373,7 +382,7 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
                     f"{where}: LX tensor {a.name} at {address} is past the {program.lx_bytes}-byte LX")
             continue
         end = address + device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)
-        if end > program.hbm_bytes:
+        if not _fits(end, program.hbm_bytes):
             raise LoweringError(f"{where}: HBM tensor {a.name} at {address} ends at byte {end}, past the "
                                 f"program's {program.hbm_bytes} bytes of HBM")
         if a.arg_index >= 0:
