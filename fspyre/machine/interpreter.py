@@ -769,7 +769,8 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     recode, moved = None, None
     if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
         src = operands[0][1].fmt
-        if src.nbytes == 2 and out.fmt.nbytes == 2:
+        # (not an int32 op reading a float format: its operand is checked for integers first)
+        if src.nbytes == 2 and out.fmt.nbytes == 2 and not (ctype.kind in "iu" and src.is_float):
             recode, moved = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
@@ -1450,6 +1451,15 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
 
 def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     """The op's result over a grid of ``sizes`` (the whole grid, or a block of it)."""
+    if op.ctype.kind in "iu":
+        # an op computes in int32 only when every operand is an int or a bool
+        # (numerics.compute_dtype): one reading a value that is no integer is not that op
+        for v in values:
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.all(np.trunc(v) == v):
+                bad = v[np.trunc(v) != v].flat[0]
+                raise ExecutionError(f"op {op.spec.name or op.spec.op} computes in {op.ctype} but reads the value "
+                                     f"{bad}, which is no integer: an int32 op reads ints and bools only",
+                                     op=op.spec.name or op.spec.op)
     if op.fn in REDUCTION_OPERANDS:
         result = _reduce(op, values, sizes)
         return numerics.bool_store(result) if op.bool_store else result

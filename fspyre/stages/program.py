@@ -251,6 +251,42 @@ def verify_program(program: Program) -> Program:
     return program
 
 
+def _verify_listed_advances(spec: OpSpec, chain: tuple[LoopSpec, ...], program: str) -> None:
+    """An HBM tensor that advances at a loop by exactly the step of one of the op's symbols
+    over its tile (its size in the iteration space) moves with that symbol: the op lists it
+    there. (A dim tiled to one element per tile leaves the iteration space and moves tensors
+    without being listed; its step is no symbol's.)"""
+    if spec.symbolic or not chain:
+        return
+    syms = list(spec.iteration_space)
+    for a in spec.args:
+        if a.memory != "hbm" or not any(a.tile_advance):
+            continue
+        strides = row_major_strides(a.device_size)
+        nbytes = formats.FORMATS[a.device_dtype].nbytes
+        fns = [compile_index(c, syms) for c in a.device_coordinates]
+        zero = [0] * len(syms)
+        base = sum(int(f(*zero)) * st for f, st in zip(fns, strides))
+        steps = {}
+        for i, s in enumerate(syms):
+            at = list(zero)
+            at[i] = spec.iteration_space[s][0]
+            coords = [int(f(*at)) for f in fns]
+            if any(c >= n for c, n in zip(coords, a.device_size)):
+                continue  # a step past the device dims is no tile's
+            step = (sum(c * st for c, st in zip(coords, strides)) - base) * nbytes
+            if step:
+                steps.setdefault(step, s)
+        for level, adv in enumerate(a.tile_advance):
+            s = steps.get(adv)
+            # (an op listing another symbol there disagrees with its loop: _verify_tiled_symbols)
+            if s is not None and spec.tiled_symbols and not spec.tiled_symbols[level]:
+                raise LoweringError(
+                    f"program {program}: op {spec.name or spec.op}: tensor {a.name} advances {adv} bytes per "
+                    f"iteration of loop level {level} (count {chain[level].count}), the step of {s} over its tile, "
+                    f"but the op lists no tiled symbol there")
+
+
 def _fits(end: int | sympy.Expr, limit: int | sympy.Expr) -> bool:
     """``end <= limit``, at every size when either is an expression in the symbolic sizes:
     what sympy cannot prove (a corrupted size or address) does not fit."""
@@ -299,6 +335,8 @@ def _verify_tiled_symbols(program: Program, coord_names: Mapping[tuple, frozense
                     f"level {level} (count {loop.count}), but that loop tiles {sorted(tiles[id(loop)])} and the op "
                     f"iterates {sorted(space)}{' in one iteration only' if guarded else ''}: it must list "
                     f"{sorted(want)}")
+    for spec, chain in ops:
+        _verify_listed_advances(spec, chain, program.name)
     for spec, chain in ops:
         for level, loop in enumerate(chain):
             if not tiles[id(loop)] and not moves[id(loop)] and loop.count != 1:
