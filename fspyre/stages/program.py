@@ -260,7 +260,7 @@ def _verify_listed_advances(spec: OpSpec, chain: tuple[LoopSpec, ...], program: 
         return
     syms = list(spec.iteration_space)
     for a in spec.args:
-        if a.memory != "hbm" or not any(a.tile_advance):
+        if a.memory != "hbm" or not any(a.tile_advance) or not all(type(n) is int for n in a.device_size):
             continue
         strides = row_major_strides(a.device_size)
         nbytes = formats.FORMATS[a.device_dtype].nbytes
