@@ -267,7 +267,7 @@ def _verify_listed_advances(spec: OpSpec, chain: tuple[LoopSpec, ...], program: 
         fns = [compile_index(c, syms) for c in a.device_coordinates]
         zero = [0] * len(syms)
         base = sum(int(f(*zero)) * st for f, st in zip(fns, strides))
-        steps = {}
+        steps: dict[int, sympy.Symbol] = {}
         for i, s in enumerate(syms):
             at = list(zero)
             at[i] = spec.iteration_space[s][0]
