@@ -167,3 +167,17 @@ def test_compute_and_bool_store_agree_with_the_formats(kinds):
 
 def test_a_kernel_argument_in_lx_is_refused(program):
     refused(edit_arg(program, "buf0", "a", memory="lx"), "kernel argument 0 but placed in LX")
+
+
+def test_a_loop_that_tiles_nothing_and_moves_nothing_is_refused(program):
+    # the inner loop (count 4) with every op listing nothing there and no tensor advancing:
+    # it would run the same work four times
+    def still(s):
+        return replace(s, tiled_symbols=(s.tiled_symbols[0], ()),
+                       args=tuple(replace(a, tile_advance=(a.tile_advance[0], 0)) for a in s.args))
+    refused(edit_op(edit_op(program, "buf0", still), "buf1", still), r"tiles no symbol of its ops and moves no tensor")
+    # a loop of count 1 repeats nothing
+    (outer,) = program.body
+    (inner,) = outer.body
+    one = replace(program, body=(replace(outer, body=(replace(inner, count=1, body=tuple(map(still, inner.body))),)),))
+    verify_program(one)
