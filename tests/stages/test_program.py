@@ -99,6 +99,10 @@ def test_each_tensor_has_one_place_and_kernel_arguments_match(program):
             rf"op buf0: tensor a \(at 0, size \[.*\]\) claims kernel argument 1, which is b at {b.address}")
     refused(replace(program, hbm_bytes=program.kernel_args[-1].address),
             r"kernel argument z at .* past the program's")
+    a = program.kernel_args[0]  # argument 0 is checked like any other
+    assert (a.name, a.arg_index) == ("a", 0)
+    refused(edit_arg(program, "buf0", "a", address=a.address + 128),
+            rf"op buf0: tensor a \(at {a.address + 128}, .*\) claims kernel argument 0, which is a at {a.address}")
 
 
 # -- programs of every kind verify and run equal; each field the device reads is checked ---------
