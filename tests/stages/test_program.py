@@ -185,3 +185,14 @@ def test_a_loop_that_tiles_nothing_and_moves_nothing_is_refused(program):
     (inner,) = outer.body
     one = replace(program, body=(replace(outer, body=(replace(inner, count=1, body=tuple(map(still, inner.body))),)),))
     verify_program(one)
+
+
+def test_a_guarded_op_outside_loops_or_moving_with_its_loop_is_refused():
+    program = compile(next(_kinds()), spyre(cores=4), residency=True).program  # the fill joins the loop
+    (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
+    fill = next(s for s in loop.body if isinstance(s, OpSpec) and s.runs == "first")
+    alone = replace(fill, tiled_symbols=(), args=tuple(replace(a, tile_advance=()) for a in fill.args))
+    refused(replace(program, body=(alone, *program.body)), "runs only in the first iteration .* it sits in no loop")
+    moved = edit_op(program, fill.name, lambda s: replace(s, args=tuple(replace(a, tile_advance=(128,))
+                                                                         for a in s.args)))
+    refused(moved, rf"tensor {fill.args[0].name} advances there")
