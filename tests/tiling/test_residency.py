@@ -415,3 +415,14 @@ def test_two_pins_take_scopes_of_their_own_and_residency_off_makes_none():
     got, want = fspyre.run(with_pin, inputs), fspyre.run(without, inputs)
     assert all(np.array_equal(got[n], want[n]) for n in ("y1", "y2", "z"))
     assert fspyre.check(graph, inputs, comp=with_pin).equal
+
+
+def test_two_cores_replicate_too():
+    # issue 22's surviving mutant: replication only from three cores on
+    graph = attention(256, 256, 2)
+    with_copy, without = both(graph, spyre(cores=2))
+    split = with_copy.stages["split_plan"].ops
+    for name in ("k_lx_copy", "v_lx_copy"):
+        assert split[name].cores == 2 and dict(split[name].splits)[f"{name[:-5]}_cores"] == 2
+    inputs = inputs_for(graph, 1)
+    assert np.array_equal(fspyre.run(with_copy, inputs)["y"], fspyre.run(without, inputs)["y"])
