@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # wheel that pin names instead of resolving torch together with everything else.
 TORCH  := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
 
-.PHONY: demo test bench lint graphviz fuzz
+.PHONY: demo test bench lint graphviz fuzz mutate
 
 demo: $(STAMP) graphviz
 	$(PY) -m fspyre demo
@@ -22,6 +22,12 @@ SEED ?= 0
 JOBS ?= 2
 fuzz: $(STAMP)
 	$(PY) -m fspyre.testing.campaign --count $(N) --seed $(SEED) --jobs $(JOBS)
+
+# The mutation check (fspyre/testing/mutation.py), outside `make test`: one change at a time to
+# the rules of a few modules, each run against that module's own tests. `make mutate MUTANTS=8`.
+MUTANTS ?= 8
+mutate: $(STAMP)
+	$(PY) -m fspyre.testing.mutation --per-module $(MUTANTS) --seed $(SEED)
 
 bench: $(STAMP)
 	$(PY) benchmarks/compile_time.py

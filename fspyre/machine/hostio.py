@@ -127,3 +127,22 @@ def random_inputs(types: Mapping[str, TensorType], seed: int = 0) -> dict[str, n
         else:
             out[name] = rng.integers(0, 2, size=t.shape).astype(bool)
     return out
+
+
+def wide_inputs(types: Mapping[str, TensorType], seed: int = 0) -> dict[str, np.ndarray]:
+    """``random_inputs`` that defeat shift and scale invariances: each row (index of the first
+    dim) of a float tensor shifted by its own constant in [-64, 64) and each element scaled by
+    2^k, k in [-4, 4] (a softmax with the wrong running max underflows where a row lies far
+    below 0, a mean with the wrong count or a normalisation by the wrong scale shows, where
+    values of one magnitude around 0 may hide them). Ints and bools as ``random_inputs``."""
+    out = random_inputs(types, seed)
+    rng = np.random.default_rng(seed + 1)
+    for name, t in types.items():
+        if is_float(t.dtype):
+            v = out[name].astype(np.float32) * np.exp2(rng.integers(-4, 5, size=t.shape)).astype(np.float32)
+            rows = t.shape[:1] + (1,) * (len(t.shape) - 1)
+            v = v + rng.uniform(-64.0, 64.0, size=rows).astype(np.float32)
+            if t.dtype == "bfloat16":
+                v = formats.round_to(v, formats.BF16)
+            out[name] = v.astype(HOST_NUMPY[t.dtype])
+    return out

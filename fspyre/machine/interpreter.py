@@ -716,6 +716,24 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
             if s.name not in used and size != split:
                 raise ExecutionError(f"op {name}: symbol {s} (size {size}, split {split}) is not in its output's "
                                      f"coordinates, so every one of its points writes the same elements", op=name)
+    else:
+        # what a reduction reduces is read off ``op_info`` (``reduced``, ``count``) by the
+        # device, and off the output's coordinates by the layout: they must say the same, or
+        # one output element would take several points' values (a symbol neither reduced nor
+        # in the output) or several elements one partial (a reduced symbol the output varies
+        # along), and mean/var would divide by the wrong count
+        used = frozenset().union(*map(free_names, last.device_coordinates))
+        reduced_names = {s.name for s in info.reduced}
+        for s, (size, split) in spec.iteration_space.items():
+            if (s.name in reduced_names) == (s.name in used) and (size > 1 or s.name in reduced_names):
+                why = "the output varies along it" if s.name in used else "the output does not use it"
+                listed = "" if s.name in reduced_names else "not "
+                raise ExecutionError(f"op {name}: symbol {s} (size {size}) is {listed}in op_info.reduced "
+                                     f"{sorted(reduced_names)}, but {why}", op=name)
+        count = math.prod(size for s, (size, _) in spec.iteration_space.items() if s.name in reduced_names)
+        if info.count != count:
+            raise ExecutionError(f"op {name}: op_info.count is {info.count}, but it reduces "
+                                 f"{sorted(reduced_names)}: {count} elements per output", op=name)
     if last.is_input or not all(a.is_input for a in ins):
         raise ExecutionError(f"op {name}: the device reads its inputs, then writes its last arg; is_input is "
                              f"{[a.is_input for a in spec.args]}", op=name)
@@ -753,7 +771,8 @@ def _plan_op(spec: OpSpec, program: Program, block: int, regions: Mapping[int, t
     recode, moved = None, None
     if fn in numerics.EXACT_POINTWISE and len(operands) == 1 and operands[0][0] == "tensor":
         src = operands[0][1].fmt
-        if src.nbytes == 2 and out.fmt.nbytes == 2:
+        # (not an int32 op reading a float format: its operand is checked for integers first)
+        if src.nbytes == 2 and out.fmt.nbytes == 2 and not (ctype.kind in "iu" and src.is_float):
             recode, moved = _recode_table(fn, ctype.str, bool_store, src.name, out.fmt.name)
     return OpPlan(spec=spec, syms=syms, sizes=sizes, splits=splits, fn=fn, ctype=ctype, red_pos=red_pos,
                   out_pos=out_pos, operands=tuple(operands), out=out,
@@ -1434,6 +1453,15 @@ def _run_op(op: OpPlan, iters: tuple[int, ...], m: _Machine) -> None:
 
 def _compute(op: OpPlan, values: list, sizes: tuple[int, ...]) -> np.ndarray:
     """The op's result over a grid of ``sizes`` (the whole grid, or a block of it)."""
+    if op.ctype.kind in "iu":
+        # an op computes in int32 only when every operand is an int or a bool
+        # (numerics.compute_dtype): one reading a value that is no integer is not that op
+        for v in values:
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.all(np.trunc(v) == v):
+                bad = v[np.trunc(v) != v].flat[0]
+                raise ExecutionError(f"op {op.spec.name or op.spec.op} computes in {op.ctype} but reads the value "
+                                     f"{bad}, which is no integer: an int32 op reads ints and bools only",
+                                     op=op.spec.name or op.spec.op)
     if op.fn in REDUCTION_OPERANDS:
         result = _reduce(op, values, sizes)
         return numerics.bool_store(result) if op.bool_store else result

@@ -340,7 +340,10 @@ def pointwise_bound(fn: str, operands: Sequence[Value], errors: Sequence[np.ndar
             d = np.zeros(shape)
             for corner in range(1 << len(x)):
                 pts = [xi + (ei if corner >> i & 1 else -ei) for i, (xi, ei) in enumerate(zip(x, e))]
-                d = np.maximum(d, np.abs(f(*pts) - y0))
+                fc = f(*pts)
+                # a NaN result at a corner as at the centre: NaN on both sides (check requires
+                # the machine's NaN where the reference has one), no change
+                d = np.maximum(d, np.where(np.isnan(fc) & np.isnan(y0), 0.0, np.abs(fc - y0)))
             for i in _POLES.get(fn, ()):
                 d = np.where(np.abs(x[i]) <= e[i], np.inf, d)
             d = np.where(np.isnan(d), np.inf, d)  # the box leaves the domain: anything goes
@@ -349,6 +352,25 @@ def pointwise_bound(fn: str, operands: Sequence[Value], errors: Sequence[np.ndar
         # Each side's float32 result is within the library's ulps of exact: relative above
         # float32's normal range, one subnormal spacing (2^-149) each below it.
         return np.where(d > 0, d + 2 * _FN_ULPS * np.maximum(UNIT_ROUNDOFF * y, _F32_SUBNORMAL), 0.0)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = 2.0**-126  # float32's smallest normal: below it a product loses its relative accuracy
+
+
+def _order_free_of_overflow(bound: np.ndarray, result: np.ndarray, magnitude: np.ndarray) -> np.ndarray:
+    """A reduction's order term made sound where the float32 error model does not hold.
+
+    - A NaN term (a NaN operand, ``inf - inf``, ``0 * inf``) makes the result NaN in every
+      order: nothing to bound (check requires NaN on both sides), 0 -- not the NaN the
+      magnitudes give.
+    - Where ``magnitude`` -- the largest value a partial result may reach in some order
+      (Σ|tᵢ| for a sum) -- passes float32's largest finite value, one order overflows to ±inf
+      (then ``inf - inf`` to NaN) where another does not: any value, an infinite bound."""
+    with np.errstate(invalid="ignore"):
+        over = magnitude * (1 + 4 * UNIT_ROUNDOFF) >= _F32_MAX  # False where NaN
+    nan = np.isnan(np.asarray(result, dtype=np.float64)) & ~over
+    return np.where(nan, 0.0, np.where(over, np.inf, bound))
 
 
 def _gamma(n: int) -> float:
@@ -373,6 +395,7 @@ def reduce_bound(fn: str, operands: Sequence[np.ndarray], errors: Sequence[np.nd
     exact_ints = ctype.kind != "f"
     g2 = 0.0 if exact_ints else 2 * _gamma(count)
     absr = np.abs(np.asarray(result, dtype=np.float64))
+    absr = np.where(np.isnan(absr), 0.0, absr)  # a NaN result rounds to NaN on both sides: no slack
     with np.errstate(all="ignore"):
         if fn == "gather":
             # the selected value itself: its own error, unless the index or a position is
@@ -387,7 +410,10 @@ def reduce_bound(fn: str, operands: Sequence[np.ndarray], errors: Sequence[np.nd
         if fn == "matmul":
             a, b = (np.abs(np.asarray(v, dtype=np.float64)) for v in operands)
             ea, eb = (np.zeros(()) if er is None else np.asarray(er, dtype=np.float64) for er in errors)
-            bound = g2 * _contract(a, b, axes, grid)
+            mag = _contract(a, b, axes, grid)
+            bound = g2 * mag
+            if not exact_ints:
+                bound = _order_free_of_overflow(bound, result, mag)
             for p, q in ((a, eb), (ea, b), (ea, eb)):
                 if np.any(p) and np.any(q):
                     bound = bound + _contract(p, q, axes, grid)
@@ -398,12 +424,29 @@ def reduce_bound(fn: str, operands: Sequence[np.ndarray], errors: Sequence[np.nd
         if fn in ("amax", "amin"):
             return np.max(e, axis=axes)
         if fn in ("sum", "mean"):
-            bound = g2 * np.sum(np.abs(x), axis=axes) + np.sum(e, axis=axes)
+            mag = np.sum(np.abs(x), axis=axes)
+            bound = g2 * mag
+            if not exact_ints:
+                bound = _order_free_of_overflow(bound, result, mag)
+            bound = bound + np.sum(e, axis=axes)
             # mean: both sides scale by the same float32 1/N, each rounding once more
             return bound / count + 2 * UNIT_ROUNDOFF * absr if fn == "mean" else bound
         if fn == "prod":
-            mag = np.prod(np.abs(x), axis=axes)
-            return g2 * mag + (np.prod(np.abs(x) + e, axis=axes) - mag)
+            ax = np.abs(x)
+            mag = np.prod(ax, axis=axes)
+            # (a NaN term: NaN in every order, its error nothing to carry)
+            incoming = np.where(np.isnan(result), 0.0, np.prod(ax + e, axis=axes) - mag)
+            if exact_ints:
+                return g2 * mag + incoming
+            # A partial product of any order multiplies a subset of the terms, so it lies
+            # between the product of the terms below 1 and of those above. Above float32's
+            # range some order overflows (prod_bound); below its normal range a rounding is
+            # absolute, 2^-150, and grows by at most the product of the later terms, at most
+            # that of the terms above 1.
+            big = np.prod(np.where(ax > 1, ax, 1.0), axis=axes)
+            small = np.prod(np.where(ax < 1, ax, 1.0), axis=axes)
+            bound = g2 * mag + np.where(small < _F32_TINY, 2 * count * 2.0**-150 * (1 + g2) * big, 0.0)
+            return _order_free_of_overflow(bound, result, big) + incoming
         if fn == "var":
             mean = np.mean(x, axis=axes, keepdims=True)
             d = np.abs(x - mean)
@@ -411,7 +454,9 @@ def reduce_bound(fn: str, operands: Sequence[np.ndarray], errors: Sequence[np.nd
             ebar = (g2 * np.sum(np.abs(x), axis=axes, keepdims=True) + np.sum(e, axis=axes, keepdims=True)) / count
             de = e + ebar
             denom = max(count - correction, 1)
-            bound = (np.sum(2 * d * de + de * de, axis=axes) + g2 * np.sum((d + de) ** 2, axis=axes)) / denom
+            sq = np.sum((d + de) ** 2, axis=axes)
+            order = _order_free_of_overflow(g2 * sq, result, np.maximum(sq, np.sum(np.abs(x), axis=axes)))
+            bound = (np.sum(2 * d * de + de * de, axis=axes) + order) / denom
             return bound + 2 * UNIT_ROUNDOFF * absr
     raise KeyError(fn)
 
@@ -456,6 +501,8 @@ def online_sum_bound(e: np.ndarray, err: np.ndarray | None, axis: int, count: in
         g = _gamma(count)
         terms = x * (1 + 2 * ref) * (ref + online + 2 * g * (1 + online)) + 2 * floor_e
         bound = np.sum(terms, axis=-1)
+        # the terms' sum in float32, and the NaN of a NaN row, as for any sum
+        bound = _order_free_of_overflow(bound, np.sum(x, axis=-1), np.sum(x, axis=-1))
     if err is not None:
         bound = bound + np.sum(np.broadcast_to(np.asarray(err, dtype=np.float64), grid), axis=axis)
     return bound
@@ -505,7 +552,8 @@ def store_bound(pre: np.ndarray, err: np.ndarray | None, fmt_name: str, dtype: s
         bits, floor, top = _STORE_GRID[fmt_name]
         m = pre + err
         out = np.where(err > 0, err + ulp(m, bits, floor), 0.0)
-        return np.where(m > top, np.inf, out)
+        # a NaN stores as NaN on both sides: the bound it had (finite: NaN must match NaN)
+        return np.where(np.isnan(pre), err, np.where(m > top, np.inf, out))
 
 
 def host_bound(values: np.ndarray, err: np.ndarray, fmt_name: str, dtype: str) -> np.ndarray:
@@ -513,6 +561,8 @@ def host_bound(values: np.ndarray, err: np.ndarray, fmt_name: str, dtype: str) -
     subnormals below 2^-14 and ends at 65504)."""
     if dtype != "float16" or fmt_name != "SEN169_FP16":
         return err
-    m = np.abs(np.asarray(values, dtype=np.float64)) + err
-    out = np.where(err > 0, err + ulp(m, 10, 2.0**-24), 0.0)
-    return np.where(m > 65504.0, np.inf, out)
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    m = v + err
+    with np.errstate(invalid="ignore"):
+        out = np.where(err > 0, err + ulp(m, 10, 2.0**-24), 0.0)
+        return np.where(np.isnan(v), err, np.where(m > 65504.0, np.inf, out))

@@ -246,7 +246,7 @@ def verify_program(program: Program) -> Program:
                 f"argument buffers must be numbered 0..{n - 1}, one number per buffer"
             )
         end = k.address + device_bytes(k.device_size, formats.FORMATS[k.device_dtype].nbytes)
-        if end > program.hbm_bytes:
+        if not _fits(end, program.hbm_bytes):
             raise LoweringError(f"{where}: kernel argument {k.name} at {k.address} ends at byte {end}, past the "
                                 f"program's {program.hbm_bytes} bytes of HBM")
     placed: dict[str, TensorArg] = {}  # tensor -> its first use
@@ -254,7 +254,103 @@ def verify_program(program: Program) -> Program:
     for spec, depth in walk_specs(program.body):
         if isinstance(spec, OpSpec):
             _verify_op_spec(spec, depth, program, kernel, placed, coord_names)
+    _verify_tiled_symbols(program, coord_names)
     return program
+
+
+def _verify_listed_advances(spec: OpSpec, chain: tuple[LoopSpec, ...], program: str) -> None:
+    """An HBM tensor that advances at a loop by exactly the step of one of the op's symbols
+    over its tile (its size in the iteration space) moves with that symbol: the op lists it
+    there. (A dim tiled to one element per tile leaves the iteration space and moves tensors
+    without being listed; its step is no symbol's.)"""
+    if spec.symbolic or not chain:
+        return
+    syms = list(spec.iteration_space)
+    for a in spec.args:
+        if a.memory != "hbm" or not any(a.tile_advance) or not all(type(n) is int for n in a.device_size):
+            continue
+        strides = row_major_strides(a.device_size)
+        nbytes = formats.FORMATS[a.device_dtype].nbytes
+        fns = [compile_index(c, syms) for c in a.device_coordinates]
+        zero = [0] * len(syms)
+        base = sum(int(f(*zero)) * st for f, st in zip(fns, strides))
+        steps: dict[int, sympy.Symbol] = {}
+        for i, s in enumerate(syms):
+            at = list(zero)
+            at[i] = spec.iteration_space[s][0]
+            coords = [int(f(*at)) for f in fns]
+            if any(c >= n for c, n in zip(coords, a.device_size)):
+                continue  # a step past the device dims is no tile's
+            step = (sum(c * st for c, st in zip(coords, strides)) - base) * nbytes
+            if step:
+                steps.setdefault(step, s)
+        for level, adv in enumerate(a.tile_advance):
+            s = steps.get(adv)
+            # (an op listing another symbol there disagrees with its loop: _verify_tiled_symbols)
+            if s is not None and spec.tiled_symbols and not spec.tiled_symbols[level]:
+                raise LoweringError(
+                    f"program {program}: op {spec.name or spec.op}: tensor {a.name} advances {adv} bytes per "
+                    f"iteration of loop level {level} (count {chain[level].count}), the step of {s} over its tile, "
+                    f"but the op lists no tiled symbol there")
+
+
+def _fits(end: int | sympy.Expr, limit: int | sympy.Expr) -> bool:
+    """``end <= limit``, at every size when either is an expression in the symbolic sizes:
+    what sympy cannot prove (a corrupted size or address) does not fit."""
+    try:
+        return not bool(end > limit)
+    except TypeError:  # an undecidable relation between expressions
+        return False
+
+
+def _loop_ops(body: tuple, chain: tuple[LoopSpec, ...] = ()):
+    """``(op, its enclosing loops outermost first)`` in program order."""
+    for spec in body:
+        if isinstance(spec, LoopSpec):
+            yield from _loop_ops(spec.body, chain + (spec,))
+        else:
+            yield spec, chain
+
+
+def _verify_tiled_symbols(program: Program, coord_names: Mapping[tuple, frozenset[str]]) -> None:
+    """``tiled_symbols`` (which the SDSC writes per loop) agree with the loops: a loop tiles its
+    dims for every op inside it, so each op lists exactly the loop's tiled symbols it iterates
+    (an op of the loop's first or last iteration only lists none at that loop), and a loop
+    that tiles none of its ops' symbols must move some tensor (a dim tiled to one element
+    per tile leaves the iteration spaces), or it would repeat the same work."""
+    ops = list(_loop_ops(program.body))
+    if not any(spec.tiled_symbols for spec, _ in ops):
+        return  # a program written without them (tests, the anchor's examples): nothing to agree
+    tiles: dict[int, set[str]] = {}
+    moves: dict[int, bool] = {}
+    for spec, chain in ops:
+        if chain and not spec.tiled_symbols:
+            raise LoweringError(f"program {program.name}: op {spec.name or spec.op} sits in {len(chain)} loops but "
+                                f"lists no tiled_symbols; where ops list them every op lists one tuple per loop")
+        for level, loop in enumerate(chain):
+            tiles.setdefault(id(loop), set()).update(s.name for s in spec.tiled_symbols[level])
+            moves[id(loop)] = moves.get(id(loop), False) or any(a.tile_advance[level] != 0 for a in spec.args)
+    for spec, chain in ops:
+        space = {s.name for s in spec.iteration_space}
+        for level, loop in enumerate(chain):
+            guarded = spec.runs != "every" and level == len(chain) - 1
+            want = set() if guarded else tiles[id(loop)] & space
+            got = {s.name for s in spec.tiled_symbols[level]}
+            if got != want:
+                raise LoweringError(
+                    f"program {program.name}: op {spec.name or spec.op} lists tiled_symbols {sorted(got)} at loop "
+                    f"level {level} (count {loop.count}), but that loop tiles {sorted(tiles[id(loop)])} and the op "
+                    f"iterates {sorted(space)}{' in one iteration only' if guarded else ''}: it must list "
+                    f"{sorted(want)}")
+    for spec, chain in ops:
+        _verify_listed_advances(spec, chain, program.name)
+    for spec, chain in ops:
+        for level, loop in enumerate(chain):
+            if not tiles[id(loop)] and not moves[id(loop)] and loop.count != 1:
+                raise LoweringError(
+                    f"program {program.name}: loop at level {level} (count {loop.count}) around op "
+                    f"{spec.name or spec.op} tiles no symbol of its ops and moves no tensor: it would run the same "
+                    f"work {loop.count} times")
 
 
 def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[int, KernelArg],
@@ -290,6 +386,11 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
         raise LoweringError(f"{where}: op info of {spec.op} reduces {[s.name for s in info.reduced]} (count "
                             f"{info.count}, correction {info.correction}); only a reduction reduces, only var has a "
                             f"correction, and the reduced symbols are in its iteration space {sorted(space)}")
+    compute_of = _compute_dtype_refusal(spec)
+    if compute_of is not None:
+        raise LoweringError(f"{where}: op info computes in {info.compute}, but {compute_of}")
+    if fn == "matmul" and len(ins) == 2:
+        _verify_matmul_operands(spec, where)
     refs = list(info.args)
     if refs != list(range(len(ins))):
         raise LoweringError(f"{where}: operands refer to args {refs}, but it has {len(ins)} input args; each input "
@@ -314,13 +415,19 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
             continue  # its bounds and argument were checked where it first appeared
         placed[a.name] = a
         memory, address = a.memory, a.address
+        if memory == "lx" and a.arg_index >= 0:
+            raise LoweringError(f"{where}: tensor {a.name} is kernel argument {a.arg_index} but placed in LX; the "
+                                f"runtime hands kernel arguments over in HBM")
         if memory == "lx":
-            if address >= program.lx_bytes:
+            if type(address) is not int:  # each core's LX is laid out at fixed addresses
+                raise LoweringError(f"{where}: LX tensor {a.name} is at address {address}, an expression; an LX "
+                                    f"address is a number of bytes, whatever the symbolic sizes")
+            if type(program.lx_bytes) is int and address >= program.lx_bytes:
                 raise LoweringError(
                     f"{where}: LX tensor {a.name} at {address} is past the {program.lx_bytes}-byte LX")
             continue
         end = address + device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)
-        if end > program.hbm_bytes:
+        if not _fits(end, program.hbm_bytes):
             raise LoweringError(f"{where}: HBM tensor {a.name} at {address} ends at byte {end}, past the "
                                 f"program's {program.hbm_bytes} bytes of HBM")
         if a.arg_index >= 0:
@@ -330,6 +437,37 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
                 got = "no such argument" if k is None else f"{k.buffer} at {k.address}, size {list(k.device_size)}"
                 raise LoweringError(f"{where}: tensor {a.name} (at {address}, size {list(a.device_size)}) claims "
                                     f"kernel argument {a.arg_index}, which is {got}")
+
+
+def _compute_dtype_refusal(spec: OpSpec) -> str | None:
+    """Why ``op_info.compute`` cannot be the one ``numerics.compute_dtype`` gives the op, as far
+    as the program tells (a bool and a float16 tensor share a device format), or None; and a
+    bool store only into the format bools are stored in."""
+    info = spec.op_info
+    floats = [a for a in spec.args if a.device_dtype in ("BF16", "IEEE_FP32")]
+    if info.compute == "int32" and floats:
+        return f"tensor {floats[0].name} is in a float format ({floats[0].device_dtype})"
+    scalars = [o.value for o in info.operands if isinstance(o, ScalarOperand) and type(o.value) is float]
+    if info.compute == "int32" and scalars:
+        return f"its scalar operand {scalars[0]!r} is a float, which computes in float32"
+    out = spec.args[-1]
+    if info.bool_store and out.device_dtype not in ("SEN169_FP16", "IEEE_FP16"):
+        return f"it stores bools into {out.name}, a {out.device_dtype} tensor (bools are stored in the fp16 format)"
+    return None
+
+
+def _verify_matmul_operands(spec: OpSpec, where: str) -> None:
+    """A batchmatmul's first operand is the [.., M, K] one: of the output symbols only one
+    operand uses, the first operand's come before the second's in the iteration space (its
+    output order, M before N), as the device reads them."""
+    order = [s.name for s in spec.iteration_space]
+    a, b = ({n for c in t.device_coordinates for n in free_names(c)} for t in spec.args[:2])
+    out = {n for c in spec.args[-1].device_coordinates for n in free_names(c)}
+    own_a, own_b = sorted(order.index(n) for n in (a - b) & out), sorted(order.index(n) for n in (b - a) & out)
+    if own_a and own_b and own_a[-1] > own_b[0]:
+        raise LoweringError(f"{where}: batchmatmul operands {spec.args[0].name}, {spec.args[1].name} are in the "
+                            f"wrong order: the first carries {order[own_a[-1]]}, which comes after the second's "
+                            f"{order[own_b[0]]} in the output; the first operand is the [.., M, K] one")
 
 
 def _place(a: TensorArg) -> str:

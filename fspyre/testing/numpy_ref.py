@@ -254,4 +254,4 @@ def accept(got: np.ndarray, ref: Ref) -> np.ndarray:
         err = err + UNIT["IEEE_FP16"] * np.abs(ref.value) + TINY["IEEE_FP16"]
     with np.errstate(all="ignore"):
         ok = np.abs(g - ref.value) <= SAFETY * err
-    return ok | (g == ref.value)
+    return ok | (g == ref.value) | (np.isnan(g) & np.isnan(ref.value))  # NaN matches NaN (docs/semantics.md)

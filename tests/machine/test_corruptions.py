@@ -3,6 +3,11 @@ every field of every node of compiled programs (a few graphs, tiled and untiled,
 counts), is caught by ``verify_program``, by the interpreter (an ``ExecutionError``) or by a
 numeric change of the outputs.
 
+``test_every_emitted_field_planted_...`` (the second half of this module) plants every field
+the bundle and SDSC JSON write -- the ones below included -- in nine kinds of program and
+requires each plant refused, NOT EQUAL, byte-identical on the device, a renamed label only, or
+another program computing the same thing for a reason it states.
+
 The fields left out are labels the device does not read (a tensor's ``name``, an op's
 ``name``), the operand order of a commutative op, ``op_info``'s count outside ``mean`` and
 ``var`` (the only fns that divide by it), and ``tiled_symbols``, which records for printers
@@ -20,6 +25,7 @@ LX slots has room to). Nor is computing ``full(0.0)`` in int32 a corruption: the
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 
 import numpy as np
@@ -28,14 +34,30 @@ import sympy
 from replica_programs import edit_specs, insert_after, replicated_matmul, with_cores
 
 import fspyre
+from fspyre.check import compare
 from fspyre.errors import ExecutionError, FspyreError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg, even_core_spaces, op_fn, op_specs
+from fspyre.ir.program import (
+    ArgOperand,
+    LoopSpec,
+    OpSpec,
+    Program,
+    ScalarOperand,
+    TensorArg,
+    even_core_spaces,
+    op_fn,
+    op_specs,
+)
+from fspyre.lower import bundle_mlir, sdsc_json
+from fspyre.machine.hostio import random_inputs, wide_inputs
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.interpreter import run_program
-from fspyre.machine.rules import open_grid
+from fspyre.machine.memcheck import check_memory
+from fspyre.machine.reference import evaluate_with_bounds
+from fspyre.machine.rules import core_spaces, open_grid
 from fspyre.machine.spyre import spyre
 from fspyre.stages.program import verify_program
+from fspyre.stages.symbolic import bind_sizes, concrete_graph, instantiate, specialize
 from fspyre.testing import inputs_for
 
 # an op renamed to another of the same arity computes something else
@@ -87,6 +109,12 @@ def _graphs():
     yield g.build()
 
 
+def _at_witness(x) -> int:
+    """``x``, a size that may be an expression in a symbolic size, at the size 192 (for the
+    planter's choices only: which plants to make)."""
+    return x if type(x) is int else int(sympy.sympify(x).subs({s: 192 for s in sympy.sympify(x).free_symbols}))
+
+
 def _at(program: Program, target, new) -> Program:
     return edit_specs(program, lambda s: new if s is target else s)
 
@@ -111,19 +139,19 @@ def _arg_changes(arg: TensorArg, space: FrozenMap):
         yield "device_coordinates", {"device_coordinates": coords[1:] + coords[:1]}
     mem = arg.memory
     yield "address", {"address": arg.address + 128}
-    if arg.address >= 128:
+    if _at_witness(arg.address) >= 128:
         yield "address", {"address": arg.address - 128}
     yield "memory", {"memory": "lx" if mem == "hbm" else "hbm"}
     for level, a in enumerate(arg.tile_advance):
         adv = list(arg.tile_advance)
-        adv[level] = 2 * a if a else 128
+        adv[level] = 2 * a if _at_witness(a) else 128
         yield "tile_advance", {"tile_advance": tuple(adv)}
 
 
 def _inside(coord, space: FrozenMap, size: int) -> bool:
     """``coord`` stays below ``size`` over the op's whole iteration space."""
     values = compile_index(coord, list(space))(*open_grid([n for n, _ in space.values()]))
-    return int(np.max(values)) < size
+    return int(np.max(values)) < _at_witness(size)
 
 
 def _spec_plants(spec: OpSpec):
@@ -139,12 +167,13 @@ def _spec_plants(spec: OpSpec):
             # in a program whose split was wrong from the start
             space = FrozenMap((s, new if s == sym else v) for s, v in spec.iteration_space.items())
             return dataclasses.replace(spec, iteration_space=space, core_spaces=even_core_spaces(space))
+        size_now = _at_witness(size)
         if split > 1:
             yield "split", respace((size, 1))
-        if size % (2 * split) == 0 and split * 2 <= 32:
+        if size_now % (2 * split) == 0 and split * 2 <= 32:
             yield "split", respace((size, split * 2))
         yield "size", respace((size * 2, split))
-        if size // 2 >= split and (size // 2) % split == 0:
+        if type(size) is int and size // 2 >= split and (size // 2) % split == 0:
             yield "size", respace((size // 2, split))
     info, fn = spec.op_info, op_fn(spec.op)
     if not (fn == "full" and [getattr(o, "value", None) for o in info.operands] == [0.0]):  # the same 0 either way
@@ -218,7 +247,7 @@ def plants(program: Program):
     """(field, corrupted program) for every field of every node of ``program``."""
     for spec in [s for s in _walk(program.body) if isinstance(s, LoopSpec)]:
         yield "loop.count", _at(program, spec, dataclasses.replace(spec, count=spec.count + 1))
-        if spec.count > 1:
+        if _at_witness(spec.count) > 1:
             yield "loop.count", _at(program, spec, dataclasses.replace(spec, count=spec.count - 1))
         yield from _guard_plants(program, spec)
     for spec in op_specs(program):
@@ -369,3 +398,284 @@ def test_every_cores_copy_is_written_for_every_other_reader():
         assert all((lx.written[src.address:src.address + size] == 0xFF).all() for lx in kept.lx)
     assert (state.lx[0].written[1 << 20:(1 << 20) + size] == 0xFF).all()
     assert not state.lx[1].written[1 << 20:(1 << 20) + size].any()
+
+
+# -- every emitted field --------------------------------------------------------------------------
+# Every field of OpSpec, TensorArg, OpInfo, LoopSpec, KernelArg and Program that the bundle or
+# the SDSC JSON writes, planted one at a time in programs of ten kinds. None may pass silently:
+# each is refused (when built, by verify_program, or by the interpreter), or runs NOT EQUAL to
+# the reference on the default inputs or on inputs that defeat shift and scale invariances
+# (``wide_inputs``), or leaves the bundle and the SDSC JSON byte-identical. Names are labels:
+# a renamed op, tensor, kernel argument or program must change nothing but that label in them.
+
+
+def _kinds():
+    """(kind, graph, machine, tiling) of the programs planted."""
+    for graph in _graphs():
+        yield graph.name, graph, spyre(cores=4), "hints"
+    g = fspyre.GraphBuilder("tails")  # a count that does not divide its dim: a loop and a peeled tail
+    A, B = g.dim("A", 40), g.dim("B", 320)
+    x, w = g.input("x", (A, B), "float16"), g.input("w", (A, B), "float16")
+    with g.hint(slices={"B": 3}):
+        g.output("z", g.sum(g.add(g.mul(x, 0.5), w), ["B"]))
+    yield "tails", g.build(), spyre(cores=4), "hints"
+    g = fspyre.GraphBuilder("uneven")  # 7 rows over 4 cores, a mean and a var over uneven slices
+    A, B = g.dim("A", 7), g.dim("B", 200)
+    x = g.input("x", (A, B), "float32")
+    g.output("m", g.mean(x, ["B"]))
+    g.output("v", g.var(x, ["B"], correction=1))
+    yield "uneven", g.build(), spyre(cores=4), "none"
+    g = fspyre.GraphBuilder("compare")  # a bool output, a where, an int32 sum
+    A, B = g.dim("A", 16), g.dim("B", 128)
+    x, y = g.input("x", (A, B), "float16"), g.input("y", (A, B), "float16")
+    k = g.input("k", (A, B), "int32")
+    gt = g.gt(x, y)
+    g.output("gt", gt)
+    g.output("w", g.where(gt, x, g.maximum(y, 0.25)))
+    g.output("s", g.sum(g.mul(k, 3), ["B"]))
+    yield "compare", g.build(), spyre(cores=4), "none"
+
+
+def _symbolic_kind():
+    g = fspyre.GraphBuilder("symbolic")
+    S = g.dim("S")
+    g.dim("H", 64)
+    x, w = g.input("x", ["S", "H"], "float16"), g.input("w", ["H"], "float16")
+    with g.hint(slices={"S": S.size // 64}):
+        g.output("y", g.mul(g.exp(x), w))
+    return g.build()
+
+
+def _more_spec_plants(spec: OpSpec):
+    """The fields ``_spec_plants`` leaves out: labels, tiled_symbols, every op_info field, the
+    operand order of commutative ops, per-core spaces."""
+    yield "name", dataclasses.replace(spec, name=spec.name + "_renamed")
+    space = tuple(spec.iteration_space)
+    for level, syms in enumerate(spec.tiled_symbols):
+        def tiled(new, level=level):
+            return dataclasses.replace(spec, tiled_symbols=tuple(
+                new if i == level else t for i, t in enumerate(spec.tiled_symbols)))
+        if syms:
+            yield "tiled_symbols", tiled(())
+            yield "tiled_symbols", tiled(syms[1:])
+        extra = [s for s in space if s not in syms]
+        if extra:
+            yield "tiled_symbols", tiled(syms + (extra[0],))
+            if syms:
+                yield "tiled_symbols", tiled((extra[0],))
+    info = spec.op_info
+
+    def with_info(**change):
+        return dataclasses.replace(spec, op_info=dataclasses.replace(info, **change))
+    yield "op_info.bool_store", with_info(bool_store=not info.bool_store)
+    yield "op_info.count", with_info(count=info.count + 1)
+    if info.count > 1:
+        yield "op_info.count", with_info(count=info.count // 2)
+    if info.reduced:
+        yield "op_info.reduced", with_info(reduced=())
+        yield "op_info.reduced", with_info(reduced=info.reduced[1:])
+    kept = [s for s in space if s not in info.reduced]
+    if kept:
+        yield "op_info.reduced", with_info(reduced=info.reduced + (kept[0],))
+    yield "op_info.correction", with_info(correction=info.correction + 1)
+    for i, o in enumerate(info.operands):
+        if isinstance(o, ScalarOperand):
+            v = o.value
+            new = (not v) if isinstance(v, bool) else (0.5 if v == 0 else -v if v == v else 1.0)
+            if isinstance(v, int) and not isinstance(v, bool):
+                new = v + 1
+            ops = tuple(ScalarOperand(value=new) if j == i else p for j, p in enumerate(info.operands))
+            yield "op_info.operands", with_info(operands=ops)
+    refs = [i for i, o in enumerate(info.operands) if isinstance(o, ArgOperand)]
+    if len(refs) > 1:
+        ops = list(info.operands)
+        ops[refs[0]], ops[refs[1]] = ops[refs[1]], ops[refs[0]]
+        yield "op_info.operands", with_info(operands=tuple(ops))
+    if len(spec.args) > 2 and op_fn(spec.op) in _COMMUTATIVE:
+        yield "arg order", dataclasses.replace(spec, args=(spec.args[1], spec.args[0], *spec.args[2:]))
+    for i, arg in enumerate(spec.args):
+        args = list(spec.args)
+        args[i] = dataclasses.replace(arg, name=arg.name + "_renamed")
+        yield "arg.name", dataclasses.replace(spec, args=tuple(args))
+    if type(spec.cores) is int and spec.cores > 1:
+        for k, ext in enumerate(spec.slice_extents):
+            if len(ext) > 1 and ext[0] > 1:  # one element moved from the first slice to the second
+                moved = [list(e) for e in spec.slice_extents]
+                moved[k][0] -= 1
+                moved[k][1] += 1
+                yield "core_spaces", dataclasses.replace(spec, core_spaces=core_spaces(moved))
+            if len(set(ext)) > 1:
+                moved = [list(e) for e in spec.slice_extents]
+                moved[k].reverse()
+                yield "core_spaces", dataclasses.replace(spec, core_spaces=core_spaces(moved))
+
+
+def every_field_plants(program: Program):
+    """(field, corrupted program or an FspyreError raised building it) for every field."""
+    def safely(gen):
+        while True:
+            try:
+                item = next(gen)
+            except StopIteration:
+                return
+            except FspyreError as err:  # refused when built: no such program exists
+                yield "construction", err
+                continue
+            yield item
+    yield from safely(iter(plants(program)))
+    for spec in op_specs(program):
+        for field, new in safely(_more_spec_plants(spec)):
+            yield field, new if isinstance(new, FspyreError) else _at(program, spec, new)
+    for loop in [s for s in _walk(program.body) if isinstance(s, LoopSpec)]:
+        every = [i for i, s in enumerate(loop.body) if isinstance(s, OpSpec) and s.runs == "every"]
+        for a, b in zip(every, every[1:]):
+            if b == a + 1:  # two neighbouring ops of the body run in the other order
+                body = list(loop.body)
+                body[a], body[b] = body[b], body[a]
+                yield "loop.body", _at(program, loop, dataclasses.replace(loop, body=tuple(body)))
+    yield "program.name", dataclasses.replace(program, name=program.name + "_renamed")
+    yield "program.lx_bytes", dataclasses.replace(program, lx_bytes=program.lx_bytes // 64)
+
+
+def _device_text(program: Program) -> tuple[str, str]:
+    return bundle_mlir(program), json.dumps(sdsc_json(program), sort_keys=True)
+
+
+def _edge_inputs(types, seed: int) -> dict[str, np.ndarray]:
+    """``wide_inputs`` with int32 tensors up to 2^26 in magnitude (float32 holds integers
+    exactly only to 2^24: an int op computed in float32 shows)."""
+    out = wide_inputs(types, seed)
+    rng = np.random.default_rng(seed + 2)
+    for name, t in types.items():
+        if t.dtype == "int32":
+            out[name] = rng.integers(-(2**26), 2**26, size=t.shape, dtype=np.int32)
+    return out
+
+
+# Plants that make another program computing the same thing -- (kind, field, op) and why. Each
+# must also pass verify_program and the memory check and run bit for bit as the clean program
+# on all three input sets; any other plant that does so is a failure of this test.
+_COMMUTES = "the fn commutes (maximum and minimum up to the sign of a zero, which check does not tell apart)"
+_DIVISION = "another division of the op's work over the cores: each core computes its own slice of the same elements"
+_EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("online_softmax", "op_info.operands", "buf3_fill"):
+        "the running sum's first rescale multiplies the fill by alpha = exp(-inf - m) = 0",
+    ("compare", "op", "buf0_pin_out"): "neg of a bool stored as a bool (value != 0) is the bool itself",
+    ("compare", "op_info.compute", "buf0_pin_out"): "a bool copy: 0 and 1 in either compute type",
+    ("compare", "op_info.bool_store", "buf0_pin_out"): "a copy of a bool: its values are 0 and 1 already",
+    ("compare", "op_info.bool_store", "buf0"): "a comparison's values are 0 and 1 already",
+}
+
+
+def _equivalent(kind: str, field: str, program: Program, bad: Program) -> str | None:
+    """Why ``bad`` is another program computing the same thing, or None."""
+    if field in ("arg order", "split", "core_spaces", "loop.body", "op_info.operands", "op",
+                 "op_info.compute", "op_info.bool_store"):
+        old = {id(x) for x in op_specs(program)}
+        changed = [x for x in op_specs(bad) if id(x) not in old]
+        if field == "loop.body":  # two neighbouring ops of a loop body run in the other order
+            loops = [x for x in _walk(bad.body) if isinstance(x, LoopSpec)]
+            clean = [x for x in _walk(program.body) if isinstance(x, LoopSpec)]
+            for a, b in zip(clean, loops):
+                if a.body != b.body:
+                    i = next(k for k, (x, y) in enumerate(zip(a.body, b.body)) if x is not y)
+                    one, two = a.body[i], a.body[i + 1]
+                    if not (_writes(one) & _touches(two) or _writes(two) & _touches(one)):
+                        return "the two ops touch no tensor the other writes: they commute"
+            return None
+        if len(changed) != 1:
+            return None
+        op = changed[0]
+        if field == "arg order":
+            return _COMMUTES if op_fn(op.op) in {"add", "mul", "maximum", "minimum", "eq", "ne"} else None
+        if field in ("split", "core_spaces"):
+            return _DIVISION
+        return _EQUIVALENT.get((kind, field, op.name))
+    return None
+
+
+def _writes(spec) -> set[str]:
+    return {a.name for a in spec.args if not a.is_input} if isinstance(spec, OpSpec) else {"<loop>"}
+
+
+def _touches(spec) -> set[str]:
+    return {a.name for a in spec.args} if isinstance(spec, OpSpec) else {"<loop>"}
+
+
+def _judge(kind: str, field: str, program: Program, bad, graph, runs, clean_text) -> str:
+    """How a planted corruption is caught, or "silent"."""
+    if isinstance(bad, FspyreError):
+        return "refused when built"
+    try:
+        verify_program(bad)
+    except FspyreError:
+        return "verify_program"
+    same_bits = True
+    for inputs, ref, bounds, clean in runs:
+        try:
+            concrete = bad
+            if bad.symbolic is not None:
+                concrete = instantiate(bad, bind_sizes(bad, inputs))
+            outs, _ = run_program(concrete, inputs)
+        except FspyreError:
+            return "interpreter"
+        if set(outs) != set(ref) or not compare(concrete_graph(graph, inputs), outs, ref, bounds).equal:
+            return "NOT EQUAL"
+        same_bits = same_bits and all(np.array_equal(outs[n], clean[n], equal_nan=True) for n in clean)
+    try:
+        text = _device_text(bad)
+    except FspyreError:
+        return "lowering"
+    if text == clean_text:
+        return "same device bytes"
+    label = _LABELS.get(field)
+    if label is not None and tuple(t.replace(label, "") for t in text) == tuple(
+            t.replace(label, "") for t in clean_text):
+        return "label only"
+    why = _equivalent(kind, field, program, bad)
+    concrete_bad = bad if bad.symbolic is None else instantiate(bad, bind_sizes(bad, runs[0][0]))
+    if why is not None and check_memory(concrete_bad).clean and (same_bits or why == _DIVISION):
+        return "equivalent"
+    return "silent"
+
+
+# the suffix each label plant appends: a rename changes that label and nothing else
+_LABELS = {"name": "_renamed", "arg.name": "_renamed", "program.name": "_renamed", "kernel.name": "_",
+           "kernel.buffer": "_"}
+
+
+@pytest.mark.filterwarnings("ignore::fspyre.FspyreWarning")
+def test_every_emitted_field_planted_is_refused_not_equal_or_unchanged_on_the_device():
+    counts: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    fields: Counter[str] = Counter()
+    silent = []
+    cases = [(kind, graph, fspyre.compile(graph, machine=machine, tiling=tiling).program)
+             for kind, graph, machine, tiling in _kinds()]
+    sym = _symbolic_kind()
+    cases.append(("symbolic", sym, fspyre.compile(sym, machine=spyre(cores=4), tiling="hints").program))
+    for kind, graph, program in cases:
+        machine = spyre(cores=program.cores)
+        runs = []
+        for make in (random_inputs, wide_inputs, _edge_inputs):
+            sized = specialize(graph, {"S": 192}) if program.symbolic is not None else graph
+            buffers = sized.buffer_table()
+            inputs = make({n: buffers[n].type for n in sized.inputs}, 0)
+            ref, bounds = evaluate_with_bounds(sized, inputs, machine)
+            concrete = program if program.symbolic is None else instantiate(program, bind_sizes(program, inputs))
+            clean, _ = run_program(concrete, inputs)
+            assert compare(sized, clean, ref, bounds).equal
+            runs.append((inputs, ref, bounds, clean))
+        clean_text = _device_text(program)
+        for field, bad in every_field_plants(program):
+            how = _judge(kind, field, program, bad, graph, runs, clean_text)
+            counts[how] += 1
+            kinds[kind] += 1
+            fields[field] += 1
+            if how == "silent":
+                silent.append(f"{kind}: {field}")
+    total = sum(counts.values())
+    print(f"{total} plants over {len(kinds)} program kinds: {dict(counts)}; fields {dict(fields)}")
+    assert len(kinds) >= 9 and total >= 600, (len(kinds), total)
+    assert counts["verify_program"] and counts["interpreter"] and counts["NOT EQUAL"]
+    assert not silent, f"{len(silent)} of {total} plants pass silently: {silent}"

@@ -11,8 +11,10 @@ import pytest
 import sympy
 from workloads import add_mul, compile
 
+import fspyre
 from fspyre.errors import LoweringError
 from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec, op_specs
+from fspyre.machine.spyre import spyre
 from fspyre.stages.program import verify_program
 
 
@@ -97,3 +99,100 @@ def test_each_tensor_has_one_place_and_kernel_arguments_match(program):
             rf"op buf0: tensor a \(at 0, size \[.*\]\) claims kernel argument 1, which is b at {b.address}")
     refused(replace(program, hbm_bytes=program.kernel_args[-1].address),
             r"kernel argument z at .* past the program's")
+    a = program.kernel_args[0]  # argument 0 is checked like any other
+    assert (a.name, a.arg_index) == ("a", 0)
+    refused(edit_arg(program, "buf0", "a", address=a.address + 128),
+            rf"op buf0: tensor a \(at {a.address + 128}, .*\) claims kernel argument 0, which is a at {a.address}")
+
+
+# -- programs of every kind verify and run equal; each field the device reads is checked ---------
+def _kinds():
+    g = fspyre.GraphBuilder("matmul_k")  # a K-accumulation: fill, accumulate and cast guarded in its loop
+    M, K, N = g.dim("M", 32), g.dim("K", 256), g.dim("N", 128)
+    a, b = g.input("a", (M, K), "float16"), g.input("b", (K, N), "float16")
+    with g.hint(slices={"K": 2}):
+        g.output("y", g.matmul(a, b))
+    yield g.build()
+    g = fspyre.GraphBuilder("reductions")  # float reductions, a bool output, an int32 op
+    A, B = g.dim("A", 16), g.dim("B", 128)
+    x, y = g.input("x", (A, B), "float32"), g.input("k", (A, B), "int32")
+    g.output("s", g.sum(x, ["B"]))
+    g.output("m", g.mean(x, ["B"]))
+    g.output("gt", g.gt(x, 0.5))
+    g.output("k3", g.mul(y, 3))
+    yield g.build()
+
+
+@pytest.fixture(scope="module")
+def kinds():
+    return [(graph, compile(graph, spyre(cores=4))) for graph in _kinds()]
+
+
+def test_programs_of_every_kind_verify_and_run_equal(kinds):
+    for graph, comp in kinds:
+        assert verify_program(comp.program) is comp.program
+        report = fspyre.check(graph, comp=comp)
+        assert report.equal, str(report)
+        # a bool is stored as one only where the output is a bool
+        bools = {o.buffer for o in graph.outputs if graph.buffer_table()[o.buffer].type.dtype == "bool"}
+        assert {s.args[-1].name for s in op_specs(comp.program) if s.op_info.bool_store} <= bools | {
+            s.args[-1].name for s in op_specs(comp.program) if s.op in ("gt", "copy")}
+        assert all(not s.op_info.bool_store for s in op_specs(comp.program) if s.args[-1].device_dtype == "IEEE_FP32")
+
+
+def _matmul_k(kinds):
+    return kinds[0][1].program
+
+
+def test_a_loop_s_ops_list_the_symbols_it_tiles(kinds):
+    program = _matmul_k(kinds)
+    mm = next(s for s in op_specs(program) if s.op == "batchmatmul")
+    assert [[str(x) for x in t] for t in mm.tiled_symbols] == [["K"]]
+    refused(edit_op(program, mm.name, lambda s: replace(s, tiled_symbols=((),))), "lists no tiled symbol")
+    M = next(x for x in mm.iteration_space if x.name == "M")
+    K = next(x for x in mm.iteration_space if x.name == "K")
+    refused(edit_op(program, mm.name, lambda s: replace(s, tiled_symbols=((K, M),))), "must list")
+
+
+def test_a_matmul_s_first_operand_is_the_m_by_k_one(kinds):
+    program = _matmul_k(kinds)
+    mm = next(s for s in op_specs(program) if s.op == "batchmatmul")
+    refused(edit_op(program, mm.name, lambda s: replace(s, args=(s.args[1], s.args[0], s.args[2]))), "wrong order")
+
+
+def test_compute_and_bool_store_agree_with_the_formats(kinds):
+    program = kinds[1][1].program
+    s = next(s for s in op_specs(program) if s.op == "sum")
+    refused(edit_op(program, s.name, lambda s: replace(s, op_info=replace(s.op_info, compute="int32"))),
+            "float format")
+    refused(edit_op(program, s.name, lambda s: replace(s, op_info=replace(s.op_info, bool_store=True))),
+            "stores bools")
+
+
+def test_a_kernel_argument_in_lx_is_refused(program):
+    refused(edit_arg(program, "buf0", "a", memory="lx"), "kernel argument 0 but placed in LX")
+
+
+def test_a_loop_that_tiles_nothing_and_moves_nothing_is_refused(program):
+    # the inner loop (count 4) with every op listing nothing there and no tensor advancing:
+    # it would run the same work four times
+    def still(s):
+        return replace(s, tiled_symbols=(s.tiled_symbols[0], ()),
+                       args=tuple(replace(a, tile_advance=(a.tile_advance[0], 0)) for a in s.args))
+    refused(edit_op(edit_op(program, "buf0", still), "buf1", still), r"tiles no symbol of its ops and moves no tensor")
+    # a loop of count 1 repeats nothing
+    (outer,) = program.body
+    (inner,) = outer.body
+    one = replace(program, body=(replace(outer, body=(replace(inner, count=1, body=tuple(map(still, inner.body))),)),))
+    verify_program(one)
+
+
+def test_a_guarded_op_outside_loops_or_moving_with_its_loop_is_refused():
+    program = compile(next(_kinds()), spyre(cores=4), residency=True).program  # the fill joins the loop
+    (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
+    fill = next(s for s in loop.body if isinstance(s, OpSpec) and s.runs == "first")
+    alone = replace(fill, tiled_symbols=(), args=tuple(replace(a, tile_advance=()) for a in fill.args))
+    refused(replace(program, body=(alone, *program.body)), "runs only in the first iteration .* it sits in no loop")
+    moved = edit_op(program, fill.name, lambda s: replace(s, args=tuple(replace(a, tile_advance=(128,))
+                                                                         for a in s.args)))
+    refused(moved, rf"tensor {fill.args[0].name} advances there")

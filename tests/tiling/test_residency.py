@@ -389,3 +389,40 @@ def test_readers_take_their_producers_slices_so_the_hidden_activation_stays_in_l
     assert aligned.traffic_ratio <= 1.05 and aligned.time_ns < unaligned.time_ns
     report = fspyre.check(graph, machine=spyre(), comp=comp)
     assert report.equal and report.safe, str(report)
+
+
+def test_two_pins_take_scopes_of_their_own_and_residency_off_makes_none():
+    # issue 22's surviving mutants: two pins sharing one hint scope id, pins made with
+    # residency off
+    g = fspyre.GraphBuilder("two_pins")
+    g.dim("M", 256)
+    g.dim("N", 256)
+    a, b = g.input("a", ["M", "N"], "float16"), g.input("b", ["M", "N"], "float16")
+    y1, y2 = g.add(a, b), g.mul(a, b)
+    g.output("y1", y1)
+    g.output("y2", y2)
+    g.output("z", g.sub(y1, y2))
+    graph = g.build()
+    with_pin, without = both(graph)
+    tree = with_pin.stages["resident_tree"]
+    outs = [n for n in op_nodes(tree) if n.name.endswith("_pin_out")]
+    assert len(outs) == 2
+    ids = [h.id for h in tree.hints]
+    assert len(set(ids)) == len(ids)
+    assert outs[0].op.hints != outs[1].op.hints
+    assert not any("_pin" in n.name for n in op_nodes(without.stages["resident_tree"]))
+    inputs = inputs_for(graph, 2)
+    got, want = fspyre.run(with_pin, inputs), fspyre.run(without, inputs)
+    assert all(np.array_equal(got[n], want[n]) for n in ("y1", "y2", "z"))
+    assert fspyre.check(graph, inputs, comp=with_pin).equal
+
+
+def test_two_cores_replicate_too():
+    # issue 22's surviving mutant: replication only from three cores on
+    graph = attention(256, 256, 2)
+    with_copy, without = both(graph, spyre(cores=2))
+    split = with_copy.stages["split_plan"].ops
+    for name in ("k_lx_copy", "v_lx_copy"):
+        assert split[name].cores == 2 and dict(split[name].splits)[f"{name[:-5]}_cores"] == 2
+    inputs = inputs_for(graph, 1)
+    assert np.array_equal(fspyre.run(with_copy, inputs)["y"], fspyre.run(without, inputs)["y"])

@@ -269,3 +269,15 @@ def test_level_validates_itself():
         Level(count=2, dims=())
     with pytest.raises(TilingError, match=r"op x tiles \['B'\]"):
         Level(count=2, dims=("A",), op_dims=FrozenMap({"x": ("B",)}))
+
+
+def test_a_plan_naming_an_op_twice_or_leaving_one_out_is_refused():
+    # issue 22's surviving mutant: verify_plan accepted an order listing an op twice
+    graph = chain()
+    plan = plan_tiling(graph)
+    assert verify_plan(graph, plan) is plan
+    first = plan.order[0]
+    with pytest.raises(TilingError, match=f"op {first} appears twice"):
+        verify_plan(graph, replace(plan, order=plan.order + (first,)))
+    with pytest.raises(TilingError, match=rf"leaves out ops \[{first}\]"):
+        verify_plan(graph, replace(plan, order=plan.order[1:]))

@@ -122,3 +122,52 @@ def test_pointwise_bound_is_zero_and_reduction_bound_is_small():
     g.output("y", g.exp(x))
     pw = g.build()
     assert evaluate_with_bounds(pw, {"x": np.zeros(64, np.float16)})[1]["y"] is None
+
+
+def _online_softmax():
+    g = fspyre.GraphBuilder("online_softmax")  # tiled over N: the running max and sum of the online rewrite
+    M, N = g.dim("M", 32), g.dim("N", 256)
+    x = g.input("x", (M, N), "float16")
+    with g.hint(slices={"N": 2}):
+        e = g.exp(g.sub(x, g.amax(x, ["N"], keepdim=True)))
+        g.output("y", g.div(e, g.sum(e, ["N"], keepdim=True)))
+    graph = g.build()
+    return graph, fspyre.compile(graph, machine=spyre(cores=4), tiling="hints")
+
+
+def _replace_op(comp, name: str, **info):
+    from dataclasses import replace
+
+    from fspyre.ir.program import LoopSpec, OpSpec
+
+    def edit(body):
+        return tuple(replace(s, body=edit(s.body)) if isinstance(s, LoopSpec) else
+                     replace(s, op_info=replace(s.op_info, **info)) if isinstance(s, OpSpec) and s.name == name
+                     else s for s in body)
+    return replace(comp, program=replace(comp.program, body=edit(comp.program.body)))
+
+
+def test_a_running_max_that_reduces_nothing_is_refused():
+    # issue 22: with op_info.reduced emptied the running max took one column's value and
+    # check said EQUAL on its default inputs (softmax hides the shift)
+    from fspyre.errors import ExecutionError
+
+    graph, comp = _online_softmax()
+    with pytest.raises(ExecutionError, match="not in op_info.reduced"):
+        fspyre.check(graph, comp=_replace_op(comp, "buf0", reduced=()))
+
+
+def test_check_s_second_run_catches_what_softmax_s_shift_invariance_hides():
+    # the running max starting at 0 instead of -inf: exact wherever a row's max is above 0, as
+    # on the default inputs; rows shifted far below 0 underflow
+    from fspyre.ir.program import ScalarOperand
+    from fspyre.machine.hostio import random_inputs
+    from fspyre.machine.interpreter import run_program
+
+    graph, comp = _online_softmax()
+    bad = _replace_op(comp, "buf0_fill", operands=(ScalarOperand(value=0.0),))
+    inputs = random_inputs({"x": graph.buffer_table()["x"].type}, 0)
+    ref, bounds = evaluate_with_bounds(graph, inputs)
+    assert compare(graph, run_program(bad.program, inputs)[0], ref, bounds).equal  # hidden on these
+    assert fspyre.check(graph, comp=comp).equal
+    assert not fspyre.check(graph, comp=bad).equal
