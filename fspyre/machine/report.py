@@ -17,8 +17,38 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+import sympy
 
 from fspyre.ir.program import KernelArg, OpSpec, Program, op_fn
+from fspyre.machine.cost_model import (
+    LX_SPILL_EXP,
+    LX_SPILL_WS,
+    MATMUL_LX_SPILL_EXP,
+    MATMUL_LX_SPILL_WS,
+    MATMUL_TILE_EFF_MAX,
+    MATMUL_TILE_H0,
+    PT_EXP,
+    PT_ROWS0,
+    REDUCTION_BW_BASE,
+    REDUCTION_BW_RISE,
+    REDUCTION_ROWS0,
+    SPILL_AREA0,
+    SPILL_MAX,
+    SPILL_SLOPE,
+    SPLIT_AREA0,
+    SPLIT_LONG_US,
+    SPLIT_SHORT_US,
+    TILE_COLS0,
+    TILE_EFF0,
+    TILE_H0,
+    core_underuse,
+    lx_spill_derate,
+    matmul_spill_factor,
+    pt_efficiency,
+    reduction_bandwidth_derate,
+    split_penalty_ns,
+    tile_efficiency,
+)
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.rules import (
     box_bytes,
@@ -48,10 +78,34 @@ ASSUMPTIONS = (
     f"memory time = (R + W) / {HBM_BYTES_PER_NS:g} B/ns + {HBM_TURNAROUND_NS_PER_BYTE} ns/B x min(R, W) over the "
     "whole program (fitted one-directional peak and read/write turnaround), charged to each kernel by its "
     "share of the bytes, so the same bytes cost the same whatever the kernel boundaries",
-    f"compute time only for matmul: the MACs of the core with the largest slice (MACs / cores when the split "
-    f"is even) / {MACS_PER_NS_PER_CORE:g} MAC/ns/core (PT efficiency 1); "
-    "other ops are memory bound",
-    "kernel time = max(memory, compute); program time = sum over kernels; no split penalty, fill or launch cost",
+    "time terms from the anchor's fitted model (torch-spyre cost_model.py predict_ops; fitted: pointwise 8.5 % RMS, "
+    "reduction 7.2 %, matmul 26-40 %), each only adding time to max(bytes at the peak, MACs at the sustained rate):",
+    f"compute time only for matmul: the MACs of the core with the largest slice / ({MACS_PER_NS_PER_CORE:g} "
+    f"MAC/ns/core x PT efficiency min(1, (M/m / {PT_ROWS0})^{PT_EXP})), M/m the rows of the result per core "
+    "(the extents on that core of the result's non-stick dims the left operand has and the right one lacks), "
+    "tiled or not; other ops are memory bound",
+    f"tile height (ops inside a loop): HBM bandwidth x min(1, (h / {TILE_H0})^0.5 (cols / {TILE_COLS0})^0.38), "
+    f"below {TILE_EFF0} the gentler {TILE_EFF0} (raw / {TILE_EFF0})^0.1; a matmul x min({MATMUL_TILE_EFF_MAX}, "
+    f"(M/m / {MATMUL_TILE_H0:g})^0.68); cols = the elements per core of the op's largest HBM tensor along the dim "
+    "its sticks run (the per-core slice of that symbol), h = that tensor's per-core box bytes / the bytes of one "
+    "row of cols (whole sticks)",
+    f"LX spill (ops inside a loop): bandwidth x (cap / ws)^exp when the per-core working set ws = 2 x the largest "
+    f"HBM tensor's per-core box passes cap ({LX_SPILL_WS >> 10} KiB, exp {LX_SPILL_EXP}; a matmul "
+    f"{MATMUL_LX_SPILL_WS >> 20} MiB, exp {MATMUL_LX_SPILL_EXP})",
+    "core under-use: an op on k of the machine's C cores moves its bytes at g(k) / g(C) of the rate, g the anchor's "
+    "row-reduction share by cores {1: .11, 2: .22, 4: .43, 8: .54, 16: .54, 32: 1} interpolated log-linearly (the "
+    "anchor fits g for row reductions only; fspyre assumes every op's DMA scales alike); matmul compute already "
+    "counts the MACs of the busiest core",
+    f"a kernel of one non-matmul reduction over R rows (its output elements): bandwidth x min(1, "
+    f"({REDUCTION_BW_BASE:g} + {REDUCTION_BW_RISE:g} e^(-R / {REDUCTION_ROWS0:g})) / {HBM_BYTES_PER_NS:g})",
+    f"matmul operand spill: + (HBM bytes of both operands) x min({SPILL_MAX}, {SPILL_SLOPE} log2(max(1, area / "
+    f"{SPILL_AREA0}))) / {HBM_BYTES_PER_NS:g} B/ns, area = (M/m)(N/n) of the result per core per tile",
+    f"matmul split penalty: + max(0, area - {SPLIT_AREA0}) ({SPLIT_LONG_US:g} max(0, log2(long / 8)) + "
+    f"{SPLIT_SHORT_US:g} max(0, log2(short / 16))) us per run, long and short the larger and smaller of the result's "
+    "row and column core splits",
+    "re-reads of a loop-invariant operand are counted as the program makes them, at the full rate (the anchor "
+    "charges the excess at 0.85x; fspyre keeps time >= bytes at the peak)",
+    "kernel time = max(memory, compute) + split penalty; program time = sum over kernels; no fill or launch cost",
 )
 
 
@@ -77,12 +131,14 @@ class KernelEstimate:
     hbm_read: int
     hbm_write: int
     macs: int
-    memory_ns: float
+    memory_ns: float  # with the fitted derates and spill
     compute_ns: float
+    split_ns: float = 0.0
+    peak_memory_ns: float = 0.0  # the same bytes at the fitted peak: the lower bound the derates raise
 
     @property
     def time_ns(self) -> float:
-        return max(self.memory_ns, self.compute_ns)
+        return max(self.memory_ns, self.compute_ns) + self.split_ns
 
     @property
     def bound(self) -> str:
@@ -148,8 +204,10 @@ class TrafficReport:
         lines.append(f"  LX {self.lx_bytes} B moved over all cores; LX peak {self.lx_peak} B per core")
         lines.append(f"  time estimate {self.time_ns / 1000:.2f} us")
         for k in self.kernels:
+            split = f", split {k.split_ns / 1000:.2f} us" if k.split_ns else ""
             lines.append(f"    kernel {k.index} ({', '.join(k.ops)}): R {k.hbm_read} B, W {k.hbm_write} B, memory "
-                         f"{k.memory_ns / 1000:.2f} us, compute {k.compute_ns / 1000:.2f} us -> {k.bound} bound")
+                         f"{k.memory_ns / 1000:.2f} us (at peak {k.peak_memory_ns / 1000:.2f} us), compute "
+                         f"{k.compute_ns / 1000:.2f} us{split} -> {k.bound} bound")
         lines.append("  assumptions:")
         lines += [f"    - {a}" for a in self.assumptions]
         return "\n".join(lines)
@@ -166,7 +224,8 @@ def _arg_bytes(arg: KernelArg) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _OpBytes:
-    """What one run of an op touches, from its shape alone (no names or addresses)."""
+    """What one run of an op touches, from its shape alone (no names or addresses), and the
+    shape quantities the fitted time terms read (``cost_model``)."""
 
     hbm_read: int
     hbm_write: int
@@ -175,6 +234,16 @@ class _OpBytes:
     lx_boxes: tuple[tuple[int, np.ndarray], ...]  # (argument position, bytes per core) of each LX argument
     macs: int
     core_macs: int
+    # the largest HBM argument's tile on one core: rows of ``cols`` elements, and its bytes
+    rows: float = 0.0
+    cols: int = 0
+    core_box: int = 0
+    # a matmul: its rows (M) and columns (N) per core, their core splits, the HBM bytes of its operands
+    mm_rows: int = 0
+    mm_cols: int = 0
+    mm_splits: tuple[int, int] = (1, 1)
+    mm_operand_bytes: int = 0
+    reduced_rows: int = 0  # a non-matmul reduction: the rows it reduces (its output elements)
 
 
 def _op_bytes(spec: OpSpec) -> _OpBytes:
@@ -184,8 +253,11 @@ def _op_bytes(spec: OpSpec) -> _OpBytes:
     extents = spec.slice_extents
     reduced = reduced_symbols(spec)
     writers = writing_cores(splits, [s in reduced for s in syms])
+    matmul = op_fn(spec.op) == "matmul"
     hr = hw = lr = lw = 0
     lx_boxes = []
+    rows, cols, core_box = 0.0, 0, 0
+    operand_bytes = 0
     for k, arg in enumerate(spec.args):
         is_write = k == len(spec.args) - 1
         elem = FORMATS[arg.device_dtype].nbytes
@@ -198,6 +270,15 @@ def _op_bytes(spec: OpSpec) -> _OpBytes:
                 hw += nbytes
             else:
                 hr += nbytes
+                if matmul and k < 2:
+                    operand_bytes += nbytes
+            _, ext = lx_box(lows, highs, arg.device_size)
+            box = int((box_bytes(ext, elem) * cores).max())
+            if box > core_box:
+                core_box = box
+                cols = _row_elements(arg.device_coordinates[-1], syms, extents)
+                row_bytes = -(-cols // arg.device_size[-1]) * arg.device_size[-1] * elem
+                rows = box / row_bytes
         else:
             low, ext = lx_box(lows, highs, arg.device_size)
             per_core = box_bytes(ext, elem) * cores
@@ -207,17 +288,72 @@ def _op_bytes(spec: OpSpec) -> _OpBytes:
                 lw += moved
             else:
                 lr += moved
-    matmul = op_fn(spec.op) == "matmul"
+    mm_rows = mm_cols = 0
+    mm_splits = (1, 1)
+    if matmul:
+        (m_syms, n_sym) = _matmul_dims(spec)
+        at = {s: i for i, s in enumerate(syms)}
+        mm_rows = math.prod(max(extents[at[s]]) for s in m_syms)
+        mm_cols = max(extents[at[n_sym]]) if n_sym is not None else 1
+        mm_splits = (math.prod(splits[at[s]] for s in m_syms), splits[at[n_sym]] if n_sym is not None else 1)
+    reduced_rows = (math.prod(n for s, n in zip(syms, sizes) if s not in reduced)
+                    if reduced and not matmul else 0)
     return _OpBytes(hbm_read=hr, hbm_write=hw, lx_read=lr, lx_write=lw, lx_boxes=tuple(lx_boxes),
                     macs=math.prod(sizes) if matmul else 0,
-                    core_macs=max(math.prod(e for _, e in space) for space in spec.core_spaces) if matmul else 0)
+                    core_macs=max(math.prod(e for _, e in space) for space in spec.core_spaces) if matmul else 0,
+                    rows=rows, cols=cols, core_box=core_box, mm_rows=mm_rows, mm_cols=mm_cols, mm_splits=mm_splits,
+                    mm_operand_bytes=operand_bytes, reduced_rows=reduced_rows)
+
+
+def _row_elements(stick: sympy.Expr, syms: list[sympy.Symbol], extents) -> int:
+    """Elements of a tensor's row on the core with the widest slice: the extent of the symbol
+    its stick coordinate walks (1 when no symbol walks it: one value per stick)."""
+    free = [s for s in stick.free_symbols if s in syms]
+    return math.prod(max(extents[syms.index(s)]) for s in free) if free else 1
+
+
+def _matmul_dims(spec: OpSpec) -> tuple[list[sympy.Symbol], sympy.Symbol | None]:
+    """A matmul's row symbols (M: in the result and the left operand, not the right one) and
+    its column symbol (N: the result's stick)."""
+    out = spec.args[-1].device_coordinates
+    left = frozenset().union(*(c.free_symbols for c in spec.args[0].device_coordinates))
+    right = frozenset().union(*(c.free_symbols for c in spec.args[1].device_coordinates))
+    n = next(iter(out[-1].free_symbols & set(spec.iteration_space)), None)
+    produced = frozenset().union(*(c.free_symbols for c in out))
+    return [s for s in spec.iteration_space if s in produced and s in left and s not in right and s != n], n
+
+
+@dataclass(frozen=True, slots=True)
+class _OpTime:
+    """An op's share of its kernel's time: memory ns (derated), compute ns, split penalty ns."""
+
+    memory: Fraction
+    compute: Fraction
+    split: Fraction
+
+
+def _op_time(b: _OpBytes, iters: int, tiled: bool, used: int, cores: int, per_byte: Fraction) -> _OpTime:
+    matmul = b.macs > 0
+    derate = core_underuse(used, cores)
+    if tiled and b.core_box:
+        rows = b.mm_rows if matmul else b.rows
+        derate *= tile_efficiency(rows, b.cols, matmul) * lx_spill_derate(2 * b.core_box, matmul)
+    memory = per_byte * (b.hbm_read + b.hbm_write) * iters / Fraction(derate)
+    compute = split = Fraction(0)
+    if matmul:
+        compute = Fraction(b.core_macs * iters) / (Fraction(MACS_PER_NS_PER_CORE) * Fraction(pt_efficiency(b.mm_rows)))
+        area = b.mm_rows * b.mm_cols
+        memory += Fraction(b.mm_operand_bytes * iters) * Fraction(matmul_spill_factor(area)) / Fraction(
+            HBM_BYTES_PER_NS)
+        split = Fraction(split_penalty_ns(area, *b.mm_splits)) * iters
+    return _OpTime(memory=memory, compute=compute, split=split)
 
 
 def traffic_report(program: Program) -> TrafficReport:
     """The program carries every size the report needs, so no machine is passed."""
     ops, _ = program_timeline(program)
     out: list[OpTraffic] = []
-    kernels: dict[int, list[OpTraffic]] = {}
+    kernels: dict[int, list[tuple[OpTraffic, _OpBytes, bool]]] = {}
     lx_peak = np.zeros(program.cores, dtype=np.int64)
     kernel_of: dict[tuple, int] = {}  # a top-level loop (its id) or a top-level op (its time)
     # Ops of one shape (a chain's, a fan-out's: keep_resident estimates each candidate program)
@@ -240,7 +376,7 @@ def traffic_report(program: Program) -> TrafficReport:
                         lx_read=b.lx_read * iters, lx_write=b.lx_write * iters, macs=b.macs * iters,
                         core_macs=b.core_macs * iters)
         out.append(row)
-        kernels.setdefault(row.kernel, []).append(row)
+        kernels.setdefault(row.kernel, []).append((row, b, bool(chain)))
     estimates = []
     total_r, total_w = sum(o.hbm_read for o in out), sum(o.hbm_write for o in out)
     # Turnaround is a property of the program's read/write mix; charging it per kernel would make
@@ -249,14 +385,20 @@ def traffic_report(program: Program) -> TrafficReport:
                            if total_r + total_w else Fraction(0))
     per_byte = 1 / Fraction(HBM_BYTES_PER_NS) + turnaround_per_byte
     total = Fraction(0)
-    for index, rows in kernels.items():
+    for index, members in kernels.items():
+        rows = [o for o, _, _ in members]
         r, w = sum(o.hbm_read for o in rows), sum(o.hbm_write for o in rows)
-        mem = per_byte * (r + w)
-        compute = sum(Fraction(o.core_macs) for o in rows if o.macs) / Fraction(MACS_PER_NS_PER_CORE)
-        total += max(mem, compute)
+        times = [_op_time(b, o.iterations, tiled, o.cores, program.cores, per_byte) for o, b, tiled in members]
+        mem = sum((x.memory for x in times), Fraction(0))
+        if len(members) == 1 and members[0][1].reduced_rows:  # a kernel of one row reduction
+            mem /= Fraction(reduction_bandwidth_derate(members[0][1].reduced_rows, HBM_BYTES_PER_NS))
+        compute = sum((x.compute for x in times), Fraction(0))
+        split = sum((x.split for x in times), Fraction(0))
+        total += max(mem, compute) + split
         estimates.append(KernelEstimate(index=index, ops=tuple(o.name for o in rows), hbm_read=r, hbm_write=w,
                                         macs=sum(o.macs for o in rows), memory_ns=float(mem),
-                                        compute_ns=float(compute)))
+                                        compute_ns=float(compute), split_ns=float(split),
+                                        peak_memory_ns=float(per_byte * (r + w))))
     comp_r = sum(_arg_bytes(a) for a in program.kernel_args if a.is_input)
     comp_w = sum(_arg_bytes(a) for a in {a.buffer: a for a in program.kernel_args
                                                        if not a.is_input}.values())
