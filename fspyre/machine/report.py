@@ -324,29 +324,33 @@ def _matmul_dims(spec: OpSpec) -> tuple[list[sympy.Symbol], sympy.Symbol | None]
 
 
 @dataclass(frozen=True, slots=True)
-class _OpTime:
-    """An op's share of its kernel's time: memory ns (derated), compute ns, split penalty ns."""
+class _OpTerms:
+    """The fitted terms of one run of an op shape (``cost_model``), exact: ``slowdown`` (1 /
+    the product of its bandwidth derates) multiplies its bytes' time at the peak; the others
+    are per run."""
 
-    memory: Fraction
+    slowdown: Fraction
+    spill_bytes: Fraction
     compute: Fraction
     split: Fraction
 
 
-def _op_time(b: _OpBytes, iters: int, tiled: bool, used: int, cores: int, per_byte: Fraction) -> _OpTime:
+_ZERO, _ONE = Fraction(0), Fraction(1)
+
+
+def _op_terms(b: _OpBytes, tiled: bool, used: int, cores: int) -> _OpTerms:
     matmul = b.macs > 0
     derate = core_underuse(used, cores)
     if tiled and b.core_box:
         rows = b.mm_rows if matmul else b.rows
         derate *= tile_efficiency(rows, b.cols, matmul) * lx_spill_derate(2 * b.core_box, matmul)
-    memory = per_byte * (b.hbm_read + b.hbm_write) * iters / Fraction(derate)
-    compute = split = Fraction(0)
-    if matmul:
-        compute = Fraction(b.core_macs * iters) / (Fraction(MACS_PER_NS_PER_CORE) * Fraction(pt_efficiency(b.mm_rows)))
-        area = b.mm_rows * b.mm_cols
-        memory += Fraction(b.mm_operand_bytes * iters) * Fraction(matmul_spill_factor(area)) / Fraction(
-            HBM_BYTES_PER_NS)
-        split = Fraction(split_penalty_ns(area, *b.mm_splits)) * iters
-    return _OpTime(memory=memory, compute=compute, split=split)
+    if not matmul:
+        return _OpTerms(slowdown=1 / Fraction(derate), spill_bytes=_ZERO, compute=_ZERO, split=_ZERO)
+    area = b.mm_rows * b.mm_cols
+    return _OpTerms(slowdown=1 / Fraction(derate),
+                    spill_bytes=b.mm_operand_bytes * Fraction(matmul_spill_factor(area)),
+                    compute=b.core_macs / (Fraction(MACS_PER_NS_PER_CORE) * Fraction(pt_efficiency(b.mm_rows))),
+                    split=Fraction(split_penalty_ns(area, *b.mm_splits)))
 
 
 def traffic_report(program: Program) -> TrafficReport:
@@ -385,20 +389,33 @@ def traffic_report(program: Program) -> TrafficReport:
                            if total_r + total_w else Fraction(0))
     per_byte = 1 / Fraction(HBM_BYTES_PER_NS) + turnaround_per_byte
     total = Fraction(0)
+    terms: dict[tuple[int, bool], _OpTerms] = {}  # per op shape (its _OpBytes) and whether it is tiled
     for index, members in kernels.items():
         rows = [o for o, _, _ in members]
         r, w = sum(o.hbm_read for o in rows), sum(o.hbm_write for o in rows)
-        times = [_op_time(b, o.iterations, tiled, o.cores, program.cores, per_byte) for o, b, tiled in members]
-        mem = sum((x.memory for x in times), Fraction(0))
+        # bytes summed exactly per slowdown (most ops of a kernel share one), then timed
+        by_slowdown: dict[Fraction, int] = {}
+        spill = compute = split = _ZERO
+        for o, b, tiled in members:
+            x = terms.get((id(b), tiled))
+            if x is None:
+                x = terms[id(b), tiled] = _op_terms(b, tiled, o.cores, program.cores)
+            by_slowdown[x.slowdown] = by_slowdown.get(x.slowdown, 0) + o.hbm_read + o.hbm_write
+            if b.macs:
+                spill += x.spill_bytes * o.iterations
+                compute += x.compute * o.iterations
+                split += x.split * o.iterations
+        peak = per_byte * (r + w)
+        mem = peak if by_slowdown.keys() == {_ONE} else per_byte * sum(k * n for k, n in by_slowdown.items())
+        if spill:
+            mem += spill / Fraction(HBM_BYTES_PER_NS)
         if len(members) == 1 and members[0][1].reduced_rows:  # a kernel of one row reduction
             mem /= Fraction(reduction_bandwidth_derate(members[0][1].reduced_rows, HBM_BYTES_PER_NS))
-        compute = sum((x.compute for x in times), Fraction(0))
-        split = sum((x.split for x in times), Fraction(0))
         total += max(mem, compute) + split
         estimates.append(KernelEstimate(index=index, ops=tuple(o.name for o in rows), hbm_read=r, hbm_write=w,
                                         macs=sum(o.macs for o in rows), memory_ns=float(mem),
                                         compute_ns=float(compute), split_ns=float(split),
-                                        peak_memory_ns=float(per_byte * (r + w))))
+                                        peak_memory_ns=float(peak)))
     comp_r = sum(_arg_bytes(a) for a in program.kernel_args if a.is_input)
     comp_w = sum(_arg_bytes(a) for a in {a.buffer: a for a in program.kernel_args
                                                        if not a.is_input}.values())
