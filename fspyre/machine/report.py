@@ -84,14 +84,16 @@ ASSUMPTIONS = (
     f"MAC/ns/core x PT efficiency min(1, (M/m / {PT_ROWS0})^{PT_EXP})), M/m the rows of the result per core "
     "(the extents on that core of the result's non-stick dims the left operand has and the right one lacks), "
     "tiled or not; other ops are memory bound",
-    f"tile height (ops inside a loop): HBM bandwidth x min(1, (h / {TILE_H0})^0.5 (cols / {TILE_COLS0})^0.38), "
-    f"below {TILE_EFF0} the gentler {TILE_EFF0} (raw / {TILE_EFF0})^0.1; a matmul x min({MATMUL_TILE_EFF_MAX}, "
-    f"(M/m / {MATMUL_TILE_H0:g})^0.68); cols = the elements per core of the op's largest HBM tensor along the dim "
-    "its sticks run (the per-core slice of that symbol), h = that tensor's per-core box bytes / the bytes of one "
-    "row of cols (whole sticks)",
-    f"LX spill (ops inside a loop): bandwidth x (cap / ws)^exp when the per-core working set ws = 2 x the largest "
-    f"HBM tensor's per-core box passes cap ({LX_SPILL_WS >> 10} KiB, exp {LX_SPILL_EXP}; a matmul "
-    f"{MATMUL_LX_SPILL_WS >> 20} MiB, exp {MATMUL_LX_SPILL_EXP})",
+    f"tile height, an op over a tile of an HBM tensor (one that covers part of it: the anchor's coarse-tiled "
+    f"kernels): HBM bandwidth x min(1, (h / {TILE_H0})^0.5 (cols / {TILE_COLS0})^0.38), below {TILE_EFF0} the "
+    f"gentler {TILE_EFF0} (raw / {TILE_EFF0})^0.1; a matmul x min({MATMUL_TILE_EFF_MAX}, (M/m / "
+    f"{MATMUL_TILE_H0:g})^0.68); cols = the elements per core, in whole sticks, of the op's largest HBM tensor along "
+    "the dim its sticks run (the per-core slice of that symbol), h = that tensor's per-core box bytes / the bytes "
+    "of one row of cols",
+    f"LX spill, an op over a tile of an HBM tensor: bandwidth x (cap / ws)^exp when the per-core working set ws = 2 "
+    f"x the largest HBM tensor's per-core box passes cap ({LX_SPILL_WS >> 10} KiB, exp {LX_SPILL_EXP}; a matmul "
+    f"{MATMUL_LX_SPILL_WS >> 20} MiB, exp {MATMUL_LX_SPILL_EXP}); each term from the op's shape alone, so an op "
+    "costs the same in whatever kernel it runs",
     "core under-use: an op on k of the machine's C cores moves its bytes at g(k) / g(C) of the rate, g the anchor's "
     "row-reduction share by cores {1: .11, 2: .22, 4: .43, 8: .54, 16: .54, 32: 1} interpolated log-linearly (the "
     "anchor fits g for row reductions only; fspyre assumes every op's DMA scales alike); matmul compute already "
@@ -234,10 +236,12 @@ class _OpBytes:
     lx_boxes: tuple[tuple[int, np.ndarray], ...]  # (argument position, bytes per core) of each LX argument
     macs: int
     core_macs: int
-    # the largest HBM argument's tile on one core: rows of ``cols`` elements, and its bytes
+    # the largest HBM argument's tile on one core: rows of ``cols`` elements (whole sticks),
+    # its bytes, and whether the op covers only part of some HBM tensor (a tile of it)
     rows: float = 0.0
     cols: int = 0
     core_box: int = 0
+    partial: bool = False
     # a matmul: its rows (M) and columns (N) per core, their core splits, the HBM bytes of its operands
     mm_rows: int = 0
     mm_cols: int = 0
@@ -256,7 +260,7 @@ def _op_bytes(spec: OpSpec) -> _OpBytes:
     matmul = op_fn(spec.op) == "matmul"
     hr = hw = lr = lw = 0
     lx_boxes = []
-    rows, cols, core_box = 0.0, 0, 0
+    rows, cols, core_box, partial = 0.0, 0, 0, False
     operand_bytes = 0
     for k, arg in enumerate(spec.args):
         is_write = k == len(spec.args) - 1
@@ -276,9 +280,10 @@ def _op_bytes(spec: OpSpec) -> _OpBytes:
             box = int((box_bytes(ext, elem) * cores).max())
             if box > core_box:
                 core_box = box
-                cols = _row_elements(arg.device_coordinates[-1], syms, extents)
-                row_bytes = -(-cols // arg.device_size[-1]) * arg.device_size[-1] * elem
-                rows = box / row_bytes
+                eps = arg.device_size[-1]  # rows are whole sticks, as their bytes are counted
+                cols = -(-_row_elements(arg.device_coordinates[-1], syms, extents) // eps) * eps
+                rows = box / (cols * elem)
+            partial = partial or nbytes < device_bytes(arg.device_size, elem)
         else:
             low, ext = lx_box(lows, highs, arg.device_size)
             per_core = box_bytes(ext, elem) * cores
@@ -301,8 +306,8 @@ def _op_bytes(spec: OpSpec) -> _OpBytes:
     return _OpBytes(hbm_read=hr, hbm_write=hw, lx_read=lr, lx_write=lw, lx_boxes=tuple(lx_boxes),
                     macs=math.prod(sizes) if matmul else 0,
                     core_macs=max(math.prod(e for _, e in space) for space in spec.core_spaces) if matmul else 0,
-                    rows=rows, cols=cols, core_box=core_box, mm_rows=mm_rows, mm_cols=mm_cols, mm_splits=mm_splits,
-                    mm_operand_bytes=operand_bytes, reduced_rows=reduced_rows)
+                    rows=rows, cols=cols, core_box=core_box, partial=partial, mm_rows=mm_rows, mm_cols=mm_cols,
+                    mm_splits=mm_splits,                    mm_operand_bytes=operand_bytes, reduced_rows=reduced_rows)
 
 
 def _row_elements(stick: sympy.Expr, syms: list[sympy.Symbol], extents) -> int:
@@ -338,12 +343,17 @@ class _OpTerms:
 _ZERO, _ONE = Fraction(0), Fraction(1)
 
 
-def _op_terms(b: _OpBytes, tiled: bool, used: int, cores: int) -> _OpTerms:
+def _op_terms(b: _OpBytes, used: int, cores: int) -> _OpTerms:
+    """From the op's shape alone, so an op costs the same in whatever kernel it runs (a tail
+    op joined to its loop's last iteration or run after the loop, a copy hoisted into a loop's
+    first iteration or run before it). The tile derates apply to an op over a tile of some HBM
+    tensor: the anchor fitted them on coarse-tiled kernels; its untiled kernels stream their
+    tensors through LX as the backend likes."""
     matmul = b.macs > 0
     derate = core_underuse(used, cores)
-    if tiled and b.core_box:
-        rows = b.mm_rows if matmul else b.rows
-        derate *= tile_efficiency(rows, b.cols, matmul) * lx_spill_derate(2 * b.core_box, matmul)
+    if b.core_box and b.partial:
+        derate *= (tile_efficiency(b.mm_rows if matmul else b.rows, b.cols, matmul)
+                   * lx_spill_derate(2 * b.core_box, matmul))
     if not matmul:
         return _OpTerms(slowdown=1 / Fraction(derate), spill_bytes=_ZERO, compute=_ZERO, split=_ZERO)
     area = b.mm_rows * b.mm_cols
@@ -357,7 +367,7 @@ def traffic_report(program: Program) -> TrafficReport:
     """The program carries every size the report needs, so no machine is passed."""
     ops, _ = program_timeline(program)
     out: list[OpTraffic] = []
-    kernels: dict[int, list[tuple[OpTraffic, _OpBytes, bool]]] = {}
+    kernels: dict[int, list[tuple[OpTraffic, _OpBytes]]] = {}
     lx_peak = np.zeros(program.cores, dtype=np.int64)
     kernel_of: dict[tuple, int] = {}  # a top-level loop (its id) or a top-level op (its time)
     # Ops of one shape (a chain's, a fan-out's: keep_resident estimates each candidate program)
@@ -380,7 +390,7 @@ def traffic_report(program: Program) -> TrafficReport:
                         lx_read=b.lx_read * iters, lx_write=b.lx_write * iters, macs=b.macs * iters,
                         core_macs=b.core_macs * iters)
         out.append(row)
-        kernels.setdefault(row.kernel, []).append((row, b, bool(chain)))
+        kernels.setdefault(row.kernel, []).append((row, b))
     estimates = []
     total_r, total_w = sum(o.hbm_read for o in out), sum(o.hbm_write for o in out)
     # Turnaround is a property of the program's read/write mix; charging it per kernel would make
@@ -389,17 +399,17 @@ def traffic_report(program: Program) -> TrafficReport:
                            if total_r + total_w else Fraction(0))
     per_byte = 1 / Fraction(HBM_BYTES_PER_NS) + turnaround_per_byte
     total = Fraction(0)
-    terms: dict[tuple[int, bool], _OpTerms] = {}  # per op shape (its _OpBytes) and whether it is tiled
+    terms: dict[int, _OpTerms] = {}  # per op shape (its _OpBytes)
     for index, members in kernels.items():
-        rows = [o for o, _, _ in members]
+        rows = [o for o, _ in members]
         r, w = sum(o.hbm_read for o in rows), sum(o.hbm_write for o in rows)
         # bytes summed exactly per slowdown (most ops of a kernel share one), then timed
         by_slowdown: dict[Fraction, int] = {}
         spill = compute = split = _ZERO
-        for o, b, tiled in members:
-            x = terms.get((id(b), tiled))
+        for o, b in members:
+            x = terms.get(id(b))
             if x is None:
-                x = terms[id(b), tiled] = _op_terms(b, tiled, o.cores, program.cores)
+                x = terms[id(b)] = _op_terms(b, o.cores, program.cores)
             by_slowdown[x.slowdown] = by_slowdown.get(x.slowdown, 0) + o.hbm_read + o.hbm_write
             if b.macs:
                 spill += x.spill_bytes * o.iterations

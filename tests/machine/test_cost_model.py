@@ -85,7 +85,8 @@ def test_short_tiles_are_derated_by_their_height():
 
 
 def test_an_op_on_fewer_cores_moves_its_bytes_slower():
-    """x[2, 64] on a 32-core machine: two rows of one stick occupy 2 cores, g(2) / g(32)."""
+    """x[2, 64] on a 32-core machine: two rows of one stick occupy 2 cores, g(2) / g(32);
+    untiled, no tile derate."""
     report = traffic_report(compile(rows_graph(2, 64, ("exp",)), tiling="none").program)
     (k,) = report.kernels
     assert report.cores_used == 2
