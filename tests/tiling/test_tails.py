@@ -245,8 +245,9 @@ class _no_warning:
 
 def test_the_search_tries_tails_when_no_count_divides():
     """97 rows (prime) under a small LX: the only dividing count makes tiles of one row, so
-    the search also judges tiles of 2, 4, ..., 64 rows (counts 49, 25, ..., 2) with a peeled
-    tail; whatever it picks runs equal to the untiled reference."""
+    the search also judges tiles of 49, 25, 14, ... rows (counts 2, 4, 7, ...) with a peeled
+    tail, shrinking until one fits (the tail keeps its loop's buffers in LX); whatever it
+    picks runs equal to the untiled reference."""
     g = fspyre.GraphBuilder("softmax97")
     g.dim("R", 97)
     g.dim("C", 512)
@@ -254,10 +255,12 @@ def test_the_search_tries_tails_when_no_count_divides():
     e = g.exp(g.sub(x, g.amax(x, ["C"], keepdim=True)))
     g.output("y", g.div(e, g.sum(e, ["C"], keepdim=True)))
     graph = g.build()
-    machine = fspyre.machine.spyre(cores=4, lx_bytes=16384)
+    machine = fspyre.machine.spyre(cores=4, lx_bytes=8192)
     comp = fspyre.compile(graph, machine)
-    tried = {lv.count for grp in comp.stages["tiling_search"].groups for c in grp.candidates for lv in c.levels}
-    assert {2, 4, 7, 13, 25, 49, 97} <= tried
+    judged = [c for grp in comp.stages["tiling_search"].groups for c in grp.candidates]
+    tried = {lv.count for c in judged for lv in c.levels}
+    assert {2, 4} <= tried
+    assert any(c.verdict == "fits" and c.levels and c.levels[0].count not in (1, 97) for c in judged)
     assert fspyre.check(graph, machine=machine, comp=comp).equal
 
 
