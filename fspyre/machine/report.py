@@ -79,7 +79,9 @@ ASSUMPTIONS = (
     "whole program (fitted one-directional peak and read/write turnaround), charged to each kernel by its "
     "share of the bytes, so the same bytes cost the same whatever the kernel boundaries",
     "time terms from the anchor's fitted model (torch-spyre cost_model.py predict_ops; fitted: pointwise 8.5 % RMS, "
-    "reduction 7.2 %, matmul 26-40 %), each only adding time to max(bytes at the peak, MACs at the sustained rate):",
+    "reduction 7.2 %, matmul 26-40 %), each only adding time to max(bytes at the peak, MACs at the sustained rate); "
+    "a bandwidth derate divides the bytes' time at the peak, not their share of the turnaround, so that fewer bytes "
+    "never cost more:",
     f"compute time only for matmul: the MACs of the core with the largest slice / ({MACS_PER_NS_PER_CORE:g} "
     f"MAC/ns/core x PT efficiency min(1, (M/m / {PT_ROWS0})^{PT_EXP})), M/m the rows of the result per core "
     "(the extents on that core of the result's non-stick dims the left operand has and the right one lacks), "
@@ -331,8 +333,8 @@ def _matmul_dims(spec: OpSpec) -> tuple[list[sympy.Symbol], sympy.Symbol | None]
 @dataclass(frozen=True, slots=True)
 class _OpTerms:
     """The fitted terms of one run of an op shape (``cost_model``), exact: ``slowdown`` (1 /
-    the product of its bandwidth derates) multiplies its bytes' time at the peak; the others
-    are per run."""
+    the product of its bandwidth derates) multiplies its bytes' time at the peak (not their
+    share of the turnaround); the others are per run."""
 
     slowdown: Fraction
     spill_bytes: Fraction
@@ -416,7 +418,10 @@ def traffic_report(program: Program) -> TrafficReport:
                 compute += x.compute * o.iterations
                 split += x.split * o.iterations
         peak = per_byte * (r + w)
-        mem = peak if by_slowdown.keys() == {_ONE} else per_byte * sum(k * n for k, n in by_slowdown.items())
+        # the derates slow the bytes' transfer at the peak; the turnaround, a share of the whole
+        # program's, is left as it is, so fewer bytes anywhere never cost more time
+        mem = peak if by_slowdown.keys() == {_ONE} else (
+            sum(k * n for k, n in by_slowdown.items()) / Fraction(HBM_BYTES_PER_NS) + turnaround_per_byte * (r + w))
         if spill:
             mem += spill / Fraction(HBM_BYTES_PER_NS)
         if len(members) == 1 and members[0][1].reduced_rows:  # a kernel of one row reduction
