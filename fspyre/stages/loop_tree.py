@@ -130,6 +130,7 @@ def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()
             body.extend(_tile_group(ctx, gi, plan.groups[gi], warnings))
         elif name not in group_of:
             body.append(OpNode(op=ops[name]))
+    body = _own_tail_buffers(ctx, body)
     # a buffer an online softmax no longer writes (its max and sum live in accumulators)
     used = set(graph.inputs) | {o.buffer for o in graph.outputs} | {
         name for n in op_nodes(tuple(body)) for name in (n.op.store.buffer, *(ld.buffer for ld in n.op.loads))}
@@ -714,6 +715,78 @@ def _place(ctx: _Context, it: _Item, extents: Mapping[str, int], offsets: Mappin
                   origin=op.name if peeled else "", peeled=peeled)
     _check_stick_steps(ctx, node, loops, levels)
     return node
+
+
+def _own_tail_buffers(ctx: _Context, body: list[Node]) -> list[Node]:
+    """A peeled tail writes and reads its own copy of a per-tile buffer when no value crosses
+    between it and the main body: its uses of the buffer run back to back, start with a write,
+    and the next use after them (in program order, and at the head of every loop around them)
+    is a write. The tail's ops are split across cores for the remainder, so their per-core
+    boxes differ from the main tile's; sharing one name would make the allocator refuse LX
+    for the buffer in the main loop too (docs/tiling.md, "Tails")."""
+    tiles = {b.name: (owner, b) for owner, b in ctx.replaced.items() if b.scope == "tile"}
+    tiles.update((b.name, (owner, b)) for owner, bs in ctx.extra.items() for b in bs if b.scope == "tile")
+    uses: dict[str, list[tuple[bool, OpNode, tuple[int, ...]]]] = {}  # (writes, op, enclosing loop ids)
+    loops = 0
+
+    def visit(nodes: Sequence[Node], chain: tuple[int, ...]) -> None:
+        nonlocal loops
+        for node in nodes:
+            if isinstance(node, Loop):
+                loops += 1
+                visit(node.body, chain + (loops,))
+                continue
+            for b in dict.fromkeys(ld.buffer for ld in node.op.loads):
+                if b in tiles:
+                    uses.setdefault(b, []).append((False, node, chain))
+            if node.op.store.buffer in tiles:
+                uses.setdefault(node.op.store.buffer, []).append((True, node, chain))
+
+    visit(body, ())
+    renames: dict[str, dict[str, str]] = {}  # op -> {buffer: the tail's own}
+    for b, us in uses.items():
+        head: dict[int, bool] = {}  # loop id -> whether the buffer's first use inside it writes
+        for writes, _, chain in us:
+            for lid in chain:
+                head.setdefault(lid, writes)
+        start = 0
+        while start < len(us):
+            end = start
+            while end + 1 < len(us) and us[end + 1][1].peeled == us[start][1].peeled:
+                end += 1
+            writes, node, _ = us[start]
+            if (node.peeled and writes and (end + 1 == len(us) or us[end + 1][0])
+                    and all(head[lid] for lid in us[end][2])):
+                owner, buffer = tiles[b]
+                own = ctx.fresh(f"{b}_peeled")
+                ctx.extra.setdefault(owner, []).append(TreeBuffer(name=own, type=buffer.type, scope="tile"))
+                for _, n, _ in us[start:end + 1]:
+                    renames.setdefault(n.name, {})[b] = own
+            start = end + 1
+    if not renames:
+        return body
+    full = _full_names(ctx)
+
+    def rename(nodes: Sequence[Node], depth: int) -> list[Node]:
+        out: list[Node] = []
+        for node in nodes:
+            if isinstance(node, Loop):
+                inner = tuple(rename(node.body, depth + 1))
+                out.append(replace(node, body=inner, carried=carried_buffers(inner, depth, full)))
+            elif node.name in renames:
+                names = renames[node.name]
+                op = node.op
+                fields: dict[str, object] = {
+                    "operands": tuple(replace(o, buffer=names.get(o.buffer, o.buffer)) if isinstance(o, Load) else o
+                                      for o in op.operands),
+                    "store": replace(op.store, buffer=names.get(op.store.buffer, op.store.buffer)),
+                }
+                out.append(replace(node, op=replace(op, **fields)))  # type: ignore[arg-type]
+            else:
+                out.append(node)
+        return out
+
+    return rename(body, 0)
 
 
 def _full_names(ctx: _Context) -> set[str]:
