@@ -269,10 +269,15 @@ def exact_coordinates(
             coords.append(sympy.S.Zero)
             continue
         digit = sympy.floor(index / strides[h]) if strides[h] > 1 else index
-        if h > 0:  # the index stays inside the tensor (_check_index), so dim 0 needs no Mod
+        inner_stick = h == layout.dim_map[-1] and h in seen
+        # Mod by the dim's size is redundant under the stick's Mod when eps divides it, and
+        # leaving it out matters: sympy 1.14 folds Mod(2*Mod(s, 32), 32) to 2*Mod(s, 32)
+        # (wrong for s >= 16), which a stride-2 read of the stick dim (x[..., ::2]) produces.
+        if h > 0 and not (inner_stick and host[h] % eps == 0):
+            # the index stays inside the tensor (_check_index), so dim 0 needs no Mod
             digit = sympy.Mod(digit, host[h])
         if h == layout.dim_map[-1]:
-            digit = sympy.floor(digit / eps) if h not in seen else sympy.Mod(digit, eps)
+            digit = sympy.Mod(digit, eps) if inner_stick else sympy.floor(digit / eps)
         seen.add(h)
         coords.append(digit)
     if layout.dim_map[-1] == -1:
