@@ -36,7 +36,7 @@ F32 = 2.0**-24
 UNIT = {"SEN169_FP16": 2.0**-10, "IEEE_FP16": 2.0**-11, "BF16": 2.0**-9, "IEEE_FP32": 2.0**-24}
 TINY = {"SEN169_FP16": 2.0**-30, "IEEE_FP16": 2.0**-24, "BF16": 2.0**-126, "IEEE_FP32": 2.0**-126}
 SAFETY = 2.0
-TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu", "pow", "reciprocal", "div",
+TRANSCENDENTAL = ("exp", "log", "log1p", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu", "pow", "reciprocal", "div",
                   "sin", "cos")
 
 
@@ -106,7 +106,7 @@ def _sigmoid(x):
 
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0.0), "copy": lambda x: x,
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "exp": np.exp, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "reciprocal": lambda x: 1.0 / x, "sigmoid": _sigmoid, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))), "silu": lambda x: x * _sigmoid(x),
 }
@@ -147,6 +147,14 @@ def pointwise(fn: str, xs: Sequence[Ref | float], names: Sequence[str], shape: S
                 return Ref(tuple(names), np.broadcast_to(x == 0, shape).astype(np.float64),
                            np.broadcast_to(und, shape).astype(np.float64), "bool")
             v, e = x, ex
+        elif fn == "fmod":
+            # a - trunc(a / b) * b, exact in float64 for these operands; the quotient may
+            # change inside the operand box (a jump of |b|): then anything goes
+            (a, ea), (b, eb) = ops
+            v = np.fmod(a, b)
+            q = np.trunc(a / b)
+            moves = np.any([np.trunc((a + sa * ea) / (b + sb * eb)) != q for sa in (-1, 1) for sb in (-1, 1)], axis=0)
+            e = np.where(moves | (np.abs(b) <= eb), np.inf, ea + np.abs(q) * eb)
         elif fn in BINARY:
             (a, ea), (b, eb) = ops
             f = BINARY[fn]
