@@ -1240,7 +1240,7 @@ def align_topk(node: fx.Node) -> Alignment:
     xs = shape(x)
     d = _norm(bind(node)["dim"], len(xs))
     out = out_keys(node)
-    red = (("red", node.name, 0), xs[d]) if xs else None
+    red = (("red", node.name, 0), xs[d]) if xs else None  # a 0-d operand has nothing to search
     dst = tuple(red[0] if j == d and red else out[j] for j in range(len(xs)))
     return Alignment(uses=(Use(x, dst),), outputs=(out, out), reduced=(red,) if red else ())
 
@@ -1258,9 +1258,11 @@ def lower_topk(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, 
     if not b["largest"]:
         raise FrontendError(f"{describe_node(node)}: topk(largest=False) is not lowered; negate the operand "
                             f"and take the largest")
-    if not x.dims or not is_float(x.dtype):
-        raise FrontendError(f"{describe_node(node)}: fspyre's topk searches a dim of a float tensor")
+    if not is_float(x.dtype):
+        raise FrontendError(f"{describe_node(node)}: fspyre's topk searches a float tensor, this one is {x.dtype}")
     g = ctx.g
+    if not x.dims:  # a 0-d tensor is its own top-1, at position 0
+        return g.pointwise("copy", x), g.constant(0, ctx.dtype(node, 1))
     d = _norm(b["dim"], len(x.dims))
     r = ctx.red_names(node)[0]
     n = x.dims[[e.name for e in x.dims].index(r)].size
