@@ -1376,3 +1376,41 @@ def lower_convolution(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     elif y.dtype != dtype:
         y = g.cast(y, dtype)
     return y
+
+
+# -- copy and select_scatter: what functionalizing an in-place write makes ------------------------
+@rule(aten.copy.default, align=align_pointwise)
+def lower_copy_into(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``self.copy_(src)`` functionalized: ``src`` broadcast to ``self``'s shape in ``self``'s
+    dtype (``self``'s values are not read). BART's ``shift_tokens_right`` writes this way."""
+    src = xs[-1]
+    out = ctx.dims(node)
+    if src.dims != out:
+        src = ctx.g.expand(src, out)
+    return src if src.dtype == ctx.dtype(node) else ctx.g.cast(src, ctx.dtype(node))
+
+
+def align_select_scatter(node: fx.Node) -> Alignment:
+    b = bind(node)
+    out = out_keys(node)
+    d = _norm(b["dim"], len(out))
+    return Alignment(uses=(Use(b["self"], out), Use(b["src"], out[:d] + out[d + 1:])), outputs=(out,))
+
+
+@rule(aten.select_scatter.default, align=align_select_scatter)
+def lower_select_scatter(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``self`` with ``src`` at position ``index`` of ``dim``: the concatenation of ``self``'s
+    part before it, ``src`` as a size-1 piece, and the part after (as slice_scatter)."""
+    base, src = xs
+    b = bind(node)
+    d = _norm(b["dim"], len(base.dims))
+    name, size = base.dims[d].name, base.dims[d].size
+    i = int(b["index"]) % size
+    g = ctx.g
+    piece = g.unsqueeze(src, d, f"{name}_at")
+    pieces = ([g.slice(base, name, 0, i, name=f"{name}_0_{i}")] if i > 0 else []) + [piece] + (
+        [g.slice(base, name, i + 1, size, name=f"{name}_{i + 1}_end")] if i + 1 < size else [])
+    if len(pieces) == 1:
+        return ctx.rename(piece if piece.dtype == ctx.dtype(node) else g.cast(piece, ctx.dtype(node)),
+                          [e.name for e in ctx.dims(node)])
+    return _concat(ctx, node, pieces, d)

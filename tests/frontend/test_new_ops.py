@@ -200,3 +200,28 @@ def test_an_empty_pass_through_slice_is_dropped_from_the_cat() -> None:
 
     (got,) = lowered(f, x)
     np.testing.assert_array_equal(got, eager(f, x)[0])
+
+
+# -- in-place writes, functionalized: copy and select_scatter -------------------------------------
+def shift_tokens_right(ids: torch.Tensor) -> torch.Tensor:
+    """BART's, as transformers writes it (in-place writes into a new tensor)."""
+    shifted = ids.new_zeros(ids.shape)
+    shifted[:, 1:] = ids[:, :-1].clone()
+    shifted[:, 0] = 2
+    return shifted.masked_fill(shifted == -100, 1)
+
+
+@pytest.mark.parametrize("index", [0, 3, -1])
+def test_writes_into_a_row_and_a_slice_are_exact(index) -> None:
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    (got,) = lowered(shift_tokens_right, ids)
+    np.testing.assert_array_equal(got, eager(shift_tokens_right, ids)[0])
+
+    def put(x, y):
+        x = x.clone()
+        x[:, index] = y
+        return x * 2
+
+    x, y = randn(4, 8, seed=1), randn(4, seed=2)
+    (got,) = lowered(put, x, y)
+    np.testing.assert_array_equal(got, eager(put, x, y)[0])
