@@ -40,16 +40,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-golden", action="store_true", default=False,
         help="write changed or missing golden journal entries (tests/golden/<module>.txt) instead of failing",
     )
+    parser.addoption(
+        "--heavy", action="store_true", default=False,
+        help="also run the tests marked heavy (whole models of the zoo: minutes of CPU each)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs_dot: needs graphviz's `dot` binary; skipped when it is not installed")
+    config.addinivalue_line("markers", "heavy: a whole model of the zoo; skipped unless pytest is given --heavy")
     config.addinivalue_line(
         "markers", "unchecked_memory: programs this test compiles are not memory-checked (it plants faults)"
     )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("heavy") is not None and not item.config.getoption("--heavy"):
+        pytest.skip("heavy: run with --heavy")
     if item.get_closest_marker("needs_dot") is not None and shutil.which("dot") is None:
         pytest.skip("graphviz `dot` is not installed (Debian package graphviz)")
 

@@ -256,9 +256,35 @@ def decompose(gm: torch.fx.GraphModule, example_values: Sequence[Any]) -> torch.
         if node.target is aten._assert_tensor_metadata.default and not node.users:
             graph.erase_node(node)
     graph.eliminate_dead_code()
+    _drop_empty_pieces(graph)
     _unflatten_matmuls(graph)
     out.recompile()
     return out
+
+
+def _drop_empty_pieces(graph: torch.fx.Graph) -> None:
+    """A zero-size tensor is a legal torch value with no elements; fspyre has none (every
+    buffer holds at least one element), so it is removed where it contributes nothing:
+    a ``cat`` drops its empty pieces (Phi-3 and GPT-J cut the head dim into a rotary part
+    and a pass-through part ``x[..., rot:]``, empty when the rotary part is the whole dim,
+    and cat them back), and what then computes only empty values is dead. An empty tensor
+    still read by an op that needs its values stays, and the lowering refuses it by name."""
+    def empty(n: Any) -> bool:
+        v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        return isinstance(v, torch.Tensor) and v.numel() == 0
+
+    for node in list(graph.nodes):
+        if node.target is not aten.cat.default or empty(node):
+            continue
+        pieces = list(node.args[0])  # type: ignore[arg-type]
+        kept = [p for p in pieces if not empty(p)]
+        if len(kept) == len(pieces):
+            continue
+        if len(kept) == 1:  # the cat is its one non-empty piece
+            node.replace_all_uses_with(kept[0])
+        else:
+            node.args = (kept,) + tuple(node.args[1:])
+    graph.eliminate_dead_code()
 
 
 def _unflatten_matmuls(graph: torch.fx.Graph) -> None:

@@ -182,7 +182,8 @@ def name_dims(graph: fx.Graph, placeholders: Mapping[str, Placeholder]) -> DimNa
             else:
                 root_name[root] = _fresh(_base(root, input_names), taken)
         names[key] = root_name[root]
-    sizes = {names[k]: uf.size[k] for k in names if uf.size[k] != 1}
+    # (a size-0 axis is of a result fspyre does not compute: batch norm's empty saved statistics)
+    sizes = {names[k]: uf.size[k] for k in names if uf.size[k] not in (0, 1)}
     return DimNames(names=names, sizes=sizes, outputs=outputs, alignments=alignments)
 
 

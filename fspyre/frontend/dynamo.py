@@ -6,7 +6,11 @@ machine-model interpreter; every other op runs in eager PyTorch between them.
 - **Fallback.** ``CapabilityBasedPartitioner`` groups the ops fspyre has a rule for (with
   dtypes and sizes fspyre can hold) into maximal subgraphs without cycles; a subgraph the
   lowering still refuses falls back whole, with the lowering's message as its reason (a
-  ``spyre_hint`` that cannot be honoured is the program's error, and raised). Anything
+  ``spyre_hint`` that cannot be honoured is the program's error, and raised). A subgraph
+  whose compile fails (any exception fspyre raises while tracing, lowering or compiling it),
+  or whose run on the interpreter fails, runs its ATen ops in eager instead, with a warning
+  naming its ops and the failure: the backend never fails the user's call because fspyre
+  could not compile a graph. Anything
   left in eager is reported in one line (``PartitionReport.summary``), warned once per
   compiled shape, and printed by ``explain(model, inputs)``. Views and ``getitem`` alone are
   not worth a trip to the device: a subgraph with nothing else stays in eager, unreported.
@@ -34,7 +38,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 import numpy as np
@@ -202,7 +206,12 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
                 f"torch.no_grad()"
             )
         if symbolic is not None:
-            got = symbolic(args)
+            try:
+                got = symbolic(args)
+            except Exception as e:  # noqa: BLE001  (this shape is compiled on its own instead)
+                _reraise_hint(e)
+                _warn_static(name, f"its run failed: {_failure(e)}")
+                got = None
             if got is not None:
                 return got
         key = tuple(_signature(a) for a in args)
@@ -242,10 +251,9 @@ def _symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[
     try:
         return _symbolic_run(gm, example_inputs, dims, options, name, sym,
                              {k: v for k, v in values.items() if k != sym})
-    except FspyreError as e:
-        if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
-            raise
-        _warn_static(name, _first_line(e))
+    except Exception as e:  # noqa: BLE001  (each shape is then compiled on its own, with its own fallback)
+        _reraise_hint(e)
+        _warn_static(name, _failure(e))
         return None
 
 
@@ -421,20 +429,48 @@ def _specialise(gm: fx.GraphModule, args: Sequence[Any], dims: Sequence[tuple[st
     # made symbolic. Non-fake tensors (constants the graph holds) are allowed in.
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     vals = [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
-    with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        aten_gm = decompose(gm, vals)
-    report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
+    try:
+        with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            aten_gm = decompose(gm, vals)
+        report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
+    except Exception as e:  # noqa: BLE001  (a failure of fspyre's own must not fail the user's call)
+        _reraise_hint(e)
+        warnings.warn(FspyreWarning(f"torch.compile(backend='fspyre'): {name}: the whole graph runs in eager: "
+                                    f"tracing it to core ATen failed: {_failure(e)}"), stacklevel=2)
+        return gm
+    failed: list[tuple[_Part, str]] = []
     for part in parts:
         if options.on_graph is not None:
             options.on_graph(part.graph)
         if compile_parts:
-            aten_gm.add_submodule(part.module, _OnFspyre(part, options))
+            eager_sub = aten_gm.get_submodule(part.module)
+            try:
+                aten_gm.add_submodule(part.module, _OnFspyre(part, options, eager_sub))
+            except Exception as e:  # noqa: BLE001  (the subgraph's ATen ops stay in eager)
+                _reraise_hint(e)
+                failed.append((part, f"compile failed: {_failure(e)}"))
+    if failed:
+        report = replace(report, on_fspyre=tuple(n for p, n in zip(parts, report.on_fspyre)
+                                                 if p not in {f for f, _ in failed}),
+                         eager=report.eager + tuple(Fallback(op=op, reason=why) for p, why in failed for op in p.ops))
     if options.on_report is not None:
         options.on_report(report)
     if report.eager and compile_parts:
         warnings.warn(FspyreWarning(f"torch.compile(backend='fspyre'): {report.summary()}"), stacklevel=2)
     return aten_gm
+
+
+def _reraise_hint(e: Exception) -> None:
+    """A ``spyre_hint`` that cannot be honoured is the program's error: running the graph in
+    eager would hide it."""
+    if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
+        raise e
+
+
+def _failure(e: Exception) -> str:
+    """A failure as one line: fspyre's own message, or an unexpected exception's type and text."""
+    return _first_line(e) if isinstance(e, FspyreError) else f"{type(e).__name__}: {_first_line(e)}"
 
 
 def _shape_of(a: Any) -> tuple[int, ...] | int | None:
@@ -454,6 +490,7 @@ class _Part:
     constants: Mapping[str, np.ndarray]
     outputs: tuple[tuple[str, torch.Tensor], ...]  # (fspyre output name, torch value it stands for)
     positions: tuple[int, ...] = ()  # per input, the graph input it is (-1: an intermediate)
+    ops: tuple[str, ...] = ()  # the ATen ops it computes, for the report when it falls back
 
 
 def _split(gm: fx.GraphModule, name: str, dims: Sequence[tuple[str, ...] | None],
@@ -482,11 +519,12 @@ def _split(gm: fx.GraphModule, name: str, dims: Sequence[tuple[str, ...] | None]
                                                                always_return_tuple=True)
         try:
             part = _lower_part(sub, f"{name}_{len(parts)}", module, outer_inputs, inputs, dims)
-        except FspyreError as e:
-            if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
-                raise  # the program's own hint is wrong: running it in eager would hide that
-            eager.update((n, f"subgraph refused: {_first_line(e)}") for n in nodes if not _computes_nothing(n))
+        except Exception as e:  # noqa: BLE001  (fspyre's refusal, or a failure of its own: eager either way)
+            _reraise_hint(e)
+            why = _first_line(e) if isinstance(e, FspyreError) else f"lowering failed: {_failure(e)}"
+            eager.update((n, f"subgraph refused: {why}") for n in nodes if not _computes_nothing(n))
             continue
+        part = replace(part, ops=tuple(_op_name(n) for n in nodes if not _computes_nothing(n)))
         insert_subgm(gm, sub, outer_inputs, outer_outputs, nodes[-1])
         erase_nodes(gm, nodes)
         parts.append(part)
@@ -542,23 +580,32 @@ def _lower_part(sub: fx.GraphModule, name: str, module: str, outer_inputs: Seque
 
 
 class _OnFspyre(torch.nn.Module):
-    """A subgraph compiled by fspyre, run on the machine-model interpreter."""
+    """A subgraph compiled by fspyre, run on the machine-model interpreter; a run that fails
+    (the interpreter refuses an input, e.g. an index out of range) runs the subgraph's ATen
+    ops in eager instead, with a warning."""
 
-    def __init__(self, part: _Part, options: BackendOptions) -> None:
+    def __init__(self, part: _Part, options: BackendOptions, eager: torch.nn.Module) -> None:
         import fspyre
         from fspyre.machine.spyre import spyre
 
         super().__init__()
         self.part = part
+        self.eager = eager
         self.compiled = fspyre.compile(part.graph, machine=spyre(cores=int(options.cores)),
                                        tiling=options.tiling)
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         import fspyre
 
-        host = {n: to_numpy(a) for n, a in zip(self.part.inputs, args)} | dict(self.part.constants)
-        got = fspyre.run(self.compiled, host)
-        return tuple(_to_torch(got[n], like) for n, like in self.part.outputs)
+        try:
+            host = {n: to_numpy(a) for n, a in zip(self.part.inputs, args)} | dict(self.part.constants)
+            got = fspyre.run(self.compiled, host)
+            return tuple(_to_torch(got[n], like) for n, like in self.part.outputs)
+        except Exception as e:  # noqa: BLE001  (eager gives the user's values; the warning says why)
+            ops = ", ".join(dict.fromkeys(self.part.ops))
+            warnings.warn(FspyreWarning(f"torch.compile(backend='fspyre'): {self.part.graph.name} ({ops}) ran in "
+                                        f"eager: its run on fspyre failed: {_failure(e)}"), stacklevel=2)
+            return tuple(self.eager(*args))
 
 
 def _to_torch(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:

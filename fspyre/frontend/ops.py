@@ -355,7 +355,7 @@ _UNARY: dict[object, str] = {
     aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal",
     aten.relu.default: "relu", aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh",
     aten.silu.default: "silu", aten.logical_not.default: "logical_not",
-    aten.sin.default: "sin", aten.cos.default: "cos",
+    aten.sin.default: "sin", aten.cos.default: "cos", aten.log1p.default: "log1p",
 }
 _BINARY: dict[object, str] = {
     aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
@@ -364,7 +364,7 @@ _BINARY: dict[object, str] = {
     aten.eq.Tensor: "eq", aten.eq.Scalar: "eq", aten.ne.Tensor: "ne", aten.ne.Scalar: "ne",
     aten.lt.Tensor: "lt", aten.lt.Scalar: "lt", aten.le.Tensor: "le", aten.le.Scalar: "le",
     aten.gt.Tensor: "gt", aten.gt.Scalar: "gt", aten.ge.Tensor: "ge", aten.ge.Scalar: "ge",
-    aten.where.self: "where",
+    aten.where.self: "where", aten.fmod.Tensor: "fmod", aten.fmod.Scalar: "fmod",
 }
 
 
@@ -1024,10 +1024,11 @@ def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     return _concat(ctx, node, xs, _cat_axis(node))
 
 
-def _concat(ctx: Lowering, node: fx.Node, xs: Sequence[Tensor], d: int) -> Tensor:
+def _concat(ctx: Lowering, node: fx.Node, xs: Sequence[Tensor], d: int,
+            out: Sequence[Dim] | None = None, dtype: str | None = None) -> Tensor:
     """``xs`` (whose other dims carry the result's names) concatenated along axis ``d`` into
-    the result of ``node``."""
-    out = ctx.dims(node)
+    the result of ``node`` (or into dims ``out`` of type ``dtype``: a step of a longer rule)."""
+    out = tuple(out) if out is not None else ctx.dims(node)
     g = ctx.g
     sizes = [x.dims[d].size for x in xs]
     n = math.gcd(*sizes)
@@ -1048,7 +1049,7 @@ def _concat(ctx: Lowering, node: fx.Node, xs: Sequence[Tensor], d: int) -> Tenso
     k = g.dim(f"{out[d].name}_k", len(chunks))
     pieces = [g.unsqueeze(c, d, k.name) for c in chunks]
     iota = ctx.iota(k)
-    dtype = ctx.dtype(node)
+    dtype = dtype or ctx.dtype(node)
     result = pieces[-1]
     for j in range(len(pieces) - 2, -1, -1):
         result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
@@ -1090,4 +1091,326 @@ def lower_slice_scatter(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tenso
         [g.slice(base, name, stop, size, name=f"{name}_{stop}_end")] if stop < size else [])
     if len(pieces) == 1:
         return src if src.dtype == ctx.dtype(node) else g.cast(src, ctx.dtype(node))
+    return _concat(ctx, node, pieces, d)
+
+
+# -- repeat: a broadcast of the operand, made contiguous ------------------------------------------
+def align_repeat(node: fx.Node) -> Alignment:
+    """An operand axis lines up with its result axis when it is repeated once; the result's
+    leading axes (repeats beyond the operand's rank) and the repeated axes are new."""
+    out = out_keys(node)
+    reps = bind(node)["repeats"]
+    rank = len(shape(node_args(node)[0]))
+    lead = len(reps) - rank
+    return Alignment(uses=(Use(node_args(node)[0], tuple(out[lead + j] if reps[lead + j] == 1 else None
+                                                          for j in range(rank))),), outputs=(out,))
+
+
+@rule(aten.repeat.default, align=align_repeat)
+def lower_repeat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``x.repeat(r0, ..., rk)``: each axis a of size n repeated r times is the size-1 axis
+    before it stretched to r, ``[r, n]``, which a row-major reshape merges into ``r * n``
+    (the builder copies the broadcast first: the result is r copies side by side)."""
+    (x,) = xs
+    g = ctx.g
+    reps = [int(r) for r in bind(node)["repeats"]]
+    out = ctx.dims(node)
+    lead = len(reps) - len(x.dims)
+    wide: list[Dim] = []  # the broadcast's dims: [r_i, n_i] per axis (n_i absent for a new leading axis)
+    cur = x
+    for i, r in enumerate(reps):
+        if i < lead or r != 1:
+            rep = f"{out[i].name}_rep"
+            cur = g.unsqueeze(cur, len(wide), rep)
+            if r != 1:
+                g.dim(rep, r)
+            wide.append(Dim(rep, r))
+        if i >= lead:
+            wide.append(x.dims[i - lead])
+    return g.reshape(g.expand(cur, wide), out)
+
+
+# -- constant_pad_nd: a concatenation with constant pieces ----------------------------------------
+def _pads(node: fx.Node) -> list[tuple[int, int]]:
+    """(before, after) per axis of the operand (torch lists the last axis's pair first)."""
+    pad = [int(p) for p in bind(node)["pad"]]
+    rank = len(shape(node_args(node)[0]))
+    out = [(0, 0)] * rank
+    for i in range(len(pad) // 2):
+        out[rank - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return out
+
+
+def align_pad(node: fx.Node) -> Alignment:
+    out = out_keys(node)
+    return Alignment(uses=(Use(node_args(node)[0], tuple(k if p == (0, 0) else None
+                                                          for k, p in zip(out, _pads(node)))),), outputs=(out,))
+
+
+def _pad_axis(ctx: Lowering, node: fx.Node, x: Tensor, d: int, before: int, after: int, value: Any,
+              name: str) -> Tensor:
+    """``x`` with ``before`` and ``after`` elements of ``value`` around axis ``d``, which
+    becomes dim ``name``; a negative count cuts elements off instead (a slice)."""
+    g = ctx.g
+    size = x.dims[d].size
+    if before < 0 or after < 0:
+        lo, hi = max(-before, 0), size - max(-after, 0)
+        if lo >= hi:
+            raise FrontendError(f"{describe_node(node)}: cropping {-before}, {-after} leaves nothing of dim {d}")
+        x = g.slice(x, x.dims[d].name, lo, hi, name=f"{name}_crop" if (lo, hi) != (0, size) else None)
+        before, after = max(before, 0), max(after, 0)
+    out = x.dims[:d] + (Dim(name, x.dims[d].size + before + after),) + x.dims[d + 1:]
+    if before == after == 0:
+        return ctx.rename(x, [e.name for e in out])
+    pieces = []
+    for n, at in ((before, "before"), (after, "after")):
+        if n:
+            edge = Dim(f"{name}_{at}", n)
+            if n != 1:
+                g.dim(edge.name, n)
+            pieces.append(g.constant(value, x.dtype, x.dims[:d] + (edge,) + x.dims[d + 1:]))
+    if before:
+        pieces.insert(1, x)
+    else:
+        pieces.insert(0, x)
+    if out[d].size != 1:
+        g.dim(name, out[d].size)
+    return _concat(ctx, node, pieces, d, out=out, dtype=x.dtype)
+
+
+@rule(aten.constant_pad_nd.default, align=align_pad)
+def lower_constant_pad_nd(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """Each padded axis in turn: the concatenation of a constant piece, the operand and a
+    constant piece (exact: the cat selects). Its cost grows with the number of gcd-sized
+    chunks (``MAX_CAT_CHUNKS``), so a one-element border around a wide dim is refused."""
+    (x,) = xs
+    value = _scalar(bind(node)["value"], node)
+    out = ctx.dims(node)
+    for d, (before, after) in enumerate(_pads(node)):
+        if (before, after) != (0, 0):
+            x = _pad_axis(ctx, node, x, d, before, after, value, out[d].name)
+    return x
+
+
+# -- batch norm in eval mode: pointwise over the channel axis -------------------------------------
+def align_batch_norm(node: fx.Node) -> Alignment:
+    out = out_keys(node, 0)
+    b = bind(node)
+    uses = [Use(b["input"], out)]
+    for k in ("weight", "bias", "running_mean", "running_var"):
+        if is_tensor_node(b.get(k)):
+            uses.append(Use(b[k], (out[1],)))
+    n = len(val(node))
+    return Alignment(uses=tuple(uses), outputs=(out,) + tuple(out_keys(node, i) for i in range(1, n)))
+
+
+@rule(aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default, align=align_batch_norm)
+def lower_batch_norm(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor | None, ...]:
+    """Eval mode, torch's definition: ``(x - mean) * rsqrt(var + eps) * weight + bias`` over
+    axis 1 with the running statistics. The saved statistics (empty in eval) are not computed."""
+    b = bind(node)
+    if b.get("training"):
+        raise FrontendError(f"{describe_node(node)}: batch norm in training mode (batch statistics and "
+                            f"running-stat updates) is not lowered; call model.eval()")
+    it = iter(xs[1:])
+    w, bias, mean, var = (next(it) if is_tensor_node(b.get(k)) else None
+                          for k in ("weight", "bias", "running_mean", "running_var"))
+    if mean is None or var is None:
+        raise FrontendError(f"{describe_node(node)}: batch norm without running statistics is training mode; "
+                            f"fspyre lowers eval mode only")
+    g = ctx.g
+    dtype = ctx.dtype(node)
+    wide = _wide(dtype)
+    y = g.pointwise("mul", g.pointwise("sub", xs[0], mean, dtype=wide),
+                    g.pointwise("rsqrt", g.pointwise("add", var, float(b["eps"]), dtype=wide), dtype=wide), dtype=wide)
+    if w is not None:
+        y = g.pointwise("mul", y, w, dtype=wide)
+    if bias is not None:
+        y = g.pointwise("add", y, bias, dtype=wide)
+    if y.dtype != dtype:
+        y = g.cast(y, dtype)
+    return (y,) + (None,) * (len(val(node)) - 1)
+
+
+# -- topk: k rounds of a maximum and the first position holding it -------------------------------
+def align_topk(node: fx.Node) -> Alignment:
+    """Values and indices share their axes; the searched axis is reduced, and the result's
+    axis there is the k picks."""
+    x = node_args(node)[0]
+    xs = shape(x)
+    d = _norm(bind(node)["dim"], len(xs))
+    out = out_keys(node)
+    red = (("red", node.name, 0), xs[d]) if xs else None  # a 0-d operand has nothing to search
+    dst = tuple(red[0] if j == d and red else out[j] for j in range(len(xs)))
+    return Alignment(uses=(Use(x, dst),), outputs=(out, out), reduced=(red,) if red else ())
+
+
+@rule(aten.topk.default, align=align_topk)
+def lower_topk(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Round i takes the largest value not taken yet (``amax``) and the first position that
+    holds it (``amin`` of the positions where it is, n elsewhere), then marks that position
+    taken: values in descending order, ties in position order, NaN counting as the largest
+    (as torch's topk). k rounds of two reductions over the axis: O(k n) per row, for the
+    small k of routers and samplers. The picks are concatenated along the result's axis."""
+    (x,) = xs
+    b = bind(node)
+    k = int(b["k"])
+    if not b["largest"]:
+        raise FrontendError(f"{describe_node(node)}: topk(largest=False) is not lowered; negate the operand "
+                            f"and take the largest")
+    if not is_float(x.dtype):
+        raise FrontendError(f"{describe_node(node)}: fspyre's topk searches a float tensor, this one is {x.dtype}")
+    g = ctx.g
+    if not x.dims:  # a 0-d tensor is its own top-1, at position 0
+        return g.pointwise("copy", x), g.constant(0, ctx.dtype(node, 1))
+    d = _norm(b["dim"], len(x.dims))
+    r = ctx.red_names(node)[0]
+    n = x.dims[[e.name for e in x.dims].index(r)].size
+    iota = ctx.iota(Dim(r, n))
+    out = ctx.dims(node)
+    vals, idxs = [], []
+    taken = None
+    for _ in range(k):
+        cand = x if taken is None else g.where(taken, float("-inf"), x)
+        m = g.reduce("amax", cand, [r])
+        # NaN is the largest: where the maximum is NaN, the first NaN not taken is picked
+        hit = _either(g, g.eq(cand, m), _both(g, g.ne(m, m), g.ne(cand, cand)))
+        if taken is not None:
+            hit = _both(g, hit, g.logical_not(taken))
+        i = g.reduce("amin", g.where(hit, iota, n), [r])
+        now = g.eq(iota, i)
+        taken = now if taken is None else _either(g, taken, now)
+        vals.append(m)
+        idxs.append(i)
+    pick = out[d].name
+    cat = []
+    for res, dtype in ((vals, ctx.dtype(node, 0)), (idxs, ctx.dtype(node, 1))):
+        pieces = [g.unsqueeze(v, d, f"{pick}_1") for v in res]
+        t = pieces[0] if k == 1 else _concat(ctx, node, pieces, d, out=out, dtype=dtype)
+        if k == 1:
+            t = ctx.rename(t, [e.name for e in out])
+        cat.append(t if t.dtype == dtype else g.cast(t, dtype))
+    return cat[0], cat[1]
+
+
+def _both(g: Any, a: Tensor, b: Tensor) -> Tensor:
+    """``a & b`` of bool tensors: their minimum."""
+    return g.pointwise("minimum", a, b, dtype="bool")
+
+
+def _either(g: Any, a: Tensor, b: Tensor) -> Tensor:
+    """``a | b`` of bool tensors: their maximum."""
+    return g.pointwise("maximum", a, b, dtype="bool")
+
+
+# -- convolution: im2col windows (a view) and one matmul ------------------------------------------
+def align_convolution(node: fx.Node) -> Alignment:
+    """The batch axis and the output channels (of the weight and the bias) line up with the
+    result's; channels in, taps and spatial axes are rebuilt by the rule."""
+    b = bind(node)
+    out = out_keys(node)
+    rank = len(shape(b["input"]))
+    uses = [Use(b["input"], (out[0],) + (None,) * (rank - 1)), Use(b["weight"], (out[1],) + (None,) * (rank - 1))]
+    if is_tensor_node(b["bias"]):
+        uses.append(Use(b["bias"], (out[1],)))
+    return Alignment(uses=tuple(uses), outputs=(out,))
+
+
+@rule(aten.convolution.default, align=align_convolution)
+def lower_convolution(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """1-d and 2-d convolution (stride, padding, dilation, groups) as im2col and a matmul:
+    the input, padded (``constant_pad_nd``'s concatenation), is viewed as windows along each
+    spatial axis (``GraphBuilder.unfold``: ``out * stride + tap * dilation``, overlapping), whose
+    ``[channels/groups, taps...]`` are copied into one contraction dim R; the weight, reshaped
+    to ``[groups, out/groups, R]`` (a view), contracts with it per group in one matmul. The
+    copy holds each input element once per window it falls in (the im2col buffer), so the work
+    is the convolution's own, O(output * R); the matmul sums R products in float32."""
+    b = bind(node)
+    if b["transposed"]:
+        raise FrontendError(f"{describe_node(node)}: transposed convolution is not lowered")
+    x, w = xs[0], xs[1]
+    bias = xs[2] if len(xs) > 2 else None
+    spatial = len(x.dims) - 2
+    if spatial not in (1, 2) or x.dims[0].size == 0:
+        raise FrontendError(f"{describe_node(node)}: fspyre lowers 1-d and 2-d convolutions, this one is {spatial}-d")
+    stride, padding, dilation = ([int(v) for v in b[k]] * (spatial if len(b[k]) == 1 else 1)
+                                 for k in ("stride", "padding", "dilation"))
+    groups = int(b["groups"])
+    g = ctx.g
+    out = ctx.dims(node)
+    dtype = ctx.dtype(node)
+    n = node.name
+    for j in range(spatial):  # zero padding of each spatial axis
+        if padding[j]:
+            x = _pad_axis(ctx, node, x, 2 + j, padding[j], padding[j], 0.0, f"{n}_pad{j}")
+    cin, cout = x.dims[1].size, out[1].size
+    cg, og = cin // groups, cout // groups
+    ksize = w.shape[2:]
+
+    def dim(name: str, size: int) -> Dim:
+        return g.dim(name, size) if size != 1 else Dim(name, 1)
+
+    grp, cgd, ogd = dim(f"{n}_g", groups), dim(f"{n}_cg", cg), dim(f"{n}_og", og)
+    x = g.reshape(x, [x.dims[0], grp, cgd] + list(x.dims[2:]))
+    # [batch, groups, spatial..., R]: one spatial axis at a time, its taps join R (channels
+    # first, then the taps in order: the weight's row-major [channels/groups, taps...]), so
+    # no copy has more than 6 dims (the device layout's limit)
+    cols = g.permute(x, [d.name for d in x.dims if d.name != cgd.name] + [cgd.name])
+    size = cg
+    for j in range(spatial):
+        at = 2 + j
+        cols = g.unfold(cols, cols.dims[at].name, ksize[j], stride[j], out[2 + j].name, f"{n}_k{j}", dilation[j])
+        tap = cols.dims[at + 1]
+        size *= ksize[j]
+        rest = [d for d in cols.dims if d.name != tap.name]
+        cols = g.reshape(g.permute(cols, [d.name for d in rest] + [tap.name]), rest[:-1] + [dim(f"{n}_r{j}", size)])
+    r = cols.dims[-1]
+    rows = list(cols.dims[:-1])
+    wk = g.reshape(w, [grp, ogd, r])
+    y = g.matmul(cols, wk, r.name, dtype=_wide(dtype) if bias is not None else None)
+    # [groups, batch, spatial..., og] -> [batch, groups * og, spatial...]
+    y = g.permute(y, [out[0].name, grp.name, ogd.name] + [d.name for d in rows[2:]])
+    y = g.reshape(y, out)
+    if bias is not None:
+        y = g.pointwise("add", y, bias, dtype=dtype)
+    elif y.dtype != dtype:
+        y = g.cast(y, dtype)
+    return y
+
+
+# -- copy and select_scatter: what functionalizing an in-place write makes ------------------------
+@rule(aten.copy.default, align=align_pointwise)
+def lower_copy_into(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``self.copy_(src)`` functionalized: ``src`` broadcast to ``self``'s shape in ``self``'s
+    dtype (``self``'s values are not read). BART's ``shift_tokens_right`` writes this way."""
+    src = xs[-1]
+    out = ctx.dims(node)
+    if src.dims != out:
+        src = ctx.g.expand(src, out)
+    return src if src.dtype == ctx.dtype(node) else ctx.g.cast(src, ctx.dtype(node))
+
+
+def align_select_scatter(node: fx.Node) -> Alignment:
+    b = bind(node)
+    out = out_keys(node)
+    d = _norm(b["dim"], len(out))
+    return Alignment(uses=(Use(b["self"], out), Use(b["src"], out[:d] + out[d + 1:])), outputs=(out,))
+
+
+@rule(aten.select_scatter.default, align=align_select_scatter)
+def lower_select_scatter(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
+    """``self`` with ``src`` at position ``index`` of ``dim``: the concatenation of ``self``'s
+    part before it, ``src`` as a size-1 piece, and the part after (as slice_scatter)."""
+    base, src = xs
+    b = bind(node)
+    d = _norm(b["dim"], len(base.dims))
+    name, size = base.dims[d].name, base.dims[d].size
+    i = int(b["index"]) % size
+    g = ctx.g
+    piece = g.unsqueeze(src, d, f"{name}_at")
+    pieces = ([g.slice(base, name, 0, i, name=f"{name}_0_{i}")] if i > 0 else []) + [piece] + (
+        [g.slice(base, name, i + 1, size, name=f"{name}_{i + 1}_end")] if i + 1 < size else [])
+    if len(pieces) == 1:
+        return ctx.rename(piece if piece.dtype == ctx.dtype(node) else g.cast(piece, ctx.dtype(node)),
+                          [e.name for e in ctx.dims(node)])
     return _concat(ctx, node, pieces, d)

@@ -334,6 +334,7 @@ class GraphBuilder:
     def relu(self, x: Tensor) -> Tensor: return self.pointwise("relu", x)
     def exp(self, x: Tensor) -> Tensor: return self._float_result("exp", x)
     def log(self, x: Tensor) -> Tensor: return self._float_result("log", x)
+    def log1p(self, x: Tensor) -> Tensor: return self._float_result("log1p", x)
     def sqrt(self, x: Tensor) -> Tensor: return self._float_result("sqrt", x)
     def rsqrt(self, x: Tensor) -> Tensor: return self._float_result("rsqrt", x)
     def reciprocal(self, x: Tensor) -> Tensor: return self._float_result("reciprocal", x)
@@ -357,6 +358,7 @@ class GraphBuilder:
     def mul(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("mul", a, b)
     def maximum(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("maximum", a, b)
     def minimum(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("minimum", a, b)
+    def fmod(self, a: Tensor | Number, b: Tensor | Number) -> Tensor: return self.pointwise("fmod", a, b)
 
     def div(self, a: Tensor | Number, b: Tensor | Number) -> Tensor:
         out = self._binary_dtype(a, b)
@@ -641,6 +643,34 @@ class GraphBuilder:
             self.dim(name, size)
         dims = tuple(new if e.name == d.name else e for e in x.dims)
         return self._view(x, dims, sympy.expand(x.index.xreplace({d.symbol: start + step * new.symbol})))
+
+    def unfold(self, x: Tensor, dim: Dim | str, size: int, step: int, name: str, tap: str,
+               dilation: int = 1) -> Tensor:
+        """Windows along ``dim`` (a view, torch's ``Tensor.unfold`` with a dilation): ``dim``
+        becomes ``name``, the window count, followed by ``tap``, the position in a window of
+        ``size`` taps; element ``(i, k)`` reads ``step * i + dilation * k`` of ``dim``. Windows
+        overlap when ``step < dilation * (size - 1) + 1``: a convolution's im2col."""
+        x = self._own(x, "unfold")
+        d = self._dim_of(x, dim, "unfold")
+        size, step, dilation = (as_int(v, f"unfold: {k}") for k, v in
+                                (("size", size), ("step", step), ("dilation", dilation)))
+        span = dilation * (size - 1) + 1
+        if size < 1 or step < 1 or dilation < 1 or span > d.size:
+            raise GraphError(
+                f"unfold: windows of {size} taps at dilation {dilation} (span {span}) and step {step} do not fit "
+                f"dim {d.name} of size {d.size}; give size, step, dilation >= 1 and a span <= {d.size}"
+            )
+        count = (d.size - span) // step + 1
+        for n in (name, tap):
+            if n in x.type.names and n != d.name:
+                raise GraphError(f"unfold: the new dim name {n!r} is already a dim of {x.type}")
+        new, k = Dim(name, count), Dim(tap, size)
+        for e in (new, k):
+            if e.size != 1:
+                self.dim(e.name, e.size)
+        at = x.type.names.index(d.name)
+        dims = x.dims[:at] + (new, k) + x.dims[at + 1:]
+        return self._view(x, dims, sympy.expand(x.index.xreplace({d.symbol: step * new.symbol + dilation * k.symbol})))
 
     def select(self, x: Tensor, dim: Dim | str, index: int) -> Tensor:
         """Element ``index`` of ``dim`` (negative from the end), which is dropped (a view)."""

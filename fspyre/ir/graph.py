@@ -26,9 +26,9 @@ from fspyre.machine.rules import row_major_strides
 # The op vocabulary: name -> arity. Semantics live in fspyre/machine/numerics.py.
 UNARY = (
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "relu", "sigmoid",
-    "tanh", "gelu", "silu", "copy", "cast", "logical_not", "sin", "cos",
+    "tanh", "gelu", "silu", "copy", "cast", "logical_not", "sin", "cos", "log1p",
 )
-BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "fmod")
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
 TERNARY = ("where",)
 POINTWISE_FNS: FrozenMap[str, int] = FrozenMap(

@@ -305,10 +305,21 @@ def exact_coordinates(
             coords.append(sympy.S.Zero)
             continue
         digit = sympy.floor(index / strides[h]) if strides[h] > 1 else index
-        if h > 0:  # the index stays inside the tensor (_check_index), so dim 0 needs no Mod
-            digit = sympy.Mod(digit, host[h])
-        if h == layout.dim_map[-1]:
-            digit = sympy.floor(digit / eps) if h not in seen else sympy.Mod(digit, eps)
+        stick, inner = h == layout.dim_map[-1], h in seen
+        # sympy 1.14 folds nested Mods wrongly: Mod(2*Mod(s, 32), 32) becomes 2*Mod(s, 32)
+        # (wrong for s >= 16), and Mod(Mod(2*s + 16*x, 16), 32) becomes 2*Mod(Mod(s, 8)**2, 16);
+        # a strided read of the stick dim (x[..., ::2]) makes both. So a stick digit is built
+        # without nesting where a Mod is redundant: by the dim's size under the stick's Mod
+        # when eps divides it, and the stick's own when the dim fits one stick.
+        if stick and inner and host[h] % eps == 0:
+            digit = sympy.Mod(digit, eps)
+        else:
+            if h > 0:  # the index stays inside the tensor (_check_index), so dim 0 needs no Mod
+                digit = sympy.Mod(digit, host[h])
+            if stick and host[h] <= eps:
+                digit = digit if inner else sympy.S.Zero
+            elif stick:  # a dim over several sticks, not a multiple of eps: kept unevaluated
+                digit = sympy.Mod(digit, eps, evaluate=False) if inner else sympy.floor(digit / eps)
         seen.add(h)
         coords.append(digit)
     if layout.dim_map[-1] == -1:

@@ -70,6 +70,8 @@ POINTWISE: dict[str, Callable[..., np.ndarray]] = {
     "abs": np.abs,
     "exp": np.exp,
     "log": np.log,
+    "log1p": np.log1p,
+    "fmod": np.fmod,
     "sqrt": np.sqrt,
     "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
     "reciprocal": lambda x: np.float32(1) / x,
@@ -122,7 +124,7 @@ def _as(value: Value, dtype: np.dtype) -> Value:
 # Pointwise fns whose every result is exact or correctly rounded by IEEE, so no numpy kernel
 # choice (``_dense``) can change it: computed once where the operands do not vary, their
 # result may be spread afterwards.
-EXACT_POINTWISE = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "sqrt", "relu",
+EXACT_POINTWISE = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "fmod", "neg", "abs", "sqrt", "relu",
                              "copy", "cast", "logical_not", "eq", "ne", "lt", "le", "gt", "ge", "where"})
 
 
@@ -303,6 +305,7 @@ _LIPSCHITZ = {"neg": 1.0, "abs": 1.0, "relu": 1.0, "copy": 1.0, "cast": 1.0, "si
 _COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
 # fn -> operand positions where the function has a pole or leaves its domain at 0
 _POLES = {"div": (1,), "reciprocal": (0,), "rsqrt": (0,), "log": (0,), "sqrt": (0,), "pow": (0,)}
+# (log1p's pole is at -1: the corner evaluation gives -inf or nan there, hence an infinite bound)
 
 
 def _f64(v: Value, shape: tuple[int, ...]) -> np.ndarray:
@@ -327,6 +330,16 @@ def pointwise_bound(fn: str, operands: Sequence[Value], errors: Sequence[np.ndar
             return np.where(np.abs(x[0] - x[1]) <= e[0] + e[1], 1.0, 0.0)
         if fn == "logical_not":
             return np.where(np.abs(x[0]) <= e[0], 1.0, 0.0)
+        if fn == "fmod":
+            # a - trunc(a / b) * b: Lipschitz in a (1) and b (|trunc(a / b)|) while the
+            # quotient cannot change over the operand box; where it can, the result jumps by
+            # about |b|: anything goes, like where's condition
+            a, b = x
+            q = np.trunc(a / b)
+            corners = [np.trunc((a + sa * e[0]) / (b + sb * e[1])) for sa in (-1, 1) for sb in (-1, 1)]
+            jumps = np.any([c != q for c in corners], axis=0) | (np.abs(b) <= e[1]) | np.isnan(q)
+            d = np.where(jumps, np.inf, e[0] + np.abs(q) * e[1])
+            return np.where(d > 0, d + 2 * _FN_ULPS * np.maximum(UNIT_ROUNDOFF * np.abs(a), _F32_SUBNORMAL), 0.0)
         if fn == "where":
             c, a, b = x
             may_flip = ~(np.abs(c) > e[0])

@@ -97,7 +97,7 @@ _BINARY_FNS = ("add", "mul", "sub", "maximum", "minimum", "div", "pow")
 _COMPARE_FNS = ("gt", "lt", "ge", "le", "eq", "ne")
 _REDUCE_FNS = ("sum", "amax", "amin", "mean", "prod", "var")
 _SCALARS: tuple[float | int | bool, ...] = (2, -1, 0.5, 3, -1.5, 0.25, 1, True, 0)
-_POSITIVE_READS = ("log", "sqrt", "rsqrt", "reciprocal")
+_POSITIVE_READS = ("log", "sqrt", "rsqrt", "reciprocal", "log1p")
 _LIMIT = 1e4  # magnitude bound beyond which a float operand is squashed with tanh
 _INPUT_BOUND = {"float16": 2.0, "bfloat16": 2.0, "float32": 2.0, "int32": 8.0, "bool": 1.0}
 

@@ -36,7 +36,7 @@ F32 = 2.0**-24
 UNIT = {"SEN169_FP16": 2.0**-10, "IEEE_FP16": 2.0**-11, "BF16": 2.0**-9, "IEEE_FP32": 2.0**-24}
 TINY = {"SEN169_FP16": 2.0**-30, "IEEE_FP16": 2.0**-24, "BF16": 2.0**-126, "IEEE_FP32": 2.0**-126}
 SAFETY = 2.0
-TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu", "pow", "reciprocal", "div",
+TRANSCENDENTAL = ("exp", "log", "log1p", "sqrt", "rsqrt", "sigmoid", "tanh", "gelu", "silu", "pow", "reciprocal", "div",
                   "sin", "cos")
 
 
@@ -106,7 +106,7 @@ def _sigmoid(x):
 
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0.0), "copy": lambda x: x,
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "exp": np.exp, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "reciprocal": lambda x: 1.0 / x, "sigmoid": _sigmoid, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))), "silu": lambda x: x * _sigmoid(x),
 }
@@ -147,6 +147,14 @@ def pointwise(fn: str, xs: Sequence[Ref | float], names: Sequence[str], shape: S
                 return Ref(tuple(names), np.broadcast_to(x == 0, shape).astype(np.float64),
                            np.broadcast_to(und, shape).astype(np.float64), "bool")
             v, e = x, ex
+        elif fn == "fmod":
+            # a - trunc(a / b) * b, exact in float64 for these operands; the quotient may
+            # change inside the operand box (a jump of |b|): then anything goes
+            (a, ea), (b, eb) = ops
+            v = np.fmod(a, b)
+            q = np.trunc(a / b)
+            moves = np.any([np.trunc((a + sa * ea) / (b + sb * eb)) != q for sa in (-1, 1) for sb in (-1, 1)], axis=0)
+            e = np.where(moves | (np.abs(b) <= eb), np.inf, ea + np.abs(q) * eb)
         elif fn in BINARY:
             (a, ea), (b, eb) = ops
             f = BINARY[fn]
@@ -255,3 +263,95 @@ def accept(got: np.ndarray, ref: Ref) -> np.ndarray:
     with np.errstate(all="ignore"):
         ok = np.abs(g - ref.value) <= SAFETY * err
     return ok | (g == ref.value) | (np.isnan(g) & np.isnan(ref.value))  # NaN matches NaN (docs/semantics.md)
+
+
+# -- ops the front end lowers to several graph ops, each from torch's definition of the op --------
+# These take exact inputs (the tests' random values); their bound is the op's own computation.
+def convolution(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int], groups: int, dtype: str,
+                fp16_format: str = "SEN169_FP16") -> Ref:
+    """``out[n, o, y...] = bias[o] + sum over c in o's group and taps k of
+    x_padded[n, c, y * stride + k * dilation] * w[o, c, k]`` (1-d or 2-d), summed tap by tap in
+    float64; the bound is a float32 sum of the R = channels/groups * taps products."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    spatial = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    taps = w.shape[2:]
+    outs = [(xp.shape[2 + j] - dilation[j] * (taps[j] - 1) - 1) // stride[j] + 1 for j in range(spatial)]
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    cg, og = c // groups, o // groups
+    v = np.zeros((n, o, *outs))
+    mag = np.zeros_like(v)
+    for k in np.ndindex(*taps):
+        window = tuple(slice(k[j] * dilation[j], k[j] * dilation[j] + stride[j] * (outs[j] - 1) + 1, stride[j])
+                       for j in range(spatial))
+        xs = xp[(slice(None), slice(None)) + window]  # [n, c, outs...]
+        for gi in range(groups):
+            part = xs[:, gi * cg:(gi + 1) * cg]
+            wk = w[gi * og:(gi + 1) * og, :, *k]  # [og, cg]
+            v[:, gi * og:(gi + 1) * og] += np.einsum("nc...,oc->no...", part, wk)
+            mag[:, gi * og:(gi + 1) * og] += np.einsum("nc...,oc->no...", np.abs(part), np.abs(wk))
+    r = cg * int(np.prod(taps))
+    e = r * F32 * mag
+    if bias is not None:
+        b = np.asarray(bias, np.float64).reshape((1, o) + (1,) * spatial)
+        v = v + b
+        e = e + 2 * F32 * np.abs(v)
+    names = tuple(f"d{i}" for i in range(v.ndim))
+    return _store(names, v, e, dtype, fp16_format, 2.0)
+
+
+def topk(x: np.ndarray, k: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest values along ``axis`` in descending order and their positions: ties in
+    position order, NaN larger than every number (torch's order). Exact."""
+    x = np.asarray(x, np.float64)
+    key = np.where(np.isnan(x), np.inf, x)
+    # descending by value, NaN first, then by position: a stable sort of (-key, nan-first)
+    order = np.lexsort((np.broadcast_to(np.arange(x.shape[axis]).reshape(
+        [-1 if i == axis % x.ndim else 1 for i in range(x.ndim)]), x.shape), -key, ~np.isnan(x)), axis=axis)
+    idx = np.take(order, np.arange(k), axis=axis)
+    return np.take_along_axis(x, idx, axis=axis), idx
+
+
+def constant_pad(x: np.ndarray, pad: Sequence[int], value: float) -> np.ndarray:
+    """torch's ``constant_pad_nd``: ``pad`` lists (before, after) from the last axis backwards;
+    a negative count removes elements. Exact."""
+    x = np.asarray(x)
+    for i in range(len(pad) // 2):
+        axis, before, after = x.ndim - 1 - i, pad[2 * i], pad[2 * i + 1]
+        lo, hi = max(-before, 0), x.shape[axis] - max(-after, 0)
+        x = np.take(x, np.arange(lo, hi), axis=axis)
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (max(before, 0), max(after, 0))
+        x = np.pad(x, widths, constant_values=value)
+    return x
+
+
+def repeat(x: np.ndarray, repeats: Sequence[int]) -> np.ndarray:
+    """torch's ``Tensor.repeat``: ``x`` (with leading size-1 axes up to len(repeats)) tiled
+    ``repeats[i]`` times along axis i. Exact."""
+    x = np.asarray(x)
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    out = x
+    for axis, r in enumerate(repeats):
+        out = np.concatenate([out] * r, axis=axis) if r else np.take(out, [], axis=axis)
+    return out
+
+
+def batch_norm_eval(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, mean: np.ndarray,
+                    var: np.ndarray, eps: float, dtype: str, fp16_format: str = "SEN169_FP16") -> Ref:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over axis 1, in float64; the bound is
+    float32's for the five operations."""
+    shape = (1, -1) + (1,) * (np.ndim(x) - 2)
+    x = np.asarray(x, np.float64)
+    v = (x - np.reshape(mean, shape)) / np.sqrt(np.reshape(var, shape) + eps)
+    if weight is not None:
+        v = v * np.reshape(weight, shape)
+    if bias is not None:
+        v = v + np.reshape(bias, shape)
+    mag = np.abs(x - np.reshape(mean, shape)) / np.sqrt(np.reshape(var, shape) + eps)
+    if weight is not None:
+        mag = mag * np.abs(np.reshape(weight, shape))
+    e = 16 * F32 * (mag + np.abs(v))
+    return _store(tuple(f"d{i}" for i in range(v.ndim)), v, e, dtype, fp16_format, 2.0)

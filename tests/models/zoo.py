@@ -146,3 +146,166 @@ def token_ids() -> tuple[torch.Tensor, torch.Tensor]:
     mask = torch.ones(B, S, dtype=torch.int64)
     mask[0, -3:] = 0
     return ids, mask
+
+
+# -- the families of issue 23: whole tiny models (and three MoE blocks), one per family ------------
+# Each is built from its config with one layer, hidden 64 and 4 heads where the family has them
+# (vision models: 32x32 images), random weights, eval mode; it returns its first output (the
+# hidden states). ``benchmarks/zoo.py`` runs every family both ways and prints the table the
+# README shows; ``test_zoo.py`` runs the cases marked ``fast`` by default and the rest with -m zoo.
+ZH, ZHEADS, ZFF, ZV, ZS = 64, 4, 128, 128, 16
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[[], tuple[torch.Tensor, ...]]
+    why: str = ""  # what the family exercises that others do not
+
+
+def _ids() -> tuple[torch.Tensor, ...]:
+    return (torch.randint(0, ZV, (1, ZS), generator=torch.Generator().manual_seed(3)),)
+
+
+def _pixels() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(4)),)
+
+
+def _zhidden() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(1, ZS, ZH, generator=torch.Generator().manual_seed(1)),)
+
+
+class Hidden(torch.nn.Module):
+    """The model's first output (``last_hidden_state``, or the logits)."""
+
+    def __init__(self, model: torch.nn.Module, seq2seq: bool = False) -> None:
+        super().__init__()
+        self.model, self.seq2seq = model, seq2seq
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(x, decoder_input_ids=x) if self.seq2seq else self.model(x)
+        return out[0]
+
+
+def _auto(model_type: str, seq2seq: bool = False, **config) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        from transformers import AutoConfig, AutoModel
+
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, **config)
+        cfg._attn_implementation = "eager"
+        return Hidden(AutoModel.from_config(cfg), seq2seq).eval()
+    return build
+
+
+def _block(module: str, cls: str, model_type: str, **config) -> Callable[[], torch.nn.Module]:
+    """A sparse-MoE block (router with top-k, experts) on hidden states."""
+    def build() -> torch.nn.Module:
+        import importlib
+
+        from transformers import AutoConfig
+
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, **config)
+        return FirstOutput(getattr(importlib.import_module(module), cls)(cfg)).eval()
+    return build
+
+
+def _whisper() -> torch.nn.Module:
+    from transformers import WhisperConfig, WhisperModel
+
+    torch.manual_seed(0)
+    cfg = WhisperConfig(d_model=ZH, encoder_layers=1, decoder_layers=1, encoder_attention_heads=ZHEADS,
+                        decoder_attention_heads=ZHEADS, encoder_ffn_dim=ZFF, decoder_ffn_dim=ZFF, num_mel_bins=16,
+                        max_source_positions=16, vocab_size=ZV, pad_token_id=0, decoder_start_token_id=1)
+    cfg._attn_implementation = "eager"
+    return Hidden(WhisperModel(cfg).get_encoder()).eval()
+
+
+def _mel() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(5)),)
+
+
+class _CausalLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(**_LM, num_key_value_heads=2, tie_word_embeddings=False)
+        cfg._attn_implementation = "eager"
+        self.lm = LlamaForCausalLM(cfg).eval()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=ids, use_cache=False).logits
+
+
+_LM = dict(hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, intermediate_size=ZFF, vocab_size=ZV,
+           max_position_embeddings=64, use_cache=False)
+_MOE = dict(hidden_size=ZH, intermediate_size=ZFF, num_local_experts=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_attention_heads=ZHEADS)
+_VISION = dict(hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, intermediate_size=ZFF, image_size=32,
+               patch_size=8)
+
+FAMILIES = {f.name: f for f in (
+    Family("gpt2", _auto("gpt2", n_embd=ZH, n_head=ZHEADS, n_layer=1, vocab_size=ZV, n_positions=64,
+                         use_cache=False), _ids),
+    Family("bert", _auto("bert", **_LM), _ids),
+    Family("llama", _auto("llama", num_key_value_heads=2, **_LM), _ids),
+    Family("llama_causal_lm", _CausalLM, _ids, "the LM head over the vocabulary"),
+    Family("gemma", _auto("gemma", head_dim=16, num_key_value_heads=2, **_LM), _ids),
+    Family("gemma2", _auto("gemma2", head_dim=16, num_key_value_heads=2, **_LM), _ids, "logit soft-capping"),
+    Family("gemma3", _auto("gemma3_text", head_dim=16, num_key_value_heads=2, **_LM), _ids, "q/k norms"),
+    Family("mistral", _auto("mistral", num_key_value_heads=2, **_LM), _ids),
+    Family("qwen2", _auto("qwen2", num_key_value_heads=2, **_LM), _ids),
+    Family("qwen3", _auto("qwen3", head_dim=16, num_key_value_heads=2, **_LM), _ids),
+    Family("olmo", _auto("olmo", num_key_value_heads=4, **_LM), _ids),
+    Family("stablelm", _auto("stablelm", num_key_value_heads=4, **_LM), _ids, "partial rotary"),
+    Family("phi", _auto("phi", **_LM), _ids, "Phi-2: partial rotary"),
+    Family("phi3", _auto("phi3", num_key_value_heads=4, pad_token_id=0, **_LM), _ids,
+           "full rotary: an empty pass-through slice"),
+    Family("cohere", _auto("cohere", num_key_value_heads=4, **_LM), _ids, "interleaved rotary (x[..., ::2])"),
+    Family("gptj", _auto("gptj", n_embd=ZH, n_head=ZHEADS, n_layer=1, vocab_size=ZV, n_positions=64, rotary_dim=16,
+                         use_cache=False), _ids, "interleaved rotary over the whole head dim"),
+    Family("codegen", _auto("codegen", n_embd=ZH, n_head=ZHEADS, n_layer=1, vocab_size=ZV, n_positions=64,
+                            rotary_dim=8, use_cache=False), _ids, "interleaved partial rotary"),
+    Family("gpt_neox", _auto("gpt_neox", **_LM), _ids),
+    Family("falcon", _auto("falcon", hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, vocab_size=ZV,
+                           use_cache=False), _ids),
+    Family("bloom", _auto("bloom", hidden_size=ZH, n_head=ZHEADS, n_layer=1, vocab_size=ZV, use_cache=False), _ids,
+           "alibi"),
+    Family("mpt", _auto("mpt", d_model=ZH, n_heads=ZHEADS, n_layers=1, vocab_size=ZV, max_seq_len=64,
+                        use_cache=False), _ids, "alibi"),
+    Family("opt", _auto("opt", hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, ffn_dim=ZFF,
+                        vocab_size=ZV, max_position_embeddings=64, word_embed_proj_dim=ZH, use_cache=False), _ids),
+    Family("distilbert", _auto("distilbert", dim=ZH, n_heads=ZHEADS, n_layers=1, hidden_dim=ZFF, vocab_size=ZV,
+                               max_position_embeddings=64), _ids),
+    Family("roberta", _auto("roberta", pad_token_id=1, **_LM), _ids),
+    Family("albert", _auto("albert", embedding_size=32, **_LM), _ids),
+    Family("electra", _auto("electra", embedding_size=32, **_LM), _ids),
+    Family("bart", _auto("bart", d_model=ZH, encoder_layers=1, decoder_layers=1, encoder_attention_heads=ZHEADS,
+                         decoder_attention_heads=ZHEADS, encoder_ffn_dim=ZFF, decoder_ffn_dim=ZFF, vocab_size=ZV,
+                         max_position_embeddings=64, use_cache=False), _ids, "decoder with cross-attention"),
+    Family("t5", _auto("t5", seq2seq=True, d_model=ZH, d_ff=ZFF, num_heads=ZHEADS, d_kv=16, num_layers=1,
+                       num_decoder_layers=1, vocab_size=ZV, use_cache=False), _ids, "decoder with cross-attention"),
+    Family("whisper_encoder", _whisper, _mel, "conv1d stem"),
+    Family("clip_text", _auto("clip_text_model", hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1,
+                              intermediate_size=ZFF, vocab_size=ZV, max_position_embeddings=64), _ids),
+    Family("clip_vision", _auto("clip_vision_model", **_VISION), _pixels, "conv patch embedding"),
+    Family("vit", _auto("vit", **_VISION), _pixels, "conv patch embedding"),
+    Family("swin", _auto("swin", embed_dim=16, depths=[1, 1], num_heads=[2, 2], image_size=32, patch_size=4,
+                         window_size=4), _pixels, "windows, patch merging"),
+    Family("convnext", _auto("convnext", hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=32), _pixels,
+           "depthwise 7x7 conv"),
+    Family("resnet", _auto("resnet", embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic"),
+           _pixels, "conv + batch norm, max pool"),
+    Family("mamba", _auto("mamba", hidden_size=ZH, state_size=8, num_hidden_layers=1, vocab_size=ZV,
+                          intermediate_size=ZFF, use_cache=False), _ids, "causal depthwise conv1d, selective scan"),
+    Family("mixtral_moe", _block("transformers.models.mixtral.modeling_mixtral", "MixtralSparseMoeBlock", "mixtral",
+                                 **_MOE), _zhidden, "top-k router, per-expert loop"),
+    Family("qwen2_moe", _block("transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeSparseMoeBlock",
+                               "qwen2_moe", **_MOE), _zhidden, "top-k router, shared expert"),
+    Family("olmoe", _block("transformers.models.olmoe.modeling_olmoe", "OlmoeSparseMoeBlock", "olmoe", **_MOE),
+           _zhidden, "top-k router"),
+)}

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fspyre
+from fspyre.ir.graph import POINTWISE_FNS
 from fspyre.machine import formats, numerics
 from fspyre.machine.spyre import spyre
 
@@ -27,8 +28,7 @@ def test_pointwise_result_does_not_depend_on_operand_shape(fn):
     """The same element computed as a 0-d op, a one-element array, a broadcast scalar or
     inside a 4096-element array gives the same bits (numpy takes different kernels by
     operand shape: np.power with a 0-d exponent of 2, 0.5 or -1 is square/sqrt/reciprocal)."""
-    arity = {"where": 3}.get(fn, 2 if fn in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq",
-                                            "ne", "lt", "le", "gt", "ge") else 1)
+    arity = POINTWISE_FNS[fn]
     rng = np.random.default_rng(1)
     ops = [VALUES] + [rng.permutation(VALUES) for _ in range(arity - 1)]
     if fn == "pow":  # bases positive so most results are finite; exponents hit the fast-path values
