@@ -1,0 +1,50 @@
+"""A static proof that a compiled program is memory-safe, covers its outputs and computes
+with the values its dataflow says, for every input and every size a symbolic program accepts
+(docs/proof.md). Built on isl (``pip install fspyre[prove]``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fspyre.ir.graph import Graph
+from fspyre.ir.program import Program
+from fspyre.proof.artifact import PROPERTIES, Counterexample, Proof, PropertyResult
+
+__all__ = ["Counterexample", "Proof", "PropertyResult", "prove"]
+
+
+def prove(comp: Any) -> Proof:
+    """The proof of a Compilation's program (or of a Program: then without the graph's
+    producer check of coverage)."""
+    from fspyre.errors import FspyreError
+
+    graph: Graph | None = None
+    if isinstance(comp, Program):
+        program = comp
+    elif isinstance(getattr(comp, "program", None), Program):
+        program, graph = comp.program, comp.graph
+    else:
+        raise FspyreError(f"prove: expected the Compilation fspyre.compile returns or a Program, got "
+                          f"{type(comp).__name__}")
+    from fspyre.proof.properties import coverage, dataflow, memory_safety
+    from fspyre.proof.sets import NotAffine, build_model
+
+    assumptions = () if program.symbolic is None else tuple(
+        f"|{a.dim}| {_ASSUME[a.kind]} {a.value}" for a in program.symbolic.assumptions)
+    try:
+        model = build_model(program)
+    except NotAffine as err:
+        return Proof(program=program.name, assumptions=assumptions, properties=tuple(
+            PropertyResult(name=n, verdict="undecided", reason=f"not affine: {err}") for n in PROPERTIES))
+    safety = memory_safety(model)
+    results = [safety]
+    if safety.verdict != "proved":
+        # the other properties read memory through the same accesses: unsafe ones make them moot
+        results += [PropertyResult(name=n, verdict="undecided", reason="memory safety is not proved")
+                    for n in PROPERTIES[1:]]
+    else:
+        results += [coverage(model, graph), dataflow(model)]
+    return Proof(program=program.name, properties=tuple(results), assumptions=assumptions)
+
+
+_ASSUME = {"divisible": "divisible by", "at_least": ">=", "at_most": "<="}

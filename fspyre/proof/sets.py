@@ -1,0 +1,293 @@
+"""A program as integer sets and maps (isl): every access of every op, over every loop
+iteration, core and point of the op's iteration space, as a map from its instances to the
+memory cells (bytes) and tensor elements it touches.
+
+The model reads the fields the interpreter reads, and by its rules (fspyre/machine/interpreter.py,
+fspyre/machine/rules.py):
+
+- an op runs once per iteration of its enclosing loops (``LoopSpec.count``), or only in the
+  first or last iteration of its innermost loop (``OpSpec.runs``);
+- core ``c`` runs the points ``core_spaces[c]`` of the iteration space; every core reads, and
+  with a split reduction only the cores holding slice 0 of every reduced symbol write, one
+  instance per output point (``rules.writing_cores``);
+- an HBM access touches ``address + nbytes * sum(coord_d * stride_d) + sum(i_L * tile_advance_L)``
+  (``stride`` row-major over ``device_size``); an LX access touches the core's own LX at
+  ``address + sum(i_L * tile_advance_L) + nbytes * sum((coord_d - low_d) * box_stride_d)``, the
+  core's box (``rules.coord_bounds`` / ``rules.lx_box``) laid out row-major;
+- kernel inputs are copied in before the body and outputs copied out after it, each host
+  element at its stick layout (``layout.stick_layout``).
+
+An instance of an access is ``[i_0 .. i_{d-1}, c, p_0 .. p_{n-1}, b]``: loop iterations, core,
+point, and ``b`` the byte of the element (cells are bytes, so tensors of different element
+sizes that share bytes meet). Symbolic sizes are isl parameters. Device coordinates are
+quasi-affine (``floor`` and ``Mod`` by constants); what is not (a product of two variables, a
+size times a coordinate) raises ``NotAffine``, which the proof reports as undecided.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+import islpy as isl
+import sympy
+
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.symbolic import is_size_symbol
+from fspyre.machine import formats
+from fspyre.machine.layout import device_coordinates, stick_layout
+from fspyre.machine.rules import coord_bounds, lx_box, row_major_strides, writing_cores
+
+CTX = isl.DEFAULT_CONTEXT
+
+
+class NotAffine(Exception):
+    """An expression isl cannot hold: the proof of what needs it is undecided."""
+
+
+def param_name(symbol: sympy.Symbol) -> str:
+    return "sz_" + "".join(ch if ch.isalnum() else "_" for ch in symbol.name)
+
+
+def isl_text(e: sympy.Basic | int, names: dict[sympy.Symbol, str]) -> str:
+    """``e`` as an isl quasi-affine expression over ``names`` (iteration symbols to isl
+    variables) and the symbolic sizes (isl parameters)."""
+    if isinstance(e, int):
+        return str(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        if e in names:
+            return names[e]
+        if is_size_symbol(e):
+            return param_name(e)
+        raise NotAffine(f"symbol {e} is neither an iteration symbol of the op nor a symbolic size")
+    if e.is_Add:
+        return "(" + " + ".join(isl_text(a, names) for a in e.args) + ")"
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        if not coeff.is_Integer:
+            raise NotAffine(f"{e} has the fractional coefficient {coeff} outside a floor")
+        factors = sympy.Mul.make_args(rest)
+        variable = [f for f in factors if not (f.free_symbols and all(is_size_symbol(s) for s in f.free_symbols))]
+        if len(factors) > 1 and (len(variable) > 1 or len(variable) == 1 and len(factors) > 1):
+            raise NotAffine(f"{e} multiplies {' and '.join(map(str, factors))}: not affine")
+        return f"({int(coeff)} * {isl_text(rest, names)})"
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        arg = e.args[0]
+        den = reduce(math.lcm, (int(t.as_coeff_Mul()[0].q) for t in sympy.Add.make_args(arg)), 1)
+        fn = "floor" if isinstance(e, sympy.floor) else "ceil"
+        return f"{fn}(({isl_text(sympy.expand(arg * den), names)}) / {den})"
+    if isinstance(e, sympy.Mod):
+        x, k = e.args
+        if not k.is_Integer or int(k) <= 0:
+            raise NotAffine(f"{e}: a modulus must be a positive constant")
+        return f"(({isl_text(x, names)}) mod {int(k)})"
+    raise NotAffine(f"{e} ({type(e).__name__}) is not a quasi-affine expression")
+
+
+def _size(v: int | sympy.Expr) -> str:
+    return isl_text(v, {})
+
+
+def _const(v: int | sympy.Expr, arg: TensorArg, what: str) -> int:
+    """A factor of an iteration variable: an integer, or the product is not affine (a
+    symbolic size times a loop iteration or a coordinate)."""
+    if isinstance(v, int) or getattr(v, "is_Integer", False):
+        return int(v)
+    raise NotAffine(f"tensor {arg.name}: its {what} {v} multiplies an iteration variable by a symbolic size")
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One access of one op: ``stmt`` names its instances (``R<t>_<k>`` reads arg ``k`` of op
+    ``t``, ``W<t>`` the op's write); ``pieces`` per core: the instance constraints and the
+    byte address (``cell``: the memory cell as isl text, ``elem``: the tensor element)."""
+
+    stmt: str
+    t: int
+    spec: OpSpec | None
+    arg: TensorArg | KernelArg
+    is_write: bool
+    dims: tuple[str, ...]  # the instance's variables
+    pieces: tuple[tuple[str, str, str, str], ...]  # (constraints, memory, byte address, tensor element)
+    coords: tuple[tuple[str, ...], ...]  # per piece: each device coordinate (isl text)
+    memory: str
+    nbytes: int
+    loops: int  # enclosing loops
+    syms: tuple[sympy.Symbol, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    program: Program
+    params: tuple[str, ...]
+    assumptions: str  # isl constraints on the parameters (Program.symbolic's assumptions)
+    accesses: tuple[Access, ...]
+    schedule: tuple[tuple[str, str], ...]  # (stmt, isl text of its schedule map)
+    tensor_ids: dict[str, int]
+
+    def space(self, body: str) -> str:
+        head = f"[{', '.join(self.params)}] -> " if self.params else ""
+        cond = f" and {self.assumptions}" if self.assumptions and ":" in body else (
+            f" : {self.assumptions}" if self.assumptions else "")
+        return f"{head}{{ {body}{cond} }}"
+
+    def union_map(self, parts: Sequence[str]) -> isl.UnionMap:
+        out = isl.UnionMap.read_from_str(CTX, self.space(""))  # the empty map over the parameters
+        for text in parts:
+            out = out.union(isl.UnionMap.read_from_str(CTX, self.space(text)))
+        return out
+
+
+def _assumptions(program: Program) -> tuple[tuple[str, ...], str]:
+    if program.symbolic is None:
+        return (), ""
+    params, conds = [], []
+    for dim in program.symbolic.dims:
+        from fspyre.ir.symbolic import size_symbol
+
+        p = param_name(size_symbol(dim.name))
+        params.append(p)
+        conds.append(f"{p} >= 1")
+    for a in program.symbolic.assumptions:
+        from fspyre.ir.symbolic import size_symbol
+
+        p = param_name(size_symbol(a.dim))
+        conds.append({"divisible": f"{p} mod {a.value} = 0", "at_least": f"{p} >= {a.value}",
+                      "at_most": f"{p} <= {a.value}"}[a.kind])
+    return tuple(params), " and ".join(conds)
+
+
+def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tuple[int, ...],
+                 tensor_ids: dict[str, int]) -> list[Access]:
+    if spec.symbolic:
+        raise NotAffine(f"op {spec.name or spec.op}: its iteration space has a symbolic size")
+    syms = tuple(spec.iteration_space)
+    splits = [k for _, k in spec.iteration_space.values()]
+    reduced = set(spec.op_info.reduced) if spec.is_reduction else set()
+    writers = writing_cores(splits, [s in reduced for s in syms])
+    loops = [f"i{L}" for L in range(len(counts))]
+    pnames = {s: f"p{j}" for j, s in enumerate(syms)}
+    dims = tuple(loops) + ("c",) + tuple(pnames[s] for s in syms) + ("b",)
+    loop_cond = [f"0 <= i{L} < {_size(n)}" for L, n in enumerate(counts)]
+    if spec.runs == "first" and counts:
+        loop_cond.append(f"i{len(counts) - 1} = 0")
+    elif spec.runs == "last" and counts:
+        loop_cond.append(f"i{len(counts) - 1} = {_size(counts[-1])} - 1")
+    out = []
+    for k, arg in enumerate(spec.args):
+        is_write = k == len(spec.args) - 1
+        nb = formats.FORMATS[arg.device_dtype].nbytes
+        coords = tuple(isl_text(c, pnames) for c in arg.device_coordinates)
+        moved = " + ".join([f"{_const(a, arg, 'tile_advance')} * i{L}"
+                            for L, a in enumerate(arg.tile_advance[:len(counts)])] + ["0"])
+        if arg.memory == "lx":
+            lows, highs = coord_bounds(arg.device_coordinates, syms, spec.slice_extents)
+            box_lo, box_ext = lx_box(lows, highs, [int(n) for n in arg.device_size])
+        pieces, piece_coords = [], []
+        for c, space in enumerate(spec.core_spaces):
+            if is_write and not writers[c]:
+                continue
+            cond = loop_cond + [f"c = {c}", f"0 <= b < {nb}"]
+            for s, (start, ext) in zip(syms, space):
+                if is_write and s in reduced:
+                    cond.append(f"{pnames[s]} = {start}")
+                else:
+                    cond.append(f"{start} <= {pnames[s]} < {start + ext}")
+            if arg.memory == "hbm":
+                strides = row_major_strides(arg.device_size)
+                offset = " + ".join(f"{_const(st, arg, 'row stride')} * ({x})" for st, x in zip(strides, coords))
+                elem = f"{nb} * ({offset}) + {moved} + b"
+                cell = f"HBM[{_size(arg.address)} + {elem}]"
+                tensor = f"T{tensor_ids[arg.name]}[{elem}]"
+            else:
+                lo, ext = box_lo[c].tolist(), box_ext[c].tolist()
+                bstrides = row_major_strides(ext)
+                offset = " + ".join(f"{st} * ({x} - {low})" for st, x, low in zip(bstrides, coords, lo))
+                elem = f"{nb} * ({offset}) + {moved} + b"
+                cell = f"LX[c, {_size(arg.address)} + {elem}]"
+                tensor = f"T{tensor_ids[arg.name]}[c, {elem}]"
+            pieces.append((" and ".join(cond), arg.memory, cell, tensor))
+            piece_coords.append(coords)
+        stmt = f"W{t}" if is_write else f"R{t}_{k}"
+        out.append(Access(stmt=stmt, t=t, spec=spec, arg=arg, is_write=is_write, dims=dims, pieces=tuple(pieces),
+                          coords=tuple(piece_coords), memory=arg.memory, nbytes=nb, loops=len(counts), syms=syms))
+    return out
+
+
+def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access:
+    """The copy-in (a write before the body) or copy-out (a read after it) of a kernel argument:
+    every host element at its stick layout."""
+    fmt = formats.FORMATS[arg.device_dtype]
+    shape = [int(n) for n in arg.host_shape]
+    layout = stick_layout(shape, fmt.elems_per_stick)
+    hsyms = [sympy.Symbol(f"h{j}", integer=True, nonnegative=True) for j in range(len(shape))]
+    names = {s: f"h{j}" for j, s in enumerate(hsyms)}
+    index = sum((s * math.prod(shape[j + 1:]) for j, s in enumerate(hsyms)), sympy.Integer(0))
+    used = [s for s, n in zip(hsyms, shape) if n > 1]
+    coords = device_coordinates(layout, index, {s: n for s, n in zip(hsyms, shape)}) if used else \
+        tuple(sympy.Integer(0) for _ in layout.device_size)
+    nb = fmt.nbytes
+    strides = row_major_strides(layout.device_size)
+    texts = tuple(isl_text(c, names) for c in coords)
+    offset = " + ".join(f"{st} * ({x})" for st, x in zip(strides, texts)) or "0"
+    cond = " and ".join([f"0 <= h{j} < {n}" for j, n in enumerate(shape)] + [f"0 <= b < {nb}"])
+    elem = f"{nb} * ({offset}) + b"
+    piece = (cond, "hbm", f"HBM[{_size(arg.address)} + {elem}]", f"T{tensor_ids[arg.buffer]}[{elem}]")
+    stmt = f"IN{t}" if arg.is_input else f"OUT{t}"
+    return Access(stmt=stmt, t=t, spec=None, arg=arg, is_write=arg.is_input, dims=tuple(names.values()) + ("b",),
+                  pieces=(piece,), coords=(texts,), memory="hbm", nbytes=nb, loops=0, syms=tuple(hsyms))
+
+
+def build_model(program: Program) -> Model:
+    """Every access of ``program`` (raises NotAffine for what isl cannot hold)."""
+    params, assumptions = _assumptions(program)
+    tensor_ids: dict[str, int] = {}
+    for k in program.kernel_args:
+        tensor_ids.setdefault(k.buffer, len(tensor_ids))
+    accesses: list[Access] = []
+    schedule: list[tuple[str, str]] = []
+    depth = _depth(program.body)
+    width = 2 * depth + 1
+
+    def sched(stmt: str, dims: Sequence[str], prefix: Sequence[str], phase: int, rest: Sequence[str]) -> None:
+        # loops and body positions (2 * depth + 1), reads before writes, then the instance
+        vec = list(prefix) + ["0"] * (width - len(prefix)) + [str(phase)] + list(rest)
+        schedule.append((stmt, f"{stmt}[{', '.join(dims)}] -> [{', '.join(vec)}]"))
+
+    def visit(body: tuple[Spec, ...], counts: tuple, path: tuple[int, ...]) -> None:
+        for q, spec in enumerate(body):
+            if isinstance(spec, LoopSpec):
+                visit(spec.body, counts + (spec.count,), path + (q,))
+                continue
+            for arg in spec.args:
+                tensor_ids.setdefault(arg.name, len(tensor_ids))
+            t = sum(1 for a in accesses if a.is_write and a.spec is not None)
+            for acc in _op_accesses(program, spec, t, counts, path + (q,), tensor_ids):
+                accesses.append(acc)
+                prefix = [x for L, pos in enumerate(path + (q,))
+                          for x in ([str(pos + 1)] + ([f"i{L}"] if L < len(counts) else []))]
+                sched(acc.stmt, acc.dims, prefix, 1 if acc.is_write else 0, acc.dims[len(counts):])
+
+    visit(program.body, (), ())
+    for j, k in enumerate(program.kernel_args):
+        acc = _kernel_access(k, j, tensor_ids)
+        accesses.append(acc)
+        at = "0" if k.is_input else str(len(program.body) + 1)
+        sched(acc.stmt, acc.dims, [at], 1 if k.is_input else 0, acc.dims)
+    # every schedule vector has one length: pad to the longest
+    longest = max(s.count(",") for _, s in schedule) + 1 if schedule else 0
+    padded = []
+    for stmt, text in schedule:
+        head, vec = text.split(" -> ")
+        items = vec[1:-1].split(", ")
+        padded.append((stmt, f"{head} -> [{', '.join(items + ['0'] * (longest - len(items)))}]"))
+    return Model(program=program, params=params, assumptions=assumptions, accesses=tuple(accesses),
+                 schedule=tuple(padded), tensor_ids=tensor_ids)
+
+
+def _depth(body: tuple[Spec, ...]) -> int:
+    return max((1 + _depth(s.body) if isinstance(s, LoopSpec) else 0 for s in body), default=0)
