@@ -83,9 +83,9 @@ def memory_safety(model: Model) -> PropertyResult:
     checked = 0
     for acc in model.accesses:
         arg = acc.arg
-        if acc.spec is not None and acc.spec.cores > program.cores:
-            return _refuted("memory_safety", model, acc, f"op {acc.spec.name} runs on {acc.spec.cores} cores, the "
-                            f"program has {program.cores}", lambda j, a: "b = 0")
+        broken = _malformed(acc, program)
+        if broken:
+            return _refuted("memory_safety", model, acc, broken, lambda j, a: "b = 0")
         checks = []
         for d, size in enumerate(arg.device_size):
             checks.append((f"device coordinate {d} leaves its device size {size}",
@@ -119,6 +119,32 @@ def memory_safety(model: Model) -> PropertyResult:
     return PropertyResult(name="memory_safety", verdict="proved",
                           reason=f"{len(model.accesses)} accesses ({checked} conditions) inside their device dims, "
                                  f"allocations and memories, aligned, over every iteration and core")
+
+
+def _malformed(acc: Access, program) -> str:
+    """What makes the interpreter refuse an access before any address (its direction, where a
+    kernel argument lives, its layout, the cores): '' when nothing does."""
+    from fspyre.machine.layout import stick_layout
+
+    arg, spec = acc.arg, acc.spec
+    if spec is None:
+        fmt = formats.FORMATS[arg.device_dtype]
+        layout = stick_layout([int(n) for n in arg.host_shape], fmt.elems_per_stick)
+        if layout.device_size != tuple(arg.device_size) or tuple(layout.stride_map) != tuple(arg.stride_map):
+            return (f"kernel argument {arg.name}: device size {list(arg.device_size)} / stride map "
+                    f"{list(arg.stride_map)} are not the stick layout of host shape {list(arg.host_shape)}")
+        return ""
+    name = spec.name or spec.op
+    if spec.cores > program.cores:
+        return f"op {name} runs on {spec.cores} cores, the program has {program.cores}"
+    if arg.is_input == acc.is_write:
+        return (f"op {name} tensor {arg.name}: is_input is {arg.is_input}, but an op reads every arg but the last "
+                f"and writes the last")
+    if arg.memory == "lx" and arg.arg_index >= 0:
+        return f"op {name} tensor {arg.name}: an LX tensor cannot be kernel argument {arg.arg_index}"
+    if arg.arg_index >= 0 and not any(k.arg_index == arg.arg_index for k in program.kernel_args):
+        return f"op {name} tensor {arg.name}: arg_index {arg.arg_index} names no kernel argument"
+    return ""
 
 
 def _refuted(name: str, model: Model, acc: Access, why: str, where) -> PropertyResult:
