@@ -26,8 +26,9 @@ def prove(comp: Any) -> Proof:
     else:
         raise FspyreError(f"prove: expected the Compilation fspyre.compile returns or a Program, got "
                           f"{type(comp).__name__}")
-    from fspyre.proof.properties import coverage, dataflow, memory_safety
+    from fspyre.proof.properties import coverage, dataflow, flows, memory_safety
     from fspyre.proof.sets import NotAffine, build_model
+    from fspyre.proof.values import graph_values
 
     assumptions = () if program.symbolic is None else tuple(
         f"|{a.dim}| {_ASSUME[a.kind]} {a.value}" for a in program.symbolic.assumptions)
@@ -43,8 +44,26 @@ def prove(comp: Any) -> Proof:
         results += [PropertyResult(name=n, verdict="undecided", reason="memory safety is not proved")
                     for n in PROPERTIES[1:]]
     else:
-        results += [coverage(model, graph), dataflow(model)]
+        memory_flow, tensor_flow = flows(model, "cell"), flows(model, "elem")
+        cover, flow = coverage(model, graph, memory_flow), dataflow(model, memory_flow, tensor_flow)
+        if graph is not None and cover.verdict == flow.verdict == "proved":
+            try:
+                bad_cover, bad_flow = graph_values(model, graph, tensor_flow[0])
+            except NotAffine as err:
+                bad_cover = bad_flow = None
+                cover = PropertyResult(name="coverage", verdict="undecided", reason=f"graph values: {err}")
+                flow = PropertyResult(name="dataflow", verdict="undecided", reason=f"graph values: {err}")
+            cover = bad_cover or _also(cover, "every point of every graph op computed once")
+            flow = bad_flow or _also(flow, "every op reads its operands at the graph's indices, and every output "
+                                           "element holds its own graph value")
+        results += [cover, flow]
     return Proof(program=program.name, properties=tuple(results), assumptions=assumptions)
+
+
+def _also(result: PropertyResult, what: str) -> PropertyResult:
+    from dataclasses import replace
+
+    return replace(result, reason=f"{result.reason}; {what}") if result.verdict == "proved" else result
 
 
 _ASSUME = {"divisible": "divisible by", "at_least": ">=", "at_most": "<="}

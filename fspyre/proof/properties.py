@@ -179,11 +179,11 @@ def flows(model: Model, target: str) -> tuple[isl.UnionMap, isl.UnionSet]:
     return flow.get_must_dependence(), flow.get_must_no_source().domain()
 
 
-def dataflow(model: Model) -> PropertyResult:
+def dataflow(model: Model, memory_flow, tensor_flow) -> PropertyResult:
     """Every read (and every copy-out) obtains the value last written to the same tensor
     element -- on the same core, in LX -- and bytes someone wrote: memory and tensors flow alike."""
-    mem, mem_none = flows(model, "cell")
-    ten, ten_none = flows(model, "elem")
+    mem, mem_none = memory_flow
+    ten, ten_none = tensor_flow
     if not mem_none.is_empty():
         ce = counterexample(model, mem_none)
         return PropertyResult(name="dataflow", verdict="refuted", counterexample=ce,
@@ -204,7 +204,7 @@ def dataflow(model: Model) -> PropertyResult:
                                  "every byte read was written, over every iteration and core")
 
 
-def coverage(model: Model, graph: Graph | None) -> PropertyResult:
+def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
     """No op instance writes one element from two points of its output (two values for one
     element), and every element of every graph output is written, last by an op of the graph
     op that produces it."""
@@ -230,7 +230,7 @@ def coverage(model: Model, graph: Graph | None) -> PropertyResult:
                                   reason=f"op {ce.op} writes one element of {ce.tensor} from two points of one "
                                          f"iteration (a cross-core race or a coordinate that is not one-to-one)")
     outs = [a for a in model.accesses if a.stmt.startswith("OUT")]
-    deps, none = flows(model, "cell")
+    deps, none = memory_flow
     for acc in outs:
         mine = none.intersect(isl.UnionSet.read_from_str(CTX, model.space(
             f"{acc.stmt}[{', '.join(acc.dims)}] : {acc.pieces[0][0]}")))
