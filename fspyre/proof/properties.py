@@ -127,12 +127,14 @@ def _malformed(acc: Access, program) -> str:
     from fspyre.machine.layout import stick_layout
 
     arg, spec = acc.arg, acc.spec
-    if spec is None:
+    if spec is None and all(isinstance(n, int) for n in arg.host_shape):
         fmt = formats.FORMATS[arg.device_dtype]
         layout = stick_layout([int(n) for n in arg.host_shape], fmt.elems_per_stick)
         if layout.device_size != tuple(arg.device_size) or tuple(layout.stride_map) != tuple(arg.stride_map):
             return (f"kernel argument {arg.name}: device size {list(arg.device_size)} / stride map "
                     f"{list(arg.stride_map)} are not the stick layout of host shape {list(arg.host_shape)}")
+        return ""
+    if spec is None:
         return ""
     name = spec.name or spec.op
     if spec.cores > program.cores:
@@ -232,8 +234,7 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
     outs = [a for a in model.accesses if a.stmt.startswith("OUT")]
     deps, none = memory_flow
     for acc in outs:
-        mine = none.intersect(isl.UnionSet.read_from_str(CTX, model.space(
-            f"{acc.stmt}[{', '.join(acc.dims)}] : {acc.pieces[0][0]}")))
+        mine = none.intersect(access_map(model, [acc], "cell").domain())
         if not mine.is_empty():
             ce = counterexample(model, mine)
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,

@@ -64,6 +64,12 @@ def isl_text(e: sympy.Basic | int, names: dict[sympy.Symbol, str]) -> str:
         if is_size_symbol(e):
             return param_name(e)
         raise NotAffine(f"symbol {e} is neither an iteration symbol of the op nor a symbolic size")
+    if e.free_symbols and all(is_size_symbol(x) for x in e.free_symbols) and not e.is_Symbol:
+        # a size, count or address in the symbolic sizes: an integer wherever the program is
+        # defined (|S|/64 under "divisible by 64"), so its floor is itself
+        den = reduce(math.lcm, (int(t.as_coeff_Mul()[0].q) for t in sympy.Add.make_args(sympy.expand(e))), 1)
+        if den > 1:
+            return f"floor(({isl_text(sympy.expand(e * den), names)}) / {den})"
     if e.is_Add:
         return "(" + " + ".join(isl_text(a, names) for a in e.args) + ")"
     if e.is_Mul:
@@ -92,12 +98,32 @@ def _size(v: int | sympy.Expr) -> str:
     return isl_text(v, {})
 
 
-def _const(v: int | sympy.Expr, arg: TensorArg, what: str) -> int:
-    """A factor of an iteration variable: an integer, or the product is not affine (a
-    symbolic size times a loop iteration or a coordinate)."""
-    if isinstance(v, int) or getattr(v, "is_Integer", False):
-        return int(v)
-    raise NotAffine(f"tensor {arg.name}: its {what} {v} multiplies an iteration variable by a symbolic size")
+_CASES = 256  # most cases one access is split into to keep a symbolic factor affine
+
+
+def _terms(terms: Sequence[tuple[str, int | sympy.Expr, int | None, int | None]], what: str
+           ) -> list[tuple[list[str], str]]:
+    """``sum(factor * variable)`` as isl text, in cases: a factor that is a symbolic size (a
+    row stride or an advance over ``|S|``) times a variable is not affine, so each value
+    ``v`` of that variable (between the bounds given) is a case of its own, in which the term
+    is ``v * factor``. Returns (conditions, text) per case."""
+    fixed, split = [], []
+    for var, factor, lo, hi in terms:
+        if isinstance(factor, int) or getattr(factor, "is_Integer", False):
+            if int(factor):
+                fixed.append(f"{int(factor)} * ({var})")
+        elif lo is None or hi is None:
+            raise NotAffine(f"{what}: {factor} times {var}, which has no fixed bounds")
+        else:
+            split.append((var, factor, lo, hi))
+    count = math.prod(hi - lo + 1 for _, _, lo, hi in split)
+    if count > _CASES:
+        raise NotAffine(f"{what}: a symbolic stride or advance times a variable of {count} values")
+    cases: list[tuple[list[str], str]] = [([], " + ".join(fixed) or "0")]
+    for var, factor, lo, hi in split:
+        cases = [(cond + [f"{var} = {v}"], f"{text} + {isl_text(sympy.expand(v * factor), {})}")
+                 for cond, text in cases for v in range(lo, hi + 1)]
+    return cases
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +157,8 @@ class Model:
 
     def space(self, body: str) -> str:
         head = f"[{', '.join(self.params)}] -> " if self.params else ""
+        if not body:
+            return f"{head}{{ }}"
         cond = f" and {self.assumptions}" if self.assumptions and ":" in body else (
             f" : {self.assumptions}" if self.assumptions else "")
         return f"{head}{{ {body}{cond} }}"
@@ -182,11 +210,11 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
         is_write = k == len(spec.args) - 1
         nb = formats.FORMATS[arg.device_dtype].nbytes
         coords = tuple(isl_text(c, pnames) for c in arg.device_coordinates)
-        moved = " + ".join([f"{_const(a, arg, 'tile_advance')} * i{L}"
-                            for L, a in enumerate(arg.tile_advance[:len(counts)])] + ["0"])
+        lows, highs = coord_bounds(arg.device_coordinates, syms, spec.slice_extents)
         if arg.memory == "lx":
-            lows, highs = coord_bounds(arg.device_coordinates, syms, spec.slice_extents)
             box_lo, box_ext = lx_box(lows, highs, [int(n) for n in arg.device_size])
+        loop_terms = [(f"i{L}", a, 0 if _fixed(counts[L]) else None, int(counts[L]) - 1 if _fixed(counts[L]) else None)
+                      for L, a in enumerate(arg.tile_advance[:len(counts)])]
         pieces, piece_coords = [], []
         for c, space in enumerate(spec.core_spaces):
             if is_write and not writers[c]:
@@ -197,21 +225,25 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
                     cond.append(f"{pnames[s]} = {start}")
                 else:
                     cond.append(f"{start} <= {pnames[s]} < {start + ext}")
+            what = f"op {spec.name or spec.op} tensor {arg.name}"
             if arg.memory == "hbm":
                 strides = row_major_strides(arg.device_size)
-                offset = " + ".join(f"{_const(st, arg, 'row stride')} * ({x})" for st, x in zip(strides, coords))
-                elem = f"{nb} * ({offset}) + {moved} + b"
-                cell = f"HBM[{_size(arg.address)} + {elem}]"
-                tensor = f"T{tensor_ids[arg.name]}[{elem}]"
+                coord_terms = [(x, st, int(lows[c][d]), int(highs[c][d])) for d, (st, x) in enumerate(zip(strides, coords))]
             else:
                 lo, ext = box_lo[c].tolist(), box_ext[c].tolist()
-                bstrides = row_major_strides(ext)
-                offset = " + ".join(f"{st} * ({x} - {low})" for st, x, low in zip(bstrides, coords, lo))
-                elem = f"{nb} * ({offset}) + {moved} + b"
-                cell = f"LX[c, {_size(arg.address)} + {elem}]"
-                tensor = f"T{tensor_ids[arg.name]}[c, {elem}]"
-            pieces.append((" and ".join(cond), arg.memory, cell, tensor))
-            piece_coords.append(coords)
+                coord_terms = [(f"{x} - {low}", st, None, None)
+                               for st, x, low in zip(row_major_strides(ext), coords, lo)]
+            for extra, offset in _terms(coord_terms, what):
+                for extra2, moved in _terms(loop_terms, what):
+                    elem = f"{nb} * ({offset}) + {moved} + b"
+                    if arg.memory == "hbm":
+                        cell = f"HBM[{_size(arg.address)} + {elem}]"
+                        tensor = f"T{tensor_ids[arg.name]}[{elem}]"
+                    else:
+                        cell = f"LX[c, {_size(arg.address)} + {elem}]"
+                        tensor = f"T{tensor_ids[arg.name]}[c, {elem}]"
+                    pieces.append((" and ".join(cond + extra + extra2), arg.memory, cell, tensor))
+                    piece_coords.append(coords)
         stmt = f"W{t}" if is_write else f"R{t}_{k}"
         out.append(Access(stmt=stmt, t=t, spec=spec, arg=arg, is_write=is_write, dims=dims, pieces=tuple(pieces),
                           coords=tuple(piece_coords), memory=arg.memory, nbytes=nb, loops=len(counts), syms=syms))
@@ -222,24 +254,52 @@ def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access
     """The copy-in (a write before the body) or copy-out (a read after it) of a kernel argument:
     every host element at its stick layout."""
     fmt = formats.FORMATS[arg.device_dtype]
-    shape = [int(n) for n in arg.host_shape]
-    layout = stick_layout(shape, fmt.elems_per_stick)
+    nb, e = fmt.nbytes, fmt.elems_per_stick
+    shape = list(arg.host_shape)
     hsyms = [sympy.Symbol(f"h{j}", integer=True, nonnegative=True) for j in range(len(shape))]
     names = {s: f"h{j}" for j, s in enumerate(hsyms)}
-    index = sum((s * math.prod(shape[j + 1:]) for j, s in enumerate(hsyms)), sympy.Integer(0))
-    used = [s for s, n in zip(hsyms, shape) if n > 1]
-    coords = device_coordinates(layout, index, {s: n for s, n in zip(hsyms, shape)}) if used else \
-        tuple(sympy.Integer(0) for _ in layout.device_size)
-    nb = fmt.nbytes
-    strides = row_major_strides(layout.device_size)
+    if all(_fixed(n) for n in shape):
+        shape = [int(n) for n in shape]
+        layout = stick_layout(shape, e)
+        index = sum((s * math.prod(shape[j + 1:]) for j, s in enumerate(hsyms)), sympy.Integer(0))
+        coords = device_coordinates(layout, index, {s: n for s, n in zip(hsyms, shape)}) \
+            if any(n > 1 for n in shape) else tuple(sympy.Integer(0) for _ in layout.device_size)
+        size: tuple = layout.device_size
+    else:
+        # the stick layout of a host shape with a symbolic dim: sticks of the last dim
+        # outermost, then the other dims in order, then the element in its stick
+        last = hsyms[-1]
+        coords = (sympy.floor(last / e), *hsyms[:-1], sympy.Mod(last, e))
+        size = (sympy.ceiling(shape[-1] / e), *shape[:-1], e)
+        if tuple(sympy.simplify(a - b) for a, b in zip(size, arg.device_size)) != (0,) * len(size) \
+                or len(size) != len(arg.device_size):
+            raise NotAffine(f"kernel argument {arg.name}: device size {list(arg.device_size)} is not the stick "
+                            f"layout {list(size)} of its symbolic host shape")
     texts = tuple(isl_text(c, names) for c in coords)
-    offset = " + ".join(f"{st} * ({x})" for st, x in zip(strides, texts)) or "0"
-    cond = " and ".join([f"0 <= h{j} < {n}" for j, n in enumerate(shape)] + [f"0 <= b < {nb}"])
-    elem = f"{nb} * ({offset}) + b"
-    piece = (cond, "hbm", f"HBM[{_size(arg.address)} + {elem}]", f"T{tensor_ids[arg.buffer]}[{elem}]")
+    bounds = [(0, int(sympy.ceiling(sympy.Integer(shape[-1]) / e)) - 1) if _fixed(shape[-1]) else (None, None)] \
+        if not all(_fixed(n) for n in shape) else []
+    strides = row_major_strides(size)
+    terms = []
+    for d, (st, x) in enumerate(zip(strides, texts)):
+        if bounds and d == 0:
+            lo, hi = bounds[0]
+        elif bounds and 0 < d < len(texts) - 1:
+            n = shape[d - 1]
+            lo, hi = (0, int(n) - 1) if _fixed(n) else (None, None)
+        else:
+            lo, hi = None, None
+        terms.append((x, st, lo, hi))
+    cond = [f"0 <= h{j} < {_size(n)}" for j, n in enumerate(shape)] + [f"0 <= b < {nb}"]
+    pieces, piece_coords = [], []
+    for extra, offset in _terms(terms, f"kernel argument {arg.name}"):
+        elem = f"{nb} * ({offset}) + b"
+        pieces.append((" and ".join(cond + extra), "hbm", f"HBM[{_size(arg.address)} + {elem}]",
+                       f"T{tensor_ids[arg.buffer]}[{elem}]"))
+        piece_coords.append(texts)
     stmt = f"IN{t}" if arg.is_input else f"OUT{t}"
     return Access(stmt=stmt, t=t, spec=None, arg=arg, is_write=arg.is_input, dims=tuple(names.values()) + ("b",),
-                  pieces=(piece,), coords=(texts,), memory="hbm", nbytes=nb, loops=0, syms=tuple(hsyms))
+                  pieces=tuple(pieces), coords=tuple(piece_coords), memory="hbm", nbytes=nb, loops=0,
+                  syms=tuple(hsyms))
 
 
 def build_model(program: Program) -> Model:
@@ -287,6 +347,10 @@ def build_model(program: Program) -> Model:
         padded.append((stmt, f"{head} -> [{', '.join(items + ['0'] * (longest - len(items)))}]"))
     return Model(program=program, params=params, assumptions=assumptions, accesses=tuple(accesses),
                  schedule=tuple(padded), tensor_ids=tensor_ids)
+
+
+def _fixed(n: int | sympy.Expr) -> bool:
+    return isinstance(n, int) or bool(getattr(n, "is_Integer", False))
 
 
 def _depth(body: tuple[Spec, ...]) -> int:

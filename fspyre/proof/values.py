@@ -96,7 +96,7 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
         if acc.spec is None:  # copy-in: each host element is its own graph value
             idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims) - 1)) or "0"
             fixed = fixed.union(model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> L[{bids[acc.arg.buffer]}, "
-                                                 f"{idx}] : {acc.pieces[0][0]}"]))
+                                                 f"{idx}] : {cond}" for cond, _, _, _ in acc.pieces]))
     op_writes = [a for a in writes if a.spec is not None]
     anything = {a.stmt: _instances(model, a) for a in op_writes}
     label_of: dict[str, isl.UnionMap] = {}
@@ -180,7 +180,7 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
             continue
         idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims) - 1)) or "0"
         want = model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> L[{bids[acc.arg.buffer]}, {idx}] : "
-                                f"{acc.pieces[0][0]} and b = 0"])
+                                f"{cond} and b = 0" for cond, _, _, _ in acc.pieces])
         have = back.intersect_domain(want.domain()).apply_range(labels)
         wrong = want.subtract(have)
         if not wrong.is_empty():
@@ -257,11 +257,11 @@ def _spec(model: Model, stmt: str) -> OpSpec:
 
 
 def _stride(acc: Access, j: int) -> int:
-    shape = [int(n) for n in acc.arg.host_shape]
-    out = 1
-    for n in shape[j + 1:]:
-        out *= n
-    return out
+    """The flat host index's step along host dim ``j`` (a symbolic one times ``h_j`` is not affine)."""
+    out = sympy.Mul(*acc.arg.host_shape[j + 1:])
+    if not out.is_Integer:
+        raise NotAffine(f"kernel argument {acc.arg.name}: host dim {j} steps the flat index by {out}")
+    return int(out)
 
 
 def _universe(model: Model, instances: dict[str, isl.UnionSet]) -> isl.UnionMap:
