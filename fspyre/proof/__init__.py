@@ -13,16 +13,16 @@ from fspyre.proof.artifact import PROPERTIES, Counterexample, Proof, PropertyRes
 __all__ = ["Counterexample", "Proof", "PropertyResult", "prove"]
 
 
-def prove(comp: Any) -> Proof:
-    """The proof of a Compilation's program (or of a Program: then without the graph's
-    producer check of coverage)."""
+def prove(comp: Any, graph: Graph | None = None) -> Proof:
+    """The proof of a Compilation's program, or of a Program against ``graph`` (without a
+    graph, only what the program says by itself: memory safety, the last writers, outputs
+    written)."""
     from fspyre.errors import FspyreError
 
-    graph: Graph | None = None
     if isinstance(comp, Program):
         program = comp
     elif isinstance(getattr(comp, "program", None), Program):
-        program, graph = comp.program, comp.graph
+        program, graph = comp.program, graph or comp.graph
     else:
         raise FspyreError(f"prove: expected the Compilation fspyre.compile returns or a Program, got "
                           f"{type(comp).__name__}")

@@ -41,7 +41,8 @@ def counterexample(model: Model, points: isl.UnionSet) -> Counterexample:
     else:
         core, point = vals[acc.loops], tuple(vals[acc.loops + 1:-1])
         op = acc.spec.name or acc.spec.op
-    sizes = tuple((p[3:], v) for p, v in zip(model.params, params))
+    dims = [d.name for d in model.program.symbolic.dims] if model.program.symbolic is not None else []
+    sizes = tuple((d, v) for d, v in zip(dims, params))
     return Counterexample(op=op, tensor=acc.arg.name, iteration=loops, core=core, point=point, memory=memory,
                           address=address, sizes=sizes)
 

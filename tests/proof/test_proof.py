@@ -60,7 +60,7 @@ def test_planted_address_corruptions_the_interpreter_catches_are_refuted():
             if field not in ADDRESS_FIELDS:
                 continue
             how = caught(bad, inputs, clean)
-            proof = prove(bad)
+            proof = prove(bad, graph)
             if proof.refuted:
                 ce = proof.refuted[0].counterexample
                 assert ce is not None and ce.op and ce.tensor
