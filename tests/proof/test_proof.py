@@ -122,3 +122,33 @@ def test_a_live_buffer_overwritten_is_refuted():
         clean, _ = run_program(program, inputs_for(graph))
         outs, _ = run_program(bad, inputs_for(graph))
         np.testing.assert_array_equal(outs["y"], clean["y"])
+
+
+def _symbolic_mlp():
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tiling"))
+    from test_symbolic import mlp
+
+    return fspyre.compile(mlp(), fspyre.machine.spyre(cores=4))
+
+
+def test_a_symbolic_program_is_proved_for_every_size_its_assumptions_allow():
+    comp = _symbolic_mlp()
+    proof = prove(comp)
+    assert proof.proved, str(proof)
+    assert any("divisible by 64" in a for a in proof.assumptions)
+
+
+def test_a_symbolic_program_broken_above_a_size_is_refuted_at_such_a_size():
+    from fspyre.ir.symbolic import size_symbol
+
+    comp = _symbolic_mlp()
+    program = comp.program
+    # HBM sized for |S| = 256: every larger |S| runs past it, no smaller one does
+    fixed = int(program.hbm_bytes.subs(size_symbol("S"), 256))
+    proof = prove(dataclasses.replace(comp, program=dataclasses.replace(program, hbm_bytes=fixed)))
+    result = proof["memory_safety"]
+    assert result.verdict == "refuted", str(proof)
+    ce = result.counterexample
+    assert ce is not None and len(ce.sizes) == 1
+    dim, size = ce.sizes[0]
+    assert dim == "S" and size > 256 and size % 64 == 0
