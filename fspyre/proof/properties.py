@@ -39,7 +39,8 @@ def counterexample(model: Model, points: isl.UnionSet) -> Counterexample:
         core, point = -1, tuple(vals[:-1])
         op = f"copy-{'in' if acc.is_write else 'out'}"
     else:
-        core, point = vals[acc.loops], tuple(vals[acc.loops + 1:-1])
+        n = len(acc.syms)
+        core, point = vals[acc.loops], tuple(vals[acc.loops + 1 + n:-1])
         op = acc.spec.name or acc.spec.op
     dims = [d.name for d in model.program.symbolic.dims] if model.program.symbolic is not None else []
     sizes = tuple((d, v) for d, v in zip(dims, params))
@@ -223,7 +224,8 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
         x = [f"x{j}" for j in range(n)]
         y = [f"y{j}" for j in range(n)]
         eq = [f"x{L} = y{L}" for L in range(acc.loops)]
-        differ = " or ".join(f"x{acc.loops + 1 + j} != y{acc.loops + 1 + j}" for j in used)
+        at = acc.loops + 1 + len(acc.syms)
+        differ = " or ".join(f"x{at + j} != y{at + j}" for j in used)
         pairs = isl.UnionMap.read_from_str(CTX, model.space(
             f"{acc.stmt}[{', '.join(x)}] -> {acc.stmt}[{', '.join(y)}] : {' and '.join(eq + [f'({differ})'])}"))
         clash = same.intersect(pairs)
@@ -232,6 +234,13 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
                                   reason=f"op {ce.op} writes one element of {ce.tensor} from two points of one "
                                          f"iteration (a cross-core race or a coordinate that is not one-to-one)")
+    if graph is not None:  # the runtime copies in exactly the graph's inputs, and out its outputs
+        for acc in model.accesses:
+            if acc.spec is None and acc.is_write != (acc.arg.buffer in graph.inputs):
+                ce = counterexample(model, access_map(model, [acc], "cell").domain())
+                return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
+                                      reason=f"kernel argument {acc.arg.name}: is_input is {acc.arg.is_input}, but "
+                                             f"buffer {acc.arg.buffer} is {'not ' if acc.is_write else ''}a graph input")
     outs = [a for a in model.accesses if a.stmt.startswith("OUT")]
     deps, none = memory_flow
     for acc in outs:

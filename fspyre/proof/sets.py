@@ -199,7 +199,10 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
     writers = writing_cores(splits, [s in reduced for s in syms])
     loops = [f"i{L}" for L in range(len(counts))]
     pnames = {s: f"p{j}" for j, s in enumerate(syms)}
-    dims = tuple(loops) + ("c",) + tuple(pnames[s] for s in syms) + ("b",)
+    # the slice of each symbol the core holds (a function of c, kept as dims so that one piece
+    # can describe every core of an even division)
+    knames = [f"k{j}" for j in range(len(syms))]
+    dims = tuple(loops) + ("c",) + tuple(knames) + tuple(pnames[s] for s in syms) + ("b",)
     loop_cond = [f"0 <= i{L} < {_size(n)}" for L, n in enumerate(counts)]
     if spec.runs == "first" and counts:
         loop_cond.append(f"i{len(counts) - 1} = 0")
@@ -215,24 +218,18 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
             box_lo, box_ext = lx_box(lows, highs, [int(n) for n in arg.device_size])
         loop_terms = [(f"i{L}", a, 0 if _fixed(counts[L]) else None, int(counts[L]) - 1 if _fixed(counts[L]) else None)
                       for L, a in enumerate(arg.tile_advance[:len(counts)])]
+        what = f"op {spec.name or spec.op} tensor {arg.name}"
         pieces, piece_coords = [], []
-        for c, space in enumerate(spec.core_spaces):
-            if is_write and not writers[c]:
-                continue
-            cond = loop_cond + [f"c = {c}", f"0 <= b < {nb}"]
-            for s, (start, ext) in zip(syms, space):
-                if is_write and s in reduced:
-                    cond.append(f"{pnames[s]} = {start}")
-                else:
-                    cond.append(f"{start} <= {pnames[s]} < {start + ext}")
-            what = f"op {spec.name or spec.op} tensor {arg.name}"
+        for cond, low, ext in _core_pieces(spec, syms, knames, pnames, is_write, writers, reduced, lows, highs,
+                                           box_lo if arg.memory == "lx" else None,
+                                           box_ext if arg.memory == "lx" else None):
+            cond = loop_cond + cond + [f"0 <= b < {nb}"]
             if arg.memory == "hbm":
                 strides = row_major_strides(arg.device_size)
-                coord_terms = [(x, st, int(lows[c][d]), int(highs[c][d])) for d, (st, x) in enumerate(zip(strides, coords))]
+                coord_terms = [(x, st, int(lows[:, d].min()), int(highs[:, d].max()))
+                               for d, (st, x) in enumerate(zip(strides, coords))]
             else:
-                lo, ext = box_lo[c].tolist(), box_ext[c].tolist()
-                coord_terms = [(f"{x} - {low}", st, None, None)
-                               for st, x, low in zip(row_major_strides(ext), coords, lo)]
+                coord_terms = [(f"{x} - ({lo})", st, None, None) for st, x, lo in zip(row_major_strides(ext), coords, low)]
             for extra, offset in _terms(coord_terms, what):
                 for extra2, moved in _terms(loop_terms, what):
                     elem = f"{nb} * ({offset}) + {moved} + b"
@@ -247,6 +244,53 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
         stmt = f"W{t}" if is_write else f"R{t}_{k}"
         out.append(Access(stmt=stmt, t=t, spec=spec, arg=arg, is_write=is_write, dims=dims, pieces=tuple(pieces),
                           coords=tuple(piece_coords), memory=arg.memory, nbytes=nb, loops=len(counts), syms=syms))
+    return out
+
+
+def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, reduced, lows, highs, box_lo, box_ext):
+    """(constraints, LX box low per device dim as isl text, box extents) per piece of the
+    cores: one piece for all cores when the division is even and every core's box is the same
+    shape at a low affine in its slice indices (the usual case), else one piece per core."""
+    from fspyre.machine.rules import core_slices
+
+    splits = [k for _, k in spec.iteration_space.values()]
+    slices = core_slices(splits)
+    strides = [math.prod(splits[:j]) for j in range(len(splits))]
+    even = spec.even
+    if even and box_lo is not None:
+        # the box low of each dim as an affine function of the slice indices, checked on every core
+        base = box_lo[0]
+        unit = [box_lo[strides[j]] - base if splits[j] > 1 else base * 0 for j in range(len(splits))]
+        fit = base + slices @ (unit if unit else base.reshape(1, -1)[:0])
+        even = bool((fit == box_lo).all()) and bool((box_ext == box_ext[0]).all())
+    if even:
+        ext = [e[0] for e in spec.slice_extents]
+        cond = [f"c = {' + '.join(f'{st} * {k}' for st, k in zip(strides, knames)) or '0'}"]
+        for j, s in enumerate(syms):
+            k, p = knames[j], pnames[s]
+            if is_write and s in reduced:
+                cond += [f"{k} = 0", f"{p} = 0"]
+            else:
+                cond += [f"0 <= {k} < {splits[j]}", f"{ext[j]} * {k} <= {p} < {ext[j]} * {k} + {ext[j]}"]
+        if box_lo is None:
+            return [(cond, None, None)]
+        low = [" + ".join([str(int(base[d]))] + [f"{int(unit[j][d])} * {knames[j]}" for j in range(len(splits))
+                                                 if int(unit[j][d])]) for d in range(len(base))]
+        return [(cond, low, [int(x) for x in box_ext[0]])]
+    out = []
+    for c, space in enumerate(spec.core_spaces):
+        if is_write and not writers[c]:
+            continue
+        cond = [f"c = {c}"] + [f"{k} = {int(v)}" for k, v in zip(knames, slices[c])]
+        for s, (start, ext) in zip(syms, space):
+            if is_write and s in reduced:
+                cond.append(f"{pnames[s]} = {start}")
+            else:
+                cond.append(f"{start} <= {pnames[s]} < {start + ext}")
+        if box_lo is None:
+            out.append((cond, None, None))
+        else:
+            out.append((cond, [str(int(x)) for x in box_lo[c]], [int(x) for x in box_ext[c]]))
     return out
 
 
