@@ -21,6 +21,10 @@ def __getattr__(name: str):
         from fspyre.frontend import from_torch
 
         return from_torch
+    if name == "prove":  # needs islpy (the ``prove`` extra)
+        from fspyre.proof import prove
+
+        return prove
     raise AttributeError(f"module 'fspyre' has no attribute {name!r}")
 
 
@@ -39,5 +43,5 @@ _register_torch_backend()
 
 __all__ = [
     "CheckReport", "Compilation", "Dim", "FspyreError", "FspyreWarning", "Graph", "GraphBuilder", "Tensor",
-    "check", "compile", "evaluate", "from_torch", "machine", "run",
+    "check", "compile", "evaluate", "from_torch", "machine", "prove", "run",
 ]

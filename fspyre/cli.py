@@ -396,6 +396,14 @@ def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, 
     return ok, [head, *lines]
 
 
+def cmd_prove(args: argparse.Namespace) -> int:
+    from fspyre.proof import prove
+
+    proof = prove(_compile(load_workload(args.file).graph, args))
+    print(pretty(proof))
+    return 0 if proof.proved else 1 if proof.refuted else 3
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     work = load_workload(args.file)
     machine = _machine(args.cores)
@@ -519,6 +527,13 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("file", metavar="FILE.py")
     chk.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
     chk.set_defaults(run=cmd_check)
+
+    prv = sub.add_parser("prove", parents=[debug, pipeline],
+                         help="compile FILE.py and prove its program statically (docs/proof.md)",
+                         description="Exit 0 when every property is proved, 1 when one is refuted (with a "
+                                     "counterexample), 3 when one is undecided, 2 on an error.")
+    prv.add_argument("file", metavar="FILE.py")
+    prv.set_defaults(run=cmd_prove)
 
     # Every argument after `coverage` (--help included) belongs to the coverage tool itself.
     cov = sub.add_parser("coverage", add_help=False, parents=[debug], help="the front end's OpInfo coverage table",

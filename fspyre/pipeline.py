@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ class Compilation:
     stages: FrozenMap[str, Any]  # stage name -> frozen artifact, in pipeline order
     program: Program
     warnings: tuple[str, ...] = ()  # every stage's hint warnings, in stage order (emitted once by compile)
+    proof: Any = None  # with compile(..., prove=True): the fspyre.proof.Proof of the program
 
     @property
     def bundle_mlir(self) -> str:
@@ -69,19 +70,31 @@ def compile(
     split_options: SplitOptions = SplitOptions(),
     allocation_options: AllocationOptions = AllocationOptions(),
     callback: StageCallback | None = None,
+    prove: bool = False,
 ) -> Compilation:
+    """``prove=True`` also proves the program statically (``fspyre.prove``, docs/proof.md): the
+    Compilation carries the Proof, and a property not proved is a FspyreWarning."""
     machine = require_machine(machine, "compile")
     graph = require_graph(graph, "compile", machine)
     if not isinstance(tiling, TilingPlan) and tiling not in TILINGS:
         raise TilingError(f"compile: tiling={short(tiling)}: use one of {list(TILINGS)} or a TilingPlan")
     if fuse not in FUSE_MODES:
         raise TilingError(f"compile: fuse={short(fuse)}: use one of {list(FUSE_MODES)}")
-    for flag, value in (("residency", residency), ("online", online)):
+    for flag, value in (("residency", residency), ("online", online), ("prove", prove)):
         if not isinstance(value, bool):
             raise GraphError(f"compile: {flag}={short(value)} must be True or False")
     require(split_options, SplitOptions, "compile", "split_options", WorkDivisionError)
     require(allocation_options, AllocationOptions, "compile", "allocation_options", AllocationError)
     require_callable(callback, "compile", "callback", GraphError)
+    if prove:
+        comp = compile(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
+                       split_options=split_options, allocation_options=allocation_options, callback=callback)
+        from fspyre.proof import prove as prove_program
+
+        proof = prove_program(comp)
+        if not proof.proved:
+            warnings.warn(f"{comp.graph.name}: {' '.join(str(proof).split())}", FspyreWarning, stacklevel=2)
+        return replace(comp, proof=proof)
     if graph.symbolic:
         return _compile_symbolic(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
                                  split_options=split_options, allocation_options=allocation_options,

@@ -21,6 +21,7 @@ from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitP
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, TensorArg
 from fspyre.ir.symbolic import SymbolicSizes
 from fspyre.lower.sdsc import anchor_op_info
+from fspyre.proof.artifact import Proof, PropertyResult
 from fspyre.pretty.doc import Doc, bracket, concat, hardline, lines, nest, render, text
 
 WIDTH = 120
@@ -512,4 +513,6 @@ _PRINTERS: dict[type, Callable[[Any, bool], Doc]] = {
     HintScope: lambda h, detailed: _hint_doc(h),
     Pointwise: lambda op, detailed: _op_doc(op, force=detailed),
     Reduction: lambda op, detailed: _op_doc(op, force=detailed),
+    Proof: lambda p, detailed: lines(text(x) for x in str(p).splitlines()),
+    PropertyResult: lambda p, detailed: lines(text(x) for x in str(p).splitlines()),
 }

@@ -1,0 +1,314 @@
+"""Which graph value each program element holds: labels ``L[buffer, index]`` (a graph buffer
+and its flat host index) carried along the program's last-writer flow, checked against the
+graph's ``Load`` and ``Store`` indices (docs/proof.md, "Graph values").
+
+- A copy-in labels each host element of a kernel input ``L[input, index]``.
+- An op named after graph op ``G`` (or its ``_again`` / ``_tail``) computes the graph points
+  ``p`` of ``G`` whose ``Load`` indices match the labels of what it read (all operands at
+  once); each instance must find one, and its write is labelled ``L[G's buffer, Store(p)]``.
+  Over all its instances, ``G`` and its tail compute every point of ``G``'s domain once (a
+  tiled or split reduction: each element's whole reduction range exactly once).
+- Any other op (copies, accumulator fills, combines, finishes, online-softmax rescales) keeps
+  the labels its operands of the output's device shape agree on: none agreeing is a refutation;
+  an op with no such operand, or one reducing, writes values of no single graph element
+  (unconstrained labels).
+- Each copied-out host element must hold its own label.
+
+Labels of an op that reads its own earlier writes (an accumulator) are found by iterating
+from "unconstrained" until nothing changes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import islpy as isl
+import sympy
+
+from fspyre.ir.graph import Graph, Load, Op, Reduction
+from fspyre.ir.program import ArgOperand, OpSpec
+from fspyre.proof.artifact import PropertyResult
+from fspyre.proof.sets import CTX, Access, Model, NotAffine, isl_text
+
+_ROUNDS = 8
+
+
+def _graph_op(spec: OpSpec, ops: dict[str, Op]) -> Op | None:
+    name = spec.name or spec.op
+    if name in ops:
+        return ops[name]
+    m = re.fullmatch(r"(.+?)_(again|tail)(_\d+)?", name)
+    return ops.get(m.group(1)) if m else None
+
+
+def _domain(op: Op) -> list:
+    return list(op.ranges) + (list(op.reduction_ranges) if isinstance(op, Reduction) else [])
+
+
+def _gspace(op: Op) -> tuple[str, str]:
+    dims = _domain(op)
+    names = [f"g{j}" for j in range(len(dims))]
+    cond = " and ".join(f"0 <= {n} < {isl_text(d.size, {})}" for n, d in zip(names, dims)) or "true"
+    return f"G[{', '.join(names)}]", cond
+
+
+def _index_map(model: Model, op: Op, index: sympy.Expr, bid: int) -> isl.UnionMap:
+    dims = _domain(op)
+    names = {d.symbol: f"g{j}" for j, d in enumerate(dims)}
+    space, cond = _gspace(op)
+    return model.union_map([f"{space} -> L[{bid}, {isl_text(index, names)}] : {cond}"])
+
+
+def _instances(model: Model, acc: Access) -> isl.UnionSet:
+    parts = [f"{acc.stmt}[{', '.join(acc.dims)}] : {cond}" for cond, _, _, _ in acc.pieces]
+    out = isl.UnionSet.read_from_str(CTX, model.space(parts[0]))
+    for p in parts[1:]:
+        out = out.union(isl.UnionSet.read_from_str(CTX, model.space(p)))
+    return out
+
+
+def _to_op(model: Model, acc: Access, drop_reduced: bool = False) -> isl.UnionMap:
+    """Instances of ``acc`` (byte 0) -> the op's instance ``O<t>[loops, c, point]``; for the
+    write, every point of the reduced symbols (the write stands for all of them)."""
+    dims = list(acc.dims[:-1])
+    target = list(dims)
+    cond = "b = 0"
+    if drop_reduced and acc.spec is not None:
+        reduced = set(acc.spec.op_info.reduced) if acc.spec.is_reduction else set()
+        at = acc.loops + 1 + len(acc.syms)
+        n = len(acc.syms)
+        # the reduced symbols' points, and the slices holding them, range over the whole reduction
+        target = [f"q{j}" if (at <= j < at + n and acc.syms[j - at] in reduced)
+                  or (acc.loops + 1 <= j < at and acc.syms[j - acc.loops - 1] in reduced) else d
+                  for j, d in enumerate(dims)]
+    return model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> O{acc.t}[{', '.join(target)}] : {cond}"]
+                           ).intersect_domain(_instances(model, acc))
+
+
+def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[PropertyResult | None, PropertyResult | None]:
+    """(a coverage refutation or None, a dataflow refutation or None); raises NotAffine."""
+    from fspyre.proof.properties import counterexample
+
+    ops = {op.name: op for op in graph.ops}
+    bids = {b.name: j for j, b in enumerate(graph.buffers)}
+    writes = [a for a in model.accesses if a.is_write]
+    reads = [a for a in model.accesses if not a.is_write]
+    back = deps.reverse()  # read -> its last writer
+
+    fixed = model.union_map([])
+    for acc in writes:  # noqa: B007
+        if acc.spec is None:  # copy-in: each host element is its own graph value
+            idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims) - 1)) or "0"
+            fixed = fixed.union(model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> L[{bids[acc.arg.buffer]}, "
+                                                 f"{idx}] : {cond}" for cond, _, _, _ in acc.pieces]))
+    op_writes = [a for a in writes if a.spec is not None]
+    anything = {a.stmt: _instances(model, a) for a in op_writes}
+    label_of: dict[str, isl.UnionMap] = {}
+    for acc in writes:
+        label_of[acc.stmt] = (fixed.intersect_domain(_instances(model, acc)) if acc.spec is None
+                              else _universe(model, {acc.stmt: anything[acc.stmt]}))
+    by_op: dict[int, list[Access]] = {}
+    for a in reads:
+        if a.spec is not None:
+            by_op.setdefault(a.t, []).append(a)
+    sources = {a.stmt: back.intersect_domain(_instances(model, a)) for a in reads}
+    points: dict[str, isl.UnionMap] = {}
+
+    def labelled(a: Access) -> isl.UnionMap:
+        src = sources[a.stmt]
+        out = model.union_map([])
+        for name in _tuple_names(src.range()):
+            out = out.union(label_of[name])
+        return src.apply_range(out)
+
+    # Gauss-Seidel in program order: one pass settles what flows forward, the next ones what a
+    # loop carries (an accumulator reading its own last write)
+    for _ in range(_ROUNDS):
+        changed = False
+        for w in op_writes:
+            spec = w.spec
+            assert spec is not None
+            operands = by_op.get(w.t, [])
+            op_map = {k: _to_op(model, a).reverse().apply_range(labelled(a)) for k, a in enumerate(operands)}
+            domain = _op_domain(model, operands, w)
+            g = _graph_op(spec, ops)
+            if g is not None:
+                p = _points(model, spec, g, operands, op_map, bids, domain)
+                missing = domain.subtract(p.domain())
+                if not missing.is_empty():
+                    ce = counterexample(model, _to_op(model, operands[0]).intersect_range(missing).domain())
+                    return None, PropertyResult(
+                        name="dataflow", verdict="refuted", counterexample=ce,
+                        reason=f"op {ce.op} reads its operands at elements no point of graph op {g.name} reads "
+                               f"together (a read at another element than the graph's index)")
+                points[w.stmt] = p
+                store = _index_map(model, g, g.store.index, bids[g.store.buffer])
+                label = _to_op(model, w, drop_reduced=True).apply_range(p).apply_range(store)
+            else:
+                same = [k for k, a in enumerate(operands) if tuple(a.arg.device_size) == tuple(w.arg.device_size)]
+                if spec.is_reduction or not same:
+                    label = label_of[w.stmt]
+                else:
+                    # one operand (a copy, a finish) passes its values on; several (a combine, a
+                    # rescale) must agree on the element, whichever graph buffer they hold it for
+                    agreed = op_map[same[0]]
+                    if len(same) > 1:
+                        forget = model.union_map(["L[l0, l1] -> L[x, l1]"])
+                        agreed = agreed.apply_range(forget)
+                        for k in same[1:]:
+                            agreed = agreed.intersect(op_map[k].apply_range(forget))
+                    missing = domain.subtract(agreed.domain())
+                    if not missing.is_empty():
+                        ce = counterexample(model, _to_op(model, operands[same[0]]).intersect_range(missing).domain())
+                        return None, PropertyResult(
+                            name="dataflow", verdict="refuted", counterexample=ce,
+                            reason=f"op {ce.op} combines elements that hold different graph values (its operands "
+                                   f"of the output's shape disagree)")
+                    label = _to_op(model, w).apply_range(agreed)
+            # what the write's other bytes hold: the same value as byte 0
+            label = _all_bytes(model, w, label)
+            if not label.is_equal(label_of[w.stmt]):
+                label_of[w.stmt] = label
+                changed = True
+        if not changed:
+            break
+    else:
+        return None, PropertyResult(name="dataflow", verdict="undecided",
+                                    reason=f"the graph values did not settle in {_ROUNDS} passes")
+    labels = model.union_map([])
+    for m in label_of.values():
+        labels = labels.union(m)
+    # each copied-out host element holds its own graph value
+    for acc in model.accesses:
+        if acc.spec is not None or acc.is_write:
+            continue
+        idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims) - 1)) or "0"
+        want = model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> L[{bids[acc.arg.buffer]}, {idx}] : "
+                                f"{cond} and b = 0" for cond, _, _, _ in acc.pieces])
+        have = back.intersect_domain(want.domain()).apply_range(labels)
+        wrong = want.subtract(have)
+        if not wrong.is_empty():
+            ce = counterexample(model, wrong.domain())
+            return None, PropertyResult(name="dataflow", verdict="refuted", counterexample=ce,
+                                        reason=f"output {acc.arg.name}: a host element holds another graph value "
+                                               f"than its own")
+    # partials folded into an accumulator (an op that reads and writes one tensor): a point of
+    # the reduction computed twice into them is counted twice; anywhere else a recomputation
+    # writes the same value again
+    folded = set()
+    for t, accs in by_op.items():
+        w = next(a for a in writes if a.t == t and a.spec is not None)
+        if w.arg.name in {a.arg.name for a in accs}:
+            folded |= {a.arg.name for a in accs if a.arg.name != w.arg.name}
+    # every point of every graph op computed, and a folded reduction's once
+    for g in graph.ops:
+        mine = [s for s, _ in points.items() if _graph_op(_spec(model, s), ops) is g
+                and not (_spec(model, s).name or "").split(g.name, 1)[-1].startswith("_again")]
+        if not mine:
+            continue
+        space, cond = _gspace(g)
+        full = isl.UnionSet.read_from_str(CTX, model.space(f"{space} : {cond}"))
+        union = model.union_map([])
+        for s in mine:
+            union = union.union(points[s])
+        if not union.is_single_valued():
+            continue  # an op whose operands leave its point open (a broadcast of all of them)
+        lost = full.subtract(union.range())
+        twice = union.apply_range(union.reverse()).subtract(model.union_map([])).intersect(
+            _distinct(model, union))
+        if not lost.is_empty():
+            where = union.domain()
+            ce = counterexample(model, _reads_of(model, where, by_op))
+            return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
+                                  reason=f"graph op {g.name}: some of its points (e.g. {_sample(lost)}) no op "
+                                         f"computes (a reduction range or tile left out)"), None
+        once = isinstance(g, Reduction) and any(_write(model, s).arg.name in folded for s in mine)
+        if once and not twice.is_empty():
+            ce = counterexample(model, _reads_of(model, twice.domain(), by_op))
+            return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
+                                  reason=f"graph op {g.name}: a point is computed twice (a reduction range or tile "
+                                         f"counted twice)"), None
+    return None, None
+
+
+def _tuple_names(s: isl.UnionSet) -> list[str]:
+    out: list[str] = []
+    s.foreach_set(lambda x: out.append(x.get_tuple_name()))
+    return out
+
+
+def _all_bytes(model: Model, w: Access, label: isl.UnionMap) -> isl.UnionMap:
+    """``label`` (given on byte 0 of each write instance) on every byte of the instance."""
+    dims = list(w.dims)
+    spread = model.union_map([f"{w.stmt}[{', '.join(dims[:-1])}, b] -> {w.stmt}[{', '.join(dims[:-1])}, 0]"])
+    return spread.intersect_domain(_instances(model, w)).apply_range(label)
+
+
+def _reads_of(model: Model, op_instances: isl.UnionSet, by_op) -> isl.UnionSet:
+    out = None
+    for t, accs in by_op.items():
+        r = _to_op(model, accs[0]).intersect_range(op_instances).domain()
+        out = r if out is None else out.union(r)
+    return out
+
+
+def _sample(s: isl.UnionSet) -> str:
+    pt = s.sample_point()
+    n = pt.get_space().dim(isl.dim_type.set)
+    return str([int(pt.get_coordinate_val(isl.dim_type.set, j).to_python()) for j in range(n)])
+
+
+def _distinct(model: Model, union: isl.UnionMap) -> isl.UnionMap:
+    """Pairs of op instances that are not the same instance."""
+    ident = union.domain().identity()
+    every = union.domain().universe()
+    return isl.UnionMap.from_domain_and_range(every, every).subtract(ident)
+
+
+def _write(model: Model, stmt: str) -> Access:
+    return next(a for a in model.accesses if a.stmt == stmt)
+
+
+def _spec(model: Model, stmt: str) -> OpSpec:
+    return next(a.spec for a in model.accesses if a.stmt == stmt)
+
+
+def _stride(acc: Access, j: int) -> int:
+    """The flat host index's step along host dim ``j`` (a symbolic one times ``h_j`` is not affine)."""
+    out = sympy.Mul(*acc.arg.host_shape[j + 1:])
+    if not out.is_Integer:
+        raise NotAffine(f"kernel argument {acc.arg.name}: host dim {j} steps the flat index by {out}")
+    return int(out)
+
+
+def _universe(model: Model, instances: dict[str, isl.UnionSet]) -> isl.UnionMap:
+    out = model.union_map([])
+    lab = isl.UnionSet.read_from_str(CTX, model.space("L[l0, l1]"))
+    for s in instances.values():
+        out = out.union(isl.UnionMap.from_domain_and_range(s, lab))
+    return out
+
+
+def _op_domain(model: Model, operands: list[Access], w: Access) -> isl.UnionSet:
+    if operands:
+        return _to_op(model, operands[0]).range()
+    return _to_op(model, w).range()
+
+
+def _points(model: Model, spec: OpSpec, g: Op, operands: list[Access], op_map: dict, bids: dict,
+            domain: isl.UnionSet) -> isl.UnionMap:
+    """Op instance -> the points of graph op ``g`` whose Load indices match what it read."""
+    space, cond = _gspace(g)
+    full = isl.UnionSet.read_from_str(CTX, model.space(f"{space} : {cond}"))
+    p = isl.UnionMap.from_domain_and_range(domain, full)
+    loads = [o for o in g.operands if isinstance(o, Load)]
+    args = [o for o in spec.op_info.operands if isinstance(o, ArgOperand)]
+    if len(loads) != len(args):
+        raise NotAffine(f"op {spec.name}: {len(args)} tensor operands, graph op {g.name} loads {len(loads)}")
+    for load, arg in zip(loads, args):
+        k = arg.index
+        if k >= len(operands):
+            continue
+        lm = _index_map(model, g, load.index, bids[load.buffer])
+        p = p.intersect(op_map[k].apply_range(lm.reverse()))
+    return p

@@ -1,0 +1,154 @@
+"""fspyre.prove: compiled programs are proved; planted corruptions that change addresses or
+dataflow are refuted with a counterexample; the artifact prints and round-trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fspyre
+from fspyre.ir.program import LoopSpec, op_specs
+from fspyre.ir.serialize import dumps, loads
+from fspyre.machine.interpreter import run_program
+from fspyre.machine.spyre import spyre
+from fspyre.pretty import pretty
+from fspyre.proof import prove
+from fspyre.testing import inputs_for
+
+pytest.importorskip("islpy")
+sys.path.insert(0, str(Path(__file__).parent.parent / "machine"))
+from test_corruptions import _graphs, caught, plants  # noqa: E402
+
+# Fields whose corruption moves an address or changes which write a read finds (the others --
+# the op's fn, its compute dtype, a device format, a kernel argument's name -- change what is
+# computed or what the host hands in, which the interpreter checks and the proof does not claim).
+ADDRESS_FIELDS = {"loop.count", "runs", "arg.arg_index", "arg.is_input", "arg.address", "arg.memory",
+                  "arg.device_coordinates", "arg.tile_advance", "arg.device_size", "split", "kernel.address",
+                  "kernel.arg_index", "kernel order", "kernel.stride_map", "kernel.device_size", "kernel.is_input",
+                  "program.cores", "program.hbm_bytes"}
+
+
+def _compiled(cores: int, tiling: str):
+    for graph in _graphs():
+        yield graph, fspyre.compile(graph, machine=spyre(cores=cores), tiling=tiling)
+
+
+@pytest.mark.parametrize("cores,tiling", [(1, "none"), (4, "hints")])
+def test_compiled_programs_are_proved(cores, tiling):
+    for graph, comp in _compiled(cores, tiling):
+        proof = prove(comp)
+        assert proof.proved, str(proof)
+        assert loads(dumps(proof)) == proof
+        assert "PROVED" in pretty(proof)
+
+
+def test_planted_address_corruptions_the_interpreter_catches_are_refuted():
+    """Every plant in an address field that the interpreter catches (an execution error or
+    different numbers) is refuted with a counterexample naming an op; no plant the
+    interpreter runs equal is refuted."""
+    refuted = missed = wrongly = 0
+    misses = []
+    for graph, comp in _compiled(4, "hints"):
+        program = comp.program
+        inputs = inputs_for(graph)
+        clean, _ = run_program(program, inputs)
+        for field, bad in plants(program):
+            if field not in ADDRESS_FIELDS:
+                continue
+            how = caught(bad, inputs, clean)
+            proof = prove(bad, graph)
+            if proof.refuted:
+                ce = proof.refuted[0].counterexample
+                assert ce is not None and ce.op and ce.tensor
+                if how in (None, "verifier"):
+                    wrongly += 1
+                else:
+                    refuted += 1
+            elif how not in (None, "verifier"):
+                missed += 1
+                misses.append(f"{graph.name}: {field} ({how})")
+    assert refuted > 100
+    assert not wrongly
+    # what the proof does not see yet (docs/proof.md): a read at another in-bounds element of
+    # the tensor it names, a tile walked by another advance -- the graph's index, not the program's
+    assert missed <= refuted // 2, misses
+
+
+def test_an_output_never_written_is_refuted():
+    graph = next(g for g in _graphs() if g.name == "add_mul")
+    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
+    # the last loop runs one iteration short: the last tile of the output is never written
+    loop = next(s for s in program.body if isinstance(s, LoopSpec))
+    short = dataclasses.replace(program, body=tuple(dataclasses.replace(s, count=s.count - 1) if s is loop else s
+                                                    for s in program.body))
+    proof = prove(short)
+    assert proof["coverage"].verdict == "refuted", str(proof)
+    ce = proof["coverage"].counterexample
+    assert ce is not None and ce.op == "copy-out" and ce.tensor == "z"
+
+
+def test_an_lx_overflow_is_refuted_with_the_core_and_address():
+    graph = next(g for g in _graphs() if g.name == "matmul_k")
+    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
+    proof = prove(dataclasses.replace(program, lx_bytes=100))
+    result = proof["memory_safety"]
+    assert result.verdict == "refuted" and "LX" in result.reason
+    ce = result.counterexample
+    assert ce is not None and ce.memory == "lx" and ce.address >= 100 and 0 <= ce.core < 4
+
+
+def test_a_live_buffer_overwritten_is_refuted():
+    """Two LX tensors of the K-accumulation put at one address: the combine reads the
+    accumulator after the partial overwrote it."""
+    graph = next(g for g in _graphs() if g.name == "matmul_k")
+    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
+    part = next(a for s in op_specs(program) for a in s.args if a.name.endswith("_part"))
+    acc = next(a for s in op_specs(program) for a in s.args if a.name.endswith("_acc"))
+
+    def move(s):
+        if isinstance(s, LoopSpec):
+            return dataclasses.replace(s, body=tuple(move(x) for x in s.body))
+        return dataclasses.replace(s, args=tuple(dataclasses.replace(a, address=acc.address) if a.name == part.name
+                                                 else a for a in s.args))
+
+    bad = dataclasses.replace(program, body=tuple(move(s) for s in program.body))
+    proof = prove(bad)
+    assert proof["dataflow"].verdict == "refuted", str(proof)
+    with pytest.raises(AssertionError):
+        clean, _ = run_program(program, inputs_for(graph))
+        outs, _ = run_program(bad, inputs_for(graph))
+        np.testing.assert_array_equal(outs["y"], clean["y"])
+
+
+def _symbolic_mlp():
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tiling"))
+    from test_symbolic import mlp
+
+    return fspyre.compile(mlp(), fspyre.machine.spyre(cores=4))
+
+
+def test_a_symbolic_program_is_proved_for_every_size_its_assumptions_allow():
+    comp = _symbolic_mlp()
+    proof = prove(comp)
+    assert proof.proved, str(proof)
+    assert any("divisible by 64" in a for a in proof.assumptions)
+
+
+def test_a_symbolic_program_broken_above_a_size_is_refuted_at_such_a_size():
+    from fspyre.ir.symbolic import size_symbol
+
+    comp = _symbolic_mlp()
+    program = comp.program
+    # HBM sized for |S| = 256: every larger |S| runs past it, no smaller one does
+    fixed = int(program.hbm_bytes.subs(size_symbol("S"), 256))
+    proof = prove(dataclasses.replace(comp, program=dataclasses.replace(program, hbm_bytes=fixed)))
+    result = proof["memory_safety"]
+    assert result.verdict == "refuted", str(proof)
+    ce = result.counterexample
+    assert ce is not None and len(ce.sizes) == 1
+    dim, size = ce.sizes[0]
+    assert dim == "S" and size > 256 and size % 64 == 0
