@@ -48,7 +48,10 @@ from fspyre.stages.symbolic import instantiate
 if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
     from fspyre.frontend.files import TorchProgram
 
-EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap")
+EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap",
+         "sdsc", "all")
+# What ``--emit all`` writes: every kind (svg only where graphviz's dot is installed).
+ALL = tuple(k for k in EMITS if k != "all")
 DEMO_OUT = "fspyre-out"
 
 
@@ -283,6 +286,13 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
         return Emitted(files={"loop_tree.svg": lambda path: _draw_svg(comp, path)})
     if kind == "memmap":
         return Emitted(files={"lx_memmap.svg": _memmap_svg(comp)})
+    if kind == "sdsc":  # the per-op documents bundle.mlir names
+        return Emitted(files=_sdsc_files(comp))
+    if kind == "report":
+        program, note = _concrete(comp)
+        report = traffic_report(program)
+        text = note + str(report).rstrip("\n")
+        return Emitted(files={"report.txt": text, "report.json": dumps(report)}, stdout=text)
     one: dict[str, tuple[str, Callable[[Compilation], str]]] = {
         "tree": ("loop_tree.txt", lambda c: printer(_loop_tree(c))),
         "dot": ("loop_tree.dot", _dot_text),
@@ -290,7 +300,6 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
         "mlir": ("bundle.mlir", lambda c: c.bundle_mlir),
         "mlir-generic": ("bundle.generic.mlir", lambda c: c.mlir_generic),
         "unrolled": ("unrolled.txt", lambda c: _concrete(c)[1] + printer(unroll(_concrete(c)[0]))),
-        "report": ("report.txt", _report_text),
     }
     file, make = one[kind]
     text = make(comp)
@@ -355,13 +364,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    work = load_workload(args.file)
+    kinds = _emit_kinds(args.emit)
     printer = functools.partial(_pretty, detailed=args.detailed)
-    stage_cb, stage_texts = stage_files(printer, ".txt") if "stages" in args.emit else (None, {})
-    comp = _compile(work.graph, args, stage_cb)
-    out = Path(args.out) if args.out else None
+    stage_cb, stage_texts = stage_files(printer, ".txt") if "stages" in kinds else (None, {})
+    if args.from_dir is not None:
+        comp = _resume(Path(args.from_dir), args, stage_cb)
+    else:
+        comp = _compile(load_workload(args.file).graph, args, stage_cb)
+    out = Path(args.out) if args.out else (Path(DEMO_OUT) if "all" in args.emit else None)
     shown, written = [], []
-    for kind in args.emit:
+    for kind in kinds:
         result = emit(kind, comp, stage_texts, printer)
         if out is None and result.stdout is not None:
             shown.append(result.stdout)
@@ -369,6 +381,50 @@ def cmd_compile(args: argparse.Namespace) -> int:
             written += _write(out or Path(DEMO_OUT), result.files)
     print("\n\n".join(shown + ["\n".join(f"wrote {p}" for p in written)] if written else shown))
     return 0
+
+
+def _emit_kinds(asked: Sequence[str]) -> list[str]:
+    """The kinds asked for, ``all`` expanded, each once in the order given."""
+    kinds: list[str] = []
+    for kind in asked:
+        if kind == "all":
+            every = [k for k in ALL if k != "svg" or _dot_available()]
+            if not _dot_available():
+                print("note: graphviz `dot` not found: --emit all skips loop_tree.svg (install Debian's graphviz)",
+                      file=sys.stderr)
+            kinds += every
+        else:
+            kinds.append(kind)
+    return list(dict.fromkeys(kinds))
+
+
+def load_stages(directory: Path) -> dict[str, Any]:
+    """The stage artifacts ``--emit json`` wrote into ``directory`` (``NN_<stage>.json``), by stage
+    name in file order."""
+    from fspyre.ir.serialize import loads
+
+    if not directory.is_dir():
+        raise UsageError(f"--from {directory}: not a directory; pass the --out DIR of `fspyre compile --emit json`")
+    files = sorted(p for p in directory.glob("[0-9][0-9]_*.json"))
+    if not files:
+        raise UsageError(f"--from {directory}: no NN_<stage>.json files; write them with "
+                         f"`fspyre compile FILE.py --emit json --out {directory}`")
+    stages: dict[str, Any] = {}
+    for path in files:
+        name = path.stem[3:]
+        try:
+            stages[name] = loads(path.read_text())
+        except FspyreError as err:
+            raise type(err)(f"{path}: {_one_line(str(err))}") from None
+    return stages
+
+
+def _resume(directory: Path, args: argparse.Namespace, callback: StageCallback | None) -> Compilation:
+    from fspyre.pipeline import resume
+
+    return resume(load_stages(directory), _machine(args.cores), args.tiling, fuse=args.fuse,
+                  residency=not args.no_residency, online=not args.no_online,
+                  allocation_options=_allocation_options(args), callback=callback)
 
 
 def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, list[str]]:
@@ -402,6 +458,43 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         equal = equal and eager_ok
     return 0 if equal else 1
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file, by name."""
+    if not path.is_file():
+        raise UsageError(f"--inputs {path}: no such file; save the inputs with numpy.savez({path.name!r}, x=..., ...)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError) as err:
+        raise UsageError(f"--inputs {path}: not a numpy .npz archive ({_one_line(str(err))})") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Compile FILE.py and run the program on the machine model with the user's arrays."""
+    work = load_workload(args.file)
+    graph = work.graph
+    if args.inputs is not None:
+        inputs = load_arrays(Path(args.inputs))
+        missing = [n for n in graph.inputs if n not in inputs]
+        extra = [n for n in inputs if n not in graph.inputs]
+        if missing or extra:
+            raise UsageError(f"--inputs {args.inputs}: the graph {graph.name} takes {', '.join(graph.inputs)}; "
+                             + (f"missing {', '.join(missing)}" if missing else f"no input named {', '.join(extra)}"))
+    elif work.inputs is not None:
+        inputs = dict(work.inputs)
+    else:
+        inputs = random_inputs({n: graph.buffer_table()[n].type for n in graph.inputs}, seed=args.seed)
+    outputs = fspyre.run(_compile(graph, args), inputs)
+    for name, arr in outputs.items():
+        print(f"{name}: {arr.dtype}{list(arr.shape)}")
+    if args.out_npz is not None:
+        out = Path(args.out_npz)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(out, **outputs)  # type: ignore[arg-type]
+        print(f"wrote {out}")
+    return 0
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
@@ -452,6 +545,9 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {out}: an existing file, not a directory; choose a directory (or a new name)")
     if "svg" in (getattr(args, "emit", None) or ()):
         _require_dot("--emit svg")
+    if args.run is cmd_compile and (args.file is None) == (args.from_dir is None):
+        raise UsageError("compile: give FILE.py or --from DIR (the stage artifacts of `--emit json`), not "
+                         + ("both" if args.file else "neither"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -497,9 +593,13 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Compile the graph FILE.py defines. Text artifacts print to stdout, or are "
                                       "written under --out; svg and memmap are always files (default "
                                       f"./{DEMO_OUT}).")
-    comp.add_argument("file", metavar="FILE.py")
+    comp.add_argument("file", metavar="FILE.py", nargs="?")
+    comp.add_argument("--from", dest="from_dir", metavar="DIR",
+                      help="instead of FILE.py, continue from the stage artifacts `--emit json` wrote into DIR "
+                           "(NN_<stage>.json): the pipeline runs on from the latest stage there")
     comp.add_argument("--emit", type=_emit_list, action="extend", default=None, metavar="KIND[,KIND]",
-                      help=f"what to produce, repeatable (default stages): {', '.join(EMITS)}")
+                      help=f"what to produce, repeatable (default stages): {', '.join(EMITS)}; all: every file "
+                           f"(always written, default ./{DEMO_OUT})")
     comp.add_argument("--out", metavar="DIR", help="write the artifacts into DIR instead of printing them")
     comp.add_argument("--detailed", action="store_true",
                       help="print stages, tree, program and unrolled in the detailed view (default compact)")
@@ -514,11 +614,27 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
     chk.set_defaults(run=cmd_check)
 
+    add_run_parser(sub, debug, pipeline)
+
     # Every argument after `coverage` (--help included) belongs to the coverage tool itself.
     cov = sub.add_parser("coverage", add_help=False, parents=[debug], help="the front end's OpInfo coverage table",
                          description="Forwards its arguments to fspyre.frontend.coverage (try --help).")
     cov.set_defaults(run=cmd_coverage, rest=())
     return parser
+
+
+def add_run_parser(sub: Any, debug: argparse.ArgumentParser, pipeline: argparse.ArgumentParser) -> None:
+    run = sub.add_parser("run", parents=[debug, pipeline],
+                         help="compile FILE.py and run it on the machine model with your arrays (.npz)",
+                         description="Compile FILE.py, run the program on the machine-model interpreter and save "
+                                     "its outputs. Inputs come from --inputs (an .npz with one array per graph "
+                                     "input, by name), else a torch file's example inputs, else random (--seed).")
+    run.add_argument("file", metavar="FILE.py")
+    run.add_argument("--inputs", metavar="IN.npz", help="the graph inputs, one array per input name")
+    run.add_argument("--out", dest="out_npz", metavar="OUT.npz",
+                     help="save the outputs here (numpy.savez, one array per output)")
+    run.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs without --inputs (default 0)")
+    run.set_defaults(run=cmd_run)
 
 
 def _one_line(text: str) -> str:
