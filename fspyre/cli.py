@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import functools
 import importlib.util
 import itertools
@@ -21,32 +22,28 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 import fspyre
 from fspyre.errors import FspyreError, FspyreWarning
-from fspyre.ir.graph import Graph
 from fspyre.ir.kinds import FUSE_MODES, LX_SOLVERS, TILINGS
-from fspyre.ir.looptree import LoopTree
-from fspyre.ir.program import Program
-from fspyre.ir.serialize import dumps
-from fspyre.lower.unroll import unroll
-from fspyre.machine.hostio import random_inputs
-from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import MAX_CORES, Machine
-from fspyre.pipeline import Compilation, StageCallback
-from fspyre.pretty import pretty, render, to_dot
-from fspyre.pretty.memmap import lx_memmap_svg
-from fspyre.stages.allocation import AllocationOptions
-from fspyre.stages.symbolic import instantiate
 
-if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
+# Parsing the command line needs none of these: `fspyre --help` and usage errors import no
+# sympy, numpy or torch, and each command imports what it uses (the front end, torch, only for
+# torch files).
+if TYPE_CHECKING:
+    import numpy as np
+
     from fspyre.frontend.files import TorchProgram
+    from fspyre.ir.graph import Graph
+    from fspyre.ir.looptree import LoopTree
+    from fspyre.ir.program import Program
+    from fspyre.pipeline import Compilation, StageCallback
+    from fspyre.stages.allocation import AllocationOptions
 
 EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap",
          "sdsc", "all")
@@ -147,6 +144,8 @@ def _exit_message(path: Path, what: str, stop: SystemExit) -> str:
 
 
 def load_workload(file: str) -> Workload:
+    from fspyre.ir.graph import Graph
+
     path = Path(file)
     names = _top_level_names(_parse(path))
     if "build" in names:
@@ -185,6 +184,8 @@ def _machine(cores: int) -> Machine:
 
 def _allocation_options(args: argparse.Namespace) -> AllocationOptions:
     """Only the flags the user gave: everything else keeps the allocation stage's defaults."""
+    from fspyre.stages.allocation import AllocationOptions
+
     given: dict[str, Any] = {}
     if args.lx_solver is not None:
         given["lx_solver"] = args.lx_solver
@@ -196,11 +197,14 @@ def _allocation_options(args: argparse.Namespace) -> AllocationOptions:
 def _compile(graph: Graph, args: argparse.Namespace, callback: StageCallback | None = None) -> Compilation:
     return fspyre.compile(
         graph, _machine(args.cores), tiling=args.tiling, fuse=args.fuse, residency=not args.no_residency,
-        online=not args.no_online, allocation_options=_allocation_options(args), callback=callback,
+        online=not args.no_online, allocation_options=_allocation_options(args),
+        callback=_stage_callback(args, callback),
     )
 
 
 def _pretty(artifact: Any, detailed: bool = False) -> str:
+    from fspyre.pretty import pretty
+
     return pretty(artifact, detailed=detailed).rstrip("\n")
 
 
@@ -234,6 +238,8 @@ def _loop_tree(comp: Compilation) -> LoopTree:
 def _concrete(comp: Compilation) -> tuple[Program, str]:
     """The program, or a symbolic program at its first witness size and a line saying so:
     traffic, unrolled code and LX maps are of a program at one size."""
+    from fspyre.stages.symbolic import instantiate
+
     record = comp.program.symbolic
     if record is None:
         return comp.program, ""
@@ -243,19 +249,27 @@ def _concrete(comp: Compilation) -> tuple[Program, str]:
 
 
 def _dot_text(comp: Compilation) -> str:
+    from fspyre.pretty import to_dot
+
     return to_dot(_loop_tree(comp))
 
 
 def _draw_svg(comp: Compilation, path: Path) -> None:
+    from fspyre.pretty import render
+
     _require_dot("the loop-tree picture")
     render(_dot_text(comp), str(path), "svg")
 
 
 def _memmap_svg(comp: Compilation) -> str:
+    from fspyre.pretty.memmap import lx_memmap_svg
+
     return lx_memmap_svg(_concrete(comp)[0])
 
 
 def _report_text(comp: Compilation) -> str:
+    from fspyre.machine.report import traffic_report
+
     program, note = _concrete(comp)
     return note + str(traffic_report(program)).rstrip("\n")
 
@@ -275,6 +289,10 @@ class Emitted:
 
 
 def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: Callable[[Any], str]) -> Emitted:
+    from fspyre.ir.serialize import dumps
+    from fspyre.lower.unroll import unroll
+    from fspyre.machine.report import traffic_report
+
     if kind == "stages":
         return Emitted(files=stage_texts, stdout="\n\n".join(f"== {n[:-4]} ==\n{t}" for n, t in stage_texts.items()))
     if kind == "json":
@@ -338,7 +356,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     machine = _machine(args.cores)
     start = time.perf_counter()
-    comp = fspyre.compile(graph, machine, callback=show)
+    comp = fspyre.compile(graph, machine, callback=_stage_callback(args, show))
     compile_s = time.perf_counter() - start
 
     files: dict[str, str | Writer] = {
@@ -352,6 +370,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     files["lx_memmap.svg"] = _memmap_svg(comp)
     files["report.txt"] = _report_text(comp)
     written.extend(_write(out, files))
+
+    from fspyre.machine.hostio import random_inputs
 
     inputs = random_inputs({n: graph.buffer_table()[n].type for n in graph.inputs}, seed=0)
     start = time.perf_counter()
@@ -424,12 +444,14 @@ def _resume(directory: Path, args: argparse.Namespace, callback: StageCallback |
 
     return resume(load_stages(directory), _machine(args.cores), args.tiling, fuse=args.fuse,
                   residency=not args.no_residency, online=not args.no_online,
-                  allocation_options=_allocation_options(args), callback=callback)
+                  allocation_options=_allocation_options(args), callback=_stage_callback(args, callback))
 
 
 def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, list[str]]:
     """Machine-model outputs against PyTorch eager, within the tolerance the front end states
     for the file: ``|fspyre - eager| <= atol + rtol * |eager|``."""
+    import numpy as np
+
     ok, lines = True, []
     for name, expected in t.expected.items():
         a = np.asarray(got[name], dtype=np.float64)
@@ -462,6 +484,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file, by name."""
+    import numpy as np
+
     if not path.is_file():
         raise UsageError(f"--inputs {path}: no such file; save the inputs with numpy.savez({path.name!r}, x=..., ...)")
     try:
@@ -473,6 +497,10 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Compile FILE.py and run the program on the machine model with the user's arrays."""
+    import numpy as np
+
+    from fspyre.machine.hostio import random_inputs
+
     work = load_workload(args.file)
     graph = work.graph
     if args.inputs is not None:
@@ -554,6 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print the traceback of any error")
+    debug.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                       help="log each stage on stderr: its time and what it decided (-vv: its printed text too)")
     machine = argparse.ArgumentParser(add_help=False)
     machine.add_argument("--cores", type=_cores, default=32, help="cores of the Spyre card, 1..32 (default 32)")
     pipeline = argparse.ArgumentParser(add_help=False, parents=[machine])
@@ -578,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="FILE.py defines build() -> fspyre Graph, or a torch `model` and `example_inputs()`. "
                "Errors print one line and exit 2; `check` exits 1 when the results differ.",
     )
-    parser.set_defaults(debug=False)
+    parser.add_argument("--version", action="version", version=f"fspyre {fspyre.__version__}")
+    parser.set_defaults(debug=False, verbose=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser("demo", parents=[debug, machine], help="compile, print, run and check the canonical example",
@@ -663,10 +694,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = debug
     if getattr(args, "emit", "stages") is None:
         args.emit = ["stages"]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _log_to_stderr(args.verbose):
         warnings.simplefilter("always", FspyreWarning)
         warnings.showwarning = _show_warning
         return _run(args)
+
+
+@contextlib.contextmanager
+def _log_to_stderr(verbosity: int) -> Iterator[None]:
+    """``-v``: the ``fspyre`` logger's INFO lines on stderr while the command runs; ``-vv``: DEBUG too."""
+    if not verbosity:
+        yield
+        return
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("fspyre: %(message)s"))
+    log = logging.getLogger("fspyre")
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if verbosity == 1 else logging.DEBUG)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
+def _stage_callback(args: argparse.Namespace, callback: StageCallback | None) -> StageCallback | None:
+    """The pipeline's stage callback: ``callback``, logged first under ``-v``."""
+    if not getattr(args, "verbose", 0):
+        return callback
+    from fspyre.pipeline import log_stages
+
+    return log_stages(callback)
 
 
 def _run(args: argparse.Namespace) -> int:

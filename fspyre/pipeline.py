@@ -4,6 +4,8 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +31,34 @@ from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 from fspyre.stages.tiling_search import SearchOptions, search_tiling
 
 StageCallback = Callable[[str, Any], None]
+logger = logging.getLogger("fspyre")
+
+
+def log_stages(callback: StageCallback | None = None) -> StageCallback:
+    """A stage callback logging each stage on the ``fspyre`` logger -- INFO: its name, the seconds
+    since the previous stage and its one-line summary, and the tiling search's choice per group;
+    DEBUG: the stage's compact printed text -- then calling ``callback``. ``fspyre -v`` (``-vv``)."""
+    last = [time.perf_counter()]
+
+    def log(name: str, artifact: Any) -> None:
+        logger.info("%s %.3f s: %r", name, time.perf_counter() - last[0], artifact)
+        if isinstance(artifact, TilingSearch):
+            for g in artifact.groups:
+                chosen = g.candidates[g.chosen]
+                levels = " ".join(f"{'/'.join(lv.dims)}:{lv.count}" for lv in chosen.levels) or "untiled"
+                logger.info("  group %s: %s (%.2f us, %d B HBM) of %d candidates", ", ".join(g.ops), levels,
+                            chosen.time_ns / 1000, chosen.hbm_bytes, len(g.candidates))
+            if artifact.note:
+                logger.info("  %s", artifact.note)
+        if logger.isEnabledFor(logging.DEBUG):
+            from fspyre.pretty import pretty
+
+            logger.debug("%s", pretty(artifact))
+        if callback is not None:
+            callback(name, artifact)
+        last[0] = time.perf_counter()
+
+    return log
 
 
 def require_graph(graph: object, where: str) -> Graph:
@@ -59,6 +89,12 @@ class Compilation:
     stages: FrozenMap[str, Any]  # stage name -> frozen artifact, in pipeline order
     program: Program
     warnings: tuple[str, ...] = ()  # every stage's hint warnings, in stage order (emitted once by compile)
+
+    def __repr__(self) -> str:  # short: each stage has its own repr and printer
+        return f"Compilation({self.graph.name!r}: stages {', '.join(self.stages)}; {self.program!r})"
+
+    def _repr_html_(self) -> str:
+        return self.program._repr_html_()
 
     @property
     def bundle_mlir(self) -> str:

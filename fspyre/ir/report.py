@@ -59,6 +59,16 @@ class TrafficReport:
     time_ns: float
     assumptions: tuple[str, ...] = ()  # the model's assumptions, in words (fspyre.machine.report.ASSUMPTIONS)
 
+    def _repr_html_(self) -> str:
+        """A notebook shows the whole report."""
+        from fspyre.pretty import html_text
+
+        return html_text(str(self))
+
+    def __repr__(self) -> str:  # short: str() is the whole report
+        return (f"TrafficReport({self.program!r}: HBM {self.hbm_bytes} B, traffic ratio {self.traffic_ratio:.3f}, "
+                f"LX peak {self.lx_peak} B per core, {len(self.kernels)} kernels, {self.time_ns / 1000:.2f} us)")
+
     @property
     def hbm_read(self) -> int:
         return sum(o.hbm_read for o in self.ops)

@@ -49,6 +49,17 @@ def render(dot_source: str, path: str, fmt: str = "svg") -> bool:
     return True
 
 
+def svg(dot_source: str) -> str | None:
+    """The picture as SVG text (a notebook's ``_repr_svg_``); None when ``dot`` is not installed."""
+    exe = shutil.which("dot")
+    if exe is None:
+        return None
+    done = subprocess.run([exe, "-Tsvg"], input=dot_source.encode(), capture_output=True)
+    if done.returncode != 0:
+        raise FspyreError(f"svg: dot -Tsvg failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout.decode()
+
+
 def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import sympy
+from tqdm import tqdm
 
 from fspyre.errors import FspyreError, TilingError
 from fspyre.ir.graph import Buffer, Graph, Load, Op, Output, Reduction, Store
@@ -66,11 +67,11 @@ class SearchOptions:
     ``residency``, ``online``, ``split`` and ``allocation`` are the options the downstream
     stages will run with: each candidate is judged as it would be compiled."""
 
-    fuse: FuseMode = "max-producers"
-    residency: bool = True
-    online: OnlineOptions = OnlineOptions()
-    split: SplitOptions = SplitOptions()
-    allocation: AllocationOptions = AllocationOptions()
+    fuse: FuseMode = "max-producers"  # which producers join a consumer's loop (above)
+    residency: bool = True  # judge each candidate with keep_resident's LX copies, as compile will run it
+    online: OnlineOptions = OnlineOptions()  # the online-softmax rewrite the candidates are tiled with
+    split: SplitOptions = SplitOptions()  # the work division each candidate is judged under
+    allocation: AllocationOptions = AllocationOptions()  # the allocation each candidate is judged under
 
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_MODES:
@@ -85,12 +86,17 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
                   outputs=frozenset(o.buffer for o in graph.outputs))
     records: list[GroupSearch] = []
     run: list[str] = []
-    for name in hinted.order + ("",):  # "" closes the last run
-        if name and name not in in_group:
-            run.append(name)
-            continue
-        records.extend(_search_run(ctx, run))
-        run = []
+    # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
+    # and not at all when it ends within a second).
+    with tqdm(total=len(hinted.order), desc=f"tiling search {graph.name}", unit="op", delay=1.0, leave=False,
+              disable=None) as progress:
+        for name in hinted.order + ("",):  # "" closes the last run
+            if name and name not in in_group:
+                run.append(name)
+                continue
+            records.extend(_search_run(ctx, run))
+            progress.update(len(run) + bool(name))
+            run = []
     position = {name: i for i, name in enumerate(hinted.order)}
     # a searched accumulation's readers run after its loop (loop fission), as _judge compiled them
     searched = split_at_tiled_reductions(graph, TilingPlan(order=hinted.order, groups=tuple(
