@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
     from fspyre.frontend.files import TorchProgram
     from fspyre.ir.graph import Graph
-    from fspyre.ir.looptree import LoopTree
     from fspyre.ir.program import Program
     from fspyre.pipeline import Compilation, StageCallback
     from fspyre.stages.allocation import AllocationOptions
@@ -228,11 +227,12 @@ def _require_dot(what: str) -> None:
         raise UsageError(f"{what} needs graphviz's `dot`, which is not on PATH; install Debian's graphviz package")
 
 
-def _loop_tree(comp: Compilation) -> LoopTree:
-    """The loop tree; of a symbolic program, its first witness's (``loop_tree@S=192``)."""
-    if "loop_tree" in comp.stages:
-        return comp.stages["loop_tree"]
-    return next(a for n, a in comp.stages.items() if n.startswith("loop_tree@"))
+def _loop_tree(comp: Compilation, stage: str = "loop_tree") -> Any:
+    """The stage's artifact (the loop tree by default); of a symbolic program, its first
+    witness's (``loop_tree@S=192``)."""
+    if stage in comp.stages:
+        return comp.stages[stage]
+    return next(a for n, a in comp.stages.items() if n.startswith(f"{stage}@"))
 
 
 def _concrete(comp: Compilation) -> tuple[Program, str]:
@@ -251,7 +251,9 @@ def _concrete(comp: Compilation) -> tuple[Program, str]:
 def _dot_text(comp: Compilation) -> str:
     from fspyre.pretty import to_dot
 
-    return to_dot(_loop_tree(comp))
+    # the tree the program runs (LX copies included), its ops' cores and its tensors' memories
+    return to_dot(_loop_tree(comp, "resident_tree"), split=_loop_tree(comp, "split_plan"),
+                  allocation=_loop_tree(comp, "allocation"))
 
 
 def _draw_svg(comp: Compilation, path: Path) -> None:
@@ -265,6 +267,12 @@ def _memmap_svg(comp: Compilation) -> str:
     from fspyre.pretty.memmap import lx_memmap_svg
 
     return lx_memmap_svg(_concrete(comp)[0])
+
+
+def _hbm_memmap_svg(comp: Compilation) -> str:
+    from fspyre.pretty.memmap import hbm_memmap_svg
+
+    return hbm_memmap_svg(_concrete(comp)[0])
 
 
 def _report_text(comp: Compilation) -> str:
@@ -303,7 +311,7 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
     if kind == "svg":
         return Emitted(files={"loop_tree.svg": lambda path: _draw_svg(comp, path)})
     if kind == "memmap":
-        return Emitted(files={"lx_memmap.svg": _memmap_svg(comp)})
+        return Emitted(files={"lx_memmap.svg": _memmap_svg(comp), "hbm_memmap.svg": _hbm_memmap_svg(comp)})
     if kind == "sdsc":  # the per-op documents bundle.mlir names
         return Emitted(files=_sdsc_files(comp))
     if kind == "report":
@@ -368,6 +376,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         print("\nnote: graphviz `dot` not found: loop_tree.svg not drawn (install Debian's graphviz package)")
     files["lx_memmap.svg"] = _memmap_svg(comp)
+    files["hbm_memmap.svg"] = _hbm_memmap_svg(comp)
     files["report.txt"] = _report_text(comp)
     written.extend(_write(out, files))
 
