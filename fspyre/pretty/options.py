@@ -57,7 +57,7 @@ def _default(f: dataclasses.Field) -> str:
         value = f.default
         return f"`{type(value).__name__}()`" if dataclasses.is_dataclass(value) else f"`{value!r}`"
     if f.default_factory is not dataclasses.MISSING:
-        return f"`{f.default_factory.__name__}()`"  # type: ignore[union-attr]
+        return f"`{getattr(f.default_factory, '__name__', 'factory')}()`"
     return "required"
 
 
