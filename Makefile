@@ -14,7 +14,8 @@ demo: $(STAMP) graphviz
 	$(PY) -m fspyre demo
 
 # pytest-xdist: one worker per CPU (work stealing evens out the long tests: the model zoo, the
-# properties); golden journal writes take a lock, everything else a test writes is under tmp_path.
+# properties); golden journal writes take a lock, hypothesis's example database writes atomically,
+# and everything else a test writes is under its own tmp_path.
 test: $(STAMP) graphviz
 	$(PY) -m pytest -n auto --dist worksteal tests
 

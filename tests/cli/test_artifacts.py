@@ -66,7 +66,7 @@ def test_emit_all_writes_every_file_bundle_names_each_valid(file: str, tmp_path:
     report = json.loads((tmp_path / "report.json").read_text())
     _valid(report, load_schema("traffic_report"))
     for kind in ("loop_tree.txt", "loop_tree.dot", "program.txt", "bundle.generic.mlir", "unrolled.txt",
-                 "report.txt", "lx_memmap.svg", "00_graph.txt"):
+                 "report.txt", "lx_memmap.svg", "hbm_memmap.svg", "00_graph.txt"):
         assert (tmp_path / kind).is_file(), kind
 
 
