@@ -227,8 +227,8 @@ def _require_dot(what: str) -> None:
         raise UsageError(f"{what} needs graphviz's `dot`, which is not on PATH; install Debian's graphviz package")
 
 
-def _loop_tree(comp: Compilation, stage: str = "loop_tree") -> Any:
-    """The stage's artifact (the loop tree by default); of a symbolic program, its first
+def _stage(comp: Compilation, stage: str) -> Any:
+    """A stage's artifact; of a symbolic program, its first
     witness's (``loop_tree@S=192``)."""
     if stage in comp.stages:
         return comp.stages[stage]
@@ -252,8 +252,8 @@ def _dot_text(comp: Compilation) -> str:
     from fspyre.pretty import to_dot
 
     # the tree the program runs (LX copies included), its ops' cores and its tensors' memories
-    return to_dot(_loop_tree(comp, "resident_tree"), split=_loop_tree(comp, "split_plan"),
-                  allocation=_loop_tree(comp, "allocation"))
+    return to_dot(_stage(comp, "resident_tree"), split=_stage(comp, "split_plan"),
+                  allocation=_stage(comp, "allocation"))
 
 
 def _draw_svg(comp: Compilation, path: Path) -> None:
@@ -320,7 +320,7 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
         text = note + str(report).rstrip("\n")
         return Emitted(files={"report.txt": text, "report.json": dumps(report)}, stdout=text)
     one: dict[str, tuple[str, Callable[[Compilation], str]]] = {
-        "tree": ("loop_tree.txt", lambda c: printer(_loop_tree(c))),
+        "tree": ("loop_tree.txt", lambda c: printer(_stage(c, "loop_tree"))),
         "dot": ("loop_tree.dot", _dot_text),
         "program": ("program.txt", lambda c: printer(c.program)),
         "mlir": ("bundle.mlir", lambda c: c.bundle_mlir),
