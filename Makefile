@@ -13,8 +13,11 @@ TORCH  := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
 demo: $(STAMP) graphviz
 	$(PY) -m fspyre demo
 
+# pytest-xdist: one worker per CPU (work stealing evens out the long tests: the model zoo, the
+# properties); golden journal writes take a lock, hypothesis's example database writes atomically,
+# and everything else a test writes is under its own tmp_path.
 test: $(STAMP) graphviz
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n auto --dist worksteal tests
 
 # The random-program campaign (fspyre/testing/campaign): `make fuzz N=2000 SEED=0 JOBS=2`.
 N    ?= 1000

@@ -28,29 +28,27 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import numpy as np
-
 import fspyre
 from fspyre.errors import FspyreError, FspyreWarning
-from fspyre.ir.graph import Graph
 from fspyre.ir.kinds import FUSE_MODES, LX_SOLVERS, TILINGS
-from fspyre.ir.looptree import LoopTree
-from fspyre.ir.program import Program
-from fspyre.ir.serialize import dumps
-from fspyre.lower.unroll import unroll
-from fspyre.machine.hostio import random_inputs
-from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import MAX_CORES, Machine
-from fspyre.pipeline import Compilation, StageCallback
-from fspyre.pretty import pretty, render, to_dot
-from fspyre.pretty.memmap import lx_memmap_svg
-from fspyre.stages.allocation import AllocationOptions
-from fspyre.stages.symbolic import instantiate
 
-if TYPE_CHECKING:  # the front end imports torch: only for torch files, and only when used
+# Parsing the command line needs none of these: `fspyre --help` and usage errors import no
+# sympy, numpy or torch, and each command imports what it uses (the front end, torch, only for
+# torch files).
+if TYPE_CHECKING:
+    import numpy as np
+
     from fspyre.frontend.files import TorchProgram
+    from fspyre.ir.graph import Graph
+    from fspyre.ir.program import Program
+    from fspyre.pipeline import Compilation, StageCallback
+    from fspyre.stages.allocation import AllocationOptions
 
-EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap")
+EMITS = ("stages", "tree", "dot", "svg", "program", "mlir", "mlir-generic", "json", "unrolled", "report", "memmap",
+         "sdsc", "all")
+# What ``--emit all`` writes: every kind (svg only where graphviz's dot is installed).
+ALL = tuple(k for k in EMITS if k != "all")
 DEMO_OUT = "fspyre-out"
 
 
@@ -150,6 +148,8 @@ def _exit_message(path: Path, what: str, stop: SystemExit) -> str:
 
 
 def load_workload(file: str) -> Workload:
+    from fspyre.ir.graph import Graph
+
     path = Path(file)
     names = _top_level_names(_parse(path))
     if "build" in names:
@@ -188,6 +188,8 @@ def _machine(cores: int) -> Machine:
 
 def _allocation_options(args: argparse.Namespace) -> AllocationOptions:
     """Only the flags the user gave: everything else keeps the allocation stage's defaults."""
+    from fspyre.stages.allocation import AllocationOptions
+
     given: dict[str, Any] = {}
     if args.lx_solver is not None:
         given["lx_solver"] = args.lx_solver
@@ -199,11 +201,14 @@ def _allocation_options(args: argparse.Namespace) -> AllocationOptions:
 def _compile(graph: Graph, args: argparse.Namespace, callback: StageCallback | None = None) -> Compilation:
     return fspyre.compile(
         graph, _machine(args.cores), tiling=args.tiling, fuse=args.fuse, residency=not args.no_residency,
-        online=not args.no_online, allocation_options=_allocation_options(args), callback=callback,
+        online=not args.no_online, allocation_options=_allocation_options(args),
+        callback=_stage_callback(args, callback),
     )
 
 
 def _pretty(artifact: Any, detailed: bool = False) -> str:
+    from fspyre.pretty import pretty
+
     return pretty(artifact, detailed=detailed).rstrip("\n")
 
 
@@ -227,16 +232,19 @@ def _require_dot(what: str) -> None:
         raise UsageError(f"{what} needs graphviz's `dot`, which is not on PATH; install Debian's graphviz package")
 
 
-def _loop_tree(comp: Compilation) -> LoopTree:
-    """The loop tree; of a symbolic program, its first witness's (``loop_tree@S=192``)."""
-    if "loop_tree" in comp.stages:
-        return comp.stages["loop_tree"]
-    return next(a for n, a in comp.stages.items() if n.startswith("loop_tree@"))
+def _stage(comp: Compilation, stage: str) -> Any:
+    """A stage's artifact; of a symbolic program, its first
+    witness's (``loop_tree@S=192``)."""
+    if stage in comp.stages:
+        return comp.stages[stage]
+    return next(a for n, a in comp.stages.items() if n.startswith(f"{stage}@"))
 
 
 def _concrete(comp: Compilation) -> tuple[Program, str]:
     """The program, or a symbolic program at its first witness size and a line saying so:
     traffic, unrolled code and LX maps are of a program at one size."""
+    from fspyre.stages.symbolic import instantiate
+
     record = comp.program.symbolic
     if record is None:
         return comp.program, ""
@@ -246,19 +254,35 @@ def _concrete(comp: Compilation) -> tuple[Program, str]:
 
 
 def _dot_text(comp: Compilation) -> str:
-    return to_dot(_loop_tree(comp))
+    from fspyre.pretty import to_dot
+
+    # the tree the program runs (LX copies included), its ops' cores and its tensors' memories
+    return to_dot(_stage(comp, "resident_tree"), split=_stage(comp, "split_plan"),
+                  allocation=_stage(comp, "allocation"))
 
 
 def _draw_svg(comp: Compilation, path: Path) -> None:
+    from fspyre.pretty import render
+
     _require_dot("the loop-tree picture")
     render(_dot_text(comp), str(path), "svg")
 
 
 def _memmap_svg(comp: Compilation) -> str:
+    from fspyre.pretty.memmap import lx_memmap_svg
+
     return lx_memmap_svg(_concrete(comp)[0])
 
 
+def _hbm_memmap_svg(comp: Compilation) -> str:
+    from fspyre.pretty.memmap import hbm_memmap_svg
+
+    return hbm_memmap_svg(_concrete(comp)[0])
+
+
 def _report_text(comp: Compilation) -> str:
+    from fspyre.machine.report import traffic_report
+
     program, note = _concrete(comp)
     return note + str(traffic_report(program)).rstrip("\n")
 
@@ -278,6 +302,10 @@ class Emitted:
 
 
 def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: Callable[[Any], str]) -> Emitted:
+    from fspyre.ir.serialize import dumps
+    from fspyre.lower.unroll import unroll
+    from fspyre.machine.report import traffic_report
+
     if kind == "stages":
         return Emitted(files=stage_texts, stdout="\n\n".join(f"== {n[:-4]} ==\n{t}" for n, t in stage_texts.items()))
     if kind == "json":
@@ -288,15 +316,21 @@ def emit(kind: str, comp: Compilation, stage_texts: Mapping[str, str], printer: 
     if kind == "svg":
         return Emitted(files={"loop_tree.svg": lambda path: _draw_svg(comp, path)})
     if kind == "memmap":
-        return Emitted(files={"lx_memmap.svg": _memmap_svg(comp)})
+        return Emitted(files={"lx_memmap.svg": _memmap_svg(comp), "hbm_memmap.svg": _hbm_memmap_svg(comp)})
+    if kind == "sdsc":  # the per-op documents bundle.mlir names
+        return Emitted(files=_sdsc_files(comp))
+    if kind == "report":
+        program, note = _concrete(comp)
+        report = traffic_report(program)
+        text = note + str(report).rstrip("\n")
+        return Emitted(files={"report.txt": text, "report.json": dumps(report)}, stdout=text)
     one: dict[str, tuple[str, Callable[[Compilation], str]]] = {
-        "tree": ("loop_tree.txt", lambda c: printer(_loop_tree(c))),
+        "tree": ("loop_tree.txt", lambda c: printer(_stage(c, "loop_tree"))),
         "dot": ("loop_tree.dot", _dot_text),
         "program": ("program.txt", lambda c: printer(c.program)),
         "mlir": ("bundle.mlir", lambda c: c.bundle_mlir),
         "mlir-generic": ("bundle.generic.mlir", lambda c: c.mlir_generic),
         "unrolled": ("unrolled.txt", lambda c: _concrete(c)[1] + printer(unroll(_concrete(c)[0]))),
-        "report": ("report.txt", _report_text),
     }
     file, make = one[kind]
     text = make(comp)
@@ -335,7 +369,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     machine = _machine(args.cores)
     start = time.perf_counter()
-    comp = fspyre.compile(graph, machine, callback=show)
+    comp = fspyre.compile(graph, machine, callback=_stage_callback(args, show))
     compile_s = time.perf_counter() - start
 
     files: dict[str, str | Writer] = {
@@ -347,8 +381,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         print("\nnote: graphviz `dot` not found: loop_tree.svg not drawn (install Debian's graphviz package)")
     files["lx_memmap.svg"] = _memmap_svg(comp)
+    files["hbm_memmap.svg"] = _hbm_memmap_svg(comp)
     files["report.txt"] = _report_text(comp)
     written.extend(_write(out, files))
+
+    from fspyre.machine.hostio import random_inputs
 
     inputs = random_inputs({n: graph.buffer_table()[n].type for n in graph.inputs}, seed=0)
     start = time.perf_counter()
@@ -361,13 +398,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    work = load_workload(args.file)
+    kinds = _emit_kinds(args.emit)
     printer = functools.partial(_pretty, detailed=args.detailed)
-    stage_cb, stage_texts = stage_files(printer, ".txt") if "stages" in args.emit else (None, {})
-    comp = _compile(work.graph, args, stage_cb)
-    out = Path(args.out) if args.out else None
+    stage_cb, stage_texts = stage_files(printer, ".txt") if "stages" in kinds else (None, {})
+    if args.from_dir is not None:
+        comp = _resume(Path(args.from_dir), args, stage_cb)
+    else:
+        comp = _compile(load_workload(args.file).graph, args, stage_cb)
+    out = Path(args.out) if args.out else (Path(DEMO_OUT) if "all" in args.emit else None)
     shown, written = [], []
-    for kind in args.emit:
+    for kind in kinds:
         result = emit(kind, comp, stage_texts, printer)
         if out is None and result.stdout is not None:
             shown.append(result.stdout)
@@ -377,9 +417,55 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _emit_kinds(asked: Sequence[str]) -> list[str]:
+    """The kinds asked for, ``all`` expanded, each once in the order given."""
+    kinds: list[str] = []
+    for kind in asked:
+        if kind == "all":
+            every = [k for k in ALL if k != "svg" or _dot_available()]
+            if not _dot_available():
+                print("note: graphviz `dot` not found: --emit all skips loop_tree.svg (install Debian's graphviz)",
+                      file=sys.stderr)
+            kinds += every
+        else:
+            kinds.append(kind)
+    return list(dict.fromkeys(kinds))
+
+
+def load_stages(directory: Path) -> dict[str, Any]:
+    """The stage artifacts ``--emit json`` wrote into ``directory`` (``NN_<stage>.json``), by stage
+    name in file order."""
+    from fspyre.ir.serialize import loads
+
+    if not directory.is_dir():
+        raise UsageError(f"--from {directory}: not a directory; pass the --out DIR of `fspyre compile --emit json`")
+    files = sorted(p for p in directory.glob("[0-9][0-9]_*.json"))
+    if not files:
+        raise UsageError(f"--from {directory}: no NN_<stage>.json files; write them with "
+                         f"`fspyre compile FILE.py --emit json --out {directory}`")
+    stages: dict[str, Any] = {}
+    for path in files:
+        name = path.stem[3:]
+        try:
+            stages[name] = loads(path.read_text())
+        except FspyreError as err:
+            raise type(err)(f"{path}: {_one_line(str(err))}") from None
+    return stages
+
+
+def _resume(directory: Path, args: argparse.Namespace, callback: StageCallback | None) -> Compilation:
+    from fspyre.pipeline import resume
+
+    return resume(load_stages(directory), _machine(args.cores), args.tiling, fuse=args.fuse,
+                  residency=not args.no_residency, online=not args.no_online,
+                  allocation_options=_allocation_options(args), callback=_stage_callback(args, callback))
+
+
 def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, list[str]]:
     """Machine-model outputs against PyTorch eager, within the tolerance the front end states
     for the file: ``|fspyre - eager| <= atol + rtol * |eager|``."""
+    import numpy as np
+
     ok, lines = True, []
     for name, expected in t.expected.items():
         a = np.asarray(got[name], dtype=np.float64)
@@ -416,6 +502,49 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         equal = equal and eager_ok
     return 0 if equal else 1
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file, by name."""
+    import numpy as np
+
+    if not path.is_file():
+        raise UsageError(f"--inputs {path}: no such file; save the inputs with numpy.savez({path.name!r}, x=..., ...)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError) as err:
+        raise UsageError(f"--inputs {path}: not a numpy .npz archive ({_one_line(str(err))})") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Compile FILE.py and run the program on the machine model with the user's arrays."""
+    import numpy as np
+
+    from fspyre.machine.hostio import random_inputs
+
+    work = load_workload(args.file)
+    graph = work.graph
+    if args.inputs is not None:
+        inputs = load_arrays(Path(args.inputs))
+        missing = [n for n in graph.inputs if n not in inputs]
+        extra = [n for n in inputs if n not in graph.inputs]
+        if missing or extra:
+            raise UsageError(f"--inputs {args.inputs}: the graph {graph.name} takes {', '.join(graph.inputs)}; "
+                             + (f"missing {', '.join(missing)}" if missing else f"no input named {', '.join(extra)}"))
+    elif work.inputs is not None:
+        inputs = dict(work.inputs)
+    else:
+        inputs = random_inputs({n: graph.buffer_table()[n].type for n in graph.inputs}, seed=args.seed)
+    outputs = fspyre.run(_compile(graph, args), inputs)
+    for name, arr in outputs.items():
+        print(f"{name}: {arr.dtype}{list(arr.shape)}")
+    if args.out_npz is not None:
+        out = Path(args.out_npz)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(out, **outputs)  # type: ignore[arg-type]
+        print(f"wrote {out}")
+    return 0
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
@@ -466,12 +595,17 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {out}: an existing file, not a directory; choose a directory (or a new name)")
     if "svg" in (getattr(args, "emit", None) or ()):
         _require_dot("--emit svg")
+    if args.run is cmd_compile and (args.file is None) == (args.from_dir is None):
+        raise UsageError("compile: give FILE.py or --from DIR (the stage artifacts of `--emit json`), not "
+                         + ("both" if args.file else "neither"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     debug = _Parser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print the traceback of any error")
+    debug.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                       help="log each stage on stderr: its time and what it decided (-vv: its printed text too)")
     machine = _Parser(add_help=False)
     machine.add_argument("--cores", type=_cores, default=32, help="cores of the Spyre card, 1..32 (default 32)")
     pipeline = _Parser(add_help=False, parents=[machine])
@@ -496,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="FILE.py defines build() -> fspyre Graph, or a torch `model` and `example_inputs()`. "
                "Errors print one line and exit 2; `check` exits 1 when the results differ.",
     )
-    parser.set_defaults(debug=False)
+    parser.add_argument("--version", action="version", version=f"fspyre {fspyre.__version__}")
+    parser.set_defaults(debug=False, verbose=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser("demo", parents=[debug, machine], help="compile, print, run and check the canonical example",
@@ -511,9 +646,13 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Compile the graph FILE.py defines. Text artifacts print to stdout, or are "
                                       "written under --out; svg and memmap are always files (default "
                                       f"./{DEMO_OUT}).")
-    comp.add_argument("file", metavar="FILE.py")
+    comp.add_argument("file", metavar="FILE.py", nargs="?")
+    comp.add_argument("--from", dest="from_dir", metavar="DIR",
+                      help="instead of FILE.py, continue from the stage artifacts `--emit json` wrote into DIR "
+                           "(NN_<stage>.json): the pipeline runs on from the latest stage there")
     comp.add_argument("--emit", type=_emit_list, action="extend", default=None, metavar="KIND[,KIND]",
-                      help=f"what to produce, repeatable (default stages): {', '.join(EMITS)}")
+                      help=f"what to produce, repeatable (default stages): {', '.join(EMITS)}; all: every file "
+                           f"(always written, default ./{DEMO_OUT})")
     comp.add_argument("--out", metavar="DIR", help="write the artifacts into DIR instead of printing them")
     comp.add_argument("--detailed", action="store_true",
                       help="print stages, tree, program and unrolled in the detailed view (default compact)")
@@ -534,12 +673,27 @@ def build_parser() -> argparse.ArgumentParser:
                                      "counterexample), 3 when one is undecided, 2 on an error.")
     prv.add_argument("file", metavar="FILE.py")
     prv.set_defaults(run=cmd_prove)
+    add_run_parser(sub, debug, pipeline)
 
     # Every argument after `coverage` (--help included) belongs to the coverage tool itself.
     cov = sub.add_parser("coverage", add_help=False, parents=[debug], help="the front end's OpInfo coverage table",
                          description="Forwards its arguments to fspyre.frontend.coverage (try --help).")
     cov.set_defaults(run=cmd_coverage, rest=())
     return parser
+
+
+def add_run_parser(sub: Any, debug: argparse.ArgumentParser, pipeline: argparse.ArgumentParser) -> None:
+    run = sub.add_parser("run", parents=[debug, pipeline],
+                         help="compile FILE.py and run it on the machine model with your arrays (.npz)",
+                         description="Compile FILE.py, run the program on the machine-model interpreter and save "
+                                     "its outputs. Inputs come from --inputs (an .npz with one array per graph "
+                                     "input, by name), else a torch file's example inputs, else random (--seed).")
+    run.add_argument("file", metavar="FILE.py")
+    run.add_argument("--inputs", metavar="IN.npz", help="the graph inputs, one array per input name")
+    run.add_argument("--out", dest="out_npz", metavar="OUT.npz",
+                     help="save the outputs here (numpy.savez, one array per output)")
+    run.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs without --inputs (default 0)")
+    run.set_defaults(run=cmd_run)
 
 
 def _one_line(text: str) -> str:
@@ -568,7 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = debug
     if getattr(args, "emit", "stages") is None:
         args.emit = ["stages"]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _log_to_stderr(args.verbose):
         warnings.simplefilter("always", FspyreWarning)
         warnings.showwarning = _show_warning
         return _run(args)
@@ -613,6 +767,38 @@ def _internal(err: BaseException) -> str:
         frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
         text = f"raised at {Path(frame.filename).name}:{frame.lineno} ({frame.line})" if frame else "no message"
     return f"{type(err).__name__}: {text[:200]}"
+
+
+@contextlib.contextmanager
+def _log_to_stderr(verbosity: int) -> Iterator[None]:
+    """``-v``: the ``fspyre`` logger's INFO lines on stderr while the command runs; ``-vv``: DEBUG too."""
+    if not verbosity:
+        yield
+        return
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("fspyre: %(message)s"))
+    log = logging.getLogger("fspyre")
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if verbosity == 1 else logging.DEBUG)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
+def _stage_callback(args: argparse.Namespace, callback: StageCallback | None) -> StageCallback | None:
+    """The pipeline's stage callback: ``callback``, logged first under ``-v``."""
+    if not getattr(args, "verbose", 0):
+        return callback
+    from fspyre.pipeline import log_stages
+
+    return log_stages(callback)
 
 
 def _run(args: argparse.Namespace) -> int:

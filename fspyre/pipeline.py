@@ -4,6 +4,8 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -15,20 +17,49 @@ from fspyre.errors import AllocationError, ExecutionError, FspyreWarning, GraphE
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
 from fspyre.ir.kinds import CHECKS, FUSE_MODES, TILINGS, Checks, FuseMode, Tiling
-from fspyre.ir.plans import TilingPlan
+from fspyre.ir.looptree import LoopTree
+from fspyre.ir.plans import Allocation, SplitPlan, TilingPlan, TilingSearch
 from fspyre.ir.program import Program
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.arguments import require, require_callable, require_graph, require_machine, short, verified
 from fspyre.stages.loop_tree import tile, verify_loop_tree
 from fspyre.stages.online_softmax import OnlineOptions
-from fspyre.stages.program import verify_program
-from fspyre.stages.residency import ResidencyOptions, place_copies
+from fspyre.stages.program import emit_program, verify_program
+from fspyre.stages.residency import Residency, ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
 from fspyre.stages.tiling_search import SearchOptions, search_tiling
 
 StageCallback = Callable[[str, Any], None]
+logger = logging.getLogger("fspyre")
+
+
+def log_stages(callback: StageCallback | None = None) -> StageCallback:
+    """A stage callback logging each stage on the ``fspyre`` logger -- INFO: its name, the seconds
+    since the previous stage and its one-line summary, and the tiling search's choice per group;
+    DEBUG: the stage's compact printed text -- then calling ``callback``. ``fspyre -v`` (``-vv``)."""
+    last = [time.perf_counter()]
+
+    def log(name: str, artifact: Any) -> None:
+        logger.info("%s %.3f s: %r", name, time.perf_counter() - last[0], artifact)
+        if isinstance(artifact, TilingSearch):
+            for g in artifact.groups:
+                chosen = g.candidates[g.chosen]
+                levels = " ".join(f"{'/'.join(lv.dims)}:{lv.count}" for lv in chosen.levels) or "untiled"
+                logger.info("  group %s: %s (%.2f us, %d B HBM) of %d candidates", ", ".join(g.ops), levels,
+                            chosen.time_ns / 1000, chosen.hbm_bytes, len(g.candidates))
+            if artifact.note:
+                logger.info("  %s", artifact.note)
+        if logger.isEnabledFor(logging.DEBUG):
+            from fspyre.pretty import pretty
+
+            logger.debug("%s", pretty(artifact))
+        if callback is not None:
+            callback(name, artifact)
+        last[0] = time.perf_counter()
+
+    return log
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +70,12 @@ class Compilation:
     program: Program
     warnings: tuple[str, ...] = ()  # every stage's hint warnings, in stage order (emitted once by compile)
     proof: Any = None  # with compile(..., prove=True): the fspyre.proof.Proof of the program
+
+    def __repr__(self) -> str:  # short: each stage has its own repr and printer
+        return f"Compilation({self.graph.name!r}: stages {', '.join(self.stages)}; {self.program!r})"
+
+    def _repr_html_(self) -> str:
+        return self.program._repr_html_()
 
     @property
     def bundle_mlir(self) -> str:
@@ -99,14 +136,7 @@ def compile(
         return _compile_symbolic(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
                                  split_options=split_options, allocation_options=allocation_options,
                                  callback=callback)
-    stages: list[tuple[str, Any]] = []
-
-    def done(name: str, artifact: Any) -> Any:
-        stages.append((name, artifact))
-        if callback is not None:
-            callback(name, artifact)
-        return artifact
-
+    done = _Recorder(callback)
     done("graph", graph)
     # An embedder may bring its own plan (e.g. fspyre.stages.tiling_plan.plan_groups).
     if isinstance(tiling, TilingPlan):
@@ -118,23 +148,49 @@ def compile(
     else:
         plan = plan_tiling(graph, TilingOptions(mode=tiling, online=OnlineOptions(enabled=online)))
     done("tiling_plan", plan)
-    tree = tiled = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
+    tiled = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
+    placed = _place(tiled, machine, done, residency, split_options, allocation_options)
+    return _finish(graph, machine, plan, tiled, placed.split, placed.program, done)
+
+
+class _Recorder:
+    """The runner's record of the stages so far: ``done(name, artifact)`` keeps the artifact,
+    calls the stage callback and returns the artifact."""
+
+    def __init__(self, callback: StageCallback | None) -> None:
+        self.callback = callback
+        self.stages: list[tuple[str, Any]] = []
+
+    def __call__(self, name: str, artifact: Any) -> Any:
+        self.stages.append((name, artifact))
+        if self.callback is not None:
+            self.callback(name, artifact)
+        return artifact
+
+
+def _place(tree: LoopTree, machine: Machine, done: _Recorder, residency: bool, split_options: SplitOptions,
+           allocation_options: AllocationOptions) -> Residency:
     # keep_resident judges its copies by dividing and allocating; its result carries both
     placed = place_copies(
         tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options))
-    tree = done("resident_tree", placed.tree)
-    split = done("split_plan", placed.split)
+    done("resident_tree", placed.tree)
+    done("split_plan", placed.split)
     done("allocation", placed.allocation)
-    verified(verify_loop_tree, tree)  # once: keep_resident verified the trees it made
+    verified(verify_loop_tree, placed.tree)  # once: keep_resident verified the trees it made
     # keep_resident emitted the program to judge its copies (emit_program verifies the split
     # plan and allocation against the tree it is given)
-    program = done("program", verify_program(placed.program))
+    done("program", verify_program(placed.program))
+    return placed
+
+
+def _finish(graph: Graph, machine: Machine, plan: TilingPlan, tiled: LoopTree, split: SplitPlan, program: Program,
+            done: _Recorder) -> Compilation:
     # Stages return their warnings as data (a stage called alone still reports them); the
     # runner raises each as a Python warning once, naming the caller of compile.
     found = tuple(dict.fromkeys(plan.warnings + tiled.warnings + split.warnings))
     for text in found:
-        warnings.warn(f"{graph.name}: {text}", FspyreWarning, stacklevel=2)
-    return Compilation(graph=graph, machine=machine, stages=FrozenMap(stages), program=program, warnings=found)
+        warnings.warn(f"{graph.name}: {text}", FspyreWarning, stacklevel=3)
+    return Compilation(graph=graph, machine=machine, stages=FrozenMap(done.stages), program=program, warnings=found)
 
 
 def _compile_symbolic(graph: Graph, machine: Machine, tiling: Tiling | TilingPlan, *, callback: StageCallback | None,
@@ -187,3 +243,74 @@ def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: Ch
 
         program = instantiate(program, bind_sizes(program, inputs))
     return run_outputs(program, inputs, RunOptions(check_written=checks == "full"))
+
+
+# The stages ``compile`` records, in order: ``resume`` continues after the last one it is given.
+STAGES = ("graph", "tiling_search", "tiling_plan", "loop_tree", "resident_tree", "split_plan", "allocation", "program")
+
+
+def resume(
+    stages: Mapping[str, Any],
+    machine: Machine | None = None,
+    tiling: Tiling = "auto",
+    *,
+    fuse: FuseMode = "max-producers",
+    residency: bool = True,
+    online: bool = True,
+    split_options: SplitOptions = SplitOptions(),
+    allocation_options: AllocationOptions = AllocationOptions(),
+    callback: StageCallback | None = None,
+) -> Compilation:
+    """Continue a compilation from saved stage artifacts (``Compilation.stages``, or the
+    ``NN_<stage>.json`` files ``fspyre compile --emit json`` writes, loaded). The stages given
+    are kept as they are (an engineer may have edited one) and the pipeline runs on from the
+    latest: a graph is compiled, a tiling plan tiled, a loop tree placed (a resident tree keeps
+    its copies as they are) and divided, a resident tree with its split plan and allocation
+    emitted, a program taken as it is. ``tiling`` and the options apply to the stages that run.
+    A symbolic compilation continues from its graph or program."""
+    graph = require_graph(stages.get("graph"), "resume: the stage 'graph'")
+    machine = require_machine(machine, "resume")
+    unknown = [n for n in stages if n not in STAGES and "@" not in n and n != "symbolic"]
+    if unknown:
+        raise GraphError(f"resume: unknown stage {unknown[0]!r}; the stages are {', '.join(STAGES)}")
+    for name, cls in _STAGE_TYPES.items():
+        if name in stages and not isinstance(stages[name], cls):
+            raise GraphError(f"resume: the stage {name!r} is a {type(stages[name]).__name__}, not a {cls.__name__}")
+    done = _Recorder(callback)
+    if "program" in stages:
+        program = stages["program"]
+        if program.cores != machine.cores:
+            raise MachineError(f"resume: the program {program.name} was compiled for {program.cores} cores and the "
+                               f"machine has {machine.cores}; pass a machine of {program.cores} cores")
+        for name, artifact in stages.items():
+            done(name, verify_program(artifact) if name == "program" else artifact)
+        return Compilation(graph=graph, machine=machine, stages=FrozenMap(done.stages), program=program)
+    if graph.symbolic or "tiling_plan" not in stages:
+        return compile(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
+                       split_options=split_options, allocation_options=allocation_options, callback=callback)
+    for name in ("graph", "tiling_search", "tiling_plan"):
+        if name in stages:
+            done(name, stages[name])
+    plan = stages["tiling_plan"]
+    if "loop_tree" in stages:
+        tiled = done("loop_tree", verify_loop_tree(stages["loop_tree"]))
+    else:
+        tiled = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
+    if "resident_tree" not in stages:
+        placed = _place(tiled, machine, done, residency, split_options, allocation_options)
+        return _finish(graph, machine, plan, tiled, placed.split, placed.program, done)
+    tree = verify_loop_tree(stages["resident_tree"])
+    if "split_plan" in stages and "allocation" in stages:
+        done("resident_tree", tree)
+        split = done("split_plan", stages["split_plan"])
+        done("allocation", stages["allocation"])
+        program = done("program", verify_program(emit_program(tree, split, stages["allocation"], machine)))
+        return _finish(graph, machine, plan, tiled, split, program, done)
+    placed = _place(tree, machine, done, False, split_options, allocation_options)
+    return _finish(graph, machine, plan, tiled, placed.split, placed.program, done)
+
+
+_STAGE_TYPES: dict[str, type] = {
+    "graph": Graph, "tiling_search": TilingSearch, "tiling_plan": TilingPlan, "loop_tree": LoopTree,
+    "resident_tree": LoopTree, "split_plan": SplitPlan, "allocation": Allocation, "program": Program,
+}

@@ -274,6 +274,11 @@ class Graph:
     outputs: tuple[Output, ...]
     hints: tuple[HintScope, ...] = ()
 
+    def __repr__(self) -> str:  # short: the whole graph prints with fspyre.pretty
+        dims = {d.name: d.size for b in self.buffers for d in b.type.dims}
+        return (f"Graph({self.name!r}: {len(self.inputs)} inputs, {len(self.ops)} ops, {len(self.outputs)} outputs; "
+                f"dims {', '.join(f'{k}={v}' for k, v in dims.items())})")
+
     def __post_init__(self) -> None:
         what = f"graph {self.name}"
         require_tuple(self.buffers, f"{what}: buffers", GraphError, Buffer)

@@ -210,6 +210,17 @@ class LoopTree:
     hints: tuple[HintScope, ...] = ()  # the graph's scopes: divide_work reads work_div here
     warnings: tuple[str, ...] = ()  # hinted counts the stage changed (docs/tiling.md, "Tails")
 
+    def _repr_svg_(self) -> str | None:
+        """A notebook shows the tree as its graphviz picture (None without graphviz's dot)."""
+        from fspyre.pretty.dot import svg, to_dot
+
+        return svg(to_dot(self))
+
+    def __repr__(self) -> str:  # short: the whole tree prints with fspyre.pretty
+        nodes = [n for n, _ in walk(self.body)]
+        loops = sum(isinstance(n, Loop) for n in nodes)
+        return f"LoopTree({self.name!r}: {loops} loops, {len(nodes) - loops} ops, {len(self.buffers)} buffers)"
+
     def __post_init__(self) -> None:
         what = f"loop tree {self.name}"
         require_tuple(self.buffers, f"{what}: buffers", TilingError, TreeBuffer)

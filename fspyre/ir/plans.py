@@ -103,6 +103,15 @@ class TilingPlan:
     # group whose ops read a reduction it tiles over its reduction dim (docs/tiling.md).
     notes: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:
+        def group(g: Group) -> str:
+            ops = g.ops[0] if len(g.ops) == 1 else f"{g.ops[0]}..{g.ops[-1]}"
+            return ops + "".join(f" {'/'.join(lv.dims)}:{lv.count}" for lv in g.levels)
+
+        groups = "; ".join(map(group, self.groups[:4]))
+        more = f"; +{len(self.groups) - 4} more" if len(self.groups) > 4 else ""
+        return f"TilingPlan({len(self.order)} ops, {len(self.groups)} groups: {groups}{more})"
+
     def __post_init__(self) -> None:
         require_tuple(self.order, "tiling plan: order", TilingError, str)
         require_tuple(self.groups, "tiling plan: groups", TilingError, Group)
@@ -166,6 +175,10 @@ class SplitPlan:
     # compared, printed nor serialized; a stage recomputes it when it is absent.
     accesses: object = field(default=None, compare=False, repr=False, metadata={"derived": True})
 
+    def __repr__(self) -> str:
+        cores = max((s.cores for s in self.ops.values()), default=0)
+        return f"SplitPlan({len(self.ops)} ops on up to {cores} cores)"
+
     def __post_init__(self) -> None:
         require_map(self.ops, "split plan: ops", WorkDivisionError)
         for name, split in self.ops.items():
@@ -227,6 +240,11 @@ class Allocation:
     # so in words): keep_resident reads it to skip pins that cannot fit either. A function of
     # the placements' reasons, so neither compared nor serialized.
     no_room: tuple[str, ...] = field(default=(), compare=False, repr=False, metadata={"derived": True})
+
+    def __repr__(self) -> str:
+        lx = sum(p.memory == "lx" for p in self.buffers.values())
+        return (f"Allocation({len(self.buffers)} buffers: {len(self.buffers) - lx} in HBM ({self.hbm_bytes} B), "
+                f"{lx} in LX (peak {self.lx_peak_bytes} B per core))")
 
     def __post_init__(self) -> None:
         require_map(self.buffers, "allocation: buffers", AllocationError)
@@ -320,6 +338,10 @@ class TilingSearch:
     compiled: int = 0  # candidates judged by compiling them
     reused: int = 0  # segments whose judgement a structurally equal segment gave
     screened: int = 0  # segments not judged: their lower bound could not beat the best found
+
+    def __repr__(self) -> str:
+        judged = sum(len(g.candidates) for g in self.groups)
+        return f"TilingSearch(fuse={self.fuse}, {len(self.groups)} groups searched, {judged} candidates judged)"
 
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_MODES:

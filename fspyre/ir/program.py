@@ -351,6 +351,18 @@ class Program:
     lx_bytes: int | sympy.Expr
     symbolic: SymbolicSizes | None = None
 
+    def _repr_html_(self) -> str:
+        """A notebook shows the compact program text."""
+        from fspyre.pretty import html_text, pretty
+
+        return html_text(pretty(self))
+
+    def __repr__(self) -> str:  # short: the whole program prints with fspyre.pretty
+        specs = [s for s, _ in walk_specs(self.body)]
+        loops = sum(isinstance(s, LoopSpec) for s in specs)
+        return (f"Program({self.name!r}: {len(specs) - loops} ops, {loops} loops, {self.cores} cores, "
+                f"HBM {self.hbm_bytes} B, LX {self.lx_bytes} B per core)")
+
     def __post_init__(self) -> None:
         what = f"program {self.name}"
         require_tuple(self.body, f"{what}: body", LoweringError, (LoopSpec, OpSpec))

@@ -29,12 +29,12 @@ from typing import Any
 import sympy
 
 from fspyre.errors import FspyreError, SerializationError
-from fspyre.ir import graph, looptree, plans, program, symbolic
+from fspyre.ir import graph, looptree, plans, program, report, symbolic
 from fspyre.ir.frozen import FrozenMap
 from fspyre.proof import artifact as proof_artifact
 
 _CLASSES: dict[str, type] = {}
-for _module in (graph, looptree, plans, program, symbolic, proof_artifact):
+for _module in (graph, looptree, plans, program, report, symbolic, proof_artifact):
     for _name in dir(_module):
         _obj = getattr(_module, _name)
         if isinstance(_obj, type) and dataclasses.is_dataclass(_obj) and _obj.__module__ == _module.__name__:

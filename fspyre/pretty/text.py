@@ -18,7 +18,8 @@ from fspyre.errors import FspyreError
 from fspyre.ir.graph import Dim, Graph, HintScope, Load, Op, Pointwise, Reduction, Scalar
 from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep, TreeBuffer
 from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitPlan, TilingPlan, TilingSearch
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, TensorArg
+from fspyre.ir.program import ArgOperand, KernelArg, LoopSpec, OpInfo, OpSpec, Program, TensorArg
+from fspyre.ir.report import TrafficReport
 from fspyre.ir.symbolic import SymbolicSizes
 from fspyre.lower.sdsc import anchor_op_info
 from fspyre.proof.artifact import Proof, PropertyResult
@@ -61,28 +62,6 @@ def _call(name: str, fields: Iterable[tuple[str, Doc | str]], *, force: bool = F
     """``Name(k=v, ...)``: one line when it fits, else one field per line."""
     items = [concat(f"{k}=", v) for k, v in fields]
     return concat(name, bracket("(", items, ")", force=force))
-
-
-def _value(v: Any) -> Doc:
-    """Python-literal-like text of a value of the anchor's op_info; sympy expressions print as
-    expressions."""
-    if isinstance(v, bool) or v is None:
-        return text(str(v))
-    if isinstance(v, (int, float)):
-        return text(repr(v))
-    if isinstance(v, str):
-        return text(repr(v))
-    if isinstance(v, sympy.Basic):
-        return text(_expr(v))
-    if isinstance(v, tuple):
-        if len(v) == 1:
-            return concat("(", _value(v[0]), ",)")
-        return bracket("(", (_value(x) for x in v), ")")
-    if isinstance(v, list):
-        return bracket("[", (_value(x) for x in v), "]")
-    if isinstance(v, Mapping):
-        return bracket("{", (concat(_value(k), ": ", _value(x)) for k, x in v.items()), "}")
-    return text(repr(v))
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[Doc]:
@@ -413,11 +392,25 @@ def _tensor_arg(a: TensorArg, detailed: bool) -> Doc:
         ("device_dtype", a.device_dtype),
         ("device_size", bracket("[", (text(str(s)) for s in a.device_size), "]")),
         ("device_coordinates", bracket("[", (text(_expr(c)) for c in a.device_coordinates), "]")),
-        ("allocation", f"{{{a.memory!r}: {_address(a.address)}}}"),  # the anchor's form of the place
+        ("memory", repr(a.memory)),
+        ("address", _address(a.address)),
     ]
     if detailed or a.tile_advance:
         fields.append(("tile_advance", bracket("[", (text(str(s)) for s in a.tile_advance), "]")))
     return _call("TensorArg", fields)
+
+
+def _op_info(info: OpInfo, detailed: bool = False) -> Doc:
+    """The record's own fields; defaults (a pointwise op's count, no bool store) only when detailed."""
+    operands = (text(f"arg {o.index}" if isinstance(o, ArgOperand) else f"scalar {o.value!r}") for o in info.operands)
+    fields: list[tuple[str, Doc | str]] = [("operands", bracket("[", operands, "]")), ("compute", info.compute)]
+    if detailed or info.bool_store:
+        fields.append(("bool_store", str(info.bool_store)))
+    if detailed or info.reduced:
+        fields += [("reduced", _names(map(_expr, info.reduced))), ("count", str(info.count))]
+    if detailed or info.correction:
+        fields.append(("correction", str(info.correction)))
+    return _call("OpInfo", fields)
 
 
 def _op_spec(s: OpSpec, detailed: bool) -> Doc:
@@ -427,7 +420,7 @@ def _op_spec(s: OpSpec, detailed: bool) -> Doc:
         ("op", repr(s.op)),
         ("is_reduction", str(s.is_reduction)),
         ("iteration_space", space),
-        ("op_info", _value(anchor_op_info(s))),
+        ("op_info", _op_info(s.op_info)),
         ("tiled_symbols", tiled),
         ("args", bracket("[", (_tensor_arg(a, detailed) for a in s.args), "]")),
     ]
@@ -505,6 +498,8 @@ _PRINTERS: dict[type, Callable[[Any, bool], Doc]] = {
     Allocation: _allocation,
     Placement: lambda pl, detailed: text("  ".join(_placement_row("", pl, detailed)[1:]).rstrip()),
     Program: _program,
+    OpInfo: _op_info,
+    TrafficReport: lambda r, detailed: lines([text(line) for line in str(r).splitlines()]),
     LoopSpec: _loop_spec,
     OpSpec: _op_spec,
     TensorArg: _tensor_arg,

@@ -62,8 +62,8 @@ from fspyre.stages.split_plan import verify_split_shapes
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AllocationOptions:
-    lx_planning: bool = True
-    lx_solver: LxSolver = "greedy"
+    lx_planning: bool = True  # place intermediates in the cores' LX scratchpads; False: every tensor in HBM
+    lx_solver: LxSolver = "greedy"  # how LX is packed: greedy, firstfit or bestfit (docs/tiling.md)
     hbm_reuse: bool = True  # pool intermediates whose lifetimes do not overlap share addresses
 
     def __post_init__(self) -> None:

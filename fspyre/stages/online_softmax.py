@@ -59,7 +59,7 @@ class OnlineOptions:
     """``enabled`` False: no group is rewritten, and a softmax tiled over its reduction dim is
     refused as before."""
 
-    enabled: bool = True
+    enabled: bool = True  # rewrite a softmax, log-softmax or attention tiled over its reduction dim online
 
     def __post_init__(self) -> None:
         require_fields(self, TilingError)

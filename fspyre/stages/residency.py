@@ -74,9 +74,9 @@ class ResidencyOptions:
     """``enabled`` False returns the tree unchanged; ``split`` and ``allocation`` are the
     options the downstream stages will run with (the copies are judged under them)."""
 
-    enabled: bool = True
-    split: SplitOptions = SplitOptions()
-    allocation: AllocationOptions = AllocationOptions()
+    enabled: bool = True  # copy re-read HBM regions into LX and run loop-invariant ops once
+    split: SplitOptions = SplitOptions()  # the work division the copies are judged under
+    allocation: AllocationOptions = AllocationOptions()  # the allocation the copies are judged under
 
     def __post_init__(self) -> None:
         require_fields(self, TilingError)

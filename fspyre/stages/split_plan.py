@@ -68,9 +68,9 @@ class SplitOptions:
     ``distribute=False`` keeps only the splits the
     span limit forces (pass 1 alone)."""
 
-    max_cores: int | None = None
-    use_hints: bool = True
-    distribute: bool = True
+    max_cores: int | None = None  # the core budget, 1..machine.cores; None: all of them
+    use_hints: bool = True  # honour the hint scopes' work_div
+    distribute: bool = True  # spread ops over the cores; False: only the splits the span limit forces
 
     def __post_init__(self) -> None:
         budget = self.max_cores

@@ -41,6 +41,7 @@ from functools import partial
 from typing import Literal, get_args
 
 import sympy
+from tqdm import tqdm
 
 from fspyre.errors import FspyreError, TilingError
 from fspyre.ir.frozen import FrozenMap
@@ -97,13 +98,13 @@ class SearchOptions:
     ``residency``, ``online``, ``split`` and ``allocation`` are the options the downstream
     stages will run with: each candidate is judged as it would be compiled."""
 
-    fuse: FuseMode = "max-producers"
-    strategy: Strategy = "dp"
-    window: int = 8
-    residency: bool = True
-    online: OnlineOptions = OnlineOptions()
-    split: SplitOptions = SplitOptions()
-    allocation: AllocationOptions = AllocationOptions()
+    fuse: FuseMode = "max-producers"  # which producers join a consumer's loop (above)
+    strategy: Strategy = "dp"  # "dp": the time-first search over segments; "greedy": the seed's pass
+    window: int = 8  # the DP's longest segment of contiguous ops
+    residency: bool = True  # judge each candidate with keep_resident's LX copies, as compile will run it
+    online: OnlineOptions = OnlineOptions()  # the online-softmax rewrite the candidates are tiled with
+    split: SplitOptions = SplitOptions()  # the work division each candidate is judged under
+    allocation: AllocationOptions = AllocationOptions()  # the allocation each candidate is judged under
 
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_MODES:
@@ -124,12 +125,17 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
                   outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base))
     records: list[GroupSearch] = []
     run: list[str] = []
-    for name in hinted.order + ("",):  # "" closes the last run
-        if name and name not in in_group:
-            run.append(name)
-            continue
-        records.extend(_search_run(ctx, run))
-        run = []
+    # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
+    # and not at all when it ends within a second).
+    with tqdm(total=len(hinted.order), desc=f"tiling search {graph.name}", unit="op", delay=1.0, leave=False,
+              disable=None) as progress:
+        for name in hinted.order + ("",):  # "" closes the last run
+            if name and name not in in_group:
+                run.append(name)
+                continue
+            records.extend(_search_run(ctx, run))
+            progress.update(len(run) + bool(name))
+            run = []
     # a searched accumulation's readers run after its loop (loop fission), as _judge compiled them
     searched = split_at_tiled_reductions(graph, TilingPlan(order=hinted.order, groups=tuple(
         Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)), options.online)

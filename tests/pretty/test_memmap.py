@@ -1,4 +1,5 @@
-"""lx_memmap_svg: one box per LX buffer over its lifetime, a panel per distinct core map."""
+"""lx_memmap_svg: one box per LX buffer over its lifetime, a panel per distinct core map, the
+axis to capacity, a legend; hbm_memmap_svg: every HBM tensor."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import xml.etree.ElementTree as ET
 from workloads import compile, softmax
 
 import fspyre
-from fspyre.pretty.memmap import lx_memmap_svg
+from fspyre.ir.program import op_specs
+from fspyre.pretty.memmap import hbm_memmap_svg, lx_memmap_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -49,3 +51,27 @@ def test_cores_holding_different_buffers_get_their_own_panels():
 def test_a_program_without_lx_says_so():
     comp = compile(softmax(128, 256, row_tiles=2), lx_planning=False)
     assert "no buffer lives in LX" in lx_memmap_svg(comp)
+
+
+def test_lx_map_runs_to_capacity_with_a_detail_and_a_legend():
+    comp = compile(softmax(128, 256, row_tiles=2))
+    svg = lx_memmap_svg(comp)
+    capacity = comp.program.lx_bytes
+    assert f"to capacity, {capacity / (1 << 20):.3g} MiB" in svg  # the first axis ends at the capacity
+    assert "detail, first" in svg and "high water" in svg  # 1280 of 1.5 MiB: a detail panel follows
+    for name in ("buf0", "buf1", "buf2", "buf3"):  # every buffer named in the legend, however small
+        assert f">{name}: " in svg
+    assert len(boxes(svg)) == 4  # each box's tooltip once
+
+
+def test_hbm_map_holds_every_hbm_tensor():
+    comp = compile(softmax(128, 256, row_tiles=2))
+    svg = hbm_memmap_svg(comp)
+    program = comp.program
+    tips = boxes(svg)
+    assert {t.split(":")[0] for t in tips} >= {a.buffer for a in program.kernel_args}
+    nops = len(op_specs(program))
+    for a in program.kernel_args:  # kernel arguments live for the whole program at their address
+        assert any(t.startswith(f"{a.buffer}: HBM [{a.address}, ") and t.endswith(f"live [0, {nops})") for t in tips)
+    assert f"in {program.hbm_bytes} bytes" in svg
+    ET.fromstring(svg)  # well-formed

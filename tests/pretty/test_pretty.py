@@ -261,7 +261,8 @@ def test_unknown_artifact_is_a_clear_error():
 # -- pictures -------------------------------------------------------------------------------
 def test_dot_ids_come_from_tree_paths():
     dot = to_dot(canonical_tree())
-    for needle in ("subgraph cluster_0 {", "subgraph cluster_0_0 {", 'label="loop ×2"', 'label="loop ×4"',
+    for needle in ("subgraph cluster_0 {", "subgraph cluster_0_0 {", 'label="for A in 0..2  (tile A=512)"',
+                   'label="for B in 0..4  (tile B=1024)"', 'label="output z = buf1\\nfloat16[A=1024, B=4096]"',
                    "n_0_0_0 [", "n_0_0_1 [", "in_0 -> n_0_0_0", "n_0_0_0 -> n_0_0_1", "n_0_0_1 -> out_0"):
         assert needle in dot
     tile_edge = next(line for line in dot.splitlines() if line.strip().startswith("n_0_0_0 -> n_0_0_1"))
@@ -279,7 +280,7 @@ def test_dot_renders(which, tmp_path):
     svg = out.read_text()
     assert "<svg" in svg
     if which != "graph":
-        assert "cluster_0" in svg and "loop ×2" in svg
+        assert "cluster_0" in svg and "for " in svg and " in 0..2" in svg
 
 
 @pytest.mark.needs_dot
@@ -310,3 +311,41 @@ def test_printing_is_independent_of_hash_seed():
         runs.append(done.stdout)
     assert runs[0] == runs[1]
     assert runs[0] == all_text()
+
+
+def test_tree_picture_shows_cores_memories_and_a_legend():
+    comp = fspyre.compile(add_mul_graph(), machine=MACHINE, tiling="hints")
+    tree, split, alloc = (comp.stages[s] for s in ("resident_tree", "split_plan", "allocation"))
+    dot = to_dot(tree, split=split, allocation=alloc)
+    assert "cluster_legend" in dot and "HBM tensor" in dot and "LX tensor" in dot
+    for name, s in split.ops.items():
+        assert f"{s.cores} cores" in dot, name
+    lx = [b for b, p in alloc.buffers.items() if p.memory == "lx"]
+    hbm = [b for b, p in alloc.buffers.items() if p.memory == "hbm"]
+    edges = [line for line in dot.splitlines() if "->" in line]
+    for b in lx:
+        assert all('color="#d9730d"' in e for e in edges if f'label="{b}\\n' in e), b
+    for b in hbm:
+        assert all('color="#2f6db5"' in e for e in edges if f'label="{b}\\n' in e), b
+
+
+def test_large_trees_fold_their_runs_of_ops():
+    """Past ``fold`` ops, each run of three or more ops between loops is one node naming them all;
+    edges join nodes, never a node to itself, and every op still appears."""
+    g = fspyre.GraphBuilder("chain")
+    A, B = g.dim("A", 64), g.dim("B", 128)
+    x = g.input("x", (A, B), "float16")
+    with g.hint(slices={"A": 2}):
+        y = x
+        for _ in range(6):
+            y = g.exp(g.neg(y))
+    g.output("y", y)
+    comp = fspyre.compile(g.build(), machine=MACHINE, tiling="hints")
+    tree = comp.stages["loop_tree"]
+    plain, folded = to_dot(tree), to_dot(tree, fold=4)
+    assert "(12 ops)" in folded and "(12 ops)" not in plain
+    assert "graph inputs" in folded and "ops run back to back, folded" in folded
+    edges = [line.split("[")[0].split("->") for line in folded.splitlines() if "->" in line]
+    assert all(a.strip() != b.strip() for a, b in edges)
+    assert folded.count(" = ") < plain.count(" = ")
+    assert all(fn in folded for fn in ("exp", "neg"))

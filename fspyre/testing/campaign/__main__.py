@@ -9,6 +9,8 @@ import time
 import warnings
 from collections import Counter
 
+from tqdm import tqdm
+
 
 def _replay(seed: int) -> int:
     import fspyre
@@ -60,20 +62,25 @@ def main(argv: list[str] | None = None) -> int:
     def expired() -> bool:
         return args.time_limit is not None and time.monotonic() - start > args.time_limit
 
+    # progress on a terminal only (stderr; the report goes to stdout)
+    progress = tqdm(total=len(seeds), desc="campaign", unit="seed", disable=None, delay=1.0)
     if args.jobs == 1:
         for s in seeds:
             if expired():
                 break
             outcomes.append(run_seed(s))
+            progress.update()
     else:
         import multiprocessing as mp
 
         with mp.get_context("fork").Pool(args.jobs) as pool:
             for o in pool.imap(run_seed, seeds, chunksize=4):
                 outcomes.append(o)
+                progress.update()
                 if expired():
                     pool.terminate()
                     break
+    progress.close()
     elapsed = time.monotonic() - start
     if args.json:
         import json
