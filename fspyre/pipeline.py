@@ -4,6 +4,7 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -144,8 +145,11 @@ def _compile_symbolic(graph: Graph, machine: Machine, tiling: Tiling | TilingPla
     if isinstance(tiling, TilingPlan):
         raise GraphError(f"compile: graph {graph.name} has a symbolic dim; an explicit TilingPlan names fixed "
                          f"counts, so pass tiling='auto', 'hints' or 'none'")
-    first, program, found = compile_symbolic(
-        graph, machine, lambda g: compile(g, machine, tiling, **options), hinted=tiling != "none")
+    def concrete(g: Graph, whole: frozenset[str]) -> Compilation:
+        split = dataclasses.replace(options["split_options"], whole=whole)
+        return compile(g, machine, tiling, **(options | {"split_options": split}))
+
+    first, program, found = compile_symbolic(graph, machine, concrete, hinted=tiling != "none")
     assert program.symbolic is not None
     (dim,), (size,) = program.symbolic.dims, program.symbolic.witnesses[0]
     stages: list[tuple[str, Any]] = [("graph", graph)]

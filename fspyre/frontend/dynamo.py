@@ -189,10 +189,7 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
     dims = tuple(tensor_dim_names(x) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     cache: dict[tuple, Callable] = {}
-    # torch.compile(dynamic=True) asks for one program over the sizes Dynamo made symbolic
-    # (Dynamo's automatic dynamic, the default, keeps compiling each shape through the cache)
-    asked = not torch._dynamo.config.assume_static_by_default
-    symbolic = _symbolic(gm, example_inputs, dims, options, name) if compile_parts and asked else None
+    symbolic = _SymbolicChoice(gm, example_inputs, dims, options, name) if compile_parts else None
 
     def run(*args: Any) -> Any:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -224,29 +221,55 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
 PROBES = (1088, 1216, 1344)
 
 
-def _symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
-              options: BackendOptions, name: str) -> _SymbolicRun | None:
-    """One fspyre program for every size of the graph's one torch symbolic size (Dynamo's
-    ``dynamic=True``), or None when the graph has none, or cannot be one program (a warning
-    says why; each shape is then compiled on its own as without dynamic)."""
-    syms = _torch_symbols(gm)
-    if not syms:
-        return None
-    # With several, the largest at this call (the sequence length, typically) stays symbolic and
-    # the others keep their values: a call with other values is compiled for its shape.
-    values = _symbol_values(gm, example_inputs)
-    if set(values) != syms:
-        _warn_static(name, f"the sizes of {', '.join(sorted(map(str, syms - set(values))))} are not an input's dims")
-        return None
-    sym = max(sorted(syms, key=str), key=lambda x: values[x])
-    try:
-        return _symbolic_run(gm, example_inputs, dims, options, name, sym,
-                             {k: v for k, v in values.items() if k != sym})
-    except FspyreError as e:
-        if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
-            raise
-        _warn_static(name, _first_line(e))
-        return None
+class _SymbolicChoice:
+    """Which torch symbolic size of a graph becomes fspyre's symbolic dim, and its program.
+
+    The symbol is one whose value *changed* between calls, never one merely marked dynamic:
+    under ``dynamic=True`` Dynamo makes every dim symbolic (an MLP's hidden dim too, which
+    its matmuls reduce over), so the first call is compiled for its shape and the first call
+    with other sizes names the symbol that moves. Under Dynamo's default automatic dynamic a
+    symbolic graph exists only because the sizes changed, so with one symbol it is compiled
+    at once. Several symbols that change together, or a graph that cannot be one program
+    (a warning says why), keep the per-shape cache."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
+                 options: BackendOptions, name: str) -> None:
+        self.gm, self.dims, self.options, self.name = gm, dims, options, name
+        self.symbols = _torch_symbols(gm)
+        self.first = _symbol_values(gm, example_inputs)
+        self.run: _SymbolicRun | None = None
+        self.done = not self.symbols
+        if not self.done and set(self.first) != self.symbols:
+            missing = ", ".join(sorted(map(str, self.symbols - set(self.first))))
+            self._give_up(f"the sizes of {missing} are not an input's dims")
+        elif not self.done and torch._dynamo.config.assume_static_by_default and len(self.symbols) == 1:
+            self._compile(example_inputs, next(iter(self.symbols)))
+
+    def _give_up(self, why: str) -> None:
+        self.done = True
+        _warn_static(self.name, why)
+
+    def _compile(self, args: Sequence[Any], sym: Any) -> None:
+        self.done = True
+        values = _symbol_values(self.gm, args)
+        try:
+            self.run = _symbolic_run(self.gm, args, self.dims, self.options, self.name, sym,
+                                     {k: v for k, v in values.items() if k != sym})
+        except FspyreError as e:
+            if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
+                raise
+            _warn_static(self.name, _first_line(e))
+
+    def __call__(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
+        if not self.done:
+            values = _symbol_values(self.gm, args)
+            moved = sorted((s for s in self.symbols if values.get(s) != self.first[s]), key=str)
+            if len(moved) == 1:
+                self._compile(args, moved[0])
+            elif moved:
+                self._give_up(f"sizes {', '.join(map(str, moved))} changed together; fspyre compiles one symbolic "
+                              f"size per graph")
+        return self.run(args) if self.run is not None else None
 
 
 def _warn_static(name: str, why: str) -> None:
@@ -327,7 +350,7 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
         if report.eager or len(parts) != 1:
             raise SymbolicError(f"{report.summary()}; a symbolic program takes the whole graph on fspyre")
         (part,) = parts
-        if min(part.positions) < 0:
+        if any(p < 0 for p in part.positions):  # a subgraph may read no input at all
             raise SymbolicError("the fspyre subgraph reads a value computed in eager")
         outs = aten_gm.graph.output_node().args[0]
         results = [o for o in outs if isinstance(o, fx.Node) and _is_getitem(o)] if isinstance(

@@ -198,7 +198,7 @@ def test_no_hint_gives_a_default_tile_and_warns():
 
 
 # --- what cannot be symbolic -------------------------------------------------------------------
-def test_a_reduction_over_a_symbolic_dim_is_refused():
+def test_slicing_a_symbolic_dim_a_reduction_holds_whole_is_refused():
     g = fspyre.GraphBuilder("red")
     S = g.dim("S")
     g.dim("A", 64)
@@ -206,7 +206,8 @@ def test_a_reduction_over_a_symbolic_dim_is_refused():
     with g.hint(slices={"S": S.size // 64}):
         y = g.reduce("sum", x, ["S"])
     g.output("y", y)
-    with pytest.raises(SymbolicError, match=r"op \w+: sum reduces over dim S, whose size \|S\| is symbolic"):
+    with pytest.raises(SymbolicError, match=r"op \w+: hint scope 0 slices dims \['S'\] of symbolic size \|S\|, "
+                                            r"which is held whole \(sum op \w+ reduces over S\); drop the slices"):
         fspyre.compile(g.build(), MACHINE)
 
 
