@@ -10,11 +10,14 @@ machine-model interpreter; every other op runs in eager PyTorch between them.
   left in eager is reported in one line (``PartitionReport.summary``), warned once per
   compiled shape, and printed by ``explain(model, inputs)``. Views and ``getitem`` alone are
   not worth a trip to the device: a subgraph with nothing else stays in eager, unreported.
-- **Static shapes.** fspyre compiles for static shapes. The backend specialises itself: each
-  call looks its input shapes (and the values of the ints Dynamo passes for symbolic sizes)
-  up in a cache and traces and compiles on a miss. Dynamo's own default (``dynamic=None``)
-  recompiles once, with symbolic sizes, at the second shape; from then on the cache does the
-  work, so a model fed many sequence lengths stays under Dynamo's recompile limit.
+- **Shapes.** A graph without torch symbolic sizes is compiled for its shapes. A graph with
+  them (Dynamo's default ``dynamic=None`` recompiles with symbolic sizes at the second shape;
+  ``dynamic=True`` makes every dim symbolic) becomes one fspyre program over the size that
+  changed between calls (``_SymbolicChoice``; docs/tiling.md, "Symbolic sizes"). Each call
+  the program cannot take, and every graph that cannot be one program, is looked up by its
+  input shapes (and the values of the ints Dynamo passes for symbolic sizes) in a cache and
+  traced and compiled on a miss, so a model fed many sequence lengths stays under Dynamo's
+  recompile limit.
 - **Training.** A graph Dynamo traces with grad mode on and an input (parameters included)
   that requires grad goes through aot_autograd (``aot_compilers``): the joint graph is
   traced with fspyre's decompositions and partitioned into a forward and a backward graph,
@@ -227,10 +230,12 @@ class _SymbolicChoice:
     The symbol is one whose value *changed* between calls, never one merely marked dynamic:
     under ``dynamic=True`` Dynamo makes every dim symbolic (an MLP's hidden dim too, which
     its matmuls reduce over), so the first call is compiled for its shape and the first call
-    with other sizes names the symbol that moves. Under Dynamo's default automatic dynamic a
-    symbolic graph exists only because the sizes changed, so with one symbol it is compiled
-    at once. Several symbols that change together, or a graph that cannot be one program
-    (a warning says why), keep the per-shape cache."""
+    with other sizes names the symbols that move. Under Dynamo's default automatic dynamic a
+    symbolic graph exists only because its sizes changed, so it is compiled at once. Symbols
+    that move by one step (a KV cache's keys and values) are one size: the first is fspyre's
+    symbolic dim and the others follow it at their offsets. Symbols that move by different
+    steps, or a graph that cannot be one program (a warning says why), keep the per-shape
+    cache."""
 
     def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
                  options: BackendOptions, name: str) -> None:
@@ -242,19 +247,23 @@ class _SymbolicChoice:
         if not self.done and set(self.first) != self.symbols:
             missing = ", ".join(sorted(map(str, self.symbols - set(self.first))))
             self._give_up(f"the sizes of {missing} are not an input's dims")
-        elif not self.done and torch._dynamo.config.assume_static_by_default and len(self.symbols) == 1:
-            self._compile(example_inputs, next(iter(self.symbols)))
+        elif not self.done and torch._dynamo.config.assume_static_by_default:
+            self._compile(example_inputs, sorted(self.symbols, key=str))
 
     def _give_up(self, why: str) -> None:
         self.done = True
         _warn_static(self.name, why)
 
-    def _compile(self, args: Sequence[Any], sym: Any) -> None:
+    def _compile(self, args: Sequence[Any], moved: Sequence[Any]) -> None:
+        """One program over the first of ``moved``; the others follow it at their offsets
+        from it (the keys and values of a KV cache: two symbols, one length)."""
         self.done = True
         values = _symbol_values(self.gm, args)
+        sym = moved[0]
+        fixed: dict[Any, Any] = {k: v for k, v in values.items() if k not in moved}
+        fixed.update({k: sym + (values[k] - values[sym]) for k in moved[1:]})
         try:
-            self.run = _symbolic_run(self.gm, args, self.dims, self.options, self.name, sym,
-                                     {k: v for k, v in values.items() if k != sym})
+            self.run = _symbolic_run(self.gm, args, self.dims, self.options, self.name, sym, fixed)
         except FspyreError as e:
             if isinstance(e, HintError) or isinstance(e.__cause__, HintError):
                 raise
@@ -264,11 +273,12 @@ class _SymbolicChoice:
         if not self.done:
             values = _symbol_values(self.gm, args)
             moved = sorted((s for s in self.symbols if values.get(s) != self.first[s]), key=str)
-            if len(moved) == 1:
-                self._compile(args, moved[0])
+            steps = {values[s] - self.first[s] for s in moved}
+            if len(steps) == 1:
+                self._compile(args, moved)
             elif moved:
-                self._give_up(f"sizes {', '.join(map(str, moved))} changed together; fspyre compiles one symbolic "
-                              f"size per graph")
+                self._give_up(f"sizes {', '.join(map(str, moved))} changed by different steps {sorted(steps)}; fspyre "
+                              f"compiles one symbolic size per graph")
         return self.run(args) if self.run is not None else None
 
 
@@ -305,11 +315,12 @@ def _symbol_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[An
     return out
 
 
-def _pattern(v: Any, fixed: Mapping[Any, int]) -> Any:
-    """A graph input's shape (a tensor) or value (an int) with the fixed symbols substituted."""
+def _pattern(v: Any, fixed: Mapping[Any, Any]) -> Any:
+    """A graph input's shape (a tensor) or value (an int) with the other symbols substituted
+    (a value, or the symbolic size plus an offset)."""
     import sympy
 
-    env = {k: sympy.Integer(n) for k, n in fixed.items()}
+    env = {k: sympy.sympify(n) for k, n in fixed.items()}
     if isinstance(v, torch.SymInt):
         return sympy.sympify(v.node.expr.xreplace(env))
     if isinstance(v, torch.Tensor):
@@ -328,7 +339,7 @@ def _at(pattern: Any, v: Any, example: Any, sym: Any, size: int) -> Any:
 
 
 def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
-                  options: BackendOptions, name: str, sym: Any, fixed: Mapping[Any, int]) -> _SymbolicRun:
+                  options: BackendOptions, name: str, sym: Any, fixed: Mapping[Any, Any]) -> _SymbolicRun:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import fspyre
@@ -362,8 +373,9 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
         probes.append((part, tuple(int(o.args[1]) for o in results)))  # type: ignore[arg-type]
     first = probes[0][0]
     graphs = tuple(p.graph for p, _ in probes)
+    # the dim whose size is the torch symbol's value (dims of size s + 1 follow it)
     moved = [d.name for a, b in zip(graphs[0].buffers, graphs[1].buffers) for d, e in zip(a.type.dims, b.type.dims)
-             if d.size != e.size]
+             if (d.size, e.size) == PROBES[:2]]
     if not moved:
         raise SymbolicError(f"no dim of the fspyre graph has the symbolic size {sym}")
     symbol = size_symbol(moved[0])
