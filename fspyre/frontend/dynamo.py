@@ -32,6 +32,7 @@ fspyre Graph before it is compiled (printing, tests); ``on_report`` with each
 
 from __future__ import annotations
 
+import copy
 import operator
 import sys
 import warnings
@@ -192,6 +193,7 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
     dims = tuple(tensor_dim_names(x) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     cache: dict[tuple, Callable] = {}
+    scalars = _read_values(gm)
     symbolic = _SymbolicChoice(gm, example_inputs, dims, options, name) if compile_parts else None
 
     def run(*args: Any) -> Any:
@@ -205,14 +207,15 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
             got = symbolic(args)
             if got is not None:
                 return got
-        key = tuple(_signature(a) for a in args)
+        key = tuple(_signature(a, i in scalars) for i, a in enumerate(args))
         if key not in cache:
             names = tuple(
                 tensor_dim_names(a) or (d if isinstance(a, torch.Tensor) and tuple(a.shape) == s else None)
                 if isinstance(a, torch.Tensor) else None
                 for a, d, s in zip(args, dims, shapes)
             )
-            cache[key] = _specialise(gm, args, names, options, compile_parts=compile_parts, name=name)
+            cache[key] = _specialise(gm, args, names, options, compile_parts=compile_parts, name=name,
+                                     scalars=scalars)
         with torch.no_grad():
             return cache[key](*args)
 
@@ -340,7 +343,6 @@ def _at(pattern: Any, v: Any, example: Any, sym: Any, size: int) -> Any:
 
 def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
                   options: BackendOptions, name: str, sym: Any, fixed: Mapping[Any, Any]) -> _SymbolicRun:
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     import fspyre
     from fspyre.ir.symbolic import size_symbol
@@ -352,11 +354,10 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
     probes = []
     for size in PROBES:
         args = [_at(p, v, x, sym, size) for p, v, x in zip(patterns, values, example_inputs)]
-        fake = FakeTensorMode(allow_non_fake_inputs=True)
-        vals = [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+        vals = _fake_args(args)
         with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            aten_gm = decompose(gm, vals)
+            aten_gm = decompose(_with_values(gm, args, _read_values(gm)), vals)
         report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
         if report.eager or len(parts) != 1:
             raise SymbolicError(f"{report.summary()}; a symbolic program takes the whole graph on fspyre")
@@ -389,8 +390,9 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
     if options.on_graph is not None:
         options.on_graph(graph)
     compiled = fspyre.compile(graph, machine=spyre(cores=int(options.cores)), tiling=options.tiling)
+    read = {i: example_inputs[i].item() for i in _read_values(gm)}
     return _SymbolicRun(name=name, compiled=compiled, part=first, results=probes[0][1], shapes=shapes,
-                        symbol=symbol, patterns=patterns, torch_symbol=sym)
+                        symbol=symbol, patterns=patterns, torch_symbol=sym, read=read)
 
 
 class _SymbolicRun:
@@ -399,8 +401,8 @@ class _SymbolicRun:
     of the program, so the caller compiles that shape on its own."""
 
     def __init__(self, *, name: str, compiled: Any, part: _Part, results: tuple[int, ...], shapes: tuple,
-                 symbol: Any, patterns: tuple, torch_symbol: Any) -> None:
-        self.name, self.compiled, self.part, self.results = name, compiled, part, results
+                 symbol: Any, patterns: tuple, torch_symbol: Any, read: Mapping[int, Any]) -> None:
+        self.name, self.compiled, self.part, self.results, self.read = name, compiled, part, results, read
         self.shapes, self.symbol, self.patterns, self.torch_symbol = shapes, symbol, patterns, torch_symbol
         self.refused: set[Any] = set()
 
@@ -413,6 +415,12 @@ class _SymbolicRun:
         import fspyre
         from fspyre.stages.symbolic import bind_sizes
 
+        changed = [i for i, v in self.read.items() if args[i].item() != v]
+        if changed:  # the trace took these values
+            self._refuse(("read", tuple(args[i].item() for i in changed)),
+                         f"input {changed[0]} is {args[changed[0]].item()}, the program was traced at "
+                         f"{self.read[changed[0]]}")
+            return None
         host = {n: to_numpy(args[i]) for n, i in zip(self.part.inputs, self.part.positions)} | dict(self.part.constants)
         program = self.compiled.program
         sizes = bind_sizes(program, host)
@@ -439,26 +447,59 @@ class _SymbolicRun:
         return tuple(outs)
 
 
-def _signature(a: Any) -> Any:
+def _signature(a: Any, by_value: bool = False) -> Any:
     if isinstance(a, torch.Tensor):
-        return (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type)
+        value = a.item() if by_value else None
+        return (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type, value)
     return (type(a).__name__, a)
 
 
+def _read_values(gm: fx.GraphModule) -> frozenset[int]:
+    """The graph inputs whose value the graph reads with ``.item()``: a float Dynamo does not
+    specialise (``dynamic=True`` passes a module's float attribute, an embedding's
+    ``norm_type``, as a 0-d tensor). The trace takes their values (``_with_values``), so the
+    shape cache keys them by value and a symbolic program runs only at the values it took."""
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return frozenset(i for i, n in enumerate(inputs)
+                     if any(u.op == "call_method" and u.target == "item" for u in n.users))
+
+
+def _fake_args(args: Sequence[Any]) -> list[Any]:
+    """Fake tensors with static shapes for ``args``: the trace specialises on these sizes,
+    whatever Dynamo made symbolic."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)  # constants the graph holds are real
+    return [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _with_values(gm: fx.GraphModule, args: Sequence[Any], read: frozenset[int]) -> fx.GraphModule:
+    """``gm`` with each ``.item()`` of an input in ``read`` replaced by that input's value in
+    ``args`` (a fake tensor has none to give the trace)."""
+    if not read:
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    for i in read:
+        value = args[i].item()
+        for node in [u for u in inputs[i].users if u.op == "call_method" and u.target == "item"]:
+            for user in list(node.users):
+                user.args = fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
+                user.kwargs = fx.node.map_arg(user.kwargs, lambda n, node=node, value=value: value if n is node else n)
+            graph.erase_node(node)
+    return fx.GraphModule(gm, graph)
+
+
 def _specialise(gm: fx.GraphModule, args: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
-                options: BackendOptions, *, compile_parts: bool, name: str) -> fx.GraphModule:
+                options: BackendOptions, *, compile_parts: bool, name: str,
+                scalars: frozenset[int] = frozenset()) -> fx.GraphModule:
     """The core-ATen graph of ``gm`` for these arguments, with each fspyre subgraph replaced by
     a module that runs it on the interpreter (or, with ``compile_parts=False``, by its ATen
     subgraph, lowered but run in eager)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # Fake tensors with static shapes: the trace specialises on these sizes, whatever Dynamo
-    # made symbolic. Non-fake tensors (constants the graph holds) are allowed in.
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    vals = [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    vals = _fake_args(args)
     with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        aten_gm = decompose(gm, vals)
+        aten_gm = decompose(_with_values(gm, args, scalars), vals)
     report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
     for part in parts:
         if options.on_graph is not None:

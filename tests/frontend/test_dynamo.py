@@ -428,3 +428,22 @@ def test_dynamic_reduction_over_the_changing_size_is_one_program() -> None:
             x = torch.randn(rows, 16)
             assert_eager(fn(x), model(x))
     assert [g.symbolic for g in seen] == [False, True]
+
+
+def test_dynamic_embedding_whose_float_attribute_dynamo_passes_as_a_tensor() -> None:
+    """dynamic=True passes an embedding's norm_type as a 0-d tensor the graph reads with
+    .item(): the trace takes its value (a fake tensor has none: once a crash of every
+    LlamaForCausalLM.generate under dynamic=True)."""
+    torch.manual_seed(0)
+    emb, lin = torch.nn.Embedding(64, 64).eval(), torch.nn.Linear(64, 64).eval()
+
+    def model(ids):
+        return lin(emb(ids)).relu()
+
+    fn, seen = _dynamic(model, tiling="none")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FspyreWarning)
+        for n in (5, 9):
+            ids = torch.randint(0, 64, (1, n), generator=torch.Generator().manual_seed(n))
+            assert_eager(fn(ids), model(ids))
+    assert seen
