@@ -483,9 +483,12 @@ def _with_values(gm: fx.GraphModule, args: Sequence[Any], read: frozenset[int]) 
     for i in read:
         value = args[i].item()
         for node in [u for u in inputs[i].users if u.op == "call_method" and u.target == "item"]:
+            def put(n: fx.Node, node: fx.Node = node, value: Any = value) -> Any:
+                return value if n is node else n
+
             for user in list(node.users):
-                user.args = fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
-                user.kwargs = fx.node.map_arg(user.kwargs, lambda n, node=node, value=value: value if n is node else n)
+                user.args = fx.node.map_arg(user.args, put)
+                user.kwargs = fx.node.map_arg(user.kwargs, put)
             graph.erase_node(node)
     return fx.GraphModule(gm, graph)
 
