@@ -249,11 +249,17 @@ class Fit:
     @staticmethod
     def of(sizes: Sequence[int], symbol: sympy.Symbol, basis: Sequence[sympy.Expr] | None = None) -> Fit:
         basis = tuple(basis) if basis is not None else (sympy.Integer(1), symbol)
-        rows = tuple(tuple(int(b.xreplace({symbol: n})) for b in basis) for n in sizes)
         k = len(basis)
-        square = sympy.Matrix([list(r) for r in rows[:k]])
-        if len(rows) < k or square.det() == 0:
+        table = {n: tuple(int(b.xreplace({symbol: n})) for b in basis) for n in sizes}
+        fixing: list[int] = []  # the first sizes that fix the coefficients; the rest check
+        for n in sizes:
+            if len(fixing) < k and sympy.Matrix([table[m] for m in fixing + [n]]).rank() == len(fixing) + 1:
+                fixing.append(n)
+        if len(fixing) < k:
             raise SymbolicError(f"witness sizes {list(sizes)} of {symbol} do not fix a combination of {list(basis)}")
+        sizes = fixing + [n for n in sizes if n not in fixing]
+        rows = tuple(table[n] for n in sizes)
+        square = sympy.Matrix([list(r) for r in rows[:k]])
         inv = square.inv()
         inverse = tuple(tuple(Fraction(int(inv[i, j].p), int(inv[i, j].q)) for j in range(k)) for i in range(k))
         return Fit(symbol=symbol, sizes=tuple(sizes), basis=basis, inverse=inverse, rows=rows)
@@ -360,6 +366,13 @@ def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Gra
     program = dataclasses.replace(program, symbolic=record)
     _check_beyond_witnesses(program, fit)
     return comps[0], program, warns + comps[0].warnings
+
+
+def program_basis(program: Program, s: sympy.Symbol) -> tuple[sympy.Expr, ...]:
+    """The basis a derived program's numbers are combinations of: ``1``, ``|S|`` and the
+    stick counts that occur in it (what a whole-form program's bundle regions may need)."""
+    counts = {a for e in _expressions(program) for a in e.atoms(sympy.ceiling)}
+    return (sympy.Integer(1), s) + tuple(sorted(counts, key=str))
 
 
 def stick_basis(graph: Graph, machine: Any, s: sympy.Symbol) -> tuple[tuple[sympy.Expr, ...], int]:

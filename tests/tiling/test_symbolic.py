@@ -269,7 +269,7 @@ def test_count_form_records_an_LX_bound_and_strides_in_S(count_form):
     assert "%addr_0 = arith.addi %arg_0, %addr_0_step0 : index" in text
 
 
-@pytest.mark.parametrize("form", ["compiled", "count_form"])
+@pytest.mark.parametrize("form", ["compiled", "count_form", "probabilities"])
 def test_generic_bundle_parses_with_xdsl(form, request):
     compiled = request.getfixturevalue(form)
     pytest.importorskip("xdsl")
@@ -470,3 +470,35 @@ def test_a_dim_that_follows_the_symbolic_size_and_a_mean_over_it():
         assert R.accept(got["o"], want).all()
     with pytest.raises(ExecutionError, match=r"symbolic dim L is 40 in input x and 41 in input y"):
         fspyre.run(comp, {"x": quarters(rng, (8, 41)), "y": quarters(rng, (8, 41))})
+
+
+@pytest.fixture(scope="module")
+def probabilities():
+    """A softmax over L whose probabilities the program keeps: their buffer holds
+    ceiling(|L|/64) sticks a head, so LX addresses step with the stick count."""
+    g = fspyre.GraphBuilder("probabilities")
+    g.dim("L")
+    g.dim("H", HEADS)
+    g.dim("D", HEAD_DIM)
+    q, k = g.input("q", ["H", "D"], "float16"), g.input("k", ["H", "L", "D"], "float16")
+    s = g.matmul(q, k, "D")
+    e = g.exp(g.sub(s, g.amax(s, ["L"], keepdim=True)))
+    g.output("p", g.mul(g.div(e, g.sum(e, ["L"], keepdim=True)), 2.0))
+    return fspyre.compile(g.build(), MACHINE, tiling="none")
+
+
+def test_whole_form_bundle_computes_stick_counts_from_the_size(probabilities):
+    text = probabilities.bundle_mlir
+    head = next(line for line in text.splitlines() if "func.func @sdsc_bundle" in line)
+    assert head.rstrip().endswith("%L: index) {")
+    # ceiling(|L|/64) is (|L| + 63) / 64
+    sixty_three = next(line for line in text.splitlines() if "arith.constant 63 : index" in line)
+    count = sixty_three.split("=")[0].strip().removesuffix("_c0")
+    assert f"{count}_addi1 = arith.addi %L, {count}_c0 : index" in text
+    assert f"{count} = arith.divui {count}_addi1, {count}_c2 : index" in text
+    rng = np.random.default_rng(3)
+    for n in (2, 64, 65, 130):
+        inputs = {"q": quarters(rng, (HEADS, HEAD_DIM)), "k": quarters(rng, (HEADS, n, HEAD_DIM), 0.25)}
+        got = fspyre.run(probabilities, inputs)
+        ref, bounds = evaluate_with_bounds(probabilities.graph, inputs, MACHINE)
+        assert compare(specialize(probabilities.graph, {"L": n}), got, ref, bounds).equal
