@@ -461,7 +461,7 @@ def index_arith(name: str, value: sympy.Expr) -> list[tuple[str, str, object, ob
         raise LoweringError(f"{name} = {value}: the bundle computes lines in one symbolic size, not this")
     s = syms[0]
     p, r = num.coeff(s, 1), num.coeff(s, 0)
-    steps: list[tuple[str, str, object, object]] = []
+    steps = []
     cur = size_dim_name(s)
 
     def then(op: str, k: object) -> None:
