@@ -4,6 +4,7 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -203,8 +204,17 @@ def _compile_symbolic(graph: Graph, machine: Machine, tiling: Tiling | TilingPla
     if isinstance(tiling, TilingPlan):
         raise GraphError(f"compile: graph {graph.name} has a symbolic dim; an explicit TilingPlan names fixed "
                          f"counts, so pass tiling='auto', 'hints' or 'none'")
-    first, program, found = compile_symbolic(
-        graph, machine, lambda g: compile(g, machine, tiling, **options), hinted=tiling != "none")
+    def concrete(g: Graph, whole: frozenset[str]) -> Compilation:
+        if not whole:
+            return compile(g, machine, tiling, **options)
+        # The whole form: work division keeps the dims of the symbolic size whole, and every
+        # HBM intermediate keeps its own region (a freed slot fits a buffer of another size
+        # only at some sizes, so reusing it is not one program for every size).
+        split = dataclasses.replace(options["split_options"], whole=whole)
+        allocation = dataclasses.replace(options["allocation_options"], hbm_reuse=False)
+        return compile(g, machine, tiling, **(options | {"split_options": split, "allocation_options": allocation}))
+
+    first, program, found = compile_symbolic(graph, machine, concrete, hinted=tiling != "none")
     assert program.symbolic is not None
     (dim,), (size,) = program.symbolic.dims, program.symbolic.witnesses[0]
     stages: list[tuple[str, Any]] = [("graph", graph)]

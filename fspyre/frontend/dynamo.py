@@ -14,11 +14,14 @@ machine-model interpreter; every other op runs in eager PyTorch between them.
   left in eager is reported in one line (``PartitionReport.summary``), warned once per
   compiled shape, and printed by ``explain(model, inputs)``. Views and ``getitem`` alone are
   not worth a trip to the device: a subgraph with nothing else stays in eager, unreported.
-- **Static shapes.** fspyre compiles for static shapes. The backend specialises itself: each
-  call looks its input shapes (and the values of the ints Dynamo passes for symbolic sizes)
-  up in a cache and traces and compiles on a miss. Dynamo's own default (``dynamic=None``)
-  recompiles once, with symbolic sizes, at the second shape; from then on the cache does the
-  work, so a model fed many sequence lengths stays under Dynamo's recompile limit.
+- **Shapes.** A graph without torch symbolic sizes is compiled for its shapes. A graph with
+  them (Dynamo's default ``dynamic=None`` recompiles with symbolic sizes at the second shape;
+  ``dynamic=True`` makes every dim symbolic) becomes one fspyre program over the size that
+  changed between calls (``_SymbolicChoice``; docs/tiling.md, "Symbolic sizes"). Each call
+  the program cannot take, and every graph that cannot be one program, is looked up by its
+  input shapes (and the values of the ints Dynamo passes for symbolic sizes) in a cache and
+  traced and compiled on a miss, so a model fed many sequence lengths stays under Dynamo's
+  recompile limit.
 - **Training.** A graph Dynamo traces with grad mode on and an input (parameters included)
   that requires grad goes through aot_autograd (``aot_compilers``): the joint graph is
   traced with fspyre's decompositions and partitioned into a forward and a backward graph,
@@ -33,6 +36,7 @@ fspyre Graph before it is compiled (printing, tests); ``on_report`` with each
 
 from __future__ import annotations
 
+import copy
 import operator
 import sys
 import warnings
@@ -193,10 +197,8 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
     dims = tuple(tensor_dim_names(x) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in example_inputs)
     cache: dict[tuple, Callable] = {}
-    # torch.compile(dynamic=True) asks for one program over the sizes Dynamo made symbolic
-    # (Dynamo's automatic dynamic, the default, keeps compiling each shape through the cache)
-    asked = not torch._dynamo.config.assume_static_by_default
-    symbolic = _symbolic(gm, example_inputs, dims, options, name) if compile_parts and asked else None
+    scalars = _read_values(gm)
+    symbolic = _SymbolicChoice(gm, example_inputs, dims, options, name) if compile_parts else None
 
     def run(*args: Any) -> Any:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -214,14 +216,15 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
                 got = None
             if got is not None:
                 return got
-        key = tuple(_signature(a) for a in args)
+        key = tuple(_signature(a, i in scalars) for i, a in enumerate(args))
         if key not in cache:
             names = tuple(
                 tensor_dim_names(a) or (d if isinstance(a, torch.Tensor) and tuple(a.shape) == s else None)
                 if isinstance(a, torch.Tensor) else None
                 for a, d, s in zip(args, dims, shapes)
             )
-            cache[key] = _specialise(gm, args, names, options, compile_parts=compile_parts, name=name)
+            cache[key] = _specialise(gm, args, names, options, compile_parts=compile_parts, name=name,
+                                     scalars=scalars)
         with torch.no_grad():
             return cache[key](*args)
 
@@ -233,28 +236,61 @@ def _specialising(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Ba
 PROBES = (1088, 1216, 1344)
 
 
-def _symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
-              options: BackendOptions, name: str) -> _SymbolicRun | None:
-    """One fspyre program for every size of the graph's one torch symbolic size (Dynamo's
-    ``dynamic=True``), or None when the graph has none, or cannot be one program (a warning
-    says why; each shape is then compiled on its own as without dynamic)."""
-    syms = _torch_symbols(gm)
-    if not syms:
-        return None
-    # With several, the largest at this call (the sequence length, typically) stays symbolic and
-    # the others keep their values: a call with other values is compiled for its shape.
-    values = _symbol_values(gm, example_inputs)
-    if set(values) != syms:
-        _warn_static(name, f"the sizes of {', '.join(sorted(map(str, syms - set(values))))} are not an input's dims")
-        return None
-    sym = max(sorted(syms, key=str), key=lambda x: values[x])
-    try:
-        return _symbolic_run(gm, example_inputs, dims, options, name, sym,
-                             {k: v for k, v in values.items() if k != sym})
-    except Exception as e:  # noqa: BLE001  (each shape is then compiled on its own, with its own fallback)
-        _reraise_hint(e)
-        _warn_static(name, _failure(e))
-        return None
+class _SymbolicChoice:
+    """Which torch symbolic size of a graph becomes fspyre's symbolic dim, and its program.
+
+    The symbol is one whose value *changed* between calls, never one merely marked dynamic:
+    under ``dynamic=True`` Dynamo makes every dim symbolic (an MLP's hidden dim too, which
+    its matmuls reduce over), so the first call is compiled for its shape and the first call
+    with other sizes names the symbols that move. Under Dynamo's default automatic dynamic a
+    symbolic graph exists only because its sizes changed, so it is compiled at once. Symbols
+    that move by one step (a KV cache's keys and values) are one size: the first is fspyre's
+    symbolic dim and the others follow it at their offsets. Symbols that move by different
+    steps, or a graph that cannot be one program (a warning says why), keep the per-shape
+    cache."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
+                 options: BackendOptions, name: str) -> None:
+        self.gm, self.dims, self.options, self.name = gm, dims, options, name
+        self.symbols = _torch_symbols(gm)
+        self.first = _symbol_values(gm, example_inputs)
+        self.run: _SymbolicRun | None = None
+        self.done = not self.symbols
+        if not self.done and set(self.first) != self.symbols:
+            missing = ", ".join(sorted(map(str, self.symbols - set(self.first))))
+            self._give_up(f"the sizes of {missing} are not an input's dims")
+        elif not self.done and torch._dynamo.config.assume_static_by_default:
+            self._compile(example_inputs, sorted(self.symbols, key=str))
+
+    def _give_up(self, why: str) -> None:
+        self.done = True
+        _warn_static(self.name, why)
+
+    def _compile(self, args: Sequence[Any], moved: Sequence[Any]) -> None:
+        """One program over the first of ``moved``; the others follow it at their offsets
+        from it (the keys and values of a KV cache: two symbols, one length)."""
+        self.done = True
+        values = _symbol_values(self.gm, args)
+        sym = moved[0]
+        fixed: dict[Any, Any] = {k: v for k, v in values.items() if k not in moved}
+        fixed.update({k: sym + (values[k] - values[sym]) for k in moved[1:]})
+        try:
+            self.run = _symbolic_run(self.gm, args, self.dims, self.options, self.name, sym, fixed)
+        except Exception as e:  # noqa: BLE001  (each shape is then compiled on its own, with its own fallback)
+            _reraise_hint(e)
+            _warn_static(self.name, _failure(e))
+
+    def __call__(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
+        if not self.done:
+            values = _symbol_values(self.gm, args)
+            moved = sorted((s for s in self.symbols if values.get(s) != self.first[s]), key=str)
+            steps = {values[s] - self.first[s] for s in moved}
+            if len(steps) == 1:
+                self._compile(args, moved)
+            elif moved:
+                self._give_up(f"sizes {', '.join(map(str, moved))} changed by different steps {sorted(steps)}; fspyre "
+                              f"compiles one symbolic size per graph")
+        return self.run(args) if self.run is not None else None
 
 
 def _warn_static(name: str, why: str) -> None:
@@ -290,11 +326,12 @@ def _symbol_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[An
     return out
 
 
-def _pattern(v: Any, fixed: Mapping[Any, int]) -> Any:
-    """A graph input's shape (a tensor) or value (an int) with the fixed symbols substituted."""
+def _pattern(v: Any, fixed: Mapping[Any, Any]) -> Any:
+    """A graph input's shape (a tensor) or value (an int) with the other symbols substituted
+    (a value, or the symbolic size plus an offset)."""
     import sympy
 
-    env = {k: sympy.Integer(n) for k, n in fixed.items()}
+    env = {k: sympy.sympify(n) for k, n in fixed.items()}
     if isinstance(v, torch.SymInt):
         return sympy.sympify(v.node.expr.xreplace(env))
     if isinstance(v, torch.Tensor):
@@ -313,8 +350,7 @@ def _at(pattern: Any, v: Any, example: Any, sym: Any, size: int) -> Any:
 
 
 def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
-                  options: BackendOptions, name: str, sym: Any, fixed: Mapping[Any, int]) -> _SymbolicRun:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+                  options: BackendOptions, name: str, sym: Any, fixed: Mapping[Any, Any]) -> _SymbolicRun:
 
     import fspyre
     from fspyre.ir.symbolic import size_symbol
@@ -326,16 +362,15 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
     probes = []
     for size in PROBES:
         args = [_at(p, v, x, sym, size) for p, v, x in zip(patterns, values, example_inputs)]
-        fake = FakeTensorMode(allow_non_fake_inputs=True)
-        vals = [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+        vals = _fake_args(args)
         with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            aten_gm = decompose(gm, vals)
+            aten_gm = decompose(_with_values(gm, args, _read_values(gm)), vals)
         report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
         if report.eager or len(parts) != 1:
             raise SymbolicError(f"{report.summary()}; a symbolic program takes the whole graph on fspyre")
         (part,) = parts
-        if min(part.positions) < 0:
+        if any(p < 0 for p in part.positions):  # a subgraph may read no input at all
             raise SymbolicError("the fspyre subgraph reads a value computed in eager")
         outs = aten_gm.graph.output_node().args[0]
         results = [o for o in outs if isinstance(o, fx.Node) and _is_getitem(o)] if isinstance(
@@ -347,8 +382,9 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
         probes.append((part, tuple(int(o.args[1]) for o in results)))  # type: ignore[arg-type]
     first = probes[0][0]
     graphs = tuple(p.graph for p, _ in probes)
+    # the dim whose size is the torch symbol's value (dims of size s + 1 follow it)
     moved = [d.name for a, b in zip(graphs[0].buffers, graphs[1].buffers) for d, e in zip(a.type.dims, b.type.dims)
-             if d.size != e.size]
+             if (d.size, e.size) == PROBES[:2]]
     if not moved:
         raise SymbolicError(f"no dim of the fspyre graph has the symbolic size {sym}")
     symbol = size_symbol(moved[0])
@@ -362,8 +398,9 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
     if options.on_graph is not None:
         options.on_graph(graph)
     compiled = fspyre.compile(graph, machine=spyre(cores=int(options.cores)), tiling=options.tiling)
+    read = {i: example_inputs[i].item() for i in _read_values(gm)}
     return _SymbolicRun(name=name, compiled=compiled, part=first, results=probes[0][1], shapes=shapes,
-                        symbol=symbol, patterns=patterns, torch_symbol=sym)
+                        symbol=symbol, patterns=patterns, torch_symbol=sym, read=read)
 
 
 class _SymbolicRun:
@@ -372,8 +409,8 @@ class _SymbolicRun:
     of the program, so the caller compiles that shape on its own."""
 
     def __init__(self, *, name: str, compiled: Any, part: _Part, results: tuple[int, ...], shapes: tuple,
-                 symbol: Any, patterns: tuple, torch_symbol: Any) -> None:
-        self.name, self.compiled, self.part, self.results = name, compiled, part, results
+                 symbol: Any, patterns: tuple, torch_symbol: Any, read: Mapping[int, Any]) -> None:
+        self.name, self.compiled, self.part, self.results, self.read = name, compiled, part, results, read
         self.shapes, self.symbol, self.patterns, self.torch_symbol = shapes, symbol, patterns, torch_symbol
         self.refused: set[Any] = set()
 
@@ -386,6 +423,12 @@ class _SymbolicRun:
         import fspyre
         from fspyre.stages.symbolic import bind_sizes
 
+        changed = [i for i, v in self.read.items() if args[i].item() != v]
+        if changed:  # the trace took these values
+            self._refuse(("read", tuple(args[i].item() for i in changed)),
+                         f"input {changed[0]} is {args[changed[0]].item()}, the program was traced at "
+                         f"{self.read[changed[0]]}")
+            return None
         host = {n: to_numpy(args[i]) for n, i in zip(self.part.inputs, self.part.positions)} | dict(self.part.constants)
         program = self.compiled.program
         sizes = bind_sizes(program, host)
@@ -412,27 +455,63 @@ class _SymbolicRun:
         return tuple(outs)
 
 
-def _signature(a: Any) -> Any:
+def _signature(a: Any, by_value: bool = False) -> Any:
     if isinstance(a, torch.Tensor):
-        return (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type)
+        value = a.item() if by_value else None
+        return (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type, value)
     return (type(a).__name__, a)
 
 
+def _read_values(gm: fx.GraphModule) -> frozenset[int]:
+    """The graph inputs whose value the graph reads with ``.item()``: a float Dynamo does not
+    specialise (``dynamic=True`` passes a module's float attribute, an embedding's
+    ``norm_type``, as a 0-d tensor). The trace takes their values (``_with_values``), so the
+    shape cache keys them by value and a symbolic program runs only at the values it took."""
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return frozenset(i for i, n in enumerate(inputs)
+                     if any(u.op == "call_method" and u.target == "item" for u in n.users))
+
+
+def _fake_args(args: Sequence[Any]) -> list[Any]:
+    """Fake tensors with static shapes for ``args``: the trace specialises on these sizes,
+    whatever Dynamo made symbolic."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)  # constants the graph holds are real
+    return [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _with_values(gm: fx.GraphModule, args: Sequence[Any], read: frozenset[int]) -> fx.GraphModule:
+    """``gm`` with each ``.item()`` of an input in ``read`` replaced by that input's value in
+    ``args`` (a fake tensor has none to give the trace)."""
+    if not read:
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    for i in read:
+        value = args[i].item()
+        for node in [u for u in inputs[i].users if u.op == "call_method" and u.target == "item"]:
+            def put(n: fx.Node, node: fx.Node = node, value: Any = value) -> Any:
+                return value if n is node else n
+
+            for user in list(node.users):
+                user.args = fx.node.map_arg(user.args, put)
+                user.kwargs = fx.node.map_arg(user.kwargs, put)
+            graph.erase_node(node)
+    return fx.GraphModule(gm, graph)
+
+
 def _specialise(gm: fx.GraphModule, args: Sequence[Any], dims: Sequence[tuple[str, ...] | None],
-                options: BackendOptions, *, compile_parts: bool, name: str) -> fx.GraphModule:
+                options: BackendOptions, *, compile_parts: bool, name: str,
+                scalars: frozenset[int] = frozenset()) -> fx.GraphModule:
     """The core-ATen graph of ``gm`` for these arguments, with each fspyre subgraph replaced by
     a module that runs it on the interpreter (or, with ``compile_parts=False``, by its ATen
     subgraph, lowered but run in eager)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # Fake tensors with static shapes: the trace specialises on these sizes, whatever Dynamo
-    # made symbolic. Non-fake tensors (constants the graph holds) are allowed in.
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    vals = [fake.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+    vals = _fake_args(args)
     try:
         with torch.no_grad(), preserve_hints(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            aten_gm = decompose(gm, vals)
+            aten_gm = decompose(_with_values(gm, args, scalars), vals)
         report, parts = _split(aten_gm, name, dims, tuple(_shape_of(a) for a in args))
     except Exception as e:  # noqa: BLE001  (a failure of fspyre's own must not fail the user's call)
         _reraise_hint(e)

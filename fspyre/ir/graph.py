@@ -19,7 +19,7 @@ import sympy
 from fspyre.errors import GraphError
 from fspyre.ir.dtypes import check_dtype
 from fspyre.ir.frozen import FrozenMap, require_map, require_tuple
-from fspyre.ir.symbolic import is_size_symbol
+from fspyre.ir.symbolic import is_size_expr, is_size_symbol
 from fspyre.machine.rules import row_major_strides
 
 # ---------------------------------------------------------------------------------------
@@ -61,14 +61,15 @@ def require_name(name: object, what: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Dim:
     """A named iteration/tensor dimension. Dims with equal names are the same axis. The size
-    is a positive integer, or the size symbol of a symbolic dim (``fspyre.ir.symbolic``)."""
+    is a positive integer, the size symbol of a symbolic dim (``fspyre.ir.symbolic``), or an
+    affine form ``a*|S| + b`` in one (a dim that follows a symbolic dim)."""
 
     name: str
-    size: int | sympy.Symbol
+    size: int | sympy.Expr
 
     def __post_init__(self) -> None:
         require_name(self.name, "dim name")
-        if type(self.size) is int and self.size > 0 or is_size_symbol(self.size):
+        if type(self.size) is int and self.size > 0 or is_size_expr(self.size):
             return
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size <= 0:
             raise GraphError(f"dim {self.name!r}: size {self.size!r} must be a positive integer")

@@ -133,7 +133,7 @@ class OpInfo:
     compute: ComputeDtype
     bool_store: bool = False
     reduced: tuple[sympy.Symbol, ...] = ()
-    count: int = 1
+    count: int | sympy.Expr = 1
     correction: int = 0
 
     def __post_init__(self) -> None:
@@ -143,7 +143,7 @@ class OpInfo:
         if not isinstance(self.bool_store, bool):
             raise LoweringError(f"op info: bool_store {self.bool_store!r:.60} must be True or False")
         require_tuple(self.reduced, "op info: reduced", LoweringError, sympy.Symbol)
-        require_int(self.count, "op info: count", LoweringError, 1)
+        require_size(self.count, "op info: count", LoweringError, 1)  # |S| when it reduces a symbolic dim
         if type(self.correction) is not int:
             raise LoweringError(f"op info: correction {self.correction!r:.60} must be an integer")
 

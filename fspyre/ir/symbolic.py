@@ -20,7 +20,8 @@ import sympy
 from fspyre.errors import GraphError
 from fspyre.ir.frozen import require_int, require_tuple
 
-SIZE_FORMS = ("tile", "count")  # the fixed quantity of a symbolic dim's loop: its tile or its count
+# the fixed quantity of a symbolic dim's loop: its tile or its count; or no loop at all (whole)
+SIZE_FORMS = ("tile", "count", "whole")
 ASSUMPTION_KINDS = ("divisible", "at_least", "at_most")
 
 
@@ -37,6 +38,22 @@ def is_size_symbol(value: object) -> bool:
 def size_dim_name(symbol: sympy.Symbol) -> str:
     """The dim whose size ``symbol`` is."""
     return symbol.name[1:-1]
+
+
+def is_size_expr(value: object) -> bool:
+    """A dim size that is a size symbol or an affine form ``a*|S| + b`` in one (integers
+    ``a >= 1``, ``b``): the size of a dim that follows a symbolic dim, as a cache of
+    ``|L| + 1`` rows follows the ``|L|`` it was concatenated from."""
+    if is_size_symbol(value):
+        return True
+    if not isinstance(value, sympy.Expr) or len(value.free_symbols) != 1:
+        return False
+    (s,) = value.free_symbols
+    if not is_size_symbol(s):
+        return False
+    a, b = sympy.expand(value).as_coefficients_dict(s).get(s, 0), value.xreplace({s: 0})
+    return (sympy.expand(value - a * s - b) == 0 and sympy.Integer(a).is_Integer and a >= 1
+            and sympy.sympify(b).is_Integer)
 
 
 def is_symbolic(value: object) -> bool:
@@ -81,7 +98,8 @@ class Assumption:
 class SymbolicDim:
     """How the loop over symbolic dim ``name`` is cut: ``form="tile"`` keeps each tile at
     ``fixed`` elements and runs ``|name| / fixed`` iterations; ``form="count"`` runs ``fixed``
-    iterations of ``|name| / fixed`` elements."""
+    iterations of ``|name| / fixed`` elements; ``form="whole"`` (``fixed`` 1) has no loop:
+    every op takes all of the dim, of any size, on each core it runs on."""
 
     name: str
     form: str
@@ -103,6 +121,7 @@ class SymbolicDim:
     @property
     def tile(self) -> sympy.Expr:
         return sympy.Integer(self.fixed) if self.form == "tile" else self.symbol / self.fixed
+
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

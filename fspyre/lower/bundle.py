@@ -155,6 +155,9 @@ def _ident(value: object) -> str:
     ``128*|S| + 49152`` is ``128S_49152``."""
     if not isinstance(value, sympy.Expr) or not is_symbolic(value):
         return str(value)
+    if value.has(sympy.ceiling):  # a stick count: ceiling(|S|/64) is cS_d64
+        text = str(value).replace("ceiling(", "c").replace("|", "").replace("/", "d").replace("*", "")
+        return "".join(ch if ch.isalnum() else "_" for ch in text.replace("-", "m").replace(" ", ""))
     syms = sorted(value.free_symbols, key=str)
     parts = []
     for powers, coeff in sympy.Poly(value, *syms).terms():
@@ -214,13 +217,14 @@ def hbm_regions(program: Program) -> HbmRegions:
     symbolic program: the regions at each witness size, checked there and written as lines
     in the size (the layout is the same at every size: fspyre.stages.symbolic)."""
     if program.symbolic is not None:
-        from fspyre.stages.symbolic import generalize, instantiate
+        from fspyre.stages.symbolic import generalize, instantiate, program_basis
 
         record = program.symbolic
         (d,) = record.dims
         sizes = tuple(w[0] for w in record.witnesses)
         regions = tuple(hbm_regions(instantiate(program, {d.name: n})) for n in sizes)
-        return generalize(regions, sizes, d.symbol, f"bundle of program {program.name}")
+        return generalize(regions, sizes, d.symbol, f"bundle of program {program.name}",
+                          program_basis(program, d.symbol))
     args: dict[int, tuple[int, int]] = {}
     for k in program.kernel_args:
         region = (k.address, device_nbytes(k.device_dtype, k.device_size))
@@ -432,14 +436,40 @@ def index_arith(name: str, value: sympy.Expr) -> list[tuple[str, str, object, ob
     """``value``, a line ``(p*|S| + r) / q`` in one symbolic size, as index arithmetic on the
     size's function parameter ``%S``: ``(name, op, a, b)`` steps, ``op`` one of ``constant``
     (``a`` the number), ``muli``, ``addi``, ``divui`` (``a``, ``b`` SSA names); the last step
-    defines ``name``. The division is exact where the program's assumptions hold."""
+    defines ``name``. The division is exact where the program's assumptions hold. A stick
+    count ``ceiling(u/q)`` of a whole-form program is ``(u + q - 1) / q``, times its
+    coefficient, added to the rest."""
+    counts = sorted(value.atoms(sympy.ceiling), key=str)
+    if counts:
+        rest = sympy.expand(value)
+        steps: list[tuple[str, str, object, object]] = []
+        terms = []
+        for j, c in enumerate(counts):
+            coeff = rest.coeff(c)
+            rest = sympy.expand(rest - coeff * c)
+            num, den = sympy.fraction(sympy.together(c.args[0]))
+            if not (coeff.is_Integer and den.is_Integer):
+                raise LoweringError(f"{name} = {value}: the bundle computes whole multiples of stick counts, not this")
+            steps += index_arith(f"{name}_n{j}", (num + den - 1) / den)
+            steps += [(f"{name}_k{j}", "constant", int(coeff), None),
+                      (f"{name}_t{j}", "muli", f"{name}_n{j}", f"{name}_k{j}")]
+            terms.append(f"{name}_t{j}")
+        if rest.free_symbols:
+            steps += index_arith(f"{name}_r", rest)
+        else:
+            steps.append((f"{name}_r", "constant", int(rest), None))
+        cur = f"{name}_r"
+        for j, t in enumerate(terms):
+            steps.append((name if j == len(terms) - 1 else f"{name}_s{j}", "addi", cur, t))
+            cur = steps[-1][0]
+        return steps
     syms = [x for x in value.free_symbols]
     num, den = sympy.fraction(sympy.together(value))
     if len(syms) != 1 or not den.is_Integer or sympy.degree(num, syms[0]) != 1:
         raise LoweringError(f"{name} = {value}: the bundle computes lines in one symbolic size, not this")
     s = syms[0]
     p, r = num.coeff(s, 1), num.coeff(s, 0)
-    steps: list[tuple[str, str, object, object]] = []
+    steps = []
     cur = size_dim_name(s)
 
     def then(op: str, k: object) -> None:

@@ -66,11 +66,13 @@ class SplitOptions:
     """``max_cores``: the core budget (the anchor's SENCORES), 1..machine.cores; None = all.
     ``work_div`` hints come from the LoopTree's hint scopes; ``use_hints=False`` ignores them;
     ``distribute=False`` keeps only the splits the
-    span limit forces (pass 1 alone)."""
+    span limit forces (pass 1 alone); dims in ``whole`` are never split (the dims of a
+    symbolic size a whole-form program holds whole, docs/tiling.md "Symbolic sizes")."""
 
     max_cores: int | None = None  # the core budget, 1..machine.cores; None: all of them
     use_hints: bool = True  # honour the hint scopes' work_div
     distribute: bool = True  # spread ops over the cores; False: only the splits the span limit forces
+    whole: frozenset[str] = frozenset()  # dims never split (a whole-form symbolic size)
 
     def __post_init__(self) -> None:
         budget = self.max_cores
@@ -136,7 +138,7 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
         if split is None:
             said = len(notes), len(warnings)
             split = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
-                               notes, warnings, replicates)
+                               notes, warnings, replicates, options.whole)
             if shape is not None and (len(notes), len(warnings)) == said:
                 shapes[shape] = split
         plans[node.name] = split
@@ -246,7 +248,8 @@ def _replicates(op: Op, table: Mapping[str, TreeBuffer]) -> bool:
 
 
 def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint: Mapping[str, object],
-               distribute: bool, notes: list[str], warnings: list[str], replicates: bool = False) -> OpSplit:
+               distribute: bool, notes: list[str], warnings: list[str], replicates: bool = False,
+               whole: frozenset[str] = frozenset()) -> OpSplit:
     dims = op_dims(op)
     names = [d.name for d in dims]
     size = {d.name: d.size for d in dims}
@@ -268,6 +271,8 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
     if isinstance(op, Reduction) and op.fn == "var":
         for n in reduction:
             blocked[n] = "partial variances cannot be combined across cores"
+    for n in whole & set(names):
+        blocked[n] = "its size is symbolic: each core takes all of it, at every size"
 
     spans = [_Span(acc, size, eps) for acc in accesses]
     committed = _span_reduction(op, spans, adjusted, blocked, reduction, budget, limit, notes)

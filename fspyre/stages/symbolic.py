@@ -32,7 +32,9 @@ import dataclasses
 import math
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import sympy
@@ -49,6 +51,7 @@ from fspyre.ir.symbolic import (
     is_symbolic,
     size_dim_name,
     size_symbol,
+    size_symbols,
 )
 from fspyre.machine.formats import FORMATS, STICK_BYTES
 from fspyre.machine.rules import device_bytes
@@ -71,9 +74,16 @@ def symbolic_dim_names(graph: Graph) -> tuple[str, ...]:
     names: dict[str, None] = {}
     for b in graph.buffers:
         for d in b.type.dims:
-            if is_size_symbol(d.size):
-                names[size_dim_name(d.size)] = None
+            if not isinstance(d.size, int):
+                names.update((size_dim_name(x), None) for x in sorted(size_symbols(d.size), key=str))
     return tuple(names)
+
+
+def symbolic_size_dims(graph: Graph) -> frozenset[str]:
+    """The dims of ``graph`` whose size depends on a symbolic size (``|S|``, ``|S| + 1``)."""
+    dims = [d for b in graph.buffers for d in b.type.dims]
+    dims += [d for op in graph.ops for d in iteration_dims(op)]
+    return frozenset(d.name for d in dims if not isinstance(d.size, int))
 
 
 def plan_symbolic(graph: Graph, hinted: bool = True) -> tuple[Graph, tuple[SymbolicDim, ...], tuple[str, ...]]:
@@ -88,14 +98,25 @@ def plan_symbolic(graph: Graph, hinted: bool = True) -> tuple[Graph, tuple[Symbo
             f"per graph: give all but one of them a size (g.dim(name, size))")
     (name,) = names
     s = size_symbol(name)
-    for op in graph.ops:
-        if isinstance(op, Reduction):
-            for d in op.reduction_ranges:
-                if d.size == s:
+    # A reduction over the symbolic size, or a dim whose size only follows it (|S| + 1), takes
+    # the whole form: no loop over it, every op holds all of it (a loop of fixed tiles could
+    # not cut |S| and |S| + 1 alike, nor run a tail whose size moves).
+    varying = symbolic_size_dims(graph)
+    reduces = [(op, d) for op in graph.ops if isinstance(op, Reduction) for d in op.reduction_ranges
+               if d.name in varying]
+    follows = sorted({d.name for b in graph.buffers for d in b.type.dims if d.name in varying and d.size != s})
+    if reduces or follows:
+        scopes = graph.hint_table()
+        for op in graph.ops:
+            for h in op.hints:
+                sliced = sorted(set(scopes[h].slices) & varying)
+                if sliced:
+                    why = (f"{reduces[0][0].fn} op {reduces[0][0].name} reduces over {reduces[0][1].name}" if reduces
+                           else f"dims {', '.join(follows)} follow it")
                     raise SymbolicError(
-                        f"op {op.name}: {op.fn} reduces over dim {d.name}, whose size {s} is symbolic; a reduction's "
-                        f"extent must be fixed (its accumulators and divisor depend on it): give {name} a size "
-                        f"(g.dim({name!r}, n)), or reduce over a dim of fixed size")
+                        f"op {op.name}: hint scope {h} slices dims {sliced} of symbolic size {s}, which is held whole "
+                        f"({why}); drop the slices hint on {', '.join(sliced)}, or give {name} a size")
+        return graph, (SymbolicDim(name=name, form="whole", fixed=1),), ()
     if not hinted:
         return graph, (SymbolicDim(name=name, form="count", fixed=1),), ()
     scopes = graph.hint_table()
@@ -212,53 +233,91 @@ def specialize(graph: Graph, sizes: Mapping[str, int]) -> Graph:
 
 
 # --- generalization -----------------------------------------------------------------------
-def generalize(values: tuple[Any, ...], sizes: tuple[int, ...], symbol: sympy.Symbol, where: str = "program") -> Any:
-    """One value whose numbers are lines in ``symbol`` through ``(sizes[i], values[i])``:
-    the values must have one structure, and every number that differs must lie on the line
-    its first two values fix."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fit:
+    """How a number that moves with the size is written: a combination, with rational
+    coefficients, of the ``basis`` expressions in ``symbol`` (``1`` and ``|S|``: a line; the
+    whole form adds each stick count ``ceiling(e/E)``, see ``stick_basis``). The first
+    ``len(basis)`` ``sizes`` fix the coefficients (``inverse`` solves for them), the rest check."""
+
+    symbol: sympy.Symbol
+    sizes: tuple[int, ...]
+    basis: tuple[sympy.Expr, ...]
+    inverse: tuple[tuple[Fraction, ...], ...]
+    rows: tuple[tuple[int, ...], ...]  # the basis at each size
+
+    @staticmethod
+    def of(sizes: Sequence[int], symbol: sympy.Symbol, basis: Sequence[sympy.Expr] | None = None) -> Fit:
+        basis = tuple(basis) if basis is not None else (sympy.Integer(1), symbol)
+        k = len(basis)
+        table = {n: tuple(int(b.xreplace({symbol: n})) for b in basis) for n in sizes}
+        fixing: list[int] = []  # the first sizes that fix the coefficients; the rest check
+        for n in sizes:
+            if len(fixing) < k and sympy.Matrix([table[m] for m in fixing + [n]]).rank() == len(fixing) + 1:
+                fixing.append(n)
+        if len(fixing) < k:
+            raise SymbolicError(f"witness sizes {list(sizes)} of {symbol} do not fix a combination of {list(basis)}")
+        sizes = fixing + [n for n in sizes if n not in fixing]
+        rows = tuple(table[n] for n in sizes)
+        square = sympy.Matrix([list(r) for r in rows[:k]])
+        inv = square.inv()
+        inverse = tuple(tuple(Fraction(int(inv[i, j].p), int(inv[i, j].q)) for j in range(k)) for i in range(k))
+        return Fit(symbol=symbol, sizes=tuple(sizes), basis=basis, inverse=inverse, rows=rows)
+
+    def __call__(self, values: Sequence[int], where: str) -> sympy.Expr:
+        k = len(self.basis)
+        coeffs = [sum((m * v for m, v in zip(row, values[:k])), Fraction(0)) for row in self.inverse]
+        for n, row, v in zip(self.sizes[k:], self.rows[k:], values[k:]):
+            if sum((c * f for c, f in zip(coeffs, row)), Fraction(0)) != v:
+                form = "linear" if k == 2 else f"a combination of {', '.join(map(str, self.basis))}"
+                raise SymbolicError(
+                    f"{where}: {list(values)} at {self.symbol} = {list(self.sizes)} is not {form} in {self.symbol}; "
+                    f"the program is not one program for every size: give {size_dim_name(self.symbol)} a size")
+        return sympy.Add(*(sympy.Rational(c.numerator, c.denominator) * b for c, b in zip(coeffs, self.basis)))
+
+
+def generalize(values: tuple[Any, ...], sizes: tuple[int, ...], symbol: sympy.Symbol, where: str = "program",
+               basis: Sequence[sympy.Expr] | None = None) -> Any:
+    """One value whose numbers are lines in ``symbol`` through ``(sizes[i], values[i])`` (or,
+    with ``basis``, combinations of its expressions): the values must have one structure,
+    and every number that differs must lie on the line its first values fix."""
+    return _generalize(values, Fit.of(sizes, symbol, basis), where)
+
+
+def _generalize(values: tuple[Any, ...], fit: Fit, where: str) -> Any:
     first = values[0]
     if all(type(v) is type(first) for v in values) and all(_same(v, first) for v in values[1:]):
         return first
     if isinstance(first, (int, sympy.Integer)) and not isinstance(first, bool) and all(
             isinstance(v, (int, sympy.Integer)) and not isinstance(v, bool) for v in values):
-        (s0, s1), (v0, v1) = sizes[:2], (int(values[0]), int(values[1]))
-        slope = sympy.Rational(v1 - v0, s1 - s0)
-        line = sympy.expand(slope * (symbol - s0) + v0)
-        for s, v in zip(sizes[2:], values[2:]):
-            if line.xreplace({symbol: s}) != int(v):
-                raise SymbolicError(
-                    f"{where}: {list(map(int, values))} at {symbol} = {list(sizes)} is not linear in {symbol}; "
-                    f"the program is not one program for every size: give {size_dim_name(symbol)} a size")
-        return line
+        return fit(tuple(int(v) for v in values), where)
     if isinstance(first, sympy.Expr) and all(isinstance(v, sympy.Expr) for v in values):
-        return _generalize_expr(values, sizes, symbol, where)
+        return _generalize_expr(values, fit, where)
     if isinstance(first, tuple) and all(isinstance(v, tuple) and len(v) == len(first) for v in values):
-        return tuple(generalize(tuple(v[i] for v in values), sizes, symbol, f"{where}[{i}]")
-                     for i in range(len(first)))
+        return tuple(_generalize(tuple(v[i] for v in values), fit, f"{where}[{i}]") for i in range(len(first)))
     if isinstance(first, FrozenMap) and all(isinstance(v, FrozenMap) and tuple(v) == tuple(first) for v in values):
-        return FrozenMap((k, generalize(tuple(v[k] for v in values), sizes, symbol, f"{where}[{k}]")) for k in first)
+        return FrozenMap((k, _generalize(tuple(v[k] for v in values), fit, f"{where}[{k}]")) for k in first)
     if dataclasses.is_dataclass(first) and all(type(v) is type(first) for v in values):
         label = getattr(first, "name", "") or type(first).__name__
-        fields = {f.name: generalize(tuple(getattr(v, f.name) for v in values), sizes, symbol,
-                                     f"{where}/{label}.{f.name}")
+        fields = {f.name: _generalize(tuple(getattr(v, f.name) for v in values), fit, f"{where}/{label}.{f.name}")
                   for f in dataclasses.fields(first) if f.init}
         return type(first)(**fields)  # type: ignore[misc]
+    symbol, sizes = fit.symbol, fit.sizes
     raise SymbolicError(
         f"{where}: differs in structure between {symbol} = {list(sizes)} ({_brief(values[0])} vs {_brief(values[1])}); "
         f"the stages decide differently at different sizes: give {size_dim_name(symbol)} a size, or a hint that fixes "
         f"its tile (slices={{{size_dim_name(symbol)!r}: {size_dim_name(symbol)}.size // 64}})")
 
 
-def _generalize_expr(values: tuple[sympy.Expr, ...], sizes: tuple[int, ...], symbol: sympy.Symbol,
-                     where: str) -> sympy.Expr:
+def _generalize_expr(values: tuple[sympy.Expr, ...], fit: Fit, where: str) -> sympy.Expr:
     """An index expression whose integer coefficients move with the size (the stride of an
     outer dim of a tensor over S): each monomial's coefficient generalized on its own."""
     terms = [sympy.expand(v).as_coefficients_dict() for v in values]
     if any(set(t) != set(terms[0]) for t in terms[1:]) or not all(
             c.is_Integer for t in terms for c in t.values()):
-        raise SymbolicError(f"{where}: {values[0]} and {values[1]} at {symbol} = {list(sizes[:2])} differ in more "
-                            f"than their coefficients; give {size_dim_name(symbol)} a size")
-    return sympy.Add(*(generalize(tuple(int(t[m]) for t in terms), sizes, symbol, f"{where}[{m}]") * m
+        raise SymbolicError(f"{where}: {values[0]} and {values[1]} at {fit.symbol} = {list(fit.sizes[:2])} differ "
+                            f"in more than their coefficients; give {size_dim_name(fit.symbol)} a size")
+    return sympy.Add(*(_generalize(tuple(int(t[m]) for t in terms), fit, f"{where}[{m}]") * m
                        for m in terms[0]))
 
 
@@ -275,27 +334,94 @@ def _brief(v: Any) -> str:
 
 
 # --- the compile -----------------------------------------------------------------------------
-def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Graph], Any], hinted: bool = True
-                     ) -> tuple[Any, Program, tuple[str, ...]]:
+def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Graph, frozenset[str]], Any],
+                     hinted: bool = True) -> tuple[Any, Program, tuple[str, ...]]:
     """The first witness's compilation, the symbolic program and the warnings (the first
-    witness's and the symbolic plan's). ``compile_concrete`` runs the concrete pipeline;
-    ``hinted`` is false when it ignores hints (``tiling="none"``)."""
+    witness's and the symbolic plan's). ``compile_concrete`` runs the concrete pipeline with
+    work division keeping the given dims whole; ``hinted`` is false when it ignores hints
+    (``tiling="none"``)."""
     planned, dims, warns = plan_symbolic(graph, hinted)
     (d,) = dims
-    unit = d.fixed * DEFAULT_TILE if d.form == "count" else d.fixed
-    sizes = tuple(k * unit for k in WITNESSES)
+    whole: frozenset[str] = frozenset()
+    if d.form == "whole":
+        # no loop over S and no core split of it: every number is a combination of |S| and
+        # the stick counts of the buffers over it, fixed by as many witnesses, checked by two more
+        whole = symbolic_size_dims(planned)
+        basis, least = stick_basis(planned, machine, d.symbol)
+        basis, sizes = whole_witnesses(basis, d.symbol, least)
+    else:
+        unit = d.fixed * DEFAULT_TILE if d.form == "count" else d.fixed
+        sizes, basis, least = tuple(k * unit for k in WITNESSES), None, unit
+    fit = Fit.of(sizes, d.symbol, basis)
     comps = []
     for size in sizes:
         with warnings.catch_warnings():  # the Compilation keeps them; compile raises the symbolic ones once
             warnings.simplefilter("ignore", FspyreWarning)
-            comps.append(compile_concrete(specialize(planned, {d.name: size})))
-    program = generalize(tuple(c.program for c in comps), sizes, d.symbol, f"program {graph.name}")
-    spans = generalize(tuple(_spans(c, machine) for c in comps), sizes, d.symbol, f"per-core spans of {graph.name}")
-    assumptions = _assumptions(d, program, machine, _modulus(program, d.symbol), spans)
+            comps.append(compile_concrete(specialize(planned, {d.name: size}), whole))
+    program = _generalize(tuple(c.program for c in comps), fit, f"program {graph.name}")
+    spans = _generalize(tuple(_spans(c, machine) for c in comps), fit, f"per-core spans of {graph.name}")
+    modulus = 1 if d.form == "whole" else _modulus(program, d.symbol)
+    assumptions = _assumptions(d, program, machine, modulus, spans, least)
     record = SymbolicSizes(dims=dims, assumptions=assumptions, witnesses=tuple((s,) for s in sizes))
     program = dataclasses.replace(program, symbolic=record)
-    _check_beyond_witnesses(program)
+    _check_beyond_witnesses(program, fit)
     return comps[0], program, warns + comps[0].warnings
+
+
+def program_basis(program: Program, s: sympy.Symbol) -> tuple[sympy.Expr, ...]:
+    """The basis a derived program's numbers are combinations of: ``1``, ``|S|`` and the
+    stick counts that occur in it (what a whole-form program's bundle regions may need)."""
+    counts = {a for e in _expressions(program) for a in e.atoms(sympy.ceiling)}
+    return (sympy.Integer(1), s) + tuple(sorted(counts, key=str))
+
+
+def stick_basis(graph: Graph, machine: Any, s: sympy.Symbol) -> tuple[tuple[sympy.Expr, ...], int]:
+    """What a number of a whole-form program may depend on: ``1``, ``|S|`` and, per buffer
+    whose stick (last) dim has a size ``e`` in ``|S|``, its stick count ``ceiling(e/E)`` (``E``
+    elements a stick in the buffer's device format); and the least ``|S|`` at which every dim
+    that follows ``|S|`` has two elements (a one-element dim is laid out without a stride)."""
+    basis: dict[sympy.Expr, None] = {sympy.Integer(1): None, s: None}
+    least = 1
+    for b in graph.buffers:
+        for d in b.type.dims:
+            if not isinstance(d.size, int):
+                a, c = sympy.expand(d.size).coeff(s), d.size.xreplace({s: 0})
+                least = max(least, -(-(2 - int(c)) // int(a)))
+        last = b.type.dims[-1].size if b.type.dims else 1
+        if not isinstance(last, int):
+            per = FORMATS[machine.device_format(b.type.dtype)].elems_per_stick
+            basis[sympy.ceiling(last / per)] = None
+    return tuple(basis), least
+
+
+def whole_witnesses(basis: tuple[sympy.Expr, ...], s: sympy.Symbol, least: int
+                    ) -> tuple[tuple[sympy.Expr, ...], tuple[int, ...]]:
+    """The basis without expressions the others give at every size, and the witness sizes:
+    each size that adds a new combination of the basis (a stick count that steps), then two
+    more that only check. They start past two of the longest sticks, where every tensor over
+    S spans several sticks (within one, the stages write its stick coordinate as 0 rather
+    than ``floor(s/E)``), and run over two more, so every stick count steps."""
+    import numpy as np
+
+    stick = max([int(1 / sympy.Rational(e.args[0].coeff(s))) for e in basis if isinstance(e, sympy.ceiling)],
+                default=1)
+    start = max(least, 2 * stick + 1)
+    candidates = list(range(start, start + 2 * stick + 8))
+    table = np.array([[float(e.xreplace({s: n})) for e in basis] for n in candidates])
+    keep: list[int] = []
+    for j in range(len(basis)):  # the columns: drop a stick count another one gives
+        if np.linalg.matrix_rank(table[:, keep + [j]]) == len(keep) + 1:
+            keep.append(j)
+    table = table[:, keep]
+    chosen: list[int] = []
+    for i in range(len(candidates)):
+        if len(chosen) == len(keep):
+            break
+        if np.linalg.matrix_rank(table[chosen + [i]]) == len(chosen) + 1:
+            chosen.append(i)
+    rest = [i for i in range(len(candidates)) if i not in chosen]
+    checks = [rest[-1], rest[len(rest) // 2]]
+    return tuple(basis[j] for j in keep), tuple(candidates[i] for i in chosen + checks)
 
 
 # How far past the witnesses the derived program is checked: up to this many tiles (or the
@@ -303,11 +429,11 @@ def compile_symbolic(graph: Graph, machine: Any, compile_concrete: Callable[[Gra
 CHECKED_TILES = 4096
 
 
-def _check_beyond_witnesses(program: Program) -> None:
+def _check_beyond_witnesses(program: Program, fit: Fit) -> None:
     """The program at the smallest sizes its assumptions allow and at a large one passes the
     checks every concrete program passes (``verify_program``, the static memory check): the
     lines through the witnesses hold their allocations apart and in bounds there too, not
-    only at the witnesses."""
+    only at the witnesses. A whole-form program is also checked where each stick count steps."""
     from fspyre.machine.memcheck import check_memory
     from fspyre.stages.program import verify_program
 
@@ -316,13 +442,24 @@ def _check_beyond_witnesses(program: Program) -> None:
     (d,) = record.dims
     least = max(a.value for a in record.assumptions if a.kind == "at_least")
     step = math.lcm(*(a.value for a in record.assumptions if a.kind == "divisible"))
-    most = min([a.value for a in record.assumptions if a.kind == "at_most"] + [CHECKED_TILES * step])
+    most = min([a.value for a in record.assumptions if a.kind == "at_most"] + [CHECKED_TILES * max(step, 64)])
     low = -(-least // step) * step
-    for n in sorted({low, low + step, most // step * step}):
-        if n < low:
+    sizes = {low, low + step, most // step * step}
+    for e in fit.basis:
+        if isinstance(e, sympy.ceiling):  # each side of the first two steps of the stick count
+            per = int(1 / sympy.Rational(e.args[0].coeff(d.symbol)))
+            off = int(e.args[0].xreplace({d.symbol: 0}) * per)
+            sizes |= {k * per - off + j for k in (1, 2) for j in (0, 1)}
+    for n in sorted(sizes):
+        if n < low or n > most:
             continue
-        concrete = instantiate(program, {d.name: n})
-        verify_program(concrete)
+        try:
+            concrete = instantiate(program, {d.name: n})
+            verify_program(concrete)
+        except FspyreError as e:
+            raise SymbolicError(f"program {program.name} derived at {d.name} = {[w[0] for w in record.witnesses]} is "
+                                f"not a program at {d.name} = {n}: {str(e).splitlines()[0]}; give {d.name} a size"
+                                ) from None
         report = check_memory(concrete)
         if not report.clean:
             raise SymbolicError(f"program {program.name} derived at {d.name} = {[w[0] for w in record.witnesses]} is "
@@ -375,21 +512,25 @@ def _spans(comp: Any, machine: Any) -> tuple[tuple[str, int], ...]:
 
 
 def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int,
-                 spans: tuple[tuple[str, Any], ...] = ()) -> tuple[Assumption, ...]:
+                 spans: tuple[tuple[str, Any], ...] = (), least: int = 1) -> tuple[Assumption, ...]:
     s = d.symbol
-    if d.form == "tile":
-        unit = d.fixed
-        out = [Assumption(dim=d.name, kind="at_least", value=unit, reason="at least one tile")]
-        why = f"loops over {d.name} run whole tiles of {d.fixed} elements"
+    if d.form == "whole":
+        out = [Assumption(dim=d.name, kind="at_least", value=least,
+                          reason="every dim that follows it has at least two elements")]
     else:
-        unit = d.fixed * DEFAULT_TILE
-        out = [Assumption(dim=d.name, kind="at_least", value=unit, reason="every tile at least one stick")]
-        why = (f"{d.fixed} tiles of whole sticks ({DEFAULT_TILE} elements)" if d.fixed > 1
-               else f"whole sticks ({DEFAULT_TILE} elements)")
-    need = math.lcm(unit, modulus)
-    if need != unit:
-        why += f", each tile's per-core slices whole ({need // unit} x {unit})"
-    out.append(Assumption(dim=d.name, kind="divisible", value=need, reason=why))
+        if d.form == "tile":
+            unit = d.fixed
+            out = [Assumption(dim=d.name, kind="at_least", value=unit, reason="at least one tile")]
+            why = f"loops over {d.name} run whole tiles of {d.fixed} elements"
+        else:
+            unit = d.fixed * DEFAULT_TILE
+            out = [Assumption(dim=d.name, kind="at_least", value=unit, reason="every tile at least one stick")]
+            why = (f"{d.fixed} tiles of whole sticks ({DEFAULT_TILE} elements)" if d.fixed > 1
+                   else f"whole sticks ({DEFAULT_TILE} elements)")
+        need = math.lcm(unit, modulus)
+        if need != unit:
+            why += f", each tile's per-core slices whole ({need // unit} x {unit})"
+        out.append(Assumption(dim=d.name, kind="divisible", value=need, reason=why))
     for what, expr, cap in (("HBM", program.hbm_bytes, machine.hbm_bytes), ("LX", _lx_end(program), machine.lx_bytes)):
         bound = _largest(expr, s, cap)
         if bound is not None:
@@ -416,18 +557,35 @@ def _lx_end(program: Program) -> sympy.Expr:
 
 
 def _largest(expr: Any, s: sympy.Symbol, cap: int) -> int | None:
-    """The largest |S| at which the linear ``expr`` stays within ``cap``; None if it never grows."""
+    """The largest |S| at which ``expr`` (a line, or a combination with stick counts) stays
+    within ``cap``; None if it never grows. A stick count ``ceiling(u)`` is bounded by ``u + 1``
+    where it adds and by ``u`` where it subtracts, so the bound holds at every size below it."""
     if not is_symbolic(expr):
         return None
     parts = expr.args if isinstance(expr, sympy.Max) else (expr,)
     best = None
     for p in parts:
+        p = _upper_line(p)
         slope = sympy.diff(p, s)
         if slope.is_zero or not slope.free_symbols == set() or slope <= 0:
             continue
         bound = int(sympy.floor((cap - p.xreplace({s: 0})) / slope))
         best = bound if best is None else min(best, bound)
     return best
+
+
+def _upper_line(expr: sympy.Expr) -> sympy.Expr:
+    if not expr.has(sympy.ceiling):
+        return expr
+    terms = []
+    for t in sympy.Add.make_args(sympy.expand(expr)):
+        c, rest = t.as_independent(sympy.ceiling)
+        if isinstance(rest, sympy.ceiling):
+            u = rest.args[0]
+            terms.append(c * (u + 1) if c > 0 else c * u)
+        else:
+            terms.append(t)
+    return sympy.Add(*terms)
 
 
 # --- binding ---------------------------------------------------------------------------------
@@ -443,15 +601,16 @@ def bind_sizes(program: Program, inputs: Mapping[str, object]) -> dict[str, int]
         shape = getattr(inputs[arg.name], "shape", None)
         if shape is None or len(shape) != len(arg.host_shape):
             continue
-        for n, want in zip(shape, arg.host_shape):
-            if is_size_symbol(want):
-                name = size_dim_name(want)
+        for k, want in zip(shape, arg.host_shape):
+            solved = _solve(want, int(k))
+            if solved is not None:
+                name, n = solved
                 have = found.get(name)
-                if have is not None and have[0] != int(n):
+                if have is not None and have[0] != n:
                     raise ExecutionError(
-                        f"run: symbolic dim {name} is {have[0]} in input {have[1]} and {int(n)} in input {arg.name}; "
+                        f"run: symbolic dim {name} is {have[0]} in input {have[1]} and {n} in input {arg.name}; "
                         f"every input must agree on |{name}|")
-                found[name] = (int(n), arg.name)
+                found[name] = (n, arg.name)
     out = {}
     for d in program.symbolic.dims:
         if d.name not in found:
@@ -459,6 +618,19 @@ def bind_sizes(program: Program, inputs: Mapping[str, object]) -> dict[str, int]
                                  f"pass every input of the program")
         out[d.name] = found[d.name][0]
     return out
+
+
+def _solve(size: Any, have: int) -> tuple[str, int] | None:
+    """The symbolic dim and its size that make ``size`` (``|S|`` or ``a*|S| + b``) equal
+    ``have``; None for a fixed size. A ``have`` no whole size gives is an ExecutionError."""
+    if isinstance(size, int) or not isinstance(size, sympy.Expr) or not size_symbols(size):
+        return None
+    (s,) = size_symbols(size)
+    a, b = sympy.expand(size).coeff(s), size.xreplace({s: 0})
+    n = sympy.Rational(have - b, a)
+    if not n.is_Integer or n < 1:
+        raise ExecutionError(f"run: a dim of size {size} is {have}, which no size {s} >= 1 gives")
+    return size_dim_name(s), int(n)
 
 
 def instantiate(program: Program, sizes: Mapping[str, int]) -> Program:
@@ -491,13 +663,14 @@ def graph_sizes(graph: Graph, inputs: Mapping[str, object]) -> dict[str, int]:
         dims = buffers[name].type.dims
         if shape is None or len(shape) != len(dims):
             continue
-        for n, d in zip(shape, dims):
-            if is_size_symbol(d.size):
-                dim = size_dim_name(d.size)
-                if dim in found and found[dim][0] != int(n):
-                    raise ExecutionError(f"symbolic dim {dim} is {found[dim][0]} in input {found[dim][1]} and {int(n)} "
+        for k, d in zip(shape, dims):
+            solved = _solve(d.size, int(k))
+            if solved is not None:
+                dim, n = solved
+                if dim in found and found[dim][0] != n:
+                    raise ExecutionError(f"symbolic dim {dim} is {found[dim][0]} in input {found[dim][1]} and {n} "
                                          f"in input {name}; every input must agree on |{dim}|")
-                found[dim] = (int(n), name)
+                found[dim] = (n, name)
     missing = [n for n in symbolic_dim_names(graph) if n not in found]
     if missing:
         raise ExecutionError(f"graph {graph.name}: no input gives the size of symbolic dim {missing[0]}; pass every "

@@ -326,9 +326,10 @@ def _dynamic(model, **options):
     return fn, seen
 
 
-def test_dynamic_llama_mlp_compiles_once_across_three_sequence_lengths() -> None:
-    """The S hint of the MLP (a fixed count of 4) becomes the count form of a symbolic S:
-    on_graph is called before every fspyre compile, per shape or symbolic."""
+def test_dynamic_llama_mlp_compiles_its_first_shape_then_once_for_every_length() -> None:
+    """dynamic=True makes B, S and D symbolic; the first call is compiled for its shape, the
+    second names S as the size that moves: the S hint of the MLP (a fixed count of 4) becomes
+    the count form of a symbolic S. on_graph is called before every fspyre compile."""
     from tests.frontend.test_model_ops import LlamaMLP
 
     torch.manual_seed(0)
@@ -339,13 +340,64 @@ def test_dynamic_llama_mlp_compiles_once_across_three_sequence_lengths() -> None
         for length in (256, 512, 768):
             x = name_tensor_dims(torch.randn(2, length, 64), ["B", "S", "D"])
             assert_eager(fn(x), model(x))
-    (graph,) = seen
-    assert graph.symbolic and [dict(h.slices) for h in graph.hints] == [{"S": 4}]
-    # Dynamo made B symbolic too; the largest size (S) stays symbolic, B keeps its value 2
+    assert [g.symbolic for g in seen] == [False, True]
+    assert [dict(h.slices) for h in seen[1].hints] == [{"S": 4}]
+    # B did not move, so it keeps its value 2
     with torch.no_grad(), pytest.warns(FspyreWarning, match=r"a size of 3 where the symbolic program takes 2"):
         x = name_tensor_dims(torch.randn(3, 256, 64), ["B", "S", "D"])
         assert_eager(fn(x), model(x))
-    assert [g.symbolic for g in seen] == [True, False]
+    assert [g.symbolic for g in seen] == [False, True, False]
+
+
+def test_dynamic_never_makes_a_reduction_dim_that_did_not_change_symbolic() -> None:
+    """An MLP first called with S = 64, less than its hidden 128: the symbolic size is S,
+    which changed, not the larger hidden dim the matmuls reduce over (which would be refused
+    and compiled per shape at every length)."""
+    from tests.frontend.test_model_ops import LlamaMLP
+
+    torch.manual_seed(0)
+    model = LlamaMLP(hidden=128, inner=128).eval()
+    fn, seen = _dynamic(model)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FspyreWarning)  # no "compiled for each input shape"
+        for length in (64, 256, 512):
+            x = name_tensor_dims(torch.randn(1, length, 128), ["B", "S", "D"])
+            assert_eager(fn(x), model(x))
+    assert [g.symbolic for g in seen] == [False, True]
+    assert {d.name for b in seen[1].buffers for d in b.type.dims if not isinstance(d.size, int)} == {"S"}
+
+
+def test_dynamic_attention_over_a_cache_length_is_one_program() -> None:
+    """Keys and values of one length L are two torch symbols that move by one step: one size.
+    Softmax and the probabilities times v reduce over L: the whole form, any L."""
+    torch.manual_seed(0)
+
+    def attend(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v
+
+    fn, seen = _dynamic(attend)
+    q = torch.randn(2, 1, 64)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FspyreWarning)
+        for length in (5, 9, 37, 70):
+            k, v = torch.randn(2, length, 64), torch.randn(2, length, 64)
+            assert_eager(fn(q, k, v), attend(q, k, v))
+    assert [g.symbolic for g in seen] == [False, True]
+
+
+def test_dynamic_graph_whose_fspyre_part_reads_no_input() -> None:
+    """A graph that reads only its input's size: the fspyre subgraph has no inputs (once an
+    IndexError in the backend)."""
+    def ones(x):
+        return torch.ones(x.shape[0], 64).exp()
+
+    fn, seen = _dynamic(ones)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FspyreWarning)
+        for rows in (64, 128, 192):
+            x = torch.randn(rows, 64)
+            assert_eager(fn(x), ones(x))
+    assert seen and not seen[0].symbolic
 
 
 def test_dynamic_without_hints_takes_a_fixed_tile_and_compiles_a_size_it_cannot_take() -> None:
@@ -357,31 +409,47 @@ def test_dynamic_without_hints_takes_a_fixed_tile_and_compiles_a_size_it_cannot_
 
     fn, seen = _dynamic(model)
     with torch.no_grad():
-        with pytest.warns(FspyreWarning, match="fixed tiles of 64"):
-            x = torch.randn(128, 64)
-            assert_eager(fn(x), model(x))
-        x = torch.randn(192, 64)
+        x = torch.randn(128, 64)
         assert_eager(fn(x), model(x))
+        with pytest.warns(FspyreWarning, match="fixed tiles of 64"):
+            x = torch.randn(192, 64)
+            assert_eager(fn(x), model(x))
         with pytest.warns(FspyreWarning, match=r"size 100 breaks .*% 64 == 0; compiling this shape on its own"):
             x = torch.randn(100, 64)
             assert_eager(fn(x), model(x))
-    assert [g.symbolic for g in seen] == [True, False]
+    assert [g.symbolic for g in seen] == [False, True, False]
 
 
-def test_dynamic_reduction_over_the_symbolic_size_compiles_each_shape_with_a_warning() -> None:
+def test_dynamic_reduction_over_the_changing_size_is_one_program() -> None:
     def model(x):
-        return torch.softmax(x, 0)  # a reduction over the sequence: its extent cannot be symbolic
+        return torch.softmax(x, 0)  # a reduction over the sequence: the whole form
 
     fn, seen = _dynamic(model)
-    with torch.no_grad():
-        with pytest.warns(FspyreWarning, match=r"compiled for each input shape, not once for a symbolic size: "
-                                               r"op \w+: \w+ reduces over dim"):
-            x = torch.randn(128, 16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FspyreWarning)
+        for rows in (128, 192, 100, 7):
+            x = torch.randn(rows, 16)
             assert_eager(fn(x), model(x))
-        x = torch.randn(192, 16)
-        assert_eager(fn(x), model(x))
-    # on_graph saw the symbolic graph the compile refused, then each shape's
-    assert [g.symbolic for g in seen] == [True, False, False]
+    assert [g.symbolic for g in seen] == [False, True]
+
+
+def test_dynamic_embedding_whose_float_attribute_dynamo_passes_as_a_tensor() -> None:
+    """dynamic=True passes an embedding's norm_type as a 0-d tensor the graph reads with
+    .item(): the trace takes its value (a fake tensor has none: once a crash of every
+    LlamaForCausalLM.generate under dynamic=True)."""
+    torch.manual_seed(0)
+    emb, lin = torch.nn.Embedding(64, 64).eval(), torch.nn.Linear(64, 64).eval()
+
+    def model(ids):
+        return lin(emb(ids)).relu()
+
+    fn, seen = _dynamic(model, tiling="none")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FspyreWarning)
+        for n in (5, 9):
+            ids = torch.randint(0, 64, (1, n), generator=torch.Generator().manual_seed(n))
+            assert_eager(fn(ids), model(ids))
+    assert seen
 
 
 # -- the backend never fails the user's call --------------------------------------------------

@@ -198,7 +198,7 @@ def test_no_hint_gives_a_default_tile_and_warns():
 
 
 # --- what cannot be symbolic -------------------------------------------------------------------
-def test_a_reduction_over_a_symbolic_dim_is_refused():
+def test_slicing_a_symbolic_dim_a_reduction_holds_whole_is_refused():
     g = fspyre.GraphBuilder("red")
     S = g.dim("S")
     g.dim("A", 64)
@@ -206,7 +206,8 @@ def test_a_reduction_over_a_symbolic_dim_is_refused():
     with g.hint(slices={"S": S.size // 64}):
         y = g.reduce("sum", x, ["S"])
     g.output("y", y)
-    with pytest.raises(SymbolicError, match=r"op \w+: sum reduces over dim S, whose size \|S\| is symbolic"):
+    with pytest.raises(SymbolicError, match=r"op \w+: hint scope 0 slices dims \['S'\] of symbolic size \|S\|, "
+                                            r"which is held whole \(sum op \w+ reduces over S\); drop the slices"):
         fspyre.compile(g.build(), MACHINE)
 
 
@@ -268,7 +269,7 @@ def test_count_form_records_an_LX_bound_and_strides_in_S(count_form):
     assert "%addr_0 = arith.addi %arg_0, %addr_0_step0 : index" in text
 
 
-@pytest.mark.parametrize("form", ["compiled", "count_form"])
+@pytest.mark.parametrize("form", ["compiled", "count_form", "probabilities"])
 def test_generic_bundle_parses_with_xdsl(form, request):
     compiled = request.getfixturevalue(form)
     pytest.importorskip("xdsl")
@@ -339,3 +340,165 @@ def test_without_tiling_the_whole_dim_is_one_tile_of_symbolic_size():
     assert any("LX" in a.reason for a in record.assumptions if a.kind == "at_most")
     for n in (64, 448):
         run_and_compare(comp, comp.graph, n)
+
+
+# --- reductions over a symbolic dim: the whole form --------------------------------------------
+HEADS, HEAD_DIM = 2, 64
+
+
+def decode_attention(dtype: str = "float16"):
+    """One decode step's attention over a KV cache of symbolic length L: the scores q.k over
+    D, their softmax over L and the probabilities times v over L -- three reductions over L."""
+    g = fspyre.GraphBuilder("decode_attention")
+    g.dim("L")
+    g.dim("H", HEADS)
+    g.dim("D", HEAD_DIM)
+    q = g.input("q", ["H", "D"], dtype)
+    k, v = g.input("k", ["H", "L", "D"], dtype), g.input("v", ["H", "L", "D"], dtype)
+    s = g.matmul(q, k, "D")
+    e = g.exp(g.sub(s, g.amax(s, ["L"], keepdim=True)))
+    g.output("o", g.matmul(g.div(e, g.sum(e, ["L"], keepdim=True)), v, "L"))
+    return g.build()
+
+
+def attention_inputs(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return {"q": quarters(rng, (HEADS, HEAD_DIM)), "k": quarters(rng, (HEADS, n, HEAD_DIM), 0.25),
+            "v": quarters(rng, (HEADS, n, HEAD_DIM))}
+
+
+def attention_numpy(inputs, fmt: str) -> R.Ref:
+    n = inputs["k"].shape[1]
+    q = R.exact(["H", "D"], inputs["q"], "float16")
+    k, v = (R.exact(["H", "L", "D"], inputs[x], "float16") for x in "kv")
+    s = R.matmul(q, k, "D", ["H", "L"], "float16", fmt)
+    m = R.reduce("amax", s, ["L"], ["H", "L"], True, "float16", fmt)
+    e = R.pointwise("exp", [R.pointwise("sub", [s, m], ["H", "L"], (HEADS, n), "float16", fmt)], ["H", "L"],
+                    (HEADS, n), "float16", fmt)
+    l_ = R.reduce("sum", e, ["L"], ["H", "L"], True, "float16", fmt)
+    p = R.pointwise("div", [e, l_], ["H", "L"], (HEADS, n), "float16", fmt)
+    return R.matmul(p, v, "L", ["H", "D"], "float16", fmt)
+
+
+@pytest.fixture(scope="module")
+def attention():
+    return fspyre.compile(decode_attention(), MACHINE, tiling="none")
+
+
+def run_attention(comp, n: int, seed: int = 0) -> None:
+    inputs = attention_inputs(n, seed)
+    got = fspyre.run(comp, inputs)
+    ref, bounds = evaluate_with_bounds(comp.graph, inputs, MACHINE)
+    report = compare(specialize(comp.graph, {"L": n}), got, ref, bounds)
+    assert report.equal, str(report)
+    assert got["o"].shape == (HEADS, HEAD_DIM)
+    assert R.accept(got["o"], attention_numpy(inputs, MACHINE.fp16_format)).all()
+
+
+def test_reductions_over_a_symbolic_dim_take_the_whole_form(attention):
+    record = attention.program.symbolic
+    ((dim, form),) = [(d.name, d.form) for d in record.dims]
+    assert (dim, form) == ("L", "whole")
+    # no loop over L, no multiple of a tile: at least two elements, at most what HBM / LX hold
+    assert not [spec for spec, _ in walk_specs(attention.program.body) if isinstance(spec, LoopSpec)]
+    kinds = sorted(a.kind for a in record.assumptions)
+    assert "divisible" not in kinds and [a.value for a in record.assumptions if a.kind == "at_least"] == [2]
+    # the scores' stick count steps every 64 elements: a basis of 1, |L| and ceiling(|L|/64)
+    # needs three witnesses and two more check it
+    assert len(record.witnesses) == 5
+    s = size_symbol("L")
+    assert any(e.has(sympy.ceiling(s / 64)) for e in _numbers(attention.program))
+    assert loads(dumps(attention.program)) == attention.program
+
+
+def _numbers(program):
+    from fspyre.stages.symbolic import _expressions
+
+    return list(_expressions(program))
+
+
+@pytest.mark.parametrize("n", [2, 3, 63, 64, 65, 128, 129, 1000])
+def test_whole_form_runs_equal_at_sizes_on_each_side_of_a_stick(attention, n):
+    run_attention(attention, n)
+
+
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 400), seed=st.integers(0, 2**16))
+def test_property_whole_form_runs_equal_to_untiled_and_numpy_at_any_size(attention, n, seed):
+    run_attention(attention, n, seed)
+
+
+def test_whole_form_is_memory_safe_at_its_smallest_sizes_and_a_large_one(attention):
+    record = attention.program.symbolic
+    least = next(a.value for a in record.assumptions if a.kind == "at_least")
+    for n in (least, least + 1, 64, 65, 4096, 100_000):
+        assert check_memory(instantiate(attention.program, {"L": n})).clean
+    with pytest.raises(ExecutionError, match=r"symbolic dim L = 1 violates the compiled assumption \|L\| >= 2"):
+        fspyre.run(attention, attention_inputs(1))
+
+
+def test_whole_form_under_auto_tiling_runs_equal():
+    comp = fspyre.compile(decode_attention(), MACHINE)  # tiling="auto"
+    assert comp.program.symbolic.dims[0].form == "whole"
+    for n in (5, 70):
+        run_attention(comp, n)
+
+
+def test_a_dim_that_follows_the_symbolic_size_and_a_mean_over_it():
+    """A dim of size |L| + 1 (a cache after one more token) beside L: the whole form, |L| bound
+    from either input, and a mean whose divisor is |L| + 1."""
+    g = fspyre.GraphBuilder("follows")
+    L = g.dim("L")
+    g.dim("M", L.size + 1)
+    g.dim("A", 8)
+    x, y = g.input("x", ["A", "M"], "float16"), g.input("y", ["A", "L"], "float16")
+    g.output("o", g.add(g.mean(x, ["M"]), g.amax(y, ["L"])))
+    comp = fspyre.compile(g.build(), MACHINE, tiling="none")
+    assert comp.program.symbolic.dims[0].form == "whole"
+    rng = np.random.default_rng(1)
+    for n in (2, 40, 64, 200):
+        inputs = {"x": quarters(rng, (8, n + 1)), "y": quarters(rng, (8, n))}
+        got = fspyre.run(comp, inputs)
+        ref, bounds = evaluate_with_bounds(comp.graph, inputs, MACHINE)
+        report = compare(specialize(comp.graph, {"L": n}), got, ref, bounds)
+        assert report.equal, str(report)
+        fmt = MACHINE.fp16_format
+        want = R.pointwise("add", [R.reduce("mean", R.exact(["A", "M"], inputs["x"], "float16"), ["M"], ["A"], False,
+                                            "float16", fmt),
+                                   R.reduce("amax", R.exact(["A", "L"], inputs["y"], "float16"), ["L"], ["A"], False,
+                                            "float16", fmt)], ["A"], (8,), "float16", fmt)
+        assert R.accept(got["o"], want).all()
+    with pytest.raises(ExecutionError, match=r"symbolic dim L is 40 in input x and 41 in input y"):
+        fspyre.run(comp, {"x": quarters(rng, (8, 41)), "y": quarters(rng, (8, 41))})
+
+
+@pytest.fixture(scope="module")
+def probabilities():
+    """A softmax over L whose probabilities the program keeps: their buffer holds
+    ceiling(|L|/64) sticks a head, so LX addresses step with the stick count."""
+    g = fspyre.GraphBuilder("probabilities")
+    g.dim("L")
+    g.dim("H", HEADS)
+    g.dim("D", HEAD_DIM)
+    q, k = g.input("q", ["H", "D"], "float16"), g.input("k", ["H", "L", "D"], "float16")
+    s = g.matmul(q, k, "D")
+    e = g.exp(g.sub(s, g.amax(s, ["L"], keepdim=True)))
+    g.output("p", g.mul(g.div(e, g.sum(e, ["L"], keepdim=True)), 2.0))
+    return fspyre.compile(g.build(), MACHINE, tiling="none")
+
+
+def test_whole_form_bundle_computes_stick_counts_from_the_size(probabilities):
+    text = probabilities.bundle_mlir
+    head = next(line for line in text.splitlines() if "func.func @sdsc_bundle" in line)
+    assert head.rstrip().endswith("%L: index) {")
+    # ceiling(|L|/64) is (|L| + 63) / 64
+    sixty_three = next(line for line in text.splitlines() if "arith.constant 63 : index" in line)
+    count = sixty_three.split("=")[0].strip().removesuffix("_c0")
+    assert f"{count}_addi1 = arith.addi %L, {count}_c0 : index" in text
+    assert f"{count} = arith.divui {count}_addi1, {count}_c2 : index" in text
+    rng = np.random.default_rng(3)
+    for n in (2, 64, 65, 130):
+        inputs = {"q": quarters(rng, (HEADS, HEAD_DIM)), "k": quarters(rng, (HEADS, n, HEAD_DIM), 0.25)}
+        got = fspyre.run(probabilities, inputs)
+        ref, bounds = evaluate_with_bounds(probabilities.graph, inputs, MACHINE)
+        assert compare(specialize(probabilities.graph, {"L": n}), got, ref, bounds).equal
