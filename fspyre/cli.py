@@ -483,6 +483,7 @@ def _eager_lines(t: TorchProgram, got: Mapping[str, np.ndarray]) -> tuple[bool, 
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
+    from fspyre.pretty import pretty
     from fspyre.proof import prove
 
     proof = prove(_compile(load_workload(args.file).graph, args))

@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from fspyre.errors import AllocationError, ExecutionError, FspyreWarning, GraphError, TilingError, WorkDivisionError
+from fspyre.errors import (
+    AllocationError,
+    ExecutionError,
+    FspyreWarning,
+    GraphError,
+    MachineError,
+    TilingError,
+    WorkDivisionError,
+)
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph
 from fspyre.ir.kinds import CHECKS, FUSE_MODES, TILINGS, Checks, FuseMode, Tiling

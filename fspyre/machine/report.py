@@ -20,6 +20,7 @@ import numpy as np
 import sympy
 
 from fspyre.ir.program import KernelArg, OpSpec, Program, op_fn
+from fspyre.ir.report import KernelEstimate, OpTraffic, TrafficReport
 from fspyre.machine.cost_model import (
     LX_SPILL_EXP,
     LX_SPILL_WS,
@@ -49,7 +50,6 @@ from fspyre.machine.cost_model import (
     split_penalty_ns,
     tile_efficiency,
 )
-from fspyre.ir.report import KernelEstimate, OpTraffic, TrafficReport
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.rules import (
     box_bytes,
