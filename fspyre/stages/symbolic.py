@@ -5,9 +5,12 @@ loop over ``S`` whose *tile is fixed* (``slices={"S": S.size // T}``, the form t
 prefers: every LX buffer and every op's iteration space has a fixed size, only the trip count
 ``|S|/T`` and the HBM sizes, offsets and advances of the tensors holding all of ``S`` vary) or
 whose *count is fixed* (``slices={"S": n}``: tiles of ``|S|/n`` elements, so per-tile LX
-buffers grow with ``|S|`` and an upper bound on ``|S|`` keeps them inside LX). A reduction
-over a symbolic dim is refused: its extent, its accumulators and its mean's divisor would all
-be symbolic.
+buffers grow with ``|S|`` and an upper bound on ``|S|`` keeps them inside LX). A graph that
+reduces over a symbolic dim, or has a dim whose size follows it (``|S| + 1``), has no loop
+over it (the *whole* form): every op holds all of ``S``, work division never splits it, and
+each number of the program is a combination of ``1``, ``|S|`` and the stick counts
+``ceiling(e/E)`` of the buffers over it (``Fit``, ``stick_basis``), so any size runs, not only
+whole tiles.
 
 How the expressions are found. The concrete stages (tiling, residency, work division,
 allocation, program) run unchanged at several *witness* sizes of ``S`` that satisfy the
@@ -89,6 +92,7 @@ def symbolic_size_dims(graph: Graph) -> frozenset[str]:
 def plan_symbolic(graph: Graph, hinted: bool = True) -> tuple[Graph, tuple[SymbolicDim, ...], tuple[str, ...]]:
     """The graph with every op over a symbolic dim in a loop over it, the form of each such
     loop, and the warnings for the loops fspyre added. Refuses what cannot be symbolic.
+    A reduction over the dim, or a dim that follows it, gives the whole form (no loop).
     Without hints (``tiling="none"``, ``hinted=False``) every op takes the whole dim: the
     count form with one tile."""
     names = symbolic_dim_names(graph)
