@@ -419,7 +419,7 @@ def _op_spec(s: OpSpec, detailed: bool) -> Doc:
         ("op", repr(s.op)),
         ("is_reduction", str(s.is_reduction)),
         ("iteration_space", space),
-        ("op_info", _op_info(s.op_info)),
+        ("op_info", _op_info(s.op_info, detailed)),
         ("tiled_symbols", tiled),
         ("args", bracket("[", (_tensor_arg(a, detailed) for a in s.args), "]")),
     ]
