@@ -1439,7 +1439,7 @@ def lower_max_pool2d(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Te
     g = ctx.g
     out = ctx.dims(node)
     lead = len(x.dims) - 2
-    taps = []
+    taps: list[str] = []
     for j in range(2):
         at = lead + j + len(taps)  # spatial dim j: the earlier one's windows and taps come before it
         if padding[j]:
