@@ -1414,3 +1414,36 @@ def lower_select_scatter(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tens
         return ctx.rename(piece if piece.dtype == ctx.dtype(node) else g.cast(piece, ctx.dtype(node)),
                           [e.name for e in ctx.dims(node)])
     return _concat(ctx, node, pieces, d)
+
+
+# -- max pooling: the maximum over windows (a view) -------------------------------------------------
+def align_max_pool(node: fx.Node) -> Alignment:
+    out = out_keys(node, 0)
+    x = node_args(node)[0]
+    rank = len(shape(x))
+    return Alignment(uses=(Use(x, out[:rank - 2] + (None,) * 2),), outputs=(out, out_keys(node, 1)))
+
+
+@rule(aten.max_pool2d_with_indices.default, align=align_max_pool)
+def lower_max_pool2d(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> tuple[Tensor, None]:
+    """The values of ``max_pool2d``: the input padded with -inf, each spatial dim viewed as
+    windows (``GraphBuilder.unfold``, as convolution), and ``amax`` over the two tap dims:
+    exact. The indices (argmax) are not computed; ``ceil_mode`` is refused."""
+    b = bind(node)
+    (x,) = xs
+    if b["ceil_mode"]:
+        raise FrontendError(f"{describe_node(node)}: max_pool2d(ceil_mode=True) is not lowered")
+    k = [int(v) for v in b["kernel_size"]] * (2 if len(b["kernel_size"]) == 1 else 1)
+    stride = [int(v) for v in (b["stride"] or k)] * (2 if len(b["stride"] or k) == 1 else 1)
+    padding, dilation = ([int(v) for v in b[n]] * (2 if len(b[n]) == 1 else 1) for n in ("padding", "dilation"))
+    g = ctx.g
+    out = ctx.dims(node)
+    lead = len(x.dims) - 2
+    taps: list[str] = []
+    for j in range(2):
+        at = lead + j + len(taps)  # spatial dim j: the earlier one's windows and taps come before it
+        if padding[j]:
+            x = _pad_axis(ctx, node, x, at, padding[j], padding[j], float("-inf"), f"{node.name}_pad{j}")
+        x = g.unfold(x, x.dims[at].name, k[j], stride[j], out[lead + j].name, f"{node.name}_k{j}", dilation[j])
+        taps.append(x.dims[at + 1].name)
+    return g.reduce("amax", x, taps), None

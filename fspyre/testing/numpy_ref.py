@@ -355,3 +355,19 @@ def batch_norm_eval(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray |
         mag = mag * np.abs(np.reshape(weight, shape))
     e = 16 * F32 * (mag + np.abs(v))
     return _store(tuple(f"d{i}" for i in range(v.ndim)), v, e, dtype, fp16_format, 2.0)
+
+
+def max_pool2d(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+               dilation: Sequence[int]) -> np.ndarray:
+    """``out[..., y, x] = max over taps (i, j) of x_padded[..., y*stride + i*dilation, x*stride + j*dilation]``,
+    padded with -inf. Exact."""
+    x = np.asarray(x, np.float64)
+    xp = np.pad(x, [(0, 0)] * (x.ndim - 2) + [(p, p) for p in padding], constant_values=-np.inf)
+    outs = [(xp.shape[x.ndim - 2 + j] - dilation[j] * (kernel[j] - 1) - 1) // stride[j] + 1 for j in range(2)]
+    best = np.full(x.shape[:-2] + tuple(outs), -np.inf)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            a, b = i * dilation[0], j * dilation[1]
+            best = np.maximum(best, xp[..., a:a + stride[0] * (outs[0] - 1) + 1:stride[0],
+                                       b:b + stride[1] * (outs[1] - 1) + 1:stride[1]])
+    return best

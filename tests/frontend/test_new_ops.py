@@ -225,3 +225,20 @@ def test_writes_into_a_row_and_a_slice_are_exact(index) -> None:
     x, y = randn(4, 8, seed=1), randn(4, seed=2)
     (got,) = lowered(put, x, y)
     np.testing.assert_array_equal(got, eager(put, x, y)[0])
+
+
+# -- max pooling ----------------------------------------------------------------------------------
+@SETTINGS
+@given(size=st.integers(4, 9), k=st.integers(1, 3), stride=st.integers(1, 2), padding=st.integers(0, 1),
+       dilation=st.integers(1, 2))
+def test_max_pool2d_is_exact(size, k, stride, padding, dilation) -> None:
+    assume(padding <= k // 2 and dilation * (k - 1) + 1 <= size + 2 * padding)
+    x = randn(1, 2, size, size, seed=size)
+
+    def f(t):
+        return F.max_pool2d(t, k, stride, padding, dilation)
+
+    (got,) = lowered(f, x)
+    np.testing.assert_array_equal(got, eager(f, x)[0])
+    np.testing.assert_array_equal(got, numpy_ref.max_pool2d(x.numpy(), [k] * 2, [stride] * 2, [padding] * 2,
+                                                            [dilation] * 2))

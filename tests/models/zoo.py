@@ -208,7 +208,13 @@ def _block(module: str, cls: str, model_type: str, **config) -> Callable[[], tor
 
         torch.manual_seed(0)
         cfg = AutoConfig.for_model(model_type, **config)
-        return FirstOutput(getattr(importlib.import_module(module), cls)(cfg)).eval()
+        block = getattr(importlib.import_module(module), cls)(cfg)
+        # the experts' weights are torch.empty until a model's _init_weights runs: initialize
+        # every parameter as the model would (normal, std 0.02) so no garbage or NaN gets in
+        with torch.no_grad():
+            for p in block.parameters():
+                p.normal_(0.0, 0.02)
+        return FirstOutput(block).eval()
     return build
 
 
