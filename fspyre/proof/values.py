@@ -37,7 +37,7 @@ def _graph_op(spec: OpSpec, ops: dict[str, Op]) -> Op | None:
     name = spec.name or spec.op
     if name in ops:
         return ops[name]
-    m = re.fullmatch(r"(.+?)_(again|tail)(_\d+)?", name)
+    m = re.fullmatch(r"(.+?)_(again|tail)\d*(_\d+)?", name)
     return ops.get(m.group(1)) if m else None
 
 
