@@ -8,7 +8,8 @@ from collections.abc import Iterable
 
 import islpy as isl
 
-from fspyre.ir.graph import Graph
+from fspyre.ir.graph import POINTWISE_FNS, Graph
+from fspyre.ir.program import op_fn
 from fspyre.machine import formats
 from fspyre.proof.artifact import Counterexample, PropertyResult
 from fspyre.proof.sets import CTX, Access, Model
@@ -144,6 +145,15 @@ def _malformed(acc: Access, program) -> str:
     if arg.is_input == acc.is_write:
         return (f"op {name} tensor {arg.name}: is_input is {arg.is_input}, but an op reads every arg but the last "
                 f"and writes the last")
+    if spec.runs != "every" and arg.tile_advance and arg.tile_advance[-1] != 0:
+        return (f"op {name} runs only in the {spec.runs} iteration of its innermost loop, but tensor {arg.name} "
+                f"advances {arg.tile_advance[-1]} bytes per iteration there")
+    if acc.is_write and op_fn(spec.op) in POINTWISE_FNS:
+        used = {x.name for c in arg.device_coordinates for x in getattr(c, "free_symbols", ())}
+        spread = [s for s, (n, k) in spec.iteration_space.items() if s.name not in used and n != k]
+        if spread:
+            return (f"op {name}: symbol {spread[0]} is not in its output's coordinates, so every one of its points "
+                    f"writes the same elements")
     if arg.memory == "lx" and arg.arg_index >= 0:
         return f"op {name} tensor {arg.name}: an LX tensor cannot be kernel argument {arg.arg_index}"
     if arg.arg_index >= 0 and not any(k.arg_index == arg.arg_index for k in program.kernel_args):
