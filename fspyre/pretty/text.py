@@ -21,8 +21,8 @@ from fspyre.ir.plans import Allocation, Group, Level, OpSplit, Placement, SplitP
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, TensorArg
 from fspyre.ir.symbolic import SymbolicSizes
 from fspyre.lower.sdsc import anchor_op_info
-from fspyre.proof.artifact import Proof, PropertyResult
 from fspyre.pretty.doc import Doc, bracket, concat, hardline, lines, nest, render, text
+from fspyre.proof.artifact import Proof, PropertyResult
 
 WIDTH = 120
 INDENT = 2

@@ -3,8 +3,7 @@ instances with isl or refuted with a sampled counterexample (docs/proof.md)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import islpy as isl
 
@@ -81,7 +80,6 @@ def memory_safety(model: Model) -> PropertyResult:
     program = model.program
     regions = {}
     for k in program.kernel_args:
-        nb = formats.FORMATS[k.device_dtype].nbytes
         regions[k.arg_index] = (_t(k.address), f"{_t(k.address)} + {_bytes(k)}")
     checked = 0
     for acc in model.accesses:
@@ -89,7 +87,7 @@ def memory_safety(model: Model) -> PropertyResult:
         broken = _malformed(acc, program)
         if broken:
             return _refuted("memory_safety", model, acc, broken, lambda j, a: "b = 0")
-        checks = []
+        checks: list[tuple[str, Callable[..., str]]] = []
         for d, size in enumerate(arg.device_size):
             checks.append((f"device coordinate {d} leaves its device size {size}",
                            lambda j, a, d=d, size=size: f"{acc.coords[j][d]} < 0 or {acc.coords[j][d]} >= {_t(size)}"))
@@ -249,8 +247,9 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
             if acc.spec is None and acc.is_write != (acc.arg.buffer in graph.inputs):
                 ce = counterexample(model, access_map(model, [acc], "cell").domain())
                 return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
-                                      reason=f"kernel argument {acc.arg.name}: is_input is {acc.arg.is_input}, but "
-                                             f"buffer {acc.arg.buffer} is {'not ' if acc.is_write else ''}a graph input")
+                                      reason=f"kernel argument {acc.arg.name}: is_input is {acc.arg.is_input}, "
+                                             f"but buffer {acc.arg.buffer} is "
+                                             f"{'not ' if acc.is_write else ''}a graph input")
     outs = [a for a in model.accesses if a.stmt.startswith("OUT")]
     deps, none = memory_flow
     for acc in outs:
@@ -266,14 +265,14 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
             owner = producer.get(acc.arg.buffer)
             if owner is None:
                 continue  # an output that is an input: the copy-in wrote it
-            for m in _maps(deps):
-                src = m.get_space().get_tuple_name(isl.dim_type.in_)
-                dst = m.get_space().get_tuple_name(isl.dim_type.out)
+            for one in _maps(deps):
+                src = one.get_space().get_tuple_name(isl.dim_type.in_)
+                dst = one.get_space().get_tuple_name(isl.dim_type.out)
                 if dst != acc.stmt or src not in ops:
                     continue
                 name = ops[src].name
                 if name != owner and not name.startswith(owner + "_"):
-                    ce = counterexample(model, isl.UnionSet.from_set(m.range()))
+                    ce = counterexample(model, isl.UnionSet.from_set(one.range()))
                     return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
                                           reason=f"output {acc.arg.name}: elements last written by op {name}, not by "
                                                  f"graph op {owner} that produces buffer {acc.arg.buffer}")

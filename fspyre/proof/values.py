@@ -261,10 +261,10 @@ def _all_bytes(model: Model, w: Access, label: isl.UnionMap) -> isl.UnionMap:
 
 
 def _reads_of(model: Model, op_instances: isl.UnionSet, by_op) -> isl.UnionSet:
-    out = None
+    out = isl.UnionSet.read_from_str(CTX, model.space(""))
     for t, accs in by_op.items():
         r = _to_op(model, accs[0]).intersect_range(op_instances).domain()
-        out = r if out is None else out.union(r)
+        out = out.union(r)
     return out
 
 
@@ -286,7 +286,9 @@ def _write(model: Model, stmt: str) -> Access:
 
 
 def _spec(model: Model, stmt: str) -> OpSpec:
-    return next(a.spec for a in model.accesses if a.stmt == stmt)
+    spec = next(a.spec for a in model.accesses if a.stmt == stmt)
+    assert spec is not None  # an op's write, not a copy-in
+    return spec
 
 
 def _stride(acc: Access, j: int) -> int:
