@@ -152,3 +152,27 @@ def test_a_symbolic_program_broken_above_a_size_is_refuted_at_such_a_size():
     assert ce is not None and len(ce.sizes) == 1
     dim, size = ce.sizes[0]
     assert dim == "S" and size > 256 and size % 64 == 0
+
+
+def test_the_prove_command(tmp_path, capsys):
+    from fspyre.cli import main
+
+    f = tmp_path / "softmax.py"
+    f.write_text(
+        "import fspyre\n"
+        "def build():\n"
+        "    g = fspyre.GraphBuilder('softmax')\n"
+        "    M, N = g.dim('M', 32), g.dim('N', 256)\n"
+        "    x = g.input('x', (M, N), 'float16')\n"
+        "    with g.hint(slices={'N': 2}):\n"
+        "        e = g.exp(g.sub(x, g.amax(x, ['N'], keepdim=True)))\n"
+        "        g.output('y', g.div(e, g.sum(e, ['N'], keepdim=True)))\n"
+        "    return g.build()\n")
+    assert main(["prove", str(f), "--cores", "4"]) == 0
+    assert "proof of softmax: PROVED" in capsys.readouterr().out
+
+
+def test_compile_with_prove_carries_the_proof():
+    graph = next(g for g in _graphs() if g.name == "online_softmax")
+    comp = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints", prove=True)
+    assert comp.proof is not None and comp.proof.proved
