@@ -71,11 +71,12 @@ def test_planted_address_corruptions_the_interpreter_catches_are_refuted():
             elif how not in (None, "verifier"):
                 missed += 1
                 misses.append(f"{graph.name}: {field} ({how})")
-    assert refuted > 100
+    assert refuted > 500
     assert not wrongly
-    # what the proof does not see yet (docs/proof.md): a read at another in-bounds element of
-    # the tensor it names, a tile walked by another advance -- the graph's index, not the program's
-    assert missed <= refuted // 2, misses
+    # the one gap measured (docs/proof.md): an online softmax's running-max fill run in every
+    # iteration -- each iteration's max is still read (by that iteration's subtract), so no
+    # value is lost unread, yet the max no longer runs across tiles
+    assert all(m == "online_softmax: runs (numeric mismatch)" for m in misses), misses
 
 
 def test_an_output_never_written_is_refuted():
