@@ -3,12 +3,12 @@ instances with isl or refuted with a sampled counterexample (docs/proof.md)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import islpy as isl
 
-from fspyre.ir.graph import Graph
+from fspyre.ir.graph import POINTWISE_FNS, Graph
+from fspyre.ir.program import op_fn
 from fspyre.machine import formats
 from fspyre.proof.artifact import Counterexample, PropertyResult
 from fspyre.proof.sets import CTX, Access, Model
@@ -80,7 +80,6 @@ def memory_safety(model: Model) -> PropertyResult:
     program = model.program
     regions = {}
     for k in program.kernel_args:
-        nb = formats.FORMATS[k.device_dtype].nbytes
         regions[k.arg_index] = (_t(k.address), f"{_t(k.address)} + {_bytes(k)}")
     checked = 0
     for acc in model.accesses:
@@ -88,7 +87,7 @@ def memory_safety(model: Model) -> PropertyResult:
         broken = _malformed(acc, program)
         if broken:
             return _refuted("memory_safety", model, acc, broken, lambda j, a: "b = 0")
-        checks = []
+        checks: list[tuple[str, Callable[..., str]]] = []
         for d, size in enumerate(arg.device_size):
             checks.append((f"device coordinate {d} leaves its device size {size}",
                            lambda j, a, d=d, size=size: f"{acc.coords[j][d]} < 0 or {acc.coords[j][d]} >= {_t(size)}"))
@@ -144,6 +143,15 @@ def _malformed(acc: Access, program) -> str:
     if arg.is_input == acc.is_write:
         return (f"op {name} tensor {arg.name}: is_input is {arg.is_input}, but an op reads every arg but the last "
                 f"and writes the last")
+    if spec.runs != "every" and arg.tile_advance and arg.tile_advance[-1] != 0:
+        return (f"op {name} runs only in the {spec.runs} iteration of its innermost loop, but tensor {arg.name} "
+                f"advances {arg.tile_advance[-1]} bytes per iteration there")
+    if acc.is_write and op_fn(spec.op) in POINTWISE_FNS:
+        used = {x.name for c in arg.device_coordinates for x in getattr(c, "free_symbols", ())}
+        spread = [s for s, (n, k) in spec.iteration_space.items() if s.name not in used and n != k]
+        if spread:
+            return (f"op {name}: symbol {spread[0]} is not in its output's coordinates, so every one of its points "
+                    f"writes the same elements")
     if arg.memory == "lx" and arg.arg_index >= 0:
         return f"op {name} tensor {arg.name}: an LX tensor cannot be kernel argument {arg.arg_index}"
     if arg.arg_index >= 0 and not any(k.arg_index == arg.arg_index for k in program.kernel_args):
@@ -239,8 +247,9 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
             if acc.spec is None and acc.is_write != (acc.arg.buffer in graph.inputs):
                 ce = counterexample(model, access_map(model, [acc], "cell").domain())
                 return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
-                                      reason=f"kernel argument {acc.arg.name}: is_input is {acc.arg.is_input}, but "
-                                             f"buffer {acc.arg.buffer} is {'not ' if acc.is_write else ''}a graph input")
+                                      reason=f"kernel argument {acc.arg.name}: is_input is {acc.arg.is_input}, "
+                                             f"but buffer {acc.arg.buffer} is "
+                                             f"{'not ' if acc.is_write else ''}a graph input")
     outs = [a for a in model.accesses if a.stmt.startswith("OUT")]
     deps, none = memory_flow
     for acc in outs:
@@ -256,14 +265,14 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
             owner = producer.get(acc.arg.buffer)
             if owner is None:
                 continue  # an output that is an input: the copy-in wrote it
-            for m in _maps(deps):
-                src = m.get_space().get_tuple_name(isl.dim_type.in_)
-                dst = m.get_space().get_tuple_name(isl.dim_type.out)
+            for one in _maps(deps):
+                src = one.get_space().get_tuple_name(isl.dim_type.in_)
+                dst = one.get_space().get_tuple_name(isl.dim_type.out)
                 if dst != acc.stmt or src not in ops:
                     continue
                 name = ops[src].name
                 if name != owner and not name.startswith(owner + "_"):
-                    ce = counterexample(model, isl.UnionSet.from_set(m.range()))
+                    ce = counterexample(model, isl.UnionSet.from_set(one.range()))
                     return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
                                           reason=f"output {acc.arg.name}: elements last written by op {name}, not by "
                                                  f"graph op {owner} that produces buffer {acc.arg.buffer}")

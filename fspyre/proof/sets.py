@@ -30,11 +30,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
+from typing import Any
 
 import islpy as isl
 import sympy
 
-from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec
 from fspyre.ir.symbolic import is_size_symbol
 from fspyre.machine import formats
 from fspyre.machine.layout import device_coordinates, stick_layout
@@ -135,7 +136,7 @@ class Access:
     stmt: str
     t: int
     spec: OpSpec | None
-    arg: TensorArg | KernelArg
+    arg: Any  # a TensorArg, or the KernelArg of a copy-in or copy-out
     is_write: bool
     dims: tuple[str, ...]  # the instance's variables
     pieces: tuple[tuple[str, str, str, str], ...]  # (constraints, memory, byte address, tensor element)
@@ -224,12 +225,14 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
                                            box_lo if arg.memory == "lx" else None,
                                            box_ext if arg.memory == "lx" else None):
             cond = loop_cond + cond + [f"0 <= b < {nb}"]
+            coord_terms: list[tuple[str, Any, int | None, int | None]]
             if arg.memory == "hbm":
                 strides = row_major_strides(arg.device_size)
                 coord_terms = [(x, st, int(lows[:, d].min()), int(highs[:, d].max()))
                                for d, (st, x) in enumerate(zip(strides, coords))]
             else:
-                coord_terms = [(f"{x} - ({lo})", st, None, None) for st, x, lo in zip(row_major_strides(ext), coords, low)]
+                coord_terms = [(f"{x} - ({lo})", st, None, None)
+                               for st, x, lo in zip(row_major_strides(ext), coords, low)]
             for extra, offset in _terms(coord_terms, what):
                 for extra2, moved in _terms(loop_terms, what):
                     elem = f"{nb} * ({offset}) + {moved} + b"
@@ -277,16 +280,16 @@ def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, re
         low = [" + ".join([str(int(base[d]))] + [f"{int(unit[j][d])} * {knames[j]}" for j in range(len(splits))
                                                  if int(unit[j][d])]) for d in range(len(base))]
         return [(cond, low, [int(x) for x in box_ext[0]])]
-    out = []
+    out: list[tuple[list[str], list[str] | None, list[int] | None]] = []
     for c, space in enumerate(spec.core_spaces):
         if is_write and not writers[c]:
             continue
         cond = [f"c = {c}"] + [f"{k} = {int(v)}" for k, v in zip(knames, slices[c])]
-        for s, (start, ext) in zip(syms, space):
+        for s, (start, n) in zip(syms, space):
             if is_write and s in reduced:
                 cond.append(f"{pnames[s]} = {start}")
             else:
-                cond.append(f"{start} <= {pnames[s]} < {start + ext}")
+                cond.append(f"{start} <= {pnames[s]} < {start + n}")
         if box_lo is None:
             out.append((cond, None, None))
         else:

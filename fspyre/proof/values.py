@@ -37,7 +37,7 @@ def _graph_op(spec: OpSpec, ops: dict[str, Op]) -> Op | None:
     name = spec.name or spec.op
     if name in ops:
         return ops[name]
-    m = re.fullmatch(r"(.+?)_(again|tail)(_\d+)?", name)
+    m = re.fullmatch(r"(.+?)_(again|tail)\d*(_\d+)?", name)
     return ops.get(m.group(1)) if m else None
 
 
@@ -195,11 +195,27 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
     # partials folded into an accumulator (an op that reads and writes one tensor): a point of
     # the reduction computed twice into them is counted twice; anywhere else a recomputation
     # writes the same value again
-    folded = set()
+    folded, carried = set(), set()
     for t, accs in by_op.items():
         w = next(a for a in writes if a.t == t and a.spec is not None)
         if w.arg.name in {a.arg.name for a in accs}:
             folded |= {a.arg.name for a in accs if a.arg.name != w.arg.name}
+            carried.add(w.arg.name)
+    # a value an accumulation carries (a partial, a running value) is read before anything
+    # overwrites it: one overwritten unread drops a tile's contribution (a fill run again, a
+    # partial written twice before its combine)
+    read_writes = deps.domain()
+    for w in op_writes:
+        if w.arg.name not in folded | carried:
+            continue
+        first = _instances(model, w).intersect(isl.UnionSet.read_from_str(CTX, model.space(
+            f"{w.stmt}[{', '.join(w.dims)}] : b = 0")))
+        lost = first.subtract(read_writes)
+        if not lost.is_empty():
+            ce = counterexample(model, lost)
+            return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
+                                  reason=f"op {ce.op} writes a partial of {w.arg.name} that is overwritten before "
+                                         f"anything reads it (a tile's contribution lost)"), None
     # every point of every graph op computed, and a folded reduction's once
     for g in graph.ops:
         mine = [s for s, _ in points.items() if _graph_op(_spec(model, s), ops) is g
@@ -245,10 +261,10 @@ def _all_bytes(model: Model, w: Access, label: isl.UnionMap) -> isl.UnionMap:
 
 
 def _reads_of(model: Model, op_instances: isl.UnionSet, by_op) -> isl.UnionSet:
-    out = None
+    out = isl.UnionSet.read_from_str(CTX, model.space(""))
     for t, accs in by_op.items():
         r = _to_op(model, accs[0]).intersect_range(op_instances).domain()
-        out = r if out is None else out.union(r)
+        out = out.union(r)
     return out
 
 
@@ -270,7 +286,9 @@ def _write(model: Model, stmt: str) -> Access:
 
 
 def _spec(model: Model, stmt: str) -> OpSpec:
-    return next(a.spec for a in model.accesses if a.stmt == stmt)
+    spec = next(a.spec for a in model.accesses if a.stmt == stmt)
+    assert spec is not None  # an op's write, not a copy-in
+    return spec
 
 
 def _stride(acc: Access, j: int) -> int:

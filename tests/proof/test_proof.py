@@ -71,11 +71,12 @@ def test_planted_address_corruptions_the_interpreter_catches_are_refuted():
             elif how not in (None, "verifier"):
                 missed += 1
                 misses.append(f"{graph.name}: {field} ({how})")
-    assert refuted > 100
+    assert refuted > 500
     assert not wrongly
-    # what the proof does not see yet (docs/proof.md): a read at another in-bounds element of
-    # the tensor it names, a tile walked by another advance -- the graph's index, not the program's
-    assert missed <= refuted // 2, misses
+    # the one gap measured (docs/proof.md): an online softmax's running-max fill run in every
+    # iteration -- each iteration's max is still read (by that iteration's subtract), so no
+    # value is lost unread, yet the max no longer runs across tiles
+    assert all(m == "online_softmax: runs (numeric mismatch)" for m in misses), misses
 
 
 def test_an_output_never_written_is_refuted():
@@ -152,3 +153,27 @@ def test_a_symbolic_program_broken_above_a_size_is_refuted_at_such_a_size():
     assert ce is not None and len(ce.sizes) == 1
     dim, size = ce.sizes[0]
     assert dim == "S" and size > 256 and size % 64 == 0
+
+
+def test_the_prove_command(tmp_path, capsys):
+    from fspyre.cli import main
+
+    f = tmp_path / "softmax.py"
+    f.write_text(
+        "import fspyre\n"
+        "def build():\n"
+        "    g = fspyre.GraphBuilder('softmax')\n"
+        "    M, N = g.dim('M', 32), g.dim('N', 256)\n"
+        "    x = g.input('x', (M, N), 'float16')\n"
+        "    with g.hint(slices={'N': 2}):\n"
+        "        e = g.exp(g.sub(x, g.amax(x, ['N'], keepdim=True)))\n"
+        "        g.output('y', g.div(e, g.sum(e, ['N'], keepdim=True)))\n"
+        "    return g.build()\n")
+    assert main(["prove", str(f), "--cores", "4"]) == 0
+    assert "proof of softmax: PROVED" in capsys.readouterr().out
+
+
+def test_compile_with_prove_carries_the_proof():
+    graph = next(g for g in _graphs() if g.name == "online_softmax")
+    comp = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints", prove=True)
+    assert comp.proof is not None and comp.proof.proved

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fspyre
-from fspyre.pretty import pretty
 from fspyre.errors import FspyreError
+from fspyre.pretty import pretty
 from fspyre.testing import examples, graphs, inputs_for, machines
 from fspyre.testing.hints import legal_hint_nests
 
