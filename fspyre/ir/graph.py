@@ -329,6 +329,17 @@ def _verify_names_and_sizes(graph: Graph) -> None:
             require_name(dim, f"graph {graph.name}: hint scope {scope.id} names dim")
 
 
+def _require_linear(op: Op, buffer: str, index: sympy.Expr) -> None:
+    """An index is a sum of terms, each a constant (or a symbolic size) times at most one
+    variable, under floor and Mod (the views a graph expresses); a product of two variables
+    addresses no tensor."""
+    for node in sympy.preorder_traversal(index):
+        if isinstance(node, sympy.Mul) and sum(
+                1 for a in node.args if any(not is_size_symbol(s) for s in a.free_symbols)) > 1:
+            raise GraphError(f"op {op.name}: index {index} of {buffer} multiplies two variables ({node}); an index "
+                             f"is linear in the op's dims, under floor and Mod")
+
+
 def verify_graph(graph: Graph) -> Graph:
     """Whole-graph invariants: SSA buffers, defined-before-use, index vars within ranges."""
     if not isinstance(graph, Graph):
@@ -356,6 +367,8 @@ def verify_graph(graph: Graph) -> Graph:
                 )
         if op.store.buffer not in buffers:
             raise GraphError(f"op {op.name} writes unknown buffer {op.store.buffer}")
+        for access in (*op.loads, op.store):
+            _require_linear(op, access.buffer, access.index)
         extra = {s for s in op.store.index.free_symbols - varset if not is_size_symbol(s)}
         if extra:
             raise GraphError(f"op {op.name}: store to {op.store.buffer} uses {sorted(map(str, extra))}, not "
