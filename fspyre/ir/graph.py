@@ -367,8 +367,9 @@ def verify_graph(graph: Graph) -> Graph:
                 )
         if op.store.buffer not in buffers:
             raise GraphError(f"op {op.name} writes unknown buffer {op.store.buffer}")
-        for access in (*op.loads, op.store):
-            _require_linear(op, access.buffer, access.index)
+        for ld in op.loads:
+            _require_linear(op, ld.buffer, ld.index)
+        _require_linear(op, op.store.buffer, op.store.index)
         extra = {s for s in op.store.index.free_symbols - varset if not is_size_symbol(s)}
         if extra:
             raise GraphError(f"op {op.name}: store to {op.store.buffer} uses {sorted(map(str, extra))}, not "
