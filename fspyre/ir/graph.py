@@ -49,7 +49,7 @@ def require_name(name: object, what: str) -> str:
     """A name fspyre accepts: an ASCII identifier (letters, digits and ``_``, not starting with
     a digit) of at most NAME_LIMIT characters. Names are written into MLIR (comments, and a
     symbolic dim's name as a value name), JSON, DOT and SVG; such a name is a bare MLIR
-    identifier and holds no quote, newline, brace or comment marker (docs/ir.md, "Names")."""
+    identifier and holds no quote, newline, brace or comment marker (docs/semantics.md, "Names")."""
     if type(name) is not str or not name.isascii() or not name.isidentifier() or len(name) > NAME_LIMIT:
         shown = " ".join(repr(name).split())
         raise GraphError(f"{what} {shown[:60]}{'...' if len(shown) > 60 else ''}: a name must be an ASCII "
