@@ -49,7 +49,7 @@ def require_name(name: object, what: str) -> str:
     """A name fspyre accepts: an ASCII identifier (letters, digits and ``_``, not starting with
     a digit) of at most NAME_LIMIT characters. Names are written into MLIR (comments, and a
     symbolic dim's name as a value name), JSON, DOT and SVG; such a name is a bare MLIR
-    identifier and holds no quote, newline, brace or comment marker (docs/ir.md, "Names")."""
+    identifier and holds no quote, newline, brace or comment marker (docs/semantics.md, "Names")."""
     if type(name) is not str or not name.isascii() or not name.isidentifier() or len(name) > NAME_LIMIT:
         shown = " ".join(repr(name).split())
         raise GraphError(f"{what} {shown[:60]}{'...' if len(shown) > 60 else ''}: a name must be an ASCII "
@@ -335,6 +335,17 @@ def _verify_names_and_sizes(graph: Graph) -> None:
             require_name(dim, f"graph {graph.name}: hint scope {scope.id} names dim")
 
 
+def _require_linear(op: Op, buffer: str, index: sympy.Expr) -> None:
+    """An index is a sum of terms, each a constant (or a symbolic size) times at most one
+    variable, under floor and Mod (the views a graph expresses); a product of two variables
+    addresses no tensor."""
+    for node in sympy.preorder_traversal(index):
+        if isinstance(node, sympy.Mul) and sum(
+                1 for a in node.args if any(not is_size_symbol(s) for s in a.free_symbols)) > 1:
+            raise GraphError(f"op {op.name}: index {index} of {buffer} multiplies two variables ({node}); an index "
+                             f"is linear in the op's dims, under floor and Mod")
+
+
 def verify_graph(graph: Graph) -> Graph:
     """Whole-graph invariants: SSA buffers, defined-before-use, index vars within ranges."""
     if not isinstance(graph, Graph):
@@ -362,6 +373,9 @@ def verify_graph(graph: Graph) -> Graph:
                 )
         if op.store.buffer not in buffers:
             raise GraphError(f"op {op.name} writes unknown buffer {op.store.buffer}")
+        for ld in op.loads:
+            _require_linear(op, ld.buffer, ld.index)
+        _require_linear(op, op.store.buffer, op.store.index)
         extra = {s for s in op.store.index.free_symbols - varset if not is_size_symbol(s)}
         if extra:
             raise GraphError(f"op {op.name}: store to {op.store.buffer} uses {sorted(map(str, extra))}, not "

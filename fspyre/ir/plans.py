@@ -154,6 +154,10 @@ class OpSplit:
             prod *= v
         if prod != self.cores:
             raise TilingError(f"split {dict(self.splits)} uses {prod} cores, not {self.cores}")
+        for dim, eps in self.stick_elems.items():
+            if type(eps) is not int or eps < 1:
+                raise WorkDivisionError(f"op split: stick_elems of dim {dim} {eps!r:.40} must be an integer >= 1 "
+                                        f"(elements per stick)")
         for dim, ext in self.slices.items():
             if (not isinstance(ext, tuple) or len(ext) != self.splits.get(dim, 1)
                     or not all(type(x) is int and x >= 1 for x in ext)):

@@ -52,9 +52,10 @@ The other formats
 - BF16: the top half of float32, rounded to nearest even; NaN stays NaN (quiet bit forced so a
   payload living only in the dropped half cannot turn it into infinity).
 - IEEE_FP32: identity.
-- IEEE_INT32, SENINT8: two's complement. A float is rounded half to even, then saturated to the
-  type's range, NaN becomes 0 -- the AArch64 FCVTNS rule, chosen because saturation is the
-  only choice that never wraps a large value to the wrong sign. An integer is saturated.
+- IEEE_INT32, SENINT8: two's complement. A float is converted toward zero (as torch's
+  ``x.to(torch.int32)`` and C: 2.7 -> 2, -2.7 -> -2; docs/deviations.md, "Float-to-integer
+  conversion"), then saturated to the type's range, NaN becomes 0 -- saturation because it is
+  the only choice that never wraps a large value to the wrong sign. An integer is saturated.
   SENINT8 being plain two's complement int8 is an assumption: torch-spyre documents it only as
   "Spyre native 8-bit integer".
 - SEN143_FP8: declared (its stick holds 128 elements) but not modelled; torch-spyre documents

@@ -33,7 +33,13 @@ MACS_PER_NS_PER_CORE = 1140.0  # sustained 2-D matmul rate, cost_model.py (fitte
 
 
 def lx_window(backend_fraction: float = LX_BACKEND_FRACTION) -> int:
-    """Bytes of LX the front end may plan: 1,625,344 at the default 0.2 (allocator.py)."""
+    """Bytes of LX the front end may plan: 1,625,344 at the default 0.2 (allocator.py). The
+    backend's share is a fraction in [0, 1]: outside it the window would pass the 2,031,616
+    bytes the allocator tracks, or be negative."""
+    if (isinstance(backend_fraction, bool) or not isinstance(backend_fraction, numbers.Real)
+            or not 0 <= backend_fraction <= 1):
+        raise MachineError(f"lx_window: backend_fraction={backend_fraction!r} must be a number in [0, 1] (the "
+                           f"backend's share of LX; default {LX_BACKEND_FRACTION})")
     tracker = LX_PHYSICAL_BYTES - LX_RESERVED_BYTES  # 2,031,616
     raw = int(tracker * (1 - backend_fraction))
     return -(-raw // LX_ALIGN) * LX_ALIGN

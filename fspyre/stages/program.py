@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import sympy
 
-from fspyre.errors import LoweringError, TilingError
+from fspyre.errors import AllocationError, LoweringError, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims
 from fspyre.ir.kinds import ComputeDtype
@@ -102,7 +102,21 @@ def emit_program(tree: LoopTree, splits: SplitPlan, allocation: Allocation, mach
     # the split plan and allocation are side tables keyed by name: refuse ones made for another tree
     verified(verify_split_plan, tree, splits, machine)
     verified(verify_allocation, tree, splits, allocation, machine)
-    return emit_made_for(tree, splits, allocation, machine)
+    program = emit_made_for(tree, splits, allocation, machine)
+    # verify_allocation does not compare lifetimes: an allocation handed in alone (loaded,
+    # edited) could place two live buffers on the same bytes, which only the memory check sees
+    from fspyre.machine.memcheck import check_memory
+
+    issues = check_memory(program).issues
+    if issues:
+        raise AllocationError(f"emit_program: the allocation fails the memory check: {_one_line(issues[0].message)}"
+                              f"{f' (and {len(issues) - 1} more issues)' if len(issues) > 1 else ''}; "
+                              f"allocate(tree, splits, machine) makes one that passes")
+    return program
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def emit_made_for(tree: LoopTree, splits: SplitPlan, allocation: Allocation, machine: Machine) -> Program:

@@ -47,7 +47,8 @@ class TilingOptions:
     def __post_init__(self) -> None:
         if self.mode not in TILING_MODES:
             raise TilingError(
-                f"tiling={self.mode!r} (TilingOptions.mode): use 'none' or 'hints' here; 'auto' needs a machine to search against "
+                f"tiling={self.mode!r} (TilingOptions.mode): use 'none' or 'hints' here; 'auto' needs a machine to "
+                f"search against "
                 f"(fspyre.compile(..., tiling='auto') or fspyre.stages.tiling_search.search_tiling)"
             )
         require_fields(self, TilingError)

@@ -5,8 +5,9 @@ program whose results equal the untiled reference of the graph: never a raw exce
 run of more than ``TIME_LIMIT`` CPU seconds, or a silently wrong answer. A corrupted graph
 is compared with its own reference (any valid graph is a graph someone may mean). In a
 loop tree, an op's computation (its fn, operands, indices, scalars, store) and a buffer's
-dtype are the only record of what the program computes: an edit there is a different
-program, not an inconsistent one, so those fields are not corrupted. The program itself
+dtype are the only record of what the program computes, and its output names are its
+interface: an edit there is a different program, not an inconsistent one, so those fields
+are not corrupted. The program itself
 is not corrupted here: which of its fields the oracle reads is ``verify_program``'s and the
 interpreter's (tests/machine/test_corruptions.py).
 
@@ -90,6 +91,18 @@ class Outcome:
     seconds: float = 0.0
 
 
+def known_open(case: Case) -> bool:
+    """Corruptions still answered wrongly, open in issue #22 (listed by the full run): a loop
+    tree op's per-tile range or a loop's count edited to disagree with the steps and the full
+    sizes (verify_loop_tree checks the steps against the ops, not the ranges against the
+    steps: a peeled path's ops cover remainders), and an edited operand index in the softmax
+    graph (a valid graph whose compile differs from its own reference: a compiler finding)."""
+    path = case.path
+    if case.stage == "loop_tree":
+        return "ranges" in path or "reduction_ranges" in path or path[-1] == "count"
+    return case.stage == "graph" and case.graph == "softmax" and "operands" in path and "index" in path
+
+
 def positions(doc: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
     """Every (path, leaf) of a JSON document."""
     if isinstance(doc, dict):
@@ -171,7 +184,8 @@ class Pipeline:
             kind, detail = ("equal", "") if report.equal else ("wrong", str(report).splitlines()[0])
         except FspyreError as err:
             message = str(err)
-            kind, detail = ("refused", message) if message and "\n" not in message else ("raw", f"bad message {message!r}")
+            one_line = message and "\n" not in message
+            kind, detail = ("refused", message) if one_line else ("raw", f"bad message {message!r}")
         except Exception as err:  # noqa: BLE001 - the point: any other exception is a finding
             kind, detail = "raw", f"{type(err).__name__}: {err}"
         took = time.process_time() - start
@@ -180,7 +194,8 @@ class Pipeline:
         return Outcome(kind, detail[:300], took)
 
 
-MEANING = frozenset({"fn", "operands", "store", "correction", "value", "dtype"})  # of a loop tree's ops and buffers
+# a loop tree's record of what it computes (ops, buffer dtypes) and of its interface (output names)
+MEANING = frozenset({"fn", "operands", "store", "correction", "value", "dtype", "outputs"})
 
 
 def all_cases(pipes: dict[str, Pipeline]) -> list[Case]:
@@ -232,7 +247,8 @@ def main() -> None:
 
     def note(case: Case, got: Outcome) -> None:
         if got.kind not in ("refused", "equal"):
-            bad.append(f"{got.kind}: {case.graph} {case.stage} {case.path} = {case.value!r}: {got.detail}")
+            known = " (known open)" if got.kind == "wrong" and known_open(case) else ""
+            bad.append(f"{got.kind}{known}: {case.graph} {case.stage} {case.path} = {case.value!r}: {got.detail}")
 
     start = time.process_time()
     tally = run_cases(pipes, cases, note)

@@ -357,3 +357,14 @@ def test_bytes_are_little_endian_and_checked():
         from_bytes(np.zeros(3, np.uint8), SEN169_FP16, 2)
     with pytest.raises(ExecutionError, match="uint8"):
         from_bytes(np.zeros(4, np.uint16), SEN169_FP16, 1)
+
+
+def test_a_float_stored_as_int32_converts_toward_zero_and_saturates():
+    """The rule formats.py documents (and docs/deviations.md, "Float-to-integer conversion")."""
+    import numpy as np
+
+    from fspyre.machine.formats import FORMATS, decode, encode
+
+    fmt = FORMATS["IEEE_INT32"]
+    got = decode(encode(np.array([2.7, -2.7, 2.5, -0.5, 1e12, -1e12, np.nan], np.float32), fmt), fmt)
+    assert got.tolist() == [2, -2, 2, 0, 2**31 - 1, -(2**31), 0]

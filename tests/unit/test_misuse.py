@@ -418,3 +418,17 @@ def test_an_option_record_refuses_a_wrong_field(cls, field, value):
 
 def test_the_systematic_misuse_cases_number_over_four_hundred():
     assert len(WRONG_CALLS) + len(WRONG_OPTIONS) > 400
+
+
+@pytest.mark.parametrize("fraction", [-0.01, 1.01, float("nan"), "0.2", True])
+def test_lx_window_refuses_a_fraction_outside_0_1(fraction):
+    from fspyre.machine.spyre import lx_window
+
+    with pytest.raises(MachineError, match="backend_fraction"):
+        lx_window(fraction)
+
+
+def test_lx_window_stays_within_what_the_allocator_tracks():
+    from fspyre.machine.spyre import lx_window
+
+    assert lx_window(0.0) == 2_031_616 and lx_window(1.0) == 0 and lx_window() == 1_625_344
