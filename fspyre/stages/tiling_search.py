@@ -44,7 +44,7 @@ import sympy
 from tqdm import tqdm
 
 from fspyre.errors import FspyreError, TilingError
-from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.frozen import FrozenMap, require_fields
 from fspyre.ir.graph import (
     Buffer,
     Dim,
@@ -68,6 +68,7 @@ from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.rules import device_bytes, row_major_strides
 from fspyre.machine.spyre import HBM_BYTES_PER_NS, HBM_TURNAROUND_NS_PER_BYTE, MACS_PER_NS_PER_CORE, Machine
 from fspyre.stages.allocation import AllocationOptions
+from fspyre.stages.arguments import require, require_graph
 from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.residency import ResidencyOptions, place_copies
@@ -107,6 +108,7 @@ class SearchOptions:
     allocation: AllocationOptions = AllocationOptions()  # the allocation each candidate is judged under
 
     def __post_init__(self) -> None:
+        require_fields(self, TilingError)
         if self.fuse not in FUSE_MODES:
             raise TilingError(f"fuse={self.fuse!r}: use one of {', '.join(FUSE_MODES)}")
         if self.strategy not in STRATEGIES:
@@ -117,6 +119,9 @@ class SearchOptions:
 
 
 def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> TilingSearch:
+    require(machine, Machine, "search_tiling", "machine")
+    require_graph(graph, "search_tiling", machine)
+    require(options, SearchOptions, "search_tiling", "options")
     hinted = plan_tiling(graph, TilingOptions(mode="hints", online=options.online))
     in_group = {name for g in hinted.groups for name in g.ops}
     base = _report(options, machine, graph, hinted)
@@ -640,7 +645,7 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     producers (the first matmul, its bias, gelu) then walk the hidden dim with it. Each weight
     is read once, where a token tiling re-reads both per tile; the copy of the tokens and the
     finish (the cast, the bias add writing y) run in the loop's first and last iterations
-    (``fspyre.stages.residency.guard_boundaries``). Loop fission puts the readers of the sum
+    (``fspyre.stages.guards.guard_boundaries``). Loop fission puts the readers of the sum
     after the loop. Counts from the coarsest up until one fits, then finer while the estimate
     improves."""
     for dim, size in _accumulation_dims(ops):
