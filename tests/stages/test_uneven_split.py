@@ -242,3 +242,15 @@ def test_the_span_limit_still_holds_with_a_prime_row_count():
     assert dict(split.span_splits) == {"B": 4} and dict(split.splits) == {"A": 8, "B": 4}
     assert split.slices["A"] == (8193,) + (8192,) * 7
     assert verify_split_plan(tree, plan, M32) is plan
+
+
+def test_the_cached_core_slices_are_read_only():
+    # shared by every caller through the cache: a caller writing into them would change the
+    # division every later op reads
+    from fspyre.machine.rules import core_slices
+
+    slices = core_slices([2, 3])
+    assert slices.tolist() == [[0, 0], [1, 0], [0, 1], [1, 1], [0, 2], [1, 2]]
+    assert not slices.flags.writeable
+    with pytest.raises(ValueError):
+        slices[0, 0] = 1
