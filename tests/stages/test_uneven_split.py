@@ -254,3 +254,12 @@ def test_the_cached_core_slices_are_read_only():
     assert not slices.flags.writeable
     with pytest.raises(ValueError):
         slices[0, 0] = 1
+
+
+def test_with_a_split_reduction_only_the_cores_of_its_first_slice_write():
+    from fspyre.machine.rules import writing_cores
+
+    # cores enumerate the slices first symbol fastest: (0,0) (1,0) (0,1) (1,1)
+    assert writing_cores([2, 2], [False, True]).tolist() == [True, True, False, False]
+    assert writing_cores([2, 2], [True, False]).tolist() == [True, False, True, False]
+    assert writing_cores([2, 2], [False, False]).tolist() == [True] * 4
