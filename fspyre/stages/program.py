@@ -245,7 +245,11 @@ def verify_program(program: Program) -> Program:
     advance per enclosing loop and ``tiled_symbols`` for each loop (or none), its inputs before
     its one output, operands naming its inputs, coordinates over its iteration symbols; each
     tensor placed the same way by every op that uses it (memory, address, size, dtype,
-    argument), a kernel argument exactly as the argument list places it. Linear in the
+    argument), a kernel argument exactly as the argument list places it (and in HBM); the
+    fields the device reads that the program alone can prove: ``tiled_symbols`` those of the
+    op's loops, a batchmatmul's operands in [.., M, K], [.., K, N] order, ``compute`` and
+    ``bool_store`` against the formats (the interpreter reads ``reduced`` and ``count``
+    against the output's coordinates, and an int32 op's operands as integers). Linear in the
     program; the meaning (bounds per core, overlaps, values) is the interpreter's and
     ``check_memory``'s."""
     require(program, Program, "verify_program", "program")
@@ -268,7 +272,7 @@ def verify_program(program: Program) -> Program:
     for spec, depth in walk_specs(program.body):
         if isinstance(spec, OpSpec):
             _verify_op_spec(spec, depth, program, kernel, placed, coord_names)
-    _verify_tiled_symbols(program, coord_names)
+    _verify_tiled_symbols(program)
     return program
 
 
@@ -326,7 +330,7 @@ def _loop_ops(body: tuple, chain: tuple[LoopSpec, ...] = ()):
             yield spec, chain
 
 
-def _verify_tiled_symbols(program: Program, coord_names: Mapping[tuple, frozenset[str]]) -> None:
+def _verify_tiled_symbols(program: Program) -> None:
     """``tiled_symbols`` (which the SDSC writes per loop) agree with the loops: a loop tiles its
     dims for every op inside it, so each op lists exactly the loop's tiled symbols it iterates
     (an op of the loop's first or last iteration only lists none at that loop), and a loop

@@ -242,3 +242,24 @@ def test_the_span_limit_still_holds_with_a_prime_row_count():
     assert dict(split.span_splits) == {"B": 4} and dict(split.splits) == {"A": 8, "B": 4}
     assert split.slices["A"] == (8193,) + (8192,) * 7
     assert verify_split_plan(tree, plan, M32) is plan
+
+
+def test_the_cached_core_slices_are_read_only():
+    # shared by every caller through the cache: a caller writing into them would change the
+    # division every later op reads
+    from fspyre.machine.rules import core_slices
+
+    slices = core_slices([2, 3])
+    assert slices.tolist() == [[0, 0], [1, 0], [0, 1], [1, 1], [0, 2], [1, 2]]
+    assert not slices.flags.writeable
+    with pytest.raises(ValueError):
+        slices[0, 0] = 1
+
+
+def test_with_a_split_reduction_only_the_cores_of_its_first_slice_write():
+    from fspyre.machine.rules import writing_cores
+
+    # cores enumerate the slices first symbol fastest: (0,0) (1,0) (0,1) (1,1)
+    assert writing_cores([2, 2], [False, True]).tolist() == [True, True, False, False]
+    assert writing_cores([2, 2], [True, False]).tolist() == [True, False, True, False]
+    assert writing_cores([2, 2], [False, False]).tolist() == [True] * 4
