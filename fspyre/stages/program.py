@@ -35,6 +35,7 @@ from fspyre.ir.program import (
     program_op,
     walk_specs,
 )
+from fspyre.ir.symbolic import size_symbol
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
@@ -437,10 +438,13 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
             raise LoweringError(f"{where}: tensor {a.name} is kernel argument {a.arg_index} but placed in LX; the "
                                 f"runtime hands kernel arguments over in HBM")
         if memory == "lx":
-            if type(address) is not int:  # each core's LX is laid out at fixed addresses
+            sizes = {size_symbol(d.name) for d in program.symbolic.dims} if program.symbolic is not None else set()
+            if type(address) is not int and not (isinstance(address, sympy.Expr) and address.free_symbols <= sizes):
+                # an expression only in a symbolic program's sizes: the whole form lays LX out by
+                # |S|, and the symbolic compile recorded the |S| bound that keeps it within LX
                 raise LoweringError(f"{where}: LX tensor {a.name} is at address {address}, an expression; an LX "
-                                    f"address is a number of bytes, whatever the symbolic sizes")
-            if type(program.lx_bytes) is int and address >= program.lx_bytes:
+                                    f"address is a number of bytes, or an expression in the program's symbolic sizes")
+            if type(address) is int and type(program.lx_bytes) is int and address >= program.lx_bytes:
                 raise LoweringError(
                     f"{where}: LX tensor {a.name} at {address} is past the {program.lx_bytes}-byte LX")
             continue

@@ -71,6 +71,7 @@ from fspyre.stages.allocation import AllocationOptions
 from fspyre.stages.arguments import require, require_graph
 from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import OnlineOptions, match_online
+from fspyre.stages.program import verify_program
 from fspyre.stages.residency import ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
@@ -169,6 +170,8 @@ def _report(options: SearchOptions, machine: Machine, graph: Graph, plan: Tiling
     try:
         placed = place_copies(tile(graph, plan, options.online), machine, ResidencyOptions(
             enabled=options.residency, split=options.split, allocation=options.allocation))
+        # the program compile would hand on: a plan whose program its verifier refuses is refused
+        verify_program(placed.program)
     except FspyreError:
         return None
     return traffic_report(placed.program)
@@ -783,6 +786,7 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
         placed = place_copies(tile(sub, plan, ctx.options.online), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         tree, alloc = placed.tree, placed.allocation
+        verify_program(placed.program)  # a candidate compile would refuse is refused here
         report = traffic_report(placed.program)
     except FspyreError as err:
         return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])

@@ -239,7 +239,6 @@ def test_index_form_resolves_per_op():
     ([(["buf0", "buf2"], 2)], "op buf1 runs between its ops buf0 and buf2 but is not in the group"),
     ([(["buf0"], 0)], "count 0 must be an integer >= 1"),
     ([(["buf0"], [])], "at least one"),
-    ([(["buf0"], 2, [])], "names no dim"),
     ([("buf0", 2)], "non-empty list of op names"),
     ([(["buf0"], 2), (["buf0", "buf1"], 2)], "op buf0 is in group 0 and in group 1"),
     ([(["buf1", "buf0"], 2)], "out of program order"),
@@ -248,6 +247,13 @@ def test_index_form_resolves_per_op():
 def test_group_errors(spec, message):
     with pytest.raises(TilingError, match=message.replace("[", r"\[").replace("]", r"\]")):
         plan_groups(three_ops(), spec)
+
+
+def test_a_level_naming_no_dim_is_a_warning():
+    """An empty dims list is a hint with no effect: dropped with a warning, like a count of 1."""
+    plan = plan_groups(three_ops(), [(["buf0"], 2, [])])
+    assert plan.groups == ()
+    assert any("names no dim to tile; level ignored" in w for w in plan.warnings)
 
 
 def test_verify_plan_checks_the_order():
