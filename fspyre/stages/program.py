@@ -482,6 +482,10 @@ def _verify_matmul_operands(spec: OpSpec, where: str) -> None:
     """A batchmatmul's first operand is the [.., M, K] one: of the output symbols only one
     operand uses, the first operand's come before the second's in the iteration space (its
     output order, M before N), as the device reads them."""
+    if any(n == 1 and not free_names(c) for t in spec.args[:2] for c, n in zip(t.device_coordinates, t.device_size)):
+        # an operand broadcast over a dim (a size-1 device dim at coordinate 0): a batch symbol it
+        # lacks looks like the other operand's own, so the order cannot be told from the program
+        return
     order = [s.name for s in spec.iteration_space]
     a, b = ({n for c in t.device_coordinates for n in free_names(c)} for t in spec.args[:2])
     out = {n for c in spec.args[-1].device_coordinates for n in free_names(c)}
