@@ -18,11 +18,14 @@ from fspyre.testing.hints import legal_hint_nests
 pytest.importorskip("islpy")
 
 
+# Small programs on at most 8 cores: the proof's graph-value check (isl unions over every op's
+# points) ran for over 10 minutes on one drawn 5-op, 32-core program in a CI run -- a cost of
+# the prover that is an open item of issue 25, not a reason to let one example stall the suite.
 @settings(max_examples=examples(12), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
-@given(data=st.data(), machine=machines())
+@given(data=st.data(), machine=machines(cores=st.sampled_from([1, 2, 3, 4, 8])))
 def test_programs_that_run_equal_are_not_refuted(data, machine):
-    graph = data.draw(graphs(max_ops=5, max_elements=4096), label="graph")
+    graph = data.draw(graphs(max_ops=4, max_elements=2048), label="graph")
     graph = data.draw(legal_hint_nests(graph), label="hints").apply(graph)
     try:
         comp = fspyre.compile(graph, machine=machine, tiling=data.draw(st.sampled_from(("hints", "auto"))))
