@@ -18,7 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import fspyre
-from fspyre.errors import FrontendError
+from fspyre.errors import FrontendError, GraphError
 from fspyre.frontend import capture
 from fspyre.frontend.coverage import FP32_TOL
 from fspyre.testing import numpy_ref
@@ -133,7 +133,13 @@ def test_topk_of_the_smallest_is_refused_by_name() -> None:
                                                                                 max_size=4))
 def test_repeat_is_exact(shape, reps) -> None:
     x = randn(*shape, seed=len(shape))
-    (got,) = lowered(lambda t: t.repeat(*reps), x)
+    try:
+        (got,) = lowered(lambda t: t.repeat(*reps), x)
+    except GraphError as err:
+        # repeat is a broadcast over an interleaved view of rank up to 2 len(reps) - 1; past the
+        # device layout's host rank of 6 it is refused by name (four repeats of three dims)
+        assert "exceeds 6" in str(err) and len(reps) == 4, err
+        return
     np.testing.assert_array_equal(got, numpy_ref.repeat(x.numpy(), reps))
     np.testing.assert_array_equal(got, eager(lambda t: t.repeat(*reps), x)[0])
 
