@@ -19,12 +19,13 @@ demo: $(STAMP) graphviz
 test: $(STAMP) graphviz
 	$(PY) -m pytest -n auto --dist worksteal tests
 
-# The random-program campaign (fspyre/testing/campaign): `make fuzz N=2000 SEED=0 JOBS=2`.
-N    ?= 1000
-SEED ?= 0
-JOBS ?= 2
+# The random-program campaign (fspyre/testing/campaign): `make fuzz N=2000 SEED=0 WORKERS=2`, on this
+# host's processes; `fspyre campaign --ray` (or `--address`, `--shard i/N`) spreads it further.
+N       ?= 1000
+SEED    ?= 0
+WORKERS ?= 2
 fuzz: $(STAMP)
-	$(PY) -m fspyre.testing.campaign --count $(N) --seed $(SEED) --jobs $(JOBS)
+	$(PY) -m fspyre campaign --count $(N) --seed $(SEED) --workers $(WORKERS)
 
 # The mutation check (fspyre/testing/mutation.py), outside `make test`: one change at a time to
 # the rules of a few modules, each run against that module's own tests. `make mutate MUTANTS=8`.

@@ -2,4 +2,6 @@
 
 from fspyre.cli import main
 
-raise SystemExit(main())
+# guarded: a process pool that spawns (``fspyre zoo --workers N``) imports this module again
+if __name__ == "__main__":
+    raise SystemExit(main())

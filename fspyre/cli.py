@@ -548,6 +548,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_campaign(args: argparse.Namespace) -> int:
+    from fspyre.testing.campaign.report import campaign
+
+    return campaign(args)
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from fspyre.testing.zoo.report import zoo
+
+    return zoo(args)
+
+
 def cmd_coverage(args: argparse.Namespace) -> int:
     from fspyre.frontend import coverage
 
@@ -574,6 +586,24 @@ def _cores(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--cores {text!r}: give a whole number of cores, 1..{MAX_CORES}") from None
+
+
+def _count(flag: str) -> Callable[[str], int]:
+    def count(text: str) -> int:
+        n = int(text) if text.strip().isdigit() else 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: give a whole number >= 1")
+        return n
+    return count
+
+
+def _shard(text: str) -> Any:
+    from fspyre.testing.engines import Shard
+
+    try:
+        return Shard.parse(text)
+    except FspyreError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _seed(text: str) -> int:
@@ -624,6 +654,19 @@ def build_parser() -> argparse.ArgumentParser:
                           help="LX scratchpad packing (default: the allocation stage's, greedy)")
     pipeline.add_argument("--no-lx", action="store_true", help="keep every tensor in HBM (no LX planning)")
 
+    engine = _Parser(add_help=False)  # where a batch of checks runs (fspyre.testing.engines)
+    engine.add_argument("--workers", type=_count("--workers"), default=None, metavar="W",
+                        help="processes on this host (default 1), or with --ray at most W tasks at a time (default: "
+                             "every CPU of the cluster)")
+    engine.add_argument("--ray", action="store_true",
+                        help="run on Ray (pip install 'fspyre[ray]'): a local cluster of W CPUs, or --address's")
+    engine.add_argument("--address", metavar="HOST:PORT",
+                        help="join the Ray cluster there (`ray start --head` on its head node) instead of starting a "
+                             "local one; implies --ray")
+    engine.add_argument("--shard", type=_shard, default=None, metavar="i/N",
+                        help="run only share i of N (contiguous blocks, i from 0): one job each in a batch scheduler, "
+                             "no Ray needed")
+
     parser = _Parser(
         prog="fspyre", parents=[debug],
         description="fspyre: a pure-functional staged compiler for IBM Spyre-style accelerators, "
@@ -635,19 +678,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(debug=False, verbose=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = sub.add_parser("demo", parents=[debug, machine], help="compile, print, run and check the canonical example",
-                          description="The seed's canonical example (y = a + b; z = y * c over [1024, 4096] float16, "
-                                      "A:2 outer, B:4 inner): prints every stage, writes the artifacts "
-                                      "(NN_<stage>.txt, bundle.mlir, SDSC JSON, loop-tree and LX pictures, traffic "
-                                      "report), runs the interpreter and prints the equivalence verdict.")
-    demo.add_argument("--out", default=DEMO_OUT, metavar="DIR", help=f"artifact directory (default ./{DEMO_OUT})")
-    demo.set_defaults(run=cmd_demo)
+    def command(name: str, run: Callable[[argparse.Namespace], int], parents: list[_Parser],
+                help: str, description: str, file: str | None = "FILE.py") -> argparse.ArgumentParser:
+        """A sub-command: its options' groups, its help, and FILE.py unless ``file`` is None
+        (``"FILE.py?"``: optional)."""
+        groups: list[_Parser] = [debug, *parents]
+        cmd = sub.add_parser(name, parents=groups, help=help, description=description)
+        if file is not None:
+            cmd.add_argument("file", metavar="FILE.py", nargs="?" if file.endswith("?") else None)
+        cmd.set_defaults(run=run)
+        return cmd
 
-    comp = sub.add_parser("compile", parents=[debug, pipeline], help="compile FILE.py and emit artifacts",
-                          description="Compile the graph FILE.py defines. Text artifacts print to stdout, or are "
-                                      "written under --out; svg and memmap are always files (default "
-                                      f"./{DEMO_OUT}).")
-    comp.add_argument("file", metavar="FILE.py", nargs="?")
+    demo = command("demo", cmd_demo, [machine], file=None,
+                   help="compile, print, run and check the canonical example",
+                   description="The seed's canonical example (y = a + b; z = y * c over [1024, 4096] float16, "
+                               "A:2 outer, B:4 inner): prints every stage, writes the artifacts (NN_<stage>.txt, "
+                               "bundle.mlir, SDSC JSON, loop-tree and LX pictures, traffic report), runs the "
+                               "interpreter and prints the equivalence verdict.")
+    demo.add_argument("--out", default=DEMO_OUT, metavar="DIR", help=f"artifact directory (default ./{DEMO_OUT})")
+
+    comp = command("compile", cmd_compile, [pipeline], file="FILE.py?", help="compile FILE.py and emit artifacts",
+                   description="Compile the graph FILE.py defines. Text artifacts print to stdout, or are written "
+                               f"under --out; svg and memmap are always files (default ./{DEMO_OUT}).")
     comp.add_argument("--from", dest="from_dir", metavar="DIR",
                       help="instead of FILE.py, continue from the stage artifacts `--emit json` wrote into DIR "
                            "(NN_<stage>.json): the pipeline runs on from the latest stage there")
@@ -657,24 +709,28 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--out", metavar="DIR", help="write the artifacts into DIR instead of printing them")
     comp.add_argument("--detailed", action="store_true",
                       help="print stages, tree, program and unrolled in the detailed view (default compact)")
-    comp.set_defaults(run=cmd_compile)
 
-    chk = sub.add_parser("check", parents=[debug, pipeline],
-                         help="compile FILE.py, run it on the machine model, compare with the reference",
-                         description="Exit 0 when the interpreter's results equal the untiled reference (and, for "
-                                     "a torch file, PyTorch eager within the file's tolerance), 1 when not, 2 on "
-                                     "an error.")
-    chk.add_argument("file", metavar="FILE.py")
+    chk = command("check", cmd_check, [pipeline],
+                  help="compile FILE.py, run it on the machine model, compare with the reference",
+                  description="Exit 0 when the interpreter's results equal the untiled reference (and, for a torch "
+                              "file, PyTorch eager within the file's tolerance), 1 when not, 2 on an error.")
     chk.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
-    chk.set_defaults(run=cmd_check)
 
-    prv = sub.add_parser("prove", parents=[debug, pipeline],
-                         help="compile FILE.py and prove its program statically (docs/proof.md)",
-                         description="Exit 0 when every property is proved, 1 when one is refuted (with a "
-                                     "counterexample), 3 when one is undecided, 2 on an error.")
-    prv.add_argument("file", metavar="FILE.py")
-    prv.set_defaults(run=cmd_prove)
-    add_run_parser(sub, debug, pipeline)
+    command("prove", cmd_prove, [pipeline], help="compile FILE.py and prove its program statically (docs/proof.md)",
+            description="Exit 0 when every property is proved, 1 when one is refuted (with a counterexample), 3 "
+                        "when one is undecided, 2 on an error.")
+
+    run = command("run", cmd_run, [pipeline],
+                  help="compile FILE.py and run it on the machine model with your arrays (.npz)",
+                  description="Compile FILE.py, run the program on the machine-model interpreter and save its "
+                              "outputs. Inputs come from --inputs (an .npz with one array per graph input, by "
+                              "name), else a torch file's example inputs, else random (--seed).")
+    run.add_argument("--inputs", metavar="IN.npz", help="the graph inputs, one array per input name")
+    run.add_argument("--out", dest="out_npz", metavar="OUT.npz",
+                     help="save the outputs here (numpy.savez, one array per output)")
+    run.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs without --inputs (default 0)")
+
+    add_batch_parsers(command, engine)
 
     # Every argument after `coverage` (--help included) belongs to the coverage tool itself.
     cov = sub.add_parser("coverage", add_help=False, parents=[debug], help="the front end's OpInfo coverage table",
@@ -683,18 +739,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_run_parser(sub: Any, debug: argparse.ArgumentParser, pipeline: argparse.ArgumentParser) -> None:
-    run = sub.add_parser("run", parents=[debug, pipeline],
-                         help="compile FILE.py and run it on the machine model with your arrays (.npz)",
-                         description="Compile FILE.py, run the program on the machine-model interpreter and save "
-                                     "its outputs. Inputs come from --inputs (an .npz with one array per graph "
-                                     "input, by name), else a torch file's example inputs, else random (--seed).")
-    run.add_argument("file", metavar="FILE.py")
-    run.add_argument("--inputs", metavar="IN.npz", help="the graph inputs, one array per input name")
-    run.add_argument("--out", dest="out_npz", metavar="OUT.npz",
-                     help="save the outputs here (numpy.savez, one array per output)")
-    run.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs without --inputs (default 0)")
-    run.set_defaults(run=cmd_run)
+def add_batch_parsers(command: Callable[..., argparse.ArgumentParser], engine: _Parser) -> None:
+    """The commands that run many independent checks, anywhere ``engine``'s flags say."""
+    camp = command("campaign", cmd_campaign, [engine], file=None,
+                   help="random programs, each compiled, run and checked three ways (needs fspyre[testing])",
+                   description="The random-program campaign (fspyre.testing.campaign): programs of seeds SEED.. "
+                               "SEED+N-1, each compiled twice, memory-checked, run, and compared with the untiled "
+                               "evaluator and a numpy reference. Exit 1 on any failure.")
+    camp.add_argument("--count", type=_count("--count"), default=1000, metavar="N", help="programs (default 1000)")
+    camp.add_argument("--seed", type=_seed, default=0, help="the first program's seed (default 0)")
+    camp.add_argument("--time-limit", type=float, default=None, metavar="SEC", help="stop after SEC seconds")
+    camp.add_argument("--json", metavar="PATH", help="also write each outcome as a JSON line to PATH")
+    camp.add_argument("--merge", nargs="+", metavar="FILE",
+                      help="instead of running: the report of the shards' --json files, checked to cover the "
+                           "--seed/--count they ran with, each seed once")
+    camp.add_argument("--replay", type=_seed, default=None, metavar="SEED", help="run one program, verbosely")
+    camp.add_argument("--show", type=int, default=3, help="failures printed per class (default 3)")
+
+    zoo = command("zoo", cmd_zoo, [engine], file=None,
+                  help="whole tiny models through both front ends, against eager (needs fspyre[dev])",
+                  description="The model zoo (fspyre.testing.zoo): each family's one-layer model with random "
+                              "weights, captured and compiled, and through torch.compile(backend='fspyre'), each "
+                              "model in a fresh process; its error against float64 eager must stay within twice "
+                              "torch's own float32 error. Exit 1 when a family fails.")
+    zoo.add_argument("families", nargs="*", metavar="FAMILY", help="the families to verify (default: all)")
+    zoo.add_argument("--tiling", choices=("none", "auto"), default="none", help="tiling of both paths (default none)")
+    zoo.add_argument("--json", metavar="PATH", help="also write each family's verdict as a JSON line to PATH")
 
 
 def _one_line(text: str) -> str:

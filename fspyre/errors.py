@@ -73,6 +73,11 @@ class SerializationError(FspyreError):
     """A JSON document does not describe a valid fspyre artifact."""
 
 
+class BatchError(FspyreError):
+    """A batch of checks (the campaign, the model zoo) cannot run as asked: a bad ``--shard``, Ray
+    not installed, a cluster that cannot be reached, shard outputs that do not cover their range."""
+
+
 class FspyreWarning(UserWarning):
     """A hint that has no effect as written: redundant (a count of 1), or naming a dim no op in
     its scope iterates, or a work division that does not fit the core budget. Compilation goes

@@ -80,7 +80,7 @@ def llama_decoder_layer() -> torch.nn.Module:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-    from zoo import CASES
+    from fspyre.testing.zoo import CASES
 
     return CASES["llama_decoder_layer"].build()
 

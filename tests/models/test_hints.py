@@ -14,12 +14,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from zoo import CASES
 
 import fspyre
 from fspyre.errors import FspyreWarning
 from fspyre.frontend import capture, name_tensor_dims, spyre_hint
 from fspyre.ir.graph import iteration_dims
+from fspyre.testing.zoo import CASES
 
 pytest.importorskip("transformers")
 

@@ -20,10 +20,10 @@ import copy
 import numpy as np
 import pytest
 import torch
-from zoo import CASES, Case, TinyCausalLM, token_ids
 
 import fspyre
 from fspyre.frontend import capture
+from fspyre.testing.zoo import CASES, Case, TinyCausalLM, token_ids
 
 pytest.importorskip("transformers")
 
@@ -83,7 +83,7 @@ def test_tiny_causal_lm_from_input_ids_to_logits(path, dtype):
 # -- the families issue 23 unblocked: convolutions, top-k routers, strided and empty slices ---------
 # Whole one-layer models (zoo.FAMILIES), float32, compiled with tiling="none" to keep the suite's
 # budget (the layers above cover tiling="auto"). Three run by default (about 40 s of CPU together);
-# the rest are marked heavy and run with `pytest --heavy` (benchmarks/zoo.py runs all 39).
+# the rest are marked heavy and run with `pytest --heavy` (`fspyre zoo` runs all 39).
 UNBLOCKED = {"vit": False, "phi3": False, "cohere": False, "gptj": True, "convnext": True, "resnet": True,
              "mamba": True, "mixtral_moe": True, "qwen2_moe": True, "olmoe": True}
 
@@ -92,9 +92,8 @@ UNBLOCKED = {"vit": False, "phi3": False, "cohere": False, "gptj": True, "convne
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.heavy) if heavy else n
                                   for n, heavy in UNBLOCKED.items()])
 def test_family_runs_on_fspyre_within_tolerance(name, path):
-    from zoo import FAMILIES
-
     from fspyre.frontend.dynamo import fspyre_backend
+    from fspyre.testing.zoo import FAMILIES
 
     fam = FAMILIES[name]
     module, args = fam.build(), fam.inputs()

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 import traceback
 import warnings
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from fspyre.errors import FspyreError, FspyreWarning
 from fspyre.testing import numpy_ref as R
 from fspyre.testing.campaign.generator import Generated, generate
 
-__all__ = ["Outcome", "check_generated", "classify_refusal", "generate", "run_seed"]
+__all__ = ["Outcome", "check_generated", "classify_refusal", "generate", "lost_seed", "run_seed"]
 
 # (cause, pattern on the message) in priority order; the first match names the refusal.
 REFUSAL_CAUSES = (
@@ -73,6 +73,17 @@ class Outcome:
     hinted: bool = False
     legal: bool = False
     features: frozenset[str] = field(default_factory=frozenset)
+
+    # One JSON object per outcome (``--json``, the shards' files ``--merge`` reads), field by field:
+    # a field added to Outcome travels without a change here.
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: sorted(v) if isinstance(v := getattr(self, f.name), frozenset) else v for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> Outcome:
+        sets = {f.name for f in fields(cls) if str(f.type).startswith("frozenset")}
+        values: dict[str, Any] = {k: frozenset(v) if k in sets else v for k, v in record.items()}
+        return cls(**values)
 
 
 def _first_diff(name: str, got: np.ndarray, ev: np.ndarray, ref: R.Ref, bad: np.ndarray) -> str:
@@ -157,6 +168,12 @@ def check_generated(gen: Generated, *, run=None, evaluate=None) -> Outcome:
             bad = g.astype(np.float64) != e.astype(np.float64)
             return fail("inexact:pointwise", _first_diff(name, g, e, ref, bad))
     return out
+
+
+def lost_seed(seed: int, why: str) -> Outcome:
+    """The outcome of a seed whose worker process died every time it ran (``fspyre.testing.engines``):
+    a failure, so the campaign exits 1 and ``--replay SEED`` shows what it does to a process."""
+    return Outcome(seed=seed, status="failure", cls="lost_worker", detail=why)
 
 
 def run_seed(seed: int) -> Outcome:

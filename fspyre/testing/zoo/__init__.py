@@ -3,12 +3,16 @@ wrote them, built from small configs with random weights (nothing is downloaded)
 
 Each case is a ``Case``: a module taking float hidden states ``[B, S, D]`` (and the inputs
 the layer's own model would hand it), and a factory of example inputs. Layers that return a
-tuple are wrapped to return the hidden states only."""
+tuple are wrapped to return the hidden states only.
+
+``FAMILIES`` are whole one-layer models; ``fspyre zoo`` verifies them against eager
+(``fspyre.testing.zoo.report``). This package needs torch and transformers (``fspyre[dev]``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -151,8 +155,8 @@ def token_ids() -> tuple[torch.Tensor, torch.Tensor]:
 # -- the families of issue 23: whole tiny models (and three MoE blocks), one per family ------------
 # Each is built from its config with one layer, hidden 64 and 4 heads where the family has them
 # (vision models: 32x32 images), random weights, eval mode; it returns its first output (the
-# hidden states). ``benchmarks/zoo.py`` runs every family both ways and prints the table the
-# README shows; ``test_zoo.py`` runs the cases marked ``fast`` by default and the rest with -m zoo.
+# hidden states). ``fspyre zoo`` runs every family both ways and prints the table the README
+# shows; tests/models/test_zoo.py runs a few by default and the rest with --heavy.
 ZH, ZHEADS, ZFF, ZV, ZS = 64, 4, 128, 128, 16
 
 
@@ -247,12 +251,13 @@ class _CausalLM(torch.nn.Module):
         return self.lm(input_ids=ids, use_cache=False).logits
 
 
-_LM = dict(hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, intermediate_size=ZFF, vocab_size=ZV,
-           max_position_embeddings=64, use_cache=False)
-_MOE = dict(hidden_size=ZH, intermediate_size=ZFF, num_local_experts=4, num_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_attention_heads=ZHEADS)
-_VISION = dict(hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, intermediate_size=ZFF, image_size=32,
-               patch_size=8)
+_LM: dict[str, Any] = dict(hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, intermediate_size=ZFF,
+                           vocab_size=ZV, max_position_embeddings=64, use_cache=False)
+_MOE: dict[str, Any] = dict(hidden_size=ZH, intermediate_size=ZFF, num_local_experts=4, num_experts=4,
+                            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                            num_attention_heads=ZHEADS)
+_VISION: dict[str, Any] = dict(hidden_size=ZH, num_attention_heads=ZHEADS, num_hidden_layers=1, intermediate_size=ZFF,
+                               image_size=32, patch_size=8)
 
 FAMILIES = {f.name: f for f in (
     Family("gpt2", _auto("gpt2", n_embd=ZH, n_head=ZHEADS, n_layer=1, vocab_size=ZV, n_positions=64,
