@@ -743,8 +743,8 @@ def add_batch_parsers(command: Callable[..., argparse.ArgumentParser], engine: _
     """The commands that run many independent checks, anywhere ``engine``'s flags say."""
     camp = command("campaign", cmd_campaign, [engine], file=None,
                    help="random programs, each compiled, run and checked three ways (needs fspyre[testing])",
-                   description="The random-program campaign (fspyre.testing.campaign): programs of seeds SEED.. "
-                               "SEED+N-1, each compiled twice, memory-checked, run, and compared with the untiled "
+                   description="The random-program campaign (fspyre.testing.campaign): programs of seeds "
+                               "SEED..SEED+N-1, each compiled twice, memory-checked, run, and compared with the untiled "
                                "evaluator and a numpy reference. Exit 1 on any failure.")
     camp.add_argument("--count", type=_count("--count"), default=1000, metavar="N", help="programs (default 1000)")
     camp.add_argument("--seed", type=_seed, default=0, help="the first program's seed (default 0)")

@@ -1,7 +1,9 @@
 """The random-program campaign: seeded programs, three oracles, classified outcomes.
 
-    python -m fspyre.testing.campaign --count 1000 --seed 0 --jobs 2 --time-limit 600
-    python -m fspyre.testing.campaign --replay SEED
+    fspyre campaign --count 1000 --seed 0 --workers 2 --time-limit 600
+    fspyre campaign --count 1000 --ray [--address HOST:PORT]      # on Ray
+    fspyre campaign --count 1000 --shard 3/8 --json part3.jsonl   # one job of eight
+    fspyre campaign --replay SEED
 
 Each program (``generator.generate(seed)``) is compiled, checked and run; the outcome is one of
 
@@ -16,7 +18,8 @@ Each program (``generator.generate(seed)``) is compiled, checked and run; the ou
   other but not with numpy: a semantics bug both share, or a reference bug), ``mismatch:eval``
   (only ``evaluate`` is off), ``inexact:pointwise`` (both within the bound, but a graph with no
   float reduction is not bit-identical between interpreter and ``evaluate``, which
-  docs/semantics.md promises).
+  docs/semantics.md promises), ``lost_worker`` (the worker process running the seed died every
+  time it ran it: ``fspyre.testing.engines``).
 """
 
 from __future__ import annotations
