@@ -161,3 +161,4 @@ def test_a_seed_that_kills_every_worker_is_reported_and_the_rest_run(cluster, on
     lost = verdicts.pop(VICTIM)
     assert lost["status"] == "failure" and lost["cls"] == "lost_worker" and "died 2 times" in lost["detail"], lost
     assert verdicts == {s: v for s, v in one_process.items() if s != VICTIM}
+
