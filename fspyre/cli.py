@@ -22,6 +22,8 @@ import sys
 import time
 import traceback
 import warnings
+import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
@@ -133,7 +135,9 @@ def _run_file(path: Path) -> Any:
         raise
     except SystemExit as stop:
         raise UsageError(_exit_message(path, "running the file", stop)) from None
-    except Exception as err:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # an Exception, or the file's own BaseException subclass
         raise UsageError(f"{path}: running the file raised {type(err).__name__}: {err}") from err
     finally:
         sys.path.remove(str(path.parent.resolve()))
@@ -162,7 +166,9 @@ def load_workload(file: str) -> Workload:
             raise
         except SystemExit as stop:
             raise UsageError(_exit_message(path, "build()", stop)) from None
-        except Exception as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # an Exception, or the file's own BaseException subclass
             raise UsageError(f"{path}: build() raised {type(err).__name__}: {err}") from err
         if not isinstance(graph, Graph):
             raise UsageError(
@@ -172,7 +178,14 @@ def load_workload(file: str) -> Workload:
     if "model" in names:
         from fspyre.frontend.files import load_torch_file
 
-        loaded = load_torch_file(path)
+        try:
+            loaded = load_torch_file(path)
+        except SystemExit as stop:  # from the model while the front end traces it
+            raise UsageError(_exit_message(path, "capturing `model`", stop)) from None
+        except (Exception, KeyboardInterrupt):
+            raise
+        except BaseException as err:  # the file's own BaseException subclass
+            raise UsageError(f"{path}: capturing `model` raised {type(err).__name__}: {err}") from err
         return Workload(path=path, graph=loaded.graph, inputs=loaded.inputs, torch=loaded)
     raise UsageError(
         f"{path}: defines neither build() -> Graph nor a torch `model` with `example_inputs()`; add one of them"
@@ -443,13 +456,23 @@ def load_stages(directory: Path) -> dict[str, Any]:
     if not files:
         raise UsageError(f"--from {directory}: no NN_<stage>.json files; write them with "
                          f"`fspyre compile FILE.py --emit json --out {directory}`")
+    from fspyre.pipeline import STAGE_TYPES
+
     stages: dict[str, Any] = {}
     for path in files:
         name = path.stem[3:]
+        if name in stages:
+            raise UsageError(f"--from {directory}: two files hold the stage {name!r}; keep one")
         try:
-            stages[name] = loads(path.read_text())
+            stages[name] = loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is no content
         except FspyreError as err:
             raise type(err)(f"{path}: {_one_line(str(err))}") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"{path}: cannot be read as text ({_one_line(str(err))[:200]})") from None
+        want = STAGE_TYPES.get(name)
+        if want is not None and not isinstance(stages[name], want):
+            raise UsageError(f"{path}: holds a {type(stages[name]).__name__}, but the stage {name!r} is a "
+                             f"{want.__name__}; the file was renamed or overwritten")
     return stages
 
 
@@ -512,10 +535,20 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise UsageError(f"--inputs {path}: no such file; save the inputs with numpy.savez({path.name!r}, x=..., ...)")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError) as err:
-        raise UsageError(f"--inputs {path}: not a numpy .npz archive ({_one_line(str(err))})") from None
+        loaded = np.load(path, allow_pickle=False)  # never unpickle: a pickled array is code
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise UsageError(f"--inputs {path}: a single {type(loaded).__name__}, not an .npz archive of named "
+                             f"arrays; save the inputs with numpy.savez({path.name!r}, x=..., ...)")
+        with loaded as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        raise UsageError(f"--inputs {path}: not a numpy .npz archive ({type(err).__name__}: "
+                         f"{_one_line(str(err))[:200]})") from None
+    for name, arr in arrays.items():
+        if not isinstance(arr, np.ndarray):  # a member that is not a .npy file reads as its bytes
+            raise UsageError(f"--inputs {path}: member {name!r} is not a numpy array (.npy) but "
+                             f"{len(arr)} bytes of something else")
+    return arrays
 
 
 def cmd_run(args: argparse.Namespace) -> int:

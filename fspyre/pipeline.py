@@ -5,6 +5,7 @@ Printing, timing, verification and ``NN_<stage>.txt`` dumps all hang off that ca
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 import warnings
@@ -122,16 +123,8 @@ def compile(
     Compilation carries the Proof, and a property not proved is a FspyreWarning."""
     machine = require_machine(machine, "compile")
     graph = require_graph(graph, "compile", machine)
-    if not isinstance(tiling, TilingPlan) and tiling not in TILINGS:
-        raise TilingError(f"compile: tiling={short(tiling)}: use one of {list(TILINGS)} or a TilingPlan")
-    if fuse not in FUSE_MODES:
-        raise TilingError(f"compile: fuse={short(fuse)}: use one of {list(FUSE_MODES)}")
-    for flag, value in (("residency", residency), ("online", online), ("prove", prove)):
-        if not isinstance(value, bool):
-            raise GraphError(f"compile: {flag}={short(value)} must be True or False")
-    require(split_options, SplitOptions, "compile", "split_options", WorkDivisionError)
-    require(allocation_options, AllocationOptions, "compile", "allocation_options", AllocationError)
-    require_callable(callback, "compile", "callback", GraphError)
+    _check_options("compile", tiling, fuse=fuse, residency=residency, online=online, split_options=split_options,
+                   allocation_options=allocation_options, callback=callback, prove=prove)
     if prove:
         comp = compile(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
                        split_options=split_options, allocation_options=allocation_options, callback=callback)
@@ -160,6 +153,21 @@ def compile(
     tiled = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
     placed = _place(tiled, machine, done, residency, split_options, allocation_options)
     return _finish(graph, machine, plan, tiled, placed.split, placed.program, done)
+
+
+def _check_options(where: str, tiling: object, **options: Any) -> None:
+    """The one check of ``compile``'s options (``resume`` takes the same ones): a one-line
+    error naming the option and what it got."""
+    if not isinstance(tiling, TilingPlan) and tiling not in TILINGS:
+        raise TilingError(f"{where}: tiling={short(tiling)}: use one of {list(TILINGS)} or a TilingPlan")
+    if options["fuse"] not in FUSE_MODES:
+        raise TilingError(f"{where}: fuse={short(options['fuse'])}: use one of {list(FUSE_MODES)}")
+    for flag in ("residency", "online", "prove"):
+        if not isinstance(options[flag], bool):
+            raise GraphError(f"{where}: {flag}={short(options[flag])} must be True or False")
+    require(options["split_options"], SplitOptions, where, "split_options", WorkDivisionError)
+    require(options["allocation_options"], AllocationOptions, where, "allocation_options", AllocationError)
+    require_callable(options["callback"], where, "callback", GraphError)
 
 
 class _Recorder:
@@ -267,31 +275,32 @@ def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: Ch
 STAGES = ("graph", "tiling_search", "tiling_plan", "loop_tree", "resident_tree", "split_plan", "allocation", "program")
 
 
-def resume(
-    stages: Mapping[str, Any],
-    machine: Machine | None = None,
-    tiling: Tiling = "auto",
-    *,
-    fuse: FuseMode = "max-producers",
-    residency: bool = True,
-    online: bool = True,
-    split_options: SplitOptions = SplitOptions(),
-    allocation_options: AllocationOptions = AllocationOptions(),
-    callback: StageCallback | None = None,
-) -> Compilation:
+def resume(stages: Mapping[str, Any], machine: Machine | None = None, tiling: Tiling = "auto",
+           **options: Any) -> Compilation:
     """Continue a compilation from saved stage artifacts (``Compilation.stages``, or the
     ``NN_<stage>.json`` files ``fspyre compile --emit json`` writes, loaded). The stages given
     are kept as they are (an engineer may have edited one) and the pipeline runs on from the
     latest: a graph is compiled, a tiling plan tiled, a loop tree placed (a resident tree keeps
     its copies as they are) and divided, a resident tree with its split plan and allocation
-    emitted, a program taken as it is. ``tiling`` and the options apply to the stages that run.
-    A symbolic compilation continues from its graph or program."""
+    emitted, a program taken as it is. ``tiling`` and ``options`` (``compile``'s keyword
+    options but ``prove``, with its defaults) apply to the stages that run. A symbolic
+    compilation continues from its graph or program."""
+    if not isinstance(stages, Mapping):
+        raise GraphError(f"resume: stages must be a mapping of stage name to artifact (Compilation.stages, or "
+                         f"fspyre.cli.load_stages(DIR)), got {type(stages).__name__} {short(stages)}")
     graph = require_graph(stages.get("graph"), "resume: the stage 'graph'")
     machine = require_machine(machine, "resume")
+    unknown = [k for k in options if k not in _RESUME_OPTIONS]
+    if unknown:
+        raise GraphError(f"resume: unknown option {unknown[0]!r}; resume takes {', '.join(_RESUME_OPTIONS)}")
+    options = {**_RESUME_OPTIONS, **options}
+    _check_options("resume", tiling, prove=False, **options)
+    callback, online, residency = options["callback"], options["online"], options["residency"]
+    split_options, allocation_options = options["split_options"], options["allocation_options"]
     unknown = [n for n in stages if n not in STAGES and "@" not in n and n != "symbolic"]
     if unknown:
         raise GraphError(f"resume: unknown stage {unknown[0]!r}; the stages are {', '.join(STAGES)}")
-    for name, cls in _STAGE_TYPES.items():
+    for name, cls in STAGE_TYPES.items():
         if name in stages and not isinstance(stages[name], cls):
             raise GraphError(f"resume: the stage {name!r} is a {type(stages[name]).__name__}, not a {cls.__name__}")
     done = _Recorder(callback)
@@ -304,8 +313,7 @@ def resume(
             done(name, verify_program(artifact) if name == "program" else artifact)
         return Compilation(graph=graph, machine=machine, stages=FrozenMap(done.stages), program=program)
     if graph.symbolic or "tiling_plan" not in stages:
-        return compile(graph, machine, tiling, fuse=fuse, residency=residency, online=online,
-                       split_options=split_options, allocation_options=allocation_options, callback=callback)
+        return compile(graph, machine, tiling, **options)
     for name in ("graph", "tiling_search", "tiling_plan"):
         if name in stages:
             done(name, stages[name])
@@ -328,7 +336,13 @@ def resume(
     return _finish(graph, machine, plan, tiled, placed.split, placed.program, done)
 
 
-_STAGE_TYPES: dict[str, type] = {
+# resume's options and their defaults: compile's keyword options (one home), but prove
+_RESUME_OPTIONS: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(compile).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "prove"}
+
+# the artifact type of each stage compile records
+STAGE_TYPES: dict[str, type] = {
     "graph": Graph, "tiling_search": TilingSearch, "tiling_plan": TilingPlan, "loop_tree": LoopTree,
     "resident_tree": LoopTree, "split_plan": SplitPlan, "allocation": Allocation, "program": Program,
 }

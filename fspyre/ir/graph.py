@@ -16,7 +16,7 @@ from typing import Union
 
 import sympy
 
-from fspyre.errors import GraphError
+from fspyre.errors import GraphError, HintError
 from fspyre.ir.dtypes import check_dtype
 from fspyre.ir.frozen import FrozenMap, require_map, require_tuple
 from fspyre.ir.symbolic import is_size_expr, is_size_symbol
@@ -387,4 +387,12 @@ def verify_graph(graph: Graph) -> Graph:
     for out in graph.outputs:
         if out.buffer not in defined:
             raise GraphError(f"graph output {out.name} names unknown buffer {out.buffer}")
+    scopes = graph.hint_table()
+    if len(scopes) != len(graph.hints):
+        raise HintError(f"graph {graph.name}: hint scope ids {[h.id for h in graph.hints]} repeat an id")
+    for op in graph.ops:
+        for h in op.hints:
+            if h not in scopes:
+                raise HintError(f"op {op.name} carries hint scope {h}, which graph {graph.name} does not declare "
+                                f"(declared scopes: {sorted(scopes)})")
     return graph

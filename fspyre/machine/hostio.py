@@ -52,6 +52,13 @@ def check_inputs(types: Mapping[str, TensorType], inputs: Mapping[str, object]) 
                     raise ExecutionError(
                         f"input {name}: value {bad} does not fit {t.dtype} ({info.min}..{info.max})"
                     )
+            if want.kind == "f" and arr.dtype.kind == "f" and arr.size:
+                # astype would turn a finite value past the format's range into inf silently
+                finite = np.isfinite(arr)
+                big = np.abs(np.where(finite, arr, 0)).max()
+                if big > np.finfo(want).max:
+                    raise ExecutionError(f"input {name}: value {big:g} does not fit {t.dtype} "
+                                         f"(largest finite {np.finfo(want).max:g})")
             arr = arr.astype(want)
         out[name] = arr
     return out

@@ -1129,6 +1129,7 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
         if isinstance(node, OpNode) and node.origin and node.origin not in fns:
             raise TilingError(f"loop tree {tree.name}: op {node.name} is a tail of {node.origin}, which is not an "
                               f"op of the tree's main body")
+    _verify_coverage(tree)
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
             raise TilingError(
@@ -1169,6 +1170,148 @@ def _verify_loop_steps(tree: LoopTree) -> None:
                     moves.update(level)
 
     visit(tree.body, ())
+
+
+# Separate tile runs along one dim of one op that the coverage check lists (a run is a stretch of
+# whole tiles back to back; only an inner tail inside an outer loop breaks a dim into several)
+_RUNS_LIMIT = 1 << 16
+
+
+def _runs(node: OpNode, d: str, size: int, moves: Sequence[tuple[int, int]], start: int,
+          where: str) -> list[tuple[int, int]]:
+    """The elements of dim ``d`` one op node computes over all iterations of its loops, as
+    sorted disjoint half-open runs: its per-tile range ``size`` from ``start`` (a tail's peel),
+    moved ``count`` times by ``step`` at each level that moves it. Overlapping tiles are an
+    error: an element computed twice by one node (a reduction would count it twice)."""
+    runs = [(start, start + size)]
+    for step, count in sorted(moves):
+        if count == 1:
+            continue
+        if len(runs) == 1 and runs[0][1] - runs[0][0] == step:  # whole tiles back to back: one run
+            runs = [(runs[0][0], runs[0][0] + count * step)]
+            continue
+        if runs[-1][1] - runs[0][0] > step:
+            raise TilingError(f"{where}: op {node.name} moves dim {d} by {step} elements per iteration of a loop of "
+                              f"{count}, but covers {runs[-1][1] - runs[0][0]} elements of it per iteration, so its "
+                              f"tiles overlap; the ranges, steps or counts were edited")
+        if len(runs) * count > _RUNS_LIMIT:
+            raise TilingError(f"{where}: op {node.name} runs dim {d} in more than {_RUNS_LIMIT} separate stretches "
+                              f"of tiles; tile it with fewer levels or counts that divide it")
+        merged: list[tuple[int, int]] = []
+        for i in range(count):
+            for a, b in runs:
+                a, b = a + i * step, b + i * step
+                if merged and merged[-1][1] == a:
+                    merged[-1] = (merged[-1][0], b)
+                else:
+                    merged.append((a, b))
+        runs = merged
+    return runs
+
+
+def _disjoint(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> bool:
+    i = j = 0
+    while i < len(xs) and j < len(ys):
+        if xs[i][1] <= ys[j][0]:
+            i += 1
+        elif ys[j][1] <= xs[i][0]:
+            j += 1
+        else:
+            return False
+    return True
+
+
+def _verify_coverage(tree: LoopTree) -> None:
+    """Each op of the graph, with the tails that copy it, computes every point of its full
+    iteration space exactly once: per dim, a node covers its per-tile range moved by the
+    loops that move it (from its tail's peel offset), and the nodes of one op (the main body's
+    and its tails) must tile the dim's full size without gaps or overlaps. The full size of a
+    dim is its size in the full buffers (one size per name, docs/semantics.md); a dim no full
+    buffer has takes the size the first op covers, and every other op must agree. A per-tile
+    range edited, or a loop's count, breaks this where the step records do not see it. A
+    loop moves an op along one dim at a time (the plan gives each tiled dim its own level).
+    Symbolic sizes are skipped here: the symbolic stage checks their tiles at each witness."""
+    where = f"loop tree {tree.name}"
+    full: dict[str, int] = {}
+    for b in tree.buffers:
+        if b.scope == "full":
+            for dim in b.type.dims:
+                if type(dim.size) is int and dim.size != 1:
+                    full.setdefault(dim.name, dim.size)
+    table = tree.buffer_table()
+    # op name (the main body's) -> its nodes, each with (dim -> its runs)
+    families: dict[str, list[tuple[OpNode, dict[str, list[tuple[int, int]]]]]] = {}
+
+    def visit(body: tuple[Node, ...], counts: tuple[int, ...]) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                visit(node.body, counts + (node.count,))
+                continue
+            moves: dict[str, list[tuple[int, int]]] = {}
+            for level, count in zip(node.tiling, counts):
+                if count > 1 and len(level) > 1:
+                    raise TilingError(f"{where}: op {node.name} moves {_step_list(level)} together in one loop of "
+                                      f"{count}; a loop moves an op along one dim, by one step")
+                for s in level:
+                    moves.setdefault(s.dim, []).append((s.extent, count))
+            starts = {p.dim: p.start for p in node.peeled}  # nested tails: the innermost offset is last
+            runs: dict[str, list[tuple[int, int]]] = {}
+            for dim in iteration_dims(node.op):
+                if type(dim.size) is int:
+                    runs[dim.name] = _runs(node, dim.name, dim.size, moves.get(dim.name, ()),
+                                           starts.get(dim.name, 0), where)
+            families.setdefault(node.origin or node.name, []).append((node, runs))
+
+    visit(tree.body, ())
+    for name, nodes in families.items():
+        main, first = nodes[0]
+        for node, runs in nodes:
+            if set(runs) != set(first):
+                raise TilingError(f"{where}: op {node.name}, a tail of {name}, iterates dims {sorted(runs)} where "
+                                  f"{name} iterates {sorted(first)}")
+        # A tail peeled along a dim the op does not iterate runs it again on the same points (an
+        # accumulator's combine after the reduction's tail): like a loop that does not move it,
+        # a repetition, which must cover the same points; the others partition the space.
+        distinct: dict[tuple[tuple[int, int], ...], tuple[OpNode, dict[str, list[tuple[int, int]]]]] = {}
+        for node, runs in nodes:
+            key = tuple(runs[d][0] for d in sorted(runs))
+            seen = distinct.setdefault(key, (node, runs))
+            if seen[1] != runs:
+                raise TilingError(f"{where}: ops {seen[0].name} and {node.name} compute overlapping parts of the "
+                                  f"same iteration space; a tail covers only what its loop leaves")
+        parts = list(distinct.values())
+        store = table.get(main.op.store.buffer)
+        kept = {d.name: d.size for d in store.type.dims} if store is not None else {}
+        whole = 1
+        for d in first:
+            spans = [runs[d] for _, runs in parts]
+            if len(parts) == 1 and spans[0] == [(0, 1)] and kept.get(d, 1) == 1:
+                size = 1  # the op's own axis of size 1 (a kept or broadcast axis keeps its dim's name)
+            else:
+                size = full.setdefault(d, max(r[-1][1] for r in spans))
+            lowest, highest = min(r[0][0] for r in spans), max(r[-1][1] for r in spans)
+            if lowest < 0 or highest > size:
+                raise TilingError(f"{where}: op {name} (with its tails) computes dim {d} over elements "
+                                  f"{lowest}..{highest - 1}, outside the dim's {size}; a per-tile range or a "
+                                  f"loop count disagrees with the dim's full size")
+            whole *= size
+        for i in range(len(parts)):
+            for j in range(i + 1, len(parts)):
+                x, y = parts[i][1], parts[j][1]
+                if not any(_disjoint(x[d], y[d]) for d in x):
+                    raise TilingError(f"{where}: ops {parts[i][0].name} and {parts[j][0].name} compute overlapping "
+                                      f"parts of the same iteration space; a tail covers only what its loop leaves")
+        volume = sum(math.prod(sum(b - a for a, b in r) for r in runs.values()) for _, runs in parts)
+        if volume != whole:
+            covered = "; ".join(", ".join(f"{d} {_shown(r)}" for d, r in runs.items()) for _, runs in parts)
+            raise TilingError(f"{where}: op {name} (with its tails) computes {volume} points of its iteration space "
+                              f"of {whole} ({covered}); each point must be computed once: a per-tile range or a "
+                              f"loop count disagrees with the dims' full sizes")
+
+
+def _shown(runs: list[tuple[int, int]]) -> str:
+    text = " ".join(f"{a}..{b - 1}" for a, b in runs[:3])
+    return text + (f" +{len(runs) - 3} more" if len(runs) > 3 else "")
 
 
 def _step_list(steps) -> str:

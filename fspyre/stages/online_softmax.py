@@ -138,7 +138,10 @@ def match_online(ops: Sequence[Op], tiled: Mapping[str, Sequence[str | None]], r
 
 
 def _reads(operand, op: Op) -> bool:
-    return isinstance(operand, Load) and operand.buffer == op.store.buffer
+    """``operand`` reads what ``op`` wrote at the point it wrote it: the recurrence rewrites the
+    softmax elementwise (a broadcast read of the max reads it at the max's own index), so a
+    read through any other index (another row, a transposed view) is not the softmax."""
+    return isinstance(operand, Load) and operand.buffer == op.store.buffer and operand.index == op.store.index
 
 
 def _attention(core: tuple[Op, ...], rest: Sequence[Op], dim: str, readers: Mapping[str, Sequence[str]],
