@@ -148,7 +148,7 @@ def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray 
             # an undefined error (inf - inf in a fully masked row) bounds nothing: infinite, not NaN
             err[sidx] = np.broadcast_to(np.where(np.isnan(bound), np.inf, bound), result.shape)
         bound = numerics.store_bound(out, err, fmt, out_type.dtype)
-        if before is not None:  # the earlier writers' regions keep the bound their stores gave
+        if before is not None and bound is not None:  # the earlier writers' regions keep the bound their stores gave
             kept = np.ones(out_type.numel, dtype=bool)
             kept[sidx] = False
             bound = np.where(kept, before, bound)
