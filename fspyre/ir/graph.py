@@ -433,7 +433,8 @@ def _verify_regions(graph: Graph, buffer: Buffer, ops: list[Op]) -> None:
     bad = next((op for op, r in zip(ops, regions) if r is None), None)
     if bad is not None:
         other = ops[0].name if bad is not ops[0] else ops[1].name
-        raise GraphError(f"op {bad.name} writes {buffer.name}, which {other} also writes; several ops may write one buffer only each in a region of it along one "
+        raise GraphError(f"op {bad.name} writes {buffer.name}, which {other} also writes; several ops may write "
+                         f"one buffer only each in a region of it along one "
                          f"axis (GraphBuilder.concat)")
     axis = regions[0][0]  # type: ignore[index]
     at: sympy.Expr = sympy.Integer(0)
