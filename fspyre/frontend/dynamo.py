@@ -390,9 +390,12 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
     symbol = size_symbol(moved[0])
     graph = generalize(graphs, PROBES, symbol, f"graph {graphs[0].name}")
     for p, taken in probes[1:]:
-        if p.inputs != first.inputs or p.positions != first.positions or taken != probes[0][1] or any(
-                not np.array_equal(p.constants[k], first.constants[k]) for k in first.constants):
-            raise SymbolicError("the fspyre subgraph's inputs or constants change with the size")
+        if p.inputs != first.inputs or p.positions != first.positions or taken != probes[0][1]:
+            raise SymbolicError("the fspyre subgraph's inputs change with the size")
+    sized = {k: _sized_constant(k, tuple(p.constants[k] for p, _ in probes)) for k in first.constants
+             if not all(np.array_equal(p.constants[k], first.constants[k]) for p, _ in probes[1:])}
+    graph, scalars = _sized_scalars(graph, symbol)
+    sized |= scalars
     shapes = generalize(tuple(tuple(tuple(like.shape) for _, like in p.outputs) for p, _ in probes), PROBES, symbol,
                         "output shapes")
     if options.on_graph is not None:
@@ -400,7 +403,85 @@ def _symbolic_run(gm: fx.GraphModule, example_inputs: Sequence[Any], dims: Seque
     compiled = fspyre.compile(graph, machine=spyre(cores=int(options.cores)), tiling=options.tiling)
     read = {i: example_inputs[i].item() for i in _read_values(gm)}
     return _SymbolicRun(name=name, compiled=compiled, part=first, results=probes[0][1], shapes=shapes,
-                        symbol=symbol, patterns=patterns, torch_symbol=sym, read=read)
+                        symbol=symbol, patterns=patterns, torch_symbol=sym, read=read, sized=sized)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Arange:
+    """A constant input whose values follow the symbolic size: ``start + step * i`` for ``i <
+    count``, ``start`` and ``count`` lines in the size (the positions ``arange(|L| + 1)`` of
+    a KV cache's keys that a causal mask compares, an iota over a dim of size ``|L| + 1``).
+    The symbolic program takes it as a host input of that size, made for each call."""
+
+    start: tuple[Any, Any]  # start = start[0] + start[1] * size (exact rationals)
+    count: tuple[Any, Any]
+    step: Any
+    dtype: Any
+
+    def __call__(self, size: int) -> np.ndarray:
+        start = self.start[0] + self.start[1] * size
+        count = int(self.count[0] + self.count[1] * size)
+        return (np.asarray(start, dtype=self.dtype) + np.asarray(self.step, dtype=self.dtype)
+                * np.arange(count, dtype=self.dtype)).astype(self.dtype)
+
+
+def _sized_scalars(graph: Any, symbol: Any) -> tuple[Any, dict[str, _Arange]]:
+    """``graph`` with each integer scalar operand that is a line in the symbolic size (the
+    position of the new token, ``|L|``, which the trace took as a number) read from a
+    one-element host input instead, and the rule that makes each input's value per call."""
+    import sympy
+
+    from fspyre.ir.graph import Buffer, Dim, Load, Scalar, TensorType, verify_graph
+    from fspyre.stages.symbolic import SymbolicError
+
+    rules: dict[str, _Arange] = {}
+    names: dict[Any, str] = {}
+    taken = {b.name for b in graph.buffers} | {op.name for op in graph.ops}
+    buffers = list(graph.buffers)
+
+    def operand(o: Any) -> Any:
+        if not isinstance(o, Scalar) or not isinstance(o.value, sympy.Expr) or not o.value.free_symbols:
+            return o
+        value = sympy.expand(o.value)
+        a, b = sympy.sympify(value.coeff(symbol)), sympy.sympify(value.xreplace({symbol: 0}))
+        if not (a.is_Integer and b.is_Integer and value.free_symbols == {symbol}):
+            raise SymbolicError(f"graph {graph.name}: the scalar {value} is not an integer line in {symbol}")
+        if value not in names:
+            name = next(n for k in range(len(taken) + 1) if (n := f"size_scalar{k}") not in taken)
+            taken.add(name)
+            names[value] = name
+            buffers.append(Buffer(name=name, type=TensorType(dims=(Dim(f"{name}_0", 1),), dtype="int32")))
+            rules[name] = _Arange(start=(int(b), int(a)), count=(1, 0), step=0, dtype=np.dtype(np.int32))
+        return Load(buffer=names[value], index=sympy.Integer(0))
+
+    ops = tuple(replace(op, operands=tuple(operand(o) for o in op.operands)) for op in graph.ops)
+    if not rules:
+        return graph, {}
+    return verify_graph(replace(graph, buffers=tuple(buffers), inputs=graph.inputs + tuple(rules), ops=ops)), rules
+
+
+def _sized_constant(name: str, values: Sequence[np.ndarray]) -> _Arange:
+    """The rule that gives constant ``name`` its value at each probe size, or a SymbolicError:
+    an arange whose start and length are lines in the size, checked against every probe."""
+    from fractions import Fraction
+
+    from fspyre.stages.symbolic import SymbolicError
+
+    def line(ys: Sequence[Any]) -> tuple[Any, Any]:
+        slope = Fraction(ys[1] - ys[0]) / (PROBES[1] - PROBES[0]) if all(
+            isinstance(y, (int, np.integer)) for y in ys) else (ys[1] - ys[0]) / (PROBES[1] - PROBES[0])
+        return ys[0] - slope * PROBES[0], slope
+
+    if any(v.ndim != 1 or v.size < 2 or v.dtype != values[0].dtype for v in values):
+        raise SymbolicError(f"the constant {name} changes with the size and is not a range of values")
+    dtype = values[0].dtype
+    starts = [v[0].item() for v in values]
+    rule = _Arange(start=line(starts), count=line([v.size for v in values]), step=(values[0][1] - values[0][0]).item(),
+                   dtype=dtype)
+    if any(not np.array_equal(rule(size), v) for size, v in zip(PROBES, values)):
+        raise SymbolicError(f"the constant {name} changes with the size and is not a range whose start and length "
+                            f"are lines in it")
+    return rule
 
 
 class _SymbolicRun:
@@ -409,8 +490,10 @@ class _SymbolicRun:
     of the program, so the caller compiles that shape on its own."""
 
     def __init__(self, *, name: str, compiled: Any, part: _Part, results: tuple[int, ...], shapes: tuple,
-                 symbol: Any, patterns: tuple, torch_symbol: Any, read: Mapping[int, Any]) -> None:
+                 symbol: Any, patterns: tuple, torch_symbol: Any, read: Mapping[int, Any],
+                 sized: Mapping[str, _Arange]) -> None:
         self.name, self.compiled, self.part, self.results, self.read = name, compiled, part, results, read
+        self.sized = sized
         self.shapes, self.symbol, self.patterns, self.torch_symbol = shapes, symbol, patterns, torch_symbol
         self.refused: set[Any] = set()
 
@@ -429,10 +512,12 @@ class _SymbolicRun:
                          f"input {changed[0]} is {args[changed[0]].item()}, the program was traced at "
                          f"{self.read[changed[0]]}")
             return None
-        host = {n: to_numpy(args[i]) for n, i in zip(self.part.inputs, self.part.positions)} | dict(self.part.constants)
+        host = {n: to_numpy(args[i]) for n, i in zip(self.part.inputs, self.part.positions)} | {
+            k: v for k, v in self.part.constants.items() if k not in self.sized}
         program = self.compiled.program
         sizes = bind_sizes(program, host)
         (n,) = sizes.values()
+        host |= {k: rule(n) for k, rule in self.sized.items()}
         for a, p in zip(args, self.patterns):  # the sizes kept fixed must have their values
             have = tuple(a.shape) if isinstance(a, torch.Tensor) else a
             want = (tuple(int(x.subs(self.torch_symbol, n)) if hasattr(x, "subs") else x for x in p)

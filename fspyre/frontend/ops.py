@@ -1006,19 +1006,13 @@ def align_cat(node: fx.Node) -> Alignment:
     return Alignment(uses=tuple(uses), outputs=(out,))
 
 
-# A cat of unequal pieces is a cat of their gcd-sized chunks: one ``where`` per chunk, each
-# over the whole result, so the cost grows with the square of the chunk count. Past this many
-# chunks the lowering refuses rather than silently emitting a quadratic graph.
-MAX_CAT_CHUNKS = 64
-
-
 @rule(aten.cat.default, align=align_cat)
 def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     """Pieces of equal size n along the axis: a ``where`` chain over ``k`` (an iota of the
     piece count N) selects piece k, giving ``[..., N, n, ...]``, whose contiguous reshape is the
     result. Every load stays in its piece's bounds, which a select by position (``i < n``)
-    would not. Pieces of different sizes are first cut into chunks of the sizes' gcd (slices:
-    views), which are equal pieces."""
+    would not. Pieces of different sizes: one copy each into its region of the result
+    (``GraphBuilder.concat``)."""
     if len(xs) == 1:
         return xs[0]
     return _concat(ctx, node, xs, _cat_axis(node))
@@ -1027,29 +1021,21 @@ def lower_cat(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
 def _concat(ctx: Lowering, node: fx.Node, xs: Sequence[Tensor], d: int,
             out: Sequence[Dim] | None = None, dtype: str | None = None) -> Tensor:
     """``xs`` (whose other dims carry the result's names) concatenated along axis ``d`` into
-    the result of ``node`` (or into dims ``out`` of type ``dtype``: a step of a longer rule)."""
+    the result of ``node`` (or into dims ``out`` of type ``dtype``: a step of a longer rule).
+    Equal pieces select by position in one op over the result; unequal ones are copied each
+    into its region, so the graph does not depend on the sizes (a KV cache of ``|L|`` rows
+    and one new row is two copies at every length, which a symbolic program needs; cutting
+    the pieces into chunks of the sizes' gcd would make ``|L| + 1`` of them)."""
     out = tuple(out) if out is not None else ctx.dims(node)
     g = ctx.g
-    sizes = [x.dims[d].size for x in xs]
-    n = math.gcd(*sizes)
-    if sum(sizes) // n > MAX_CAT_CHUNKS:
-        raise FrontendError(
-            f"{describe_node(node)}: pieces of sizes {sizes} along dim {d} concatenate as {sum(sizes) // n} chunks "
-            f"of their gcd {n}, over fspyre's limit of {MAX_CAT_CHUNKS} (each chunk is a pass over the result); "
-            f"make the sizes share a larger factor, or keep the cat outside the graph"
-        )
-    inner = g.dim(f"{out[d].name}_n", n) if n != 1 else Dim(f"{out[d].name}_n", 1)
-    chunks = []
-    for x in xs:
-        name = x.dims[d].name
-        if x.dims[d].size == n:
-            chunks.append(g.rename(x, {name: inner.name}))
-        else:
-            chunks += [g.slice(x, name, s, s + n, name=inner.name) for s in range(0, x.dims[d].size, n)]
-    k = g.dim(f"{out[d].name}_k", len(chunks))
-    pieces = [g.unsqueeze(c, d, k.name) for c in chunks]
-    iota = ctx.iota(k)
     dtype = dtype or ctx.dtype(node)
+    if len({x.dims[d].size for x in xs}) > 1:
+        return g.concat([x if x.dtype == dtype else g.cast(x, dtype) for x in xs], d, out)
+    n = xs[0].dims[d].size
+    inner = g.dim(f"{out[d].name}_n", n) if n != 1 else Dim(f"{out[d].name}_n", 1)
+    k = g.dim(f"{out[d].name}_k", len(xs))
+    pieces = [g.unsqueeze(g.rename(x, {x.dims[d].name: inner.name}), d, k.name) for x in xs]
+    iota = ctx.iota(k)
     result = pieces[-1]
     for j in range(len(pieces) - 2, -1, -1):
         result = g.pointwise("where", g.eq(iota, j), pieces[j], result, dtype=dtype)
@@ -1181,8 +1167,7 @@ def _pad_axis(ctx: Lowering, node: fx.Node, x: Tensor, d: int, before: int, afte
 @rule(aten.constant_pad_nd.default, align=align_pad)
 def lower_constant_pad_nd(ctx: Lowering, node: fx.Node, xs: list[Tensor]) -> Tensor:
     """Each padded axis in turn: the concatenation of a constant piece, the operand and a
-    constant piece (exact: the cat selects). Its cost grows with the number of gcd-sized
-    chunks (``MAX_CAT_CHUNKS``), so a one-element border around a wide dim is refused."""
+    constant piece (exact: copies into the result's regions)."""
     (x,) = xs
     value = _scalar(bind(node)["value"], node)
     out = ctx.dims(node)

@@ -502,6 +502,45 @@ class GraphBuilder:
             dtype,
         )
 
+    def concat(self, xs: Sequence[Tensor], axis: int, out: Sequence[Dim | str]) -> Tensor:
+        """``xs`` concatenated along dim ``axis`` into a tensor of dims ``out``: one ``copy``
+        per piece, each writing its own region of the result (the piece's dims, its axis at
+        the offset of the pieces before it). The pieces' other dims are the result's; the
+        axis of each is its own dim, whose size may be symbolic (``|L|`` rows of a KV cache
+        and one new row: two copies whatever ``|L|`` is). A buffer written by several ops
+        is read only after the last of them (``verify_graph``)."""
+        xs = [self._own(x, "concat") for x in xs]
+        dims = self._resolve_dims(out, "concat")
+        if not xs or not 0 <= axis < len(dims):
+            raise GraphError(f"concat: {len(xs)} pieces along axis {axis} of {len(dims)} dims; give at least one "
+                             f"piece and an axis of the result")
+        dtype = xs[0].dtype
+        for x in xs:
+            same = len(x.dims) == len(dims) and all(
+                e.name == d.name and e.size == d.size for j, (e, d) in enumerate(zip(x.dims, dims)) if j != axis)
+            if not same or x.dtype != dtype:
+                raise GraphError(f"concat: piece {x.type} does not match the result {[str(d) for d in dims]} of dtype "
+                                 f"{dtype} but along axis {axis}; cast or reshape the piece first")
+        total = sympy.expand(sum((x.dims[axis].size for x in xs), sympy.Integer(0)))
+        if sympy.expand(total - dims[axis].size) != 0:
+            raise GraphError(f"concat: pieces of sizes {[x.dims[axis].size for x in xs]} along axis {axis} do not "
+                             f"add up to the result's {dims[axis]}")
+        name = self._fresh()
+        t = TensorType(dims=dims, dtype=dtype)
+        self._buffers[name] = Buffer(name=name, type=t)
+        strides = t.strides()
+        hints = tuple(self._active)
+        offset: sympy.Expr = sympy.Integer(0)
+        for x in xs:
+            ranges = x.dims
+            index = sympy.expand(sum((st * (r.symbol + (offset if j == axis else 0))
+                                      for j, (st, r, d) in enumerate(zip(strides, ranges, dims)) if d.size != 1),
+                                     sympy.Integer(0)))
+            self._ops.append(Pointwise(name=self._fresh(), fn="copy", operands=(_load(x, ranges),), ranges=ranges,
+                                       store=Store(buffer=name, index=index), hints=hints))
+            offset = sympy.expand(offset + x.dims[axis].size)
+        return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)
+
     def gather(self, values: Tensor, over: Dim | str, index: Tensor, positions: Tensor) -> Tensor:
         """``values`` with its dim ``over`` replaced by ``index``'s dims: each point of the result
         takes the element of ``values`` at the position along ``over`` that equals ``index``

@@ -359,6 +359,14 @@ def verify_graph(graph: Graph) -> Graph:
     for name in graph.inputs:
         if name not in buffers:
             raise GraphError(f"graph {graph.name}: input {name} has no buffer")
+    writers: dict[str, list[Op]] = {}
+    for op in graph.ops:
+        writers.setdefault(op.store.buffer, []).append(op)
+    last = {}
+    for name, ops in writers.items():
+        if len(ops) > 1 and name in buffers and name not in graph.inputs:
+            _verify_regions(graph, buffers[name], ops)
+        last[name] = ops[-1].name
     written: set[str] = set()
     for op in graph.ops:
         varset = {d.symbol for d in iteration_dims(op)}
@@ -382,8 +390,9 @@ def verify_graph(graph: Graph) -> Graph:
                              f"iteration dims of the op")
         if op.store.buffer in written or op.store.buffer in graph.inputs:
             raise GraphError(f"op {op.name} writes {op.store.buffer}, which is already written")
-        written.add(op.store.buffer)
-        defined.add(op.store.buffer)
+        if last[op.store.buffer] == op.name:  # a buffer of several regions is whole after its last writer
+            written.add(op.store.buffer)
+            defined.add(op.store.buffer)
     for out in graph.outputs:
         if out.buffer not in defined:
             raise GraphError(f"graph output {out.name} names unknown buffer {out.buffer}")
@@ -396,3 +405,53 @@ def verify_graph(graph: Graph) -> Graph:
                 raise HintError(f"op {op.name} carries hint scope {h}, which graph {graph.name} does not declare "
                                 f"(declared scopes: {sorted(scopes)})")
     return graph
+
+
+def store_region(op: Op, dims: tuple[Dim, ...]) -> tuple[int, sympy.Expr] | None:
+    """(axis, offset) when ``op`` writes a region of a buffer of ``dims``: its ranges are the
+    buffer's dims but along one axis, where it covers its own range from ``offset`` on, and
+    its store index is the buffer's row-major index there. None for any other store."""
+    if len(op.ranges) != len(dims) or isinstance(op, Reduction):
+        return None
+    axes = [j for j, (r, d) in enumerate(zip(op.ranges, dims))
+            if r.name != d.name or sympy.expand(r.size - d.size) != 0]
+    if len(axes) != 1:
+        return None
+    (axis,) = axes
+    strides = row_major_strides(tuple(d.size for d in dims))
+    index = sympy.expand(op.store.index)
+    base = sympy.expand(sum((st * r.symbol for st, r, d in zip(strides, op.ranges, dims) if d.size != 1),
+                            sympy.Integer(0)))
+    offset = sympy.expand(index.xreplace({r.symbol: 0 for r in op.ranges}))
+    if sympy.expand(index - offset - base) != 0:
+        return None
+    along = sympy.simplify(offset / strides[axis]) if dims[axis].size != 1 else sympy.Integer(0)
+    if sympy.expand(along * strides[axis] - offset) != 0 or any(s.name in {r.name for r in op.ranges}
+                                                              for s in along.free_symbols):
+        return None
+    return axis, along
+
+
+def _verify_regions(graph: Graph, buffer: Buffer, ops: list[Op]) -> None:
+    """A buffer written by several ops (``GraphBuilder.concat``): each writes a region, all
+    along one axis, the regions in op order one after another from 0 to the axis's size, so
+    every element is written exactly once."""
+    dims = buffer.type.dims
+    regions = [store_region(op, dims) for op in ops]
+    bad = next((op for op, r in zip(ops, regions) if r is None), None)
+    if bad is not None:
+        other = ops[0].name if bad is not ops[0] else ops[1].name
+        raise GraphError(f"op {bad.name} writes {buffer.name}, which {other} also writes; several ops may write "
+                         f"one buffer only each in a region of it along one "
+                         f"axis (GraphBuilder.concat)")
+    axis = regions[0][0]  # type: ignore[index]
+    at: sympy.Expr = sympy.Integer(0)
+    for op, (a, offset) in zip(ops, regions):  # type: ignore[misc]
+        if a != axis or sympy.expand(offset - at) != 0:
+            raise GraphError(f"op {op.name} writes {buffer.name} along axis {a} from {offset}, where the regions "
+                             f"of its writers {[o.name for o in ops]} along axis {axis} need {at}; each element "
+                             f"is written exactly once, in order")
+        at = sympy.expand(at + op.ranges[axis].size)
+    if sympy.expand(at - dims[axis].size) != 0:
+        raise GraphError(f"buffer {buffer.name}: its writers {[o.name for o in ops]} cover {at} of the "
+                         f"{dims[axis].size} elements along axis {axis}; each element is written exactly once")

@@ -137,13 +137,21 @@ def _run_op(op: Op, values: dict[str, np.ndarray], errors: dict[str, np.ndarray 
     out_syms = [d.symbol for d in op.ranges]
     sidx = np.broadcast_to(compile_index(op.store.index, out_syms)(*open_grid([d.size for d in op.ranges])),
                            result.shape)
-    out = np.zeros(out_type.numel, dtype=result.dtype)
+    # a buffer several ops write, each its region (GraphBuilder.concat), keeps what the earlier wrote
+    earlier = values.get(op.store.buffer)
+    out = np.zeros(out_type.numel, dtype=result.dtype) if earlier is None else earlier.astype(result.dtype)
     out[sidx] = result
-    if bound is not None:
+    before = None if errors is None or earlier is None else errors.get(op.store.buffer)
+    if bound is not None or before is not None:
         err = np.zeros(out_type.numel)
-        # an undefined error (inf - inf in a fully masked row) bounds nothing: infinite, not NaN
-        err[sidx] = np.broadcast_to(np.where(np.isnan(bound), np.inf, bound), result.shape)
+        if bound is not None:
+            # an undefined error (inf - inf in a fully masked row) bounds nothing: infinite, not NaN
+            err[sidx] = np.broadcast_to(np.where(np.isnan(bound), np.inf, bound), result.shape)
         bound = numerics.store_bound(out, err, fmt, out_type.dtype)
+        if before is not None and bound is not None:  # the earlier writers' regions keep the bound their stores gave
+            kept = np.ones(out_type.numel, dtype=bool)
+            kept[sidx] = False
+            bound = np.where(kept, before, bound)
     if out_type.dtype == "bool":
         out = numerics.bool_store(out)
     return formats.round_to(out, formats.FORMATS[fmt]), bound

@@ -32,6 +32,7 @@ not do so is refused here.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -117,6 +118,7 @@ def tile(graph: Graph, plan: TilingPlan, online: OnlineOptions = OnlineOptions()
         group_of=group_of,
         readers=readers,
         outputs=frozenset(o.buffer for o in graph.outputs),
+        regions=frozenset(b for b, k in Counter(op.store.buffer for op in graph.ops).items() if k > 1),
         taken=set(ops) | {b.name for b in graph.buffers},
         replaced={},
         extra={},
@@ -156,6 +158,7 @@ class _Context:
     group_of: Mapping[str, int]
     readers: Mapping[str, list[str]]
     outputs: frozenset[str]
+    regions: frozenset[str]  # buffers several ops write, each a region (GraphBuilder.concat)
     taken: set[str]
     replaced: dict[str, TreeBuffer]
     extra: dict[str, list[TreeBuffer]]
@@ -583,7 +586,8 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
             per_tile = replace(op, operands=operands, ranges=t.dims(op.ranges))
         out = op.store.buffer
         inside = out not in cross and any(ctx.group_of.get(rd) == gi for rd in ctx.readers.get(out, ()))
-        outside = out in ctx.outputs or out in cross or any(ctx.group_of.get(rd) != gi
+        # a buffer of several regions is whole only after its last writer: never a per-tile buffer
+        outside = out in ctx.outputs or out in cross or out in ctx.regions or any(ctx.group_of.get(rd) != gi
                                                              for rd in ctx.readers.get(out, ()))
         store = op.store
         if r is not None and _spans_output_tiles(t, r):

@@ -250,6 +250,16 @@ def squeeze(x: Ref, name: str) -> Ref:
     return Ref(tuple(n for n in x.names if n != name), x.value.squeeze(ax), x.err.squeeze(ax), x.dtype)
 
 
+def concat(xs: Sequence[Ref], axis: int, names: Sequence[str]) -> Ref:
+    """The pieces one after another along axis ``axis``; each piece's axes are ``names`` but
+    there, where it has its own. A copy: exact, each piece's bound carried."""
+    for x in xs:
+        if len(x.names) != len(names) or any(a != b for j, (a, b) in enumerate(zip(x.names, names)) if j != axis):
+            raise ValueError(f"concat: piece axes {x.names} do not match {tuple(names)} but at {axis}")
+    return Ref(tuple(names), np.concatenate([x.value for x in xs], axis), np.concatenate([x.err for x in xs], axis),
+               xs[0].dtype)
+
+
 def accept(got: np.ndarray, ref: Ref) -> np.ndarray:
     """Element-wise: is ``got`` (host array in ``ref.names`` order) within the bound?"""
     g = np.asarray(got).astype(np.float64)
