@@ -39,7 +39,7 @@ from fspyre.stages.program import emit_program, verify_program
 from fspyre.stages.residency import Residency, ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
-from fspyre.stages.tiling_search import SearchOptions, search_tiling
+from fspyre.stages.tiling_search import Placed, SearchOptions, search_placed
 
 StageCallback = Callable[[str, Any], None]
 logger = logging.getLogger("fspyre")
@@ -141,17 +141,25 @@ def compile(
     done = _Recorder(callback)
     done("graph", graph)
     # An embedder may bring its own plan (e.g. fspyre.stages.tiling_plan.plan_groups).
+    searched: Placed | None = None
     if isinstance(tiling, TilingPlan):
         plan = tiling
     elif tiling == "auto":
         options = SearchOptions(fuse=fuse, residency=residency, online=OnlineOptions(enabled=online),
                                 split=split_options, allocation=allocation_options)
-        plan = done("tiling_search", search_tiling(graph, machine, options)).plan
+        searched = search_placed(graph, machine, options)
+        plan = done("tiling_search", searched.search).plan
     else:
         plan = plan_tiling(graph, TilingOptions(mode=tiling, online=OnlineOptions(enabled=online)))
     done("tiling_plan", plan)
-    tiled = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
-    placed = _place(tiled, machine, done, residency, split_options, allocation_options)
+    if searched is not None and searched.tree is not None:
+        # the search compiled its plan under these very options to judge it: its loop tree and
+        # placement are the stages' output (tests/tiling/test_tiling_search.py: the same program)
+        tiled = done("loop_tree", searched.tree)
+    else:
+        tiled = done("loop_tree", tile(graph, plan, OnlineOptions(enabled=online)))
+    given = searched.placed if searched is not None else None
+    placed = _place(tiled, machine, done, residency, split_options, allocation_options, given)
     return _finish(graph, machine, plan, tiled, placed.split, placed.program, done)
 
 
@@ -186,9 +194,9 @@ class _Recorder:
 
 
 def _place(tree: LoopTree, machine: Machine, done: _Recorder, residency: bool, split_options: SplitOptions,
-           allocation_options: AllocationOptions) -> Residency:
+           allocation_options: AllocationOptions, given: Residency | None = None) -> Residency:
     # keep_resident judges its copies by dividing and allocating; its result carries both
-    placed = place_copies(
+    placed = given or place_copies(
         tree, machine, ResidencyOptions(enabled=residency, split=split_options, allocation=allocation_options))
     done("resident_tree", placed.tree)
     done("split_plan", placed.split)

@@ -262,6 +262,10 @@ def _op_terms(b: _OpBytes, used: int, cores: int) -> _OpTerms:
                     split=Fraction(split_penalty_ns(area, *b.mm_splits)))
 
 
+_SHAPES: dict[tuple, _OpBytes] = {}
+_SHAPES_MAX = 1 << 14
+
+
 def traffic_report(program: Program) -> TrafficReport:
     """The program carries every size the report needs, so no machine is passed."""
     ops, _ = program_timeline(program)
@@ -269,9 +273,12 @@ def traffic_report(program: Program) -> TrafficReport:
     kernels: dict[int, list[tuple[OpTraffic, _OpBytes]]] = {}
     lx_peak = np.zeros(program.cores, dtype=np.int64)
     kernel_of: dict[tuple, int] = {}  # a top-level loop (its id) or a top-level op (its time)
-    # Ops of one shape (a chain's, a fan-out's: keep_resident estimates each candidate program)
-    # touch the same bytes wherever their tensors are: computed once per shape.
-    shapes: dict[tuple, _OpBytes] = {}
+    # Ops of one shape (a chain's, a fan-out's: keep_resident and the tiling search estimate
+    # many candidate programs) touch the same bytes wherever their tensors are: computed once
+    # per shape (``_SHAPES``).
+    shapes = _SHAPES
+    if len(shapes) >= _SHAPES_MAX:
+        shapes.clear()  # bounded: a cleared table only costs the shapes again
     for t, spec, chain, counts in ops:
         # a guarded op runs once per iteration of the loops outside its innermost one
         iters = math.prod(counts[:-1] if spec.runs != "every" else counts)

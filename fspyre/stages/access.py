@@ -136,8 +136,30 @@ def analyze_accesses(tree: LoopTree, machine: Machine) -> AccessPlan:
     table = tree.buffer_table()
     layouts = FrozenMap((b.name, buffer_layout(b, machine)) for b in tree.buffers)
     counts = loop_counts(tree)
-    ops = FrozenMap((n.name, _op_access(n, tuple(counts[n.name]), table, machine, layouts)) for n in op_nodes(tree))
+    ops = FrozenMap((n.name, _known_access(n, tuple(counts[n.name]), table, machine, layouts))
+                    for n in op_nodes(tree))
     return AccessPlan(tree=tree, machine=machine, layouts=layouts, ops=ops)
+
+
+# An op's accesses by everything they are made from: the node, its loops' counts, the buffers
+# it names and the machine (whose formats give the layouts). A tiling search and
+# keep_resident's copy trials analyse the same node in many trees. Bounded: a cleared table
+# only costs the analyses again.
+_ANALYSED: dict[tuple, OpAccess] = {}
+_ANALYSED_MAX = 1 << 14
+
+
+def _known_access(node: OpNode, counts: tuple[int, ...], table: Mapping[str, TreeBuffer], machine: Machine,
+                  layouts: Mapping[str, StickLayout]) -> OpAccess:
+    op = node.op
+    named = tuple(table[o.buffer] for o in op.operands if isinstance(o, Load)) + (table[op.store.buffer],)
+    key = (node, counts, named, machine)
+    found = _ANALYSED.get(key)
+    if found is None:
+        if len(_ANALYSED) >= _ANALYSED_MAX:
+            _ANALYSED.clear()
+        found = _ANALYSED[key] = _op_access(node, counts, table, machine, layouts)
+    return found
 
 
 def access_plan(tree: LoopTree, splits: SplitPlan, machine: Machine) -> AccessPlan:

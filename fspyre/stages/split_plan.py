@@ -126,21 +126,22 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
     warnings: list[str] = []
     nodes = op_nodes(tree)
     table = tree.buffer_table()
-    # Ops of one shape (a chain's, a fan-out's, a candidate tiling's) divide alike: each shape
-    # is divided once, unless its division noted or warned (the messages name the op).
-    shapes: dict[tuple, OpSplit] = {}
+    # Ops of one shape (a chain's, a fan-out's, a candidate tiling's, the next copy trial's)
+    # divide alike: each shape is divided once per process (``_DIVIDED``), unless its division
+    # noted or warned (the messages name the op).
     for node in nodes:
         accesses = analysis.ops[node.name].tensors
         hint = _merged_hint(node.op, scopes) if options.use_hints else {}
         replicates = _replicates(node.op, table)
         shape = _division_shape(node.op, accesses, hint, replicates)
-        split = shapes.get(shape) if shape is not None else None
+        key = None if shape is None else (shape, budget, machine.span_limit, options.distribute, options.whole)
+        split = _DIVIDED.get(key) if key is not None else None
         if split is None:
             said = len(notes), len(warnings)
             split = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
                                notes, warnings, replicates, options.whole)
-            if shape is not None and (len(notes), len(warnings)) == said:
-                shapes[shape] = split
+            if key is not None and (len(notes), len(warnings)) == said:
+                _remember(_DIVIDED, key, split)
         plans[node.name] = split
     if options.use_hints:
         warnings[:0] = _uniterated_work_div(tree.hints, [n.op for n in nodes])
@@ -168,6 +169,19 @@ def _uniterated_work_div(hints: Sequence[HintScope], ops: Sequence[Op]) -> list[
                     f"hint ignored (remove it, or build the ops that iterate {dim} inside the scope)"
                 )
     return out
+
+
+# Divisions by their shape and the options that divided them: a tiling search divides the
+# same op shapes in hundreds of candidate trees, and keep_resident re-divides each tree once
+# per set of copies it tries. Bounded: a cleared table only costs the divisions again.
+_DIVIDED: dict[tuple, OpSplit] = {}
+_DIVIDED_MAX = 1 << 14
+
+
+def _remember(table: dict, key: tuple, value: object) -> None:
+    if len(table) >= _DIVIDED_MAX:
+        table.clear()
+    table[key] = value
 
 
 def _division_shape(op: Op, accesses: Sequence[Access], hint: Mapping[str, object], replicates: bool) -> tuple | None:

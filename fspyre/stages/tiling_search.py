@@ -61,6 +61,7 @@ from fspyre.ir.graph import (
     sym,
 )
 from fspyre.ir.kinds import FUSE_MODES, FuseMode
+from fspyre.ir.looptree import LoopTree
 from fspyre.ir.plans import Alternative, Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.layout import stick_layout
@@ -72,7 +73,7 @@ from fspyre.stages.arguments import require, require_graph
 from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.program import verify_program
-from fspyre.stages.residency import ResidencyOptions, place_copies
+from fspyre.stages.residency import Residency, ResidencyOptions, place_copies
 from fspyre.stages.split_plan import SplitOptions
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
 
@@ -103,6 +104,7 @@ class SearchOptions:
     fuse: FuseMode = "max-producers"  # which producers join a consumer's loop (above)
     strategy: Strategy = "dp"  # "dp": the time-first search over segments; "greedy": the seed's pass
     window: int = 8  # the DP's longest segment of contiguous ops
+    patience: int = 2  # the DP stops weighing a consumer's segments after this many judged in a row gain nothing
     residency: bool = True  # judge each candidate with keep_resident's LX copies, as compile will run it
     online: OnlineOptions = OnlineOptions()  # the online-softmax rewrite the candidates are tiled with
     split: SplitOptions = SplitOptions()  # the work division each candidate is judged under
@@ -117,18 +119,38 @@ class SearchOptions:
         if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
             raise TilingError(f"window={self.window!r}: the most ops of a segment the search weighs must be an "
                               f"integer >= 1")
+        if not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 1:
+            raise TilingError(f"patience={self.patience!r}: the segments judged in a row without a gain before the "
+                              f"search stops weighing a consumer's segments must be an integer >= 1")
 
 
 def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> TilingSearch:
+    return search_placed(graph, machine, options).search
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placed:
+    """The search and the whole graph compiled under its plan, as the search judged it: the
+    loop tree ``tile`` made and keep_resident's tree, work division, allocation and verified
+    program (``placed``). The pipeline hands these on instead of compiling the plan again.
+    ``tree`` and ``placed`` are None when the plan's compile was refused (compiling it again
+    reports why)."""
+
+    search: TilingSearch
+    tree: LoopTree | None = None
+    placed: Residency | None = None
+
+
+def search_placed(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> Placed:
     require(machine, Machine, "search_tiling", "machine")
     require_graph(graph, "search_tiling", machine)
     require(options, SearchOptions, "search_tiling", "options")
     hinted = plan_tiling(graph, TilingOptions(mode="hints", online=options.online))
     in_group = {name for g in hinted.groups for name in g.ops}
-    base = _report(options, machine, graph, hinted)
+    base = _compiled(options, machine, graph, hinted)
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
-                  outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base))
+                  outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base.report if base else None))
     records: list[GroupSearch] = []
     run: list[str] = []
     # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
@@ -152,29 +174,42 @@ def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = Searc
     plan = TilingPlan(order=searched.order, groups=tuple(groups), warnings=hinted.warnings,
                       notes=hinted.notes + searched.notes)
     note = ""
+    chosen = base
     if found:
         # Each group was judged alone; together they share LX and copies differently. The
         # whole program must not be estimated slower than leaving those ops untiled.
-        mine = _report(options, machine, graph, plan)
-        if base is not None and (mine is None or _whole(base) < _whole(mine)):
+        mine = _compiled(options, machine, graph, plan)
+        chosen = mine
+        if base is not None and (mine is None or _whole(base.report) < _whole(mine.report)):
             note = (f"the searched groups together are estimated at "
-                    f"{'a refusal' if mine is None else f'{mine.time_ns / 1000:.2f} us'}, the hinted plan alone at "
-                    f"{base.time_ns / 1000:.2f} us: kept the hinted plan")
-            plan = hinted
-    return TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note,
-                        compiled=ctx.tally["compiled"], reused=ctx.tally["reused"], screened=ctx.tally["screened"])
+                    f"{'a refusal' if mine is None else f'{mine.report.time_ns / 1000:.2f} us'}, the hinted plan "
+                    f"alone at {base.report.time_ns / 1000:.2f} us: kept the hinted plan")
+            plan, chosen = hinted, base
+    search = TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note,
+                          compiled=ctx.tally["compiled"], reused=ctx.tally["reused"], screened=ctx.tally["screened"])
+    if chosen is None:
+        return Placed(search=search)
+    return Placed(search=search, tree=chosen.tree, placed=chosen.placed)
 
 
-def _report(options: SearchOptions, machine: Machine, graph: Graph, plan: TilingPlan) -> TrafficReport | None:
-    """The traffic report of the whole graph compiled under ``plan`` (None: refused)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Compiled:
+    tree: LoopTree
+    placed: Residency
+    report: TrafficReport
+
+
+def _compiled(options: SearchOptions, machine: Machine, graph: Graph, plan: TilingPlan) -> _Compiled | None:
+    """The whole graph compiled under ``plan`` as the pipeline compiles it (None: refused)."""
     try:
-        placed = place_copies(tile(graph, plan, options.online), machine, ResidencyOptions(
+        tree = tile(graph, plan, options.online)
+        placed = place_copies(tree, machine, ResidencyOptions(
             enabled=options.residency, split=options.split, allocation=options.allocation))
         # the program compile would hand on: a plan whose program its verifier refuses is refused
         verify_program(placed.program)
     except FspyreError:
         return None
-    return traffic_report(placed.program)
+    return _Compiled(tree=tree, placed=placed, report=traffic_report(placed.program))
 
 
 def _whole(report: TrafficReport) -> tuple[float, int]:
@@ -253,7 +288,10 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     model, for groups the window's segments cover.
     The consumer untiled on its own is always an option, at no change and without a compile.
     Segments are judged in the order of ``best[j]`` plus the segment's lower bound
-    (``_bound``), and one whose bound cannot beat the best found for ``i`` is not judged."""
+    (``_bound``), and one whose bound cannot beat the best found for ``i`` is not judged; nor
+    are the rest once ``patience`` judged in a row did not improve it (the bound ranks the
+    segments that can gain; one further down that order rarely gains where those before it
+    did not), nor any for a consumer that costs nothing untiled in the hinted program."""
     n = len(run)
     best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
     back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
@@ -278,10 +316,15 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                                                               candidates=(alone,), chosen=0))
             alternatives.append(Alternative(ops=(consumer,), bound_ns=best[i - 1][0], choice=alone,
                                             change_ns=best[i - 1][0]))
+        # A consumer that costs nothing untiled in the hinted program (it moves no HBM byte and
+        # computes nothing: its operands and result stay in LX) ends no group: a group ending
+        # there adds the op's work to its loop and saves nothing the hinted program pays.
+        free = found is not None and ctx.untiled.get(consumer) == (0.0, 0)
+        idle = 0  # segments judged in a row that did not improve best[i]
         for j in order:
             members = tuple(run[j:i])
             reach = best[j][0] + bounds[j]
-            if found is not None and reach > best[i][0]:
+            if found is not None and (free or reach > best[i][0] or idle >= ctx.options.patience):
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
@@ -290,6 +333,9 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
             if found is None or cost < best[i]:
                 best[i], found = cost, (j, record)
+                idle = 0
+            else:
+                idle += 1
         assert found is not None  # the consumer alone is always a segment, judged when not free
         back[i] = (*found, tuple(alternatives))
     records: list[GroupSearch] = []
@@ -617,12 +663,17 @@ def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, .
 
 
 _MISSES = 3
+# An accumulation's counts are given up at the first that does not fit: its accumulator keeps
+# the size of the reduction's result at every count, and it spilled at the coarsest count in
+# 290 of the 292 accumulation candidates of the S=2048, D=4096 transformer block (each a
+# compile) -- where the coarsest fits, the finer counts are judged while they improve.
+_ACCUMULATION_MISSES = 1
 
 
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
-                    levels: Callable[[int], tuple[Level, ...]]) -> None:
+                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES) -> None:
     """Judge the counts from the coarsest up until one fits, then finer while the estimate
-    improves; give up after ``_MISSES`` counts that do not fit (the counts of a large dim
+    improves; give up after ``limit`` counts that do not fit (the counts of a large dim
     that never fits would each be compiled)."""
     best_rank = None
     misses = 0
@@ -632,7 +683,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
             # fit, and spilling estimates need not fall as the tiles shrink
             misses += 1
-            if misses == _MISSES:
+            if misses == limit:
                 break
             continue
         rank = _rank(cand)
@@ -652,7 +703,8 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     after the loop. Counts from the coarsest up until one fits, then finer while the estimate
     improves."""
     for dim, size in _accumulation_dims(ops):
-        _coarse_to_fine(judge, members, _counts(ctx, ops, dim, size), partial(_innermost, (), dim))
+        _coarse_to_fine(judge, members, _counts(ctx, ops, dim, size), partial(_innermost, (), dim),
+                        _ACCUMULATION_MISSES)
 
 
 def _accumulation_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:

@@ -254,3 +254,33 @@ def test_the_dp_is_never_estimated_slower_than_greedy_none_or_hints(prog, cores,
     greedy = estimate(graph, machine, search_tiling(graph, machine, SearchOptions(strategy="greedy")).plan)
     assert auto <= min(estimate(graph, machine, "none"), estimate(graph, machine, "hints")) * (1 + 1e-9)
     assert auto <= greedy * (1 + 1e-9)
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(prog=programs(max_ops=5), cores=core_counts(), lx=lx_capacities())
+def test_the_search_hands_on_the_program_compiling_its_plan_gives(prog, cores, lx):
+    """compile(tiling="auto") takes the loop tree and placement the search judged its plan by:
+    the program is the one compiling that plan again gives, hash for hash, and the stages it
+    records are the recompile's."""
+    graph, machine = prog.graph, spyre(cores=cores, lx_bytes=lx)
+    auto = fspyre.compile(graph, machine=machine, tiling="auto")
+    again = fspyre.compile(graph, machine=machine, tiling=auto.stages["tiling_plan"])
+    assert auto.program == again.program and hash(auto.program) == hash(again.program)
+    for name in ("loop_tree", "resident_tree", "split_plan", "allocation"):
+        assert auto.stages[name] == again.stages[name], name
+
+
+def test_the_stages_caches_change_no_program():
+    """Divisions, accesses and report shapes are remembered across compiles by what they are
+    made from: a compile with every table emptied first gives the same programs and plan."""
+    from fspyre.machine import report
+    from fspyre.stages import access, split_plan
+
+    machine = spyre(cores=4, lx_bytes=64 * 1024)
+    graphs = [transformer_stack(1, seq=64, model=128, heads=2, hidden=256), softmax(256, 512)]
+    warm = [fspyre.compile(g, machine=machine, tiling="auto") for g in graphs]
+    for g, comp in zip(graphs, warm):
+        for table in (split_plan._DIVIDED, access._ANALYSED, report._SHAPES):
+            table.clear()
+        cold = fspyre.compile(g, machine=machine, tiling="auto")
+        assert cold.program == comp.program and cold.stages["tiling_plan"] == comp.stages["tiling_plan"]
