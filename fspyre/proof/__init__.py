@@ -44,8 +44,8 @@ def prove(comp: Any, graph: Graph | None = None) -> Proof:
         results += [PropertyResult(name=n, verdict="undecided", reason="memory safety is not proved")
                     for n in PROPERTIES[1:]]
     else:
-        memory_flow, tensor_flow = flows(model, "cell"), flows(model, "elem")
-        cover, flow = coverage(model, graph, memory_flow), dataflow(model, memory_flow, tensor_flow)
+        tensor_flow = flows(model)
+        cover, flow = coverage(model, graph, tensor_flow), dataflow(model, tensor_flow)
         if graph is not None and cover.verdict == flow.verdict == "proved":
             try:
                 bad_cover, bad_flow = graph_values(model, graph, tensor_flow[0])

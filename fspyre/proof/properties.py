@@ -28,7 +28,7 @@ def counterexample(model: Model, points: isl.UnionSet) -> Counterexample:
     params = _values(one, isl.dim_type.param, len(model.params))
     # the address: the access map at that instance
     fixed = isl.Set.from_point(one)
-    cells = access_map(model, [acc], "cell").intersect_domain(isl.UnionSet.from_set(fixed))
+    cells = model.access(acc, "cell").intersect_domain(isl.UnionSet.from_set(fixed))
     address, memory = -1, acc.memory
     if not cells.is_empty():
         cell = cells.range().sample_point()
@@ -36,11 +36,10 @@ def counterexample(model: Model, points: isl.UnionSet) -> Counterexample:
         address = _values(cell, isl.dim_type.set, n)[-1]
     loops = tuple(vals[:acc.loops])
     if acc.spec is None:  # copy-in / copy-out: host index, no core
-        core, point = -1, tuple(vals[:-1])
+        core, point = -1, tuple(vals)
         op = f"copy-{'in' if acc.is_write else 'out'}"
     else:
-        n = len(acc.syms)
-        core, point = vals[acc.loops], tuple(vals[acc.loops + 1 + n:-1])
+        core, point = vals[acc.loops], tuple(vals[acc.loops + 1 + len(acc.syms):])
         op = acc.spec.name or acc.spec.op
     dims = [d.name for d in model.program.symbolic.dims] if model.program.symbolic is not None else []
     sizes = tuple((d, v) for d, v in zip(dims, params))
@@ -48,29 +47,39 @@ def counterexample(model: Model, points: isl.UnionSet) -> Counterexample:
                           address=address, sizes=sizes)
 
 
-def access_map(model: Model, accesses: Iterable[Access], target: str) -> isl.UnionMap:
-    """Instances -> memory cells (``target="cell"``) or tensor elements (``"elem"``)."""
-    parts = []
+def access_map(model: Model, accesses: Iterable[Access], target: str, bytewise: bool = False) -> isl.UnionMap:
+    """Instances -> memory cells (``target="cell"``) or tensor elements (``"elem"``): the
+    first byte of each element, or all its bytes (``bytewise``)."""
+    out = model.empty_map()
     for acc in accesses:
-        for cond, _, cell, elem in acc.pieces:
-            parts.append(f"{acc.stmt}[{', '.join(acc.dims)}] -> {cell if target == 'cell' else elem} : {cond}")
-    return model.union_map(parts)
+        out = out.union(model.access(acc, target, bytewise))
+    return out
 
 
-def _violations(model: Model, acc: Access, why: str, where) -> isl.UnionSet | None:
-    """The instances of ``acc`` where ``where(piece_index, address)`` (an isl condition) holds."""
-    parts = []
-    for j, (cond, _, cell, _) in enumerate(acc.pieces):
-        address = cell[cell.index("[") + 1:-1].split(", ", 1)[-1] if acc.memory == "lx" else cell[4:-1]
-        bad = where(j, address)
-        if bad:
-            parts.append(f"{acc.stmt}[{', '.join(acc.dims)}] : {cond} and ({bad})")
-    if not parts:
+def _violations(model: Model, acc: Access, checks) -> tuple[str, isl.UnionSet] | None:
+    """The first of ``checks`` (``(why, where)``, ``where(piece_index, address)`` an isl
+    condition) some instance of ``acc`` meets, with those instances; None when none does.
+    All the checks are asked at once first: a program that keeps them all pays one question."""
+    def bad(selected) -> isl.UnionSet | None:
+        parts = []
+        for j, (cond, _, cell, _) in enumerate(acc.pieces):
+            address = cell[cell.index("[") + 1:-1].split(", ", 1)[-1] if acc.memory == "lx" else cell[4:-1]
+            wheres = [w for w in (where(j, address) for _, where in selected) if w]
+            if wheres:
+                parts.append(f"{acc.head()} : {cond} and ({' or '.join(f'({w})' for w in wheres)})")
+        out = None
+        for p in parts:
+            one = isl.UnionSet.read_from_str(CTX, model.space(p))
+            out = one if out is None else out.union(one)
+        return None if out is None or out.is_empty() else out
+
+    if bad(checks) is None:
         return None
-    out = isl.UnionSet.read_from_str(CTX, model.space(parts[0]))
-    for p in parts[1:]:
-        out = out.union(isl.UnionSet.read_from_str(CTX, model.space(p)))
-    return None if out.is_empty() else out
+    for why, where in checks:
+        found = bad([(why, where)])
+        if found is not None:
+            return why, found
+    return None  # pragma: no cover -- the union of the checks was not empty, so one of them is not
 
 
 def memory_safety(model: Model) -> PropertyResult:
@@ -86,37 +95,41 @@ def memory_safety(model: Model) -> PropertyResult:
         arg = acc.arg
         broken = _malformed(acc, program)
         if broken:
-            return _refuted("memory_safety", model, acc, broken, lambda j, a: "b = 0")
+            found = _violations(model, acc, [(broken, lambda j, a: "0 = 0")])
+            assert found is not None
+            return PropertyResult(name="memory_safety", verdict="refuted", reason=broken,
+                                  counterexample=counterexample(model, found[1]))
+        nb = acc.nbytes
         checks: list[tuple[str, Callable[..., str]]] = []
         for d, size in enumerate(arg.device_size):
             checks.append((f"device coordinate {d} leaves its device size {size}",
                            lambda j, a, d=d, size=size: f"{acc.coords[j][d]} < 0 or {acc.coords[j][d]} >= {_t(size)}"))
-        checks.append((f"an element address is not aligned to {acc.nbytes} bytes",
-                       lambda j, a: f"b = 0 and ({a}) mod {acc.nbytes} > 0"))
+        checks.append((f"an element address is not aligned to {nb} bytes",
+                       lambda j, a: f"({a}) mod {nb} > 0"))
         if acc.memory == "hbm":
             own = f"{_t(arg.address)} + {_bytes(arg)}"
             checks.append((f"leaves its allocation [{arg.address}, {own})",
-                           lambda j, a: f"{a} < {_t(arg.address)} or {a} >= {own}"))
+                           lambda j, a: f"{a} < {_t(arg.address)} or {a} + {nb} > {own}"))
             checks.append((f"leaves HBM ({program.hbm_bytes} bytes)",
-                           lambda j, a: f"{a} < 0 or {a} >= {_t(program.hbm_bytes)}"))
+                           lambda j, a: f"{a} < 0 or {a} + {nb} > {_t(program.hbm_bytes)}"))
             if arg.arg_index >= 0:
                 lo, hi = regions.get(arg.arg_index, ("0", "0"))
                 checks.append((f"leaves kernel argument {arg.arg_index}, which its arg_index names",
-                               lambda j, a: f"{a} < {lo} or {a} >= {hi}"))
+                               lambda j, a: f"{a} < {lo} or {a} + {nb} > {hi}"))
             else:
                 for index, (lo, hi) in regions.items():
                     checks.append((f"an intermediate reaches into kernel argument {index}",
-                                   lambda j, a, lo=lo, hi=hi: f"{a} >= {lo} and {a} < {hi}"))
+                                   lambda j, a, lo=lo, hi=hi: f"{a} + {nb} > {lo} and {a} < {hi}"))
         else:
             checks.append((f"leaves the core's LX ({program.lx_bytes} bytes)",
-                           lambda j, a: f"{a} < 0 or {a} >= {_t(program.lx_bytes)}"))
-        for why, where in checks:
-            bad = _violations(model, acc, why, where)
-            checked += 1
-            if bad is not None:
-                ce = counterexample(model, bad)
-                return PropertyResult(name="memory_safety", verdict="refuted",
-                                      reason=f"op {ce.op} tensor {arg.name}: {why}", counterexample=ce)
+                           lambda j, a: f"{a} < 0 or {a} + {nb} > {_t(program.lx_bytes)}"))
+        checked += len(checks)
+        found = _violations(model, acc, checks)
+        if found is not None:
+            why, bad = found
+            ce = counterexample(model, bad)
+            return PropertyResult(name="memory_safety", verdict="refuted",
+                                  reason=f"op {ce.op} tensor {arg.name}: {why}", counterexample=ce)
     return PropertyResult(name="memory_safety", verdict="proved",
                           reason=f"{len(model.accesses)} accesses ({checked} conditions) inside their device dims, "
                                  f"allocations and memories, aligned, over every iteration and core")
@@ -159,12 +172,6 @@ def _malformed(acc: Access, program) -> str:
     return ""
 
 
-def _refuted(name: str, model: Model, acc: Access, why: str, where) -> PropertyResult:
-    bad = _violations(model, acc, why, where)
-    assert bad is not None
-    return PropertyResult(name=name, verdict="refuted", reason=why, counterexample=counterexample(model, bad))
-
-
 def _t(v) -> str:
     from fspyre.proof.sets import isl_text
 
@@ -178,45 +185,151 @@ def _bytes(arg) -> str:
     return _t(sympy.expand(sympy.Mul(formats.FORMATS[arg.device_dtype].nbytes, *arg.device_size)))
 
 
-def schedule(model: Model) -> isl.UnionMap:
-    return model.union_map([text for _, text in model.schedule])
+def schedule(model: Model, accesses: Iterable[Access] | None = None) -> isl.UnionMap:
+    stmts = None if accesses is None else {a.stmt for a in accesses}
+    return model.union_map([text for stmt, text in model.schedule if stmts is None or stmt in stmts])
 
 
-def flows(model: Model, target: str) -> tuple[isl.UnionMap, isl.UnionSet]:
-    """(last writer -> read, reads with no writer) over memory cells or tensor elements."""
-    reads = access_map(model, [a for a in model.accesses if not a.is_write], target)
-    writes = access_map(model, [a for a in model.accesses if a.is_write], target)
-    info = isl.UnionAccessInfo.from_sink(reads).set_must_source(writes).set_schedule_map(schedule(model))
+def _compute_flow(model: Model, accesses: list[Access], target: str,
+                  bytewise: bool) -> tuple[isl.UnionMap, isl.UnionSet]:
+    """isl's last-writer analysis over ``accesses`` (program order): (last writer -> read,
+    reads with no writer)."""
+    reads = access_map(model, [a for a in accesses if not a.is_write], target, bytewise)
+    writes = access_map(model, [a for a in accesses if a.is_write], target, bytewise)
+    info = isl.UnionAccessInfo.from_sink(reads).set_must_source(writes).set_schedule_map(schedule(model, accesses))
     flow = info.compute_flow()
     return flow.get_must_dependence(), flow.get_must_no_source().domain()
 
 
-def dataflow(model: Model, memory_flow, tensor_flow) -> PropertyResult:
+def _shared_loops(w: Access, r: Access) -> int:
+    m = 0
+    while m < min(w.loops, r.loops) and w.path[m] == r.path[m]:
+        m += 1
+    return m
+
+
+def _same_iteration(model: Model, w: Access, r: Access) -> isl.UnionMap | None:
+    """The last writer of every element ``r`` reads, when it is found without isl's
+    last-writer search: ``w`` (its tensor's only write) comes before ``r`` in program order,
+    and in ``r``'s iteration of the loops they share exactly one instance of ``w`` wrote each
+    element ``r`` reads -- that instance is the last write before ``r``, since every other
+    instance of ``w`` ran in an earlier iteration of those loops or after ``r``. ``w -> r``,
+    or None when it does not hold (then isl decides)."""
+    if not w.path < r.path:
+        return None
+    m = _shared_loops(w, r)
+    wdims = [f"{d}_w" for d in w.dims]
+    same = " and ".join(f"{r.dims[L]} = {wdims[L]}" for L in range(m))
+    pair = model.union_map([f"{r.head()} -> {w.stmt}[{', '.join(wdims)}]" + (f" : {same}" if same else "")])
+    found = model.access(r, "elem").apply_range(model.access(w, "elem").reverse()).intersect(pair)
+    if not found.is_single_valued() or not model.instances(r).is_subset(found.domain()):
+        return None
+    # in explicit form (each writer coordinate a quasi-affine function of the read's), as
+    # isl's own analysis returns it: the relations built on it stay small
+    return found.lexmax().reverse()
+
+
+def flows(model: Model) -> tuple[isl.UnionMap, isl.UnionSet]:
+    """(last writer -> read, reads with no writer) over tensor elements (per core in LX),
+    tensor by tensor: an element is written and read only through its own tensor's accesses.
+    The usual case (one write, each read finding its writer in its own iteration) is shown by
+    one relation composition per read; the others get isl's last-writer analysis."""
+    groups: dict[str, list[Access]] = {}
+    for acc in model.accesses:
+        groups.setdefault(acc.tensor, []).append(acc)
+    deps, none = model.empty_map(), model.empty_map().domain()
+    for accs in groups.values():
+        writes = [a for a in accs if a.is_write]
+        reads = [a for a in accs if not a.is_write]
+        if not reads:
+            continue
+        found = [_same_iteration(model, writes[0], r) for r in reads] if len(writes) == 1 else [None]
+        if all(d is not None for d in found):
+            for d in found:
+                deps = deps.union(d)
+            continue
+        d, n = _compute_flow(model, accs, "elem", False)
+        deps, none = deps.union(d), none.union(n)
+    return deps, none
+
+
+def _alias_classes(model: Model) -> list[list[Access]]:
+    """The accesses of tensors that may share memory cells while both are live: tensors whose
+    bytes overlap (in one memory) and whose accesses overlap in program order (top-level
+    positions). A tensor whose accesses disagree on its address, memory or element size is
+    checked even alone. Tensors apart in memory or in time cannot disturb each other's flow."""
+    groups: dict[str, list[Access]] = {}
+    for acc in model.accesses:
+        groups.setdefault(acc.tensor, []).append(acc)
+    info = []
+    for name, accs in groups.items():
+        mems = {a.memory for a in accs}
+        addresses = {str(a.arg.address) for a in accs}
+        sizes = {a.nbytes for a in accs}
+        spans = [a.span for a in accs]
+        lone = len(mems) > 1 or len(addresses) > 1 or len(sizes) > 1
+        span = None if any(s is None for s in spans) else (min(s[0] for s in spans), max(s[1] for s in spans))
+        when = (min(a.path[0] for a in accs), max(a.path[0] for a in accs))
+        info.append((name, next(iter(mems)), span, when, lone))
+    parent = {name: name for name, *_ in info}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for memory in ("hbm", "lx"):
+        mine = [i for i in info if i[1] == memory]
+        unknown = [i for i in mine if i[2] is None]
+        known = sorted((i for i in mine if i[2] is not None), key=lambda i: i[2][0])
+        active: list = []
+        for one in known:
+            active = [o for o in active if o[2][1] > one[2][0]]  # still overlapping in bytes
+            for other in active + unknown:
+                if other[3][0] <= one[3][1] and one[3][0] <= other[3][1]:
+                    parent[root(one[0])] = root(other[0])
+            active.append(one)
+        for j, one in enumerate(unknown):
+            for other in unknown[:j]:
+                parent[root(one[0])] = root(other[0])
+    classes: dict[str, list[str]] = {}
+    for name, *_ in info:
+        classes.setdefault(root(name), []).append(name)
+    lone = {name for name, *_, alone in info if alone}
+    return [[a for n in names for a in groups[n]] for names in classes.values() if len(names) > 1 or lone & set(names)]
+
+
+def dataflow(model: Model, tensor_flow) -> PropertyResult:
     """Every read (and every copy-out) obtains the value last written to the same tensor
     element -- on the same core, in LX -- and bytes someone wrote: memory and tensors flow alike."""
-    mem, mem_none = memory_flow
     ten, ten_none = tensor_flow
-    if not mem_none.is_empty():
-        ce = counterexample(model, mem_none)
-        return PropertyResult(name="dataflow", verdict="refuted", counterexample=ce,
-                              reason=f"op {ce.op} reads {ce.tensor} bytes nothing wrote before")
     if not ten_none.is_empty():
         ce = counterexample(model, ten_none)
         return PropertyResult(name="dataflow", verdict="refuted", counterexample=ce,
                               reason=f"op {ce.op} reads an element of {ce.tensor} no op wrote before as {ce.tensor}")
-    wrong = mem.subtract(ten).union(ten.subtract(mem))
-    if not wrong.is_empty():
-        ce = counterexample(model, wrong.range())
-        return PropertyResult(name="dataflow", verdict="refuted", counterexample=ce,
-                              reason=f"op {ce.op} reads {ce.tensor} bytes last written by another write than the one "
-                                     f"that last wrote that element of {ce.tensor} (an overwritten live buffer, a "
-                                     f"stale slot or another core's copy)")
+    classes = _alias_classes(model)
+    for accs in classes:
+        mem, mem_none = _compute_flow(model, accs, "cell", True)
+        if not mem_none.is_empty():
+            ce = counterexample(model, mem_none)
+            return PropertyResult(name="dataflow", verdict="refuted", counterexample=ce,
+                                  reason=f"op {ce.op} reads {ce.tensor} bytes nothing wrote before")
+        ten, _ = _compute_flow(model, accs, "elem", True)
+        wrong = mem.subtract(ten).union(ten.subtract(mem))
+        if not wrong.is_empty():
+            ce = counterexample(model, wrong.range())
+            return PropertyResult(name="dataflow", verdict="refuted", counterexample=ce,
+                                  reason=f"op {ce.op} reads {ce.tensor} bytes last written by another write than the "
+                                         f"one that last wrote that element of {ce.tensor} (an overwritten live "
+                                         f"buffer, a stale slot or another core's copy)")
     return PropertyResult(name="dataflow", verdict="proved",
-                          reason="every read obtains the last write of the same tensor element (per core in LX), "
-                                 "every byte read was written, over every iteration and core")
+                          reason=f"every read obtains the last write of the same tensor element (per core in LX), "
+                                 f"every byte read was written, over every iteration and core ({len(classes)} groups "
+                                 f"of tensors that share memory while live checked byte by byte)")
 
 
-def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
+def coverage(model: Model, graph: Graph | None, tensor_flow) -> PropertyResult:
     """No op instance writes one element from two points of its output (two values for one
     element), and every element of every graph output is written, last by an op of the graph
     op that produces it."""
@@ -251,7 +364,7 @@ def coverage(model: Model, graph: Graph | None, memory_flow) -> PropertyResult:
                                              f"but buffer {acc.arg.buffer} is "
                                              f"{'not ' if acc.is_write else ''}a graph input")
     outs = [a for a in model.accesses if a.stmt.startswith("OUT")]
-    deps, none = memory_flow
+    deps, none = tensor_flow
     for acc in outs:
         mine = none.intersect(access_map(model, [acc], "cell").domain())
         if not mine.is_empty():

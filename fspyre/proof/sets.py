@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
 
@@ -130,21 +130,28 @@ def _terms(terms: Sequence[tuple[str, int | sympy.Expr, int | None, int | None]]
 @dataclass(frozen=True, slots=True)
 class Access:
     """One access of one op: ``stmt`` names its instances (``R<t>_<k>`` reads arg ``k`` of op
-    ``t``, ``W<t>`` the op's write); ``pieces`` per core: the instance constraints and the
-    byte address (``cell``: the memory cell as isl text, ``elem``: the tensor element)."""
+    ``t``, ``W<t>`` the op's write); ``pieces`` per core: the instance constraints, the
+    memory, the address of the element's first byte in that memory (``cell``, isl text) and
+    the tensor element (``elem``: the byte offset of its first byte in the tensor)."""
 
     stmt: str
     t: int
     spec: OpSpec | None
     arg: Any  # a TensorArg, or the KernelArg of a copy-in or copy-out
     is_write: bool
-    dims: tuple[str, ...]  # the instance's variables
-    pieces: tuple[tuple[str, str, str, str], ...]  # (constraints, memory, byte address, tensor element)
+    dims: tuple[str, ...]  # the instance's variables: loop iterations, core, point
+    pieces: tuple[tuple[str, str, str, str], ...]  # (constraints, memory, cell, tensor element)
     coords: tuple[tuple[str, ...], ...]  # per piece: each device coordinate (isl text)
     memory: str
     nbytes: int
     loops: int  # enclosing loops
     syms: tuple[sympy.Symbol, ...]
+    path: tuple[int, ...] = ()  # body positions from the program's top (the op's place in program order)
+    tensor: str = ""  # the tensor's isl name (``T<n>``)
+    span: tuple[int, int] | None = None  # the bytes it may touch, [low, high) (None: symbolic)
+
+    def head(self) -> str:
+        return f"{self.stmt}[{', '.join(self.dims)}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,7 @@ class Model:
     accesses: tuple[Access, ...]
     schedule: tuple[tuple[str, str], ...]  # (stmt, isl text of its schedule map)
     tensor_ids: dict[str, int]
+    cache: dict = field(default_factory=dict)  # parsed isl objects, by what they are (internal)
 
     def space(self, body: str) -> str:
         head = f"[{', '.join(self.params)}] -> " if self.params else ""
@@ -165,10 +173,40 @@ class Model:
         return f"{head}{{ {body}{cond} }}"
 
     def union_map(self, parts: Sequence[str]) -> isl.UnionMap:
-        out = isl.UnionMap.read_from_str(CTX, self.space(""))  # the empty map over the parameters
+        out = None
         for text in parts:
-            out = out.union(isl.UnionMap.read_from_str(CTX, self.space(text)))
-        return out
+            one = isl.UnionMap.read_from_str(CTX, self.space(text))
+            out = one if out is None else out.union(one)
+        return out if out is not None else self.empty_map()
+
+    def empty_map(self) -> isl.UnionMap:
+        if "empty" not in self.cache:
+            self.cache["empty"] = isl.UnionMap.read_from_str(CTX, self.space(""))
+        return self.cache["empty"]
+
+    def instances(self, acc: Access) -> isl.UnionSet:
+        """Every instance of ``acc``."""
+        key = ("inst", acc.stmt)
+        if key not in self.cache:
+            self.cache[key] = self.union_map([]).domain() if not acc.pieces else \
+                self.access(acc, "elem").domain()
+        return self.cache[key]
+
+    def access(self, acc: Access, target: str, bytewise: bool = False) -> isl.UnionMap:
+        """Instances of ``acc`` -> the memory cells (``target="cell"``) or tensor elements
+        (``"elem"``) it touches: the element's first byte, or every byte (``bytewise``)."""
+        key = (target, bytewise, acc.stmt)
+        if key not in self.cache:
+            if bytewise:
+                name = "LX" if target == "cell" and acc.memory == "lx" else "HBM" if target == "cell" else acc.tensor
+                per_core = acc.memory == "lx"
+                spread = (f"{name}[c, a] -> {name}[c, y] : a <= y < a + {acc.nbytes}" if per_core
+                          else f"{name}[a] -> {name}[y] : a <= y < a + {acc.nbytes}")
+                self.cache[key] = self.access(acc, target).apply_range(self.union_map([spread]))
+            else:
+                self.cache[key] = self.union_map([f"{acc.head()} -> {cell if target == 'cell' else elem} : {cond}"
+                                                  for cond, _, cell, elem in acc.pieces])
+        return self.cache[key]
 
 
 def _assumptions(program: Program) -> tuple[tuple[str, ...], str]:
@@ -201,9 +239,10 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
     loops = [f"i{L}" for L in range(len(counts))]
     pnames = {s: f"p{j}" for j, s in enumerate(syms)}
     # the slice of each symbol the core holds (a function of c, kept as dims so that one piece
-    # can describe every core of an even division)
+    # describes every core of an even division without integer divisions, which make every
+    # relation built on it costlier)
     knames = [f"k{j}" for j in range(len(syms))]
-    dims = tuple(loops) + ("c",) + tuple(knames) + tuple(pnames[s] for s in syms) + ("b",)
+    dims = tuple(loops) + ("c",) + tuple(knames) + tuple(pnames[s] for s in syms)
     loop_cond = [f"0 <= i{L} < {_size(n)}" for L, n in enumerate(counts)]
     if spec.runs == "first" and counts:
         loop_cond.append(f"i{len(counts) - 1} = 0")
@@ -220,11 +259,12 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
         loop_terms = [(f"i{L}", a, 0 if _fixed(counts[L]) else None, int(counts[L]) - 1 if _fixed(counts[L]) else None)
                       for L, a in enumerate(arg.tile_advance[:len(counts)])]
         what = f"op {spec.name or spec.op} tensor {arg.name}"
-        pieces, piece_coords = [], []
-        for cond, low, ext in _core_pieces(spec, syms, knames, pnames, is_write, writers, reduced, lows, highs,
+        pieces, piece_coords, boxes = [], [], [0]
+        for cond, low, ext in _core_pieces(spec, syms, knames, pnames, is_write, writers, reduced,
                                            box_lo if arg.memory == "lx" else None,
                                            box_ext if arg.memory == "lx" else None):
-            cond = loop_cond + cond + [f"0 <= b < {nb}"]
+            cond = loop_cond + cond
+            boxes.append(math.prod(ext) if ext is not None else 0)
             coord_terms: list[tuple[str, Any, int | None, int | None]]
             if arg.memory == "hbm":
                 strides = row_major_strides(arg.device_size)
@@ -235,7 +275,7 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
                                for st, x, lo in zip(row_major_strides(ext), coords, low)]
             for extra, offset in _terms(coord_terms, what):
                 for extra2, moved in _terms(loop_terms, what):
-                    elem = f"{nb} * ({offset}) + {moved} + b"
+                    elem = f"{nb} * ({offset}) + {moved}"
                     if arg.memory == "hbm":
                         cell = f"HBM[{_size(arg.address)} + {elem}]"
                         tensor = f"T{tensor_ids[arg.name]}[{elem}]"
@@ -246,20 +286,39 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
                     piece_coords.append(coords)
         stmt = f"W{t}" if is_write else f"R{t}_{k}"
         out.append(Access(stmt=stmt, t=t, spec=spec, arg=arg, is_write=is_write, dims=dims, pieces=tuple(pieces),
-                          coords=tuple(piece_coords), memory=arg.memory, nbytes=nb, loops=len(counts), syms=syms))
+                          coords=tuple(piece_coords), memory=arg.memory, nbytes=nb, loops=len(counts), syms=syms,
+                          path=path, tensor=f"T{tensor_ids[arg.name]}", span=_span(arg, nb, counts, max(boxes))))
     return out
 
 
-def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, reduced, lows, highs, box_lo, box_ext):
+def _span(arg, nb: int, counts: tuple, box: int) -> tuple[int, int] | None:
+    """The bytes an access may touch: its allocation in HBM (memory safety keeps it there),
+    its box moved by its loops' advances in LX; None when a size is symbolic."""
+    values = [arg.address, *arg.device_size, *counts, *arg.tile_advance]
+    if not all(_fixed(v) for v in values):
+        return None
+    if arg.memory == "hbm":
+        return int(arg.address), int(arg.address) + nb * math.prod(int(n) for n in arg.device_size)
+    moves = [int(a) * (int(n) - 1) for a, n in zip(arg.tile_advance, counts)]
+    return (int(arg.address) + sum(min(0, m) for m in moves),
+            int(arg.address) + sum(max(0, m) for m in moves) + nb * box)
+
+
+def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, reduced, box_lo, box_ext):
     """(constraints, LX box low per device dim as isl text, box extents) per piece of the
-    cores: one piece for all cores when the division is even and every core's box is the same
-    shape at a low affine in its slice indices (the usual case), else one piece per core."""
+    cores: one piece for all cores when the division is even (core ``c`` holding slice ``k_s``
+    of each symbol) and every core's box is the same shape at a low affine in its slice
+    indices (the usual case), else one piece per core."""
     from fspyre.machine.rules import core_slices
 
     splits = [k for _, k in spec.iteration_space.values()]
     slices = core_slices(splits)
     strides = [math.prod(splits[:j]) for j in range(len(splits))]
     even = spec.even
+    if even:
+        ext = [e[0] for e in spec.slice_extents]
+        starts = [[int(start) for start, _ in space] for space in spec.core_spaces]
+        even = bool((slices * ext == starts).all()) if len(splits) else True
     if even and box_lo is not None:
         # the box low of each dim as an affine function of the slice indices, checked on every core
         base = box_lo[0]
@@ -267,7 +326,6 @@ def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, re
         fit = base + slices @ (unit if unit else base.reshape(1, -1)[:0])
         even = bool((fit == box_lo).all()) and bool((box_ext == box_ext[0]).all())
     if even:
-        ext = [e[0] for e in spec.slice_extents]
         cond = [f"c = {' + '.join(f'{st} * {k}' for st, k in zip(strides, knames)) or '0'}"]
         for j, s in enumerate(syms):
             k, p = knames[j], pnames[s]
@@ -336,17 +394,19 @@ def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access
         else:
             lo, hi = None, None
         terms.append((x, st, lo, hi))
-    cond = [f"0 <= h{j} < {_size(n)}" for j, n in enumerate(shape)] + [f"0 <= b < {nb}"]
+    cond = [f"0 <= h{j} < {_size(n)}" for j, n in enumerate(shape)]
     pieces, piece_coords = [], []
     for extra, offset in _terms(terms, f"kernel argument {arg.name}"):
-        elem = f"{nb} * ({offset}) + b"
+        elem = f"{nb} * ({offset})"
         pieces.append((" and ".join(cond + extra), "hbm", f"HBM[{_size(arg.address)} + {elem}]",
                        f"T{tensor_ids[arg.buffer]}[{elem}]"))
         piece_coords.append(texts)
     stmt = f"IN{t}" if arg.is_input else f"OUT{t}"
-    return Access(stmt=stmt, t=t, spec=None, arg=arg, is_write=arg.is_input, dims=tuple(names.values()) + ("b",),
+    return Access(stmt=stmt, t=t, spec=None, arg=arg, is_write=arg.is_input, dims=tuple(names.values()),
                   pieces=tuple(pieces), coords=tuple(piece_coords), memory="hbm", nbytes=nb, loops=0,
-                  syms=tuple(hsyms))
+                  syms=tuple(hsyms), tensor=f"T{tensor_ids[arg.buffer]}",
+                  span=(int(arg.address), int(arg.address) + nb * math.prod(int(n) for n in arg.device_size))
+                  if all(_fixed(v) for v in (arg.address, *arg.device_size)) else None)
 
 
 def build_model(program: Program) -> Model:
@@ -360,10 +420,14 @@ def build_model(program: Program) -> Model:
     depth = _depth(program.body)
     width = 2 * depth + 1
 
-    def sched(stmt: str, dims: Sequence[str], prefix: Sequence[str], phase: int, rest: Sequence[str]) -> None:
-        # loops and body positions (2 * depth + 1), reads before writes, then the instance
-        vec = list(prefix) + ["0"] * (width - len(prefix)) + [str(phase)] + list(rest)
+    def sched(stmt: str, dims: Sequence[str], prefix: Sequence[str], phase: int) -> None:
+        # loops and body positions (2 * depth + 1), then reads before writes; the instances of
+        # one op instance (its cores and points) run at one time: they are parallel, and two
+        # of them writing one element is a race the coverage property refutes by itself
+        vec = list(prefix) + ["0"] * (width - len(prefix)) + [str(phase)]
         schedule.append((stmt, f"{stmt}[{', '.join(dims)}] -> [{', '.join(vec)}]"))
+
+    ops = [0]
 
     def visit(body: tuple[Spec, ...], counts: tuple, path: tuple[int, ...]) -> None:
         for q, spec in enumerate(body):
@@ -372,28 +436,23 @@ def build_model(program: Program) -> Model:
                 continue
             for arg in spec.args:
                 tensor_ids.setdefault(arg.name, len(tensor_ids))
-            t = sum(1 for a in accesses if a.is_write and a.spec is not None)
+            t = ops[0]
+            ops[0] += 1
             for acc in _op_accesses(program, spec, t, counts, path + (q,), tensor_ids):
                 accesses.append(acc)
                 prefix = [x for L, pos in enumerate(path + (q,))
                           for x in ([str(pos + 1)] + ([f"i{L}"] if L < len(counts) else []))]
-                sched(acc.stmt, acc.dims, prefix, 1 if acc.is_write else 0, acc.dims[len(counts):])
+                sched(acc.stmt, acc.dims, prefix, 1 if acc.is_write else 0)
 
     visit(program.body, (), ())
     for j, k in enumerate(program.kernel_args):
         acc = _kernel_access(k, j, tensor_ids)
+        acc = replace(acc, path=(-1,) if k.is_input else (len(program.body),))
         accesses.append(acc)
         at = "0" if k.is_input else str(len(program.body) + 1)
-        sched(acc.stmt, acc.dims, [at], 1 if k.is_input else 0, acc.dims)
-    # every schedule vector has one length: pad to the longest
-    longest = max(s.count(",") for _, s in schedule) + 1 if schedule else 0
-    padded = []
-    for stmt, text in schedule:
-        head, vec = text.split(" -> ")
-        items = vec[1:-1].split(", ")
-        padded.append((stmt, f"{head} -> [{', '.join(items + ['0'] * (longest - len(items)))}]"))
+        sched(acc.stmt, acc.dims, [at], 1 if k.is_input else 0)
     return Model(program=program, params=params, assumptions=assumptions, accesses=tuple(accesses),
-                 schedule=tuple(padded), tensor_ids=tensor_ids)
+                 schedule=tuple(schedule), tensor_ids=tensor_ids)
 
 
 def _fixed(n: int | sympy.Expr) -> bool:

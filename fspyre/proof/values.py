@@ -60,29 +60,27 @@ def _index_map(model: Model, op: Op, index: sympy.Expr, bid: int) -> isl.UnionMa
 
 
 def _instances(model: Model, acc: Access) -> isl.UnionSet:
-    parts = [f"{acc.stmt}[{', '.join(acc.dims)}] : {cond}" for cond, _, _, _ in acc.pieces]
-    out = isl.UnionSet.read_from_str(CTX, model.space(parts[0]))
-    for p in parts[1:]:
-        out = out.union(isl.UnionSet.read_from_str(CTX, model.space(p)))
-    return out
+    return model.instances(acc)
 
 
 def _to_op(model: Model, acc: Access, drop_reduced: bool = False) -> isl.UnionMap:
-    """Instances of ``acc`` (byte 0) -> the op's instance ``O<t>[loops, c, point]``; for the
-    write, every point of the reduced symbols (the write stands for all of them)."""
-    dims = list(acc.dims[:-1])
+    """Instances of ``acc`` -> the op's instance ``O<t>[loops, c, point]``; for the write,
+    every point of the reduced symbols (the write stands for all of them)."""
+    key = ("to_op", acc.stmt, drop_reduced)
+    if key in model.cache:
+        return model.cache[key]
+    dims = list(acc.dims)
     target = list(dims)
-    cond = "b = 0"
     if drop_reduced and acc.spec is not None:
         reduced = set(acc.spec.op_info.reduced) if acc.spec.is_reduction else set()
-        at = acc.loops + 1 + len(acc.syms)
-        n = len(acc.syms)
         # the reduced symbols' points, and the slices holding them, range over the whole reduction
+        n, at = len(acc.syms), acc.loops + 1 + len(acc.syms)
         target = [f"q{j}" if (at <= j < at + n and acc.syms[j - at] in reduced)
                   or (acc.loops + 1 <= j < at and acc.syms[j - acc.loops - 1] in reduced) else d
                   for j, d in enumerate(dims)]
-    return model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> O{acc.t}[{', '.join(target)}] : {cond}"]
-                           ).intersect_domain(_instances(model, acc))
+    out = model.union_map([f"{acc.head()} -> O{acc.t}[{', '.join(target)}]"]).intersect_domain(_instances(model, acc))
+    model.cache[key] = out
+    return out
 
 
 def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[PropertyResult | None, PropertyResult | None]:
@@ -98,7 +96,7 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
     fixed = model.union_map([])
     for acc in writes:  # noqa: B007
         if acc.spec is None:  # copy-in: each host element is its own graph value
-            idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims) - 1)) or "0"
+            idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims))) or "0"
             fixed = fixed.union(model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> L[{bids[acc.arg.buffer]}, "
                                                  f"{idx}] : {cond}" for cond, _, _, _ in acc.pieces]))
     op_writes = [a for a in writes if a.spec is not None]
@@ -165,8 +163,6 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
                             reason=f"op {ce.op} combines elements that hold different graph values (its operands "
                                    f"of the output's shape disagree)")
                     label = _to_op(model, w).apply_range(agreed)
-            # what the write's other bytes hold: the same value as byte 0
-            label = _all_bytes(model, w, label)
             if not label.is_equal(label_of[w.stmt]):
                 label_of[w.stmt] = label
                 changed = True
@@ -182,9 +178,9 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
     for acc in model.accesses:
         if acc.spec is not None or acc.is_write:
             continue
-        idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims) - 1)) or "0"
+        idx = " + ".join(f"{_stride(acc, j)} * h{j}" for j in range(len(acc.dims))) or "0"
         want = model.union_map([f"{acc.stmt}[{', '.join(acc.dims)}] -> L[{bids[acc.arg.buffer]}, {idx}] : "
-                                f"{cond} and b = 0" for cond, _, _, _ in acc.pieces])
+                                f"{cond}" for cond, _, _, _ in acc.pieces])
         have = back.intersect_domain(want.domain()).apply_range(labels)
         wrong = want.subtract(have)
         if not wrong.is_empty():
@@ -208,9 +204,7 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
     for w in op_writes:
         if w.arg.name not in folded | carried:
             continue
-        first = _instances(model, w).intersect(isl.UnionSet.read_from_str(CTX, model.space(
-            f"{w.stmt}[{', '.join(w.dims)}] : b = 0")))
-        lost = first.subtract(read_writes)
+        lost = _instances(model, w).subtract(read_writes)
         if not lost.is_empty():
             ce = counterexample(model, lost)
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
@@ -227,11 +221,9 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
         union = model.union_map([])
         for s in mine:
             union = union.union(points[s])
-        if not union.is_single_valued():
-            continue  # an op whose operands leave its point open (a broadcast of all of them)
+        # a map that is not single-valued (an op whose operands leave its point open: a
+        # broadcast of all of them) has a larger range, never a smaller one: "lost" stays sound
         lost = full.subtract(union.range())
-        twice = union.apply_range(union.reverse()).subtract(model.union_map([])).intersect(
-            _distinct(model, union))
         if not lost.is_empty():
             where = union.domain()
             ce = counterexample(model, _reads_of(model, where, by_op))
@@ -239,7 +231,10 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
                                   reason=f"graph op {g.name}: some of its points (e.g. {_sample(lost)}) no op "
                                          f"computes (a reduction range or tile left out)"), None
         once = isinstance(g, Reduction) and any(_write(model, s).arg.name in folded for s in mine)
-        if once and not twice.is_empty():
+        if not once or not union.is_single_valued():
+            continue
+        twice = union.apply_range(union.reverse()).intersect(_distinct(model, union))
+        if not twice.is_empty():
             ce = counterexample(model, _reads_of(model, twice.domain(), by_op))
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
                                   reason=f"graph op {g.name}: a point is computed twice (a reduction range or tile "
@@ -251,13 +246,6 @@ def _tuple_names(s: isl.UnionSet) -> list[str]:
     out: list[str] = []
     s.foreach_set(lambda x: out.append(x.get_tuple_name()))
     return out
-
-
-def _all_bytes(model: Model, w: Access, label: isl.UnionMap) -> isl.UnionMap:
-    """``label`` (given on byte 0 of each write instance) on every byte of the instance."""
-    dims = list(w.dims)
-    spread = model.union_map([f"{w.stmt}[{', '.join(dims[:-1])}, b] -> {w.stmt}[{', '.join(dims[:-1])}, 0]"])
-    return spread.intersect_domain(_instances(model, w)).apply_range(label)
 
 
 def _reads_of(model: Model, op_instances: isl.UnionSet, by_op) -> isl.UnionSet:
