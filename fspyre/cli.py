@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import fspyre
 from fspyre.errors import FspyreError, FspyreWarning
@@ -712,17 +712,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, run: Callable[[argparse.Namespace], int], parents: list[_Parser],
-                help: str, description: str, file: str | None = "FILE.py") -> argparse.ArgumentParser:
-        """A sub-command: its options' groups, its help, and FILE.py unless ``file`` is None
-        (``"FILE.py?"``: optional)."""
+                help: str, description: str,
+                file: Literal["required", "optional", "none"] = "required") -> argparse.ArgumentParser:
+        """A sub-command: the --debug/-v flags and its option groups, its help, its FILE.py argument."""
         groups: list[_Parser] = [debug, *parents]
         cmd = sub.add_parser(name, parents=groups, help=help, description=description)
-        if file is not None:
-            cmd.add_argument("file", metavar="FILE.py", nargs="?" if file.endswith("?") else None)
+        if file != "none":
+            cmd.add_argument("file", metavar="FILE.py", nargs="?" if file == "optional" else None)
         cmd.set_defaults(run=run)
         return cmd
 
-    demo = command("demo", cmd_demo, [machine], file=None,
+    demo = command("demo", cmd_demo, [machine], file="none",
                    help="compile, print, run and check the canonical example",
                    description="The seed's canonical example (y = a + b; z = y * c over [1024, 4096] float16, "
                                "A:2 outer, B:4 inner): prints every stage, writes the artifacts (NN_<stage>.txt, "
@@ -730,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "interpreter and prints the equivalence verdict.")
     demo.add_argument("--out", default=DEMO_OUT, metavar="DIR", help=f"artifact directory (default ./{DEMO_OUT})")
 
-    comp = command("compile", cmd_compile, [pipeline], file="FILE.py?", help="compile FILE.py and emit artifacts",
+    comp = command("compile", cmd_compile, [pipeline], file="optional", help="compile FILE.py and emit artifacts",
                    description="Compile the graph FILE.py defines. Text artifacts print to stdout, or are written "
                                f"under --out; svg and memmap are always files (default ./{DEMO_OUT}).")
     comp.add_argument("--from", dest="from_dir", metavar="DIR",
@@ -774,11 +774,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_batch_parsers(command: Callable[..., argparse.ArgumentParser], engine: _Parser) -> None:
     """The commands that run many independent checks, anywhere ``engine``'s flags say."""
-    camp = command("campaign", cmd_campaign, [engine], file=None,
+    camp = command("campaign", cmd_campaign, [engine], file="none",
                    help="random programs, each compiled, run and checked three ways (needs fspyre[testing])",
                    description="The random-program campaign (fspyre.testing.campaign): programs of seeds "
-                               "SEED..SEED+N-1, each compiled twice, memory-checked, run, and compared with the untiled "
-                               "evaluator and a numpy reference. Exit 1 on any failure.")
+                               "SEED..SEED+N-1, each compiled twice, memory-checked, run, and compared with the "
+                               "untiled evaluator and a numpy reference. Exit 1 on any failure.")
     camp.add_argument("--count", type=_count("--count"), default=1000, metavar="N", help="programs (default 1000)")
     camp.add_argument("--seed", type=_seed, default=0, help="the first program's seed (default 0)")
     camp.add_argument("--time-limit", type=float, default=None, metavar="SEC", help="stop after SEC seconds")
@@ -789,7 +789,7 @@ def add_batch_parsers(command: Callable[..., argparse.ArgumentParser], engine: _
     camp.add_argument("--replay", type=_seed, default=None, metavar="SEED", help="run one program, verbosely")
     camp.add_argument("--show", type=int, default=3, help="failures printed per class (default 3)")
 
-    zoo = command("zoo", cmd_zoo, [engine], file=None,
+    zoo = command("zoo", cmd_zoo, [engine], file="none",
                   help="whole tiny models through both front ends, against eager (needs fspyre[dev])",
                   description="The model zoo (fspyre.testing.zoo): each family's one-layer model with random "
                               "weights, captured and compiled, and through torch.compile(backend='fspyre'), each "

@@ -151,8 +151,8 @@ def _on_ray(check: Callable[[Item], Verdict], chunks: list[tuple[Item, ...]], en
     started = not ray.is_initialized()
     if started:
         local = engine.address is None
-        try:
-            ray.init(address=engine.address, num_cpus=(engine.workers or os.cpu_count()) if local else None,
+        try:  # "local": a new cluster for this batch, even where RAY_ADDRESS names a running one
+            ray.init(address=engine.address or "local", num_cpus=(engine.workers or os.cpu_count()) if local else None,
                      include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         except ConnectionError as err:
             raise BatchError(f"--address {engine.address}: cannot join a Ray cluster there ({err}); start one "
