@@ -217,8 +217,8 @@ def _meaning(stage: str, path: tuple) -> bool:
     if stage in ("loop_tree", "resident_tree"):
         return bool({"fn", "operands", "store", "correction", "value", "dtype", "outputs"} & keys)
     if stage == "program":
-        op_fn = len(path) >= 1 and path[-1] == "op"
-        return op_fn or bool({"value", "dtype", "device_coordinates"} & keys) or (path[-1:] == ("name",) and "kernel_args" in keys)
+        interface = path[-1:] == ("name",) and "kernel_args" in keys  # an output's name
+        return path[-1:] == ("op",) or bool({"value", "dtype", "device_coordinates"} & keys) or interface
     return False
 
 
