@@ -276,7 +276,20 @@ def run(comp: Compilation | Program, inputs: Mapping[str, object], *, checks: Ch
         from fspyre.stages.symbolic import bind_sizes, instantiate
 
         program = instantiate(program, bind_sizes(program, inputs))
+    _fits_card(program)
     return run_outputs(program, inputs, RunOptions(check_written=checks == "full"))
+
+
+def _fits_card(program: Program) -> None:
+    """The memories the machine model allocates for ``program`` are a Spyre card's at most: a
+    loaded or edited program asking for more is refused before the model allocates them."""
+    from fspyre.machine.spyre import HBM_BYTES, LX_PHYSICAL_BYTES, MAX_CORES
+
+    for what, value, most in (("cores", program.cores, MAX_CORES), ("hbm_bytes", program.hbm_bytes, HBM_BYTES),
+                              ("lx_bytes", program.lx_bytes, LX_PHYSICAL_BYTES)):
+        if value > most:
+            raise ExecutionError(f"run: program {program.name} has {what}={value}, more than a Spyre card's {most}; "
+                                 f"compile it again for the card")
 
 
 # The stages ``compile`` records, in order: ``resume`` continues after the last one it is given.

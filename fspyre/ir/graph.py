@@ -244,6 +244,9 @@ def _check_op_fields(op: Op) -> None:
     require_tuple(op.hints, f"op {op.name}: hints", GraphError, int)
     if not isinstance(op.store, Store):
         raise GraphError(f"op {op.name}: store must be a Store, got a {type(op.store).__name__}")
+    names = [d.name for d in op.ranges]
+    if len(set(names)) != len(names):
+        raise GraphError(f"op {op.name}: ranges {names} repeat a dim; an op iterates each dim once")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,7 +39,6 @@ from dataclasses import dataclass, replace
 import sympy
 
 from fspyre.errors import TilingError
-from fspyre.ir.dtypes import is_float
 from fspyre.ir.graph import (
     Dim,
     Graph,
@@ -70,6 +69,7 @@ from fspyre.ir.looptree import (
 )
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.formats import FORMATS
+from fspyre.machine.numerics import compute_dtype
 from fspyre.machine.spyre import Machine
 from fspyre.stages.arguments import require, require_graph, verified
 from fspyre.stages.online_softmax import Carried, OnlineOptions, OnlineSoftmax, match_online, online_amax, online_sum
@@ -1034,7 +1034,9 @@ def _accumulation(ctx: _Context, t: _OpTiling, tiled: frozenset[str], per_tile: 
     op = t.op
     base = store.buffer
     partial_fn, combine_fn, float_identity, int_identity = TILED_REDUCTIONS[fn]
-    acc_float = is_float(out_dtype)
+    # the dtype the untiled reduction computes in (a bool result of float operands sums floats)
+    operands = [ctx.buffers[ld.buffer].type.dtype for ld in op.loads if ld.buffer in ctx.buffers]
+    acc_float = compute_dtype(out_dtype, operands).kind == "f"
     acc_dtype = "float32" if acc_float else "int32"
     part_type = TensorType(dims=t.dims(op.ranges), dtype=acc_dtype)
     idx = part_type.contiguous_index()
@@ -1096,6 +1098,9 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
     table = tree.buffer_table()
     if len(table) != len(tree.buffers):
         raise TilingError(f"loop tree {tree.name}: duplicate buffer names")
+    for name in tree.inputs:
+        if name not in table or table[name].scope != "full":
+            raise TilingError(f"loop tree {tree.name}: input {name} must be a full buffer of the tree")
     written = set(tree.inputs)
     seen_ops: set[str] = set()
     for node, depth in walk(tree.body):
@@ -1234,7 +1239,9 @@ def _verify_coverage(tree: LoopTree) -> None:
     buffer has takes the size the first op covers, and every other op must agree. A per-tile
     range edited, or a loop's count, breaks this where the step records do not see it. A
     loop moves an op along one dim at a time (the plan gives each tiled dim its own level).
-    Symbolic sizes are skipped here: the symbolic stage checks their tiles at each witness."""
+    Symbolic sizes are skipped here: the symbolic stage checks their tiles at each witness.
+    Not checked: ``keep_resident``'s copies into per-tile (LX) buffers, which copy just the
+    region their readers read (a loop's main body, not its tail)."""
     where = f"loop tree {tree.name}"
     full: dict[str, int] = {}
     for b in tree.buffers:
@@ -1269,6 +1276,9 @@ def _verify_coverage(tree: LoopTree) -> None:
     visit(tree.body, ())
     for name, nodes in families.items():
         main, first = nodes[0]
+        store = table.get(main.op.store.buffer)
+        if main.op.fn == "copy" and store is not None and store.scope == "tile" and not main.origin:
+            continue  # keep_resident's copy of a region into LX covers just what its readers read
         for node, runs in nodes:
             if set(runs) != set(first):
                 raise TilingError(f"{where}: op {node.name}, a tail of {name}, iterates dims {sorted(runs)} where "
@@ -1284,12 +1294,11 @@ def _verify_coverage(tree: LoopTree) -> None:
                 raise TilingError(f"{where}: ops {seen[0].name} and {node.name} compute overlapping parts of the "
                                   f"same iteration space; a tail covers only what its loop leaves")
         parts = list(distinct.values())
-        store = table.get(main.op.store.buffer)
         kept = {d.name: d.size for d in store.type.dims} if store is not None else {}
         whole = 1
         for d in first:
             spans = [runs[d] for _, runs in parts]
-            if len(parts) == 1 and spans[0] == [(0, 1)] and kept.get(d, 1) == 1:
+            if all(r == [(0, 1)] for r in spans) and kept.get(d, 1) == 1:
                 size = 1  # the op's own axis of size 1 (a kept or broadcast axis keeps its dim's name)
             else:
                 size = full.setdefault(d, max(r[-1][1] for r in spans))

@@ -137,7 +137,11 @@ def plan_symbolic(graph: Graph, hinted: bool = True) -> tuple[Graph, tuple[Symbo
                     continue
                 cut = True
                 if isinstance(count, sympy.Basic):
-                    form = ("tile", int(s / count))
+                    tile = s / count
+                    if not tile.is_Integer or tile < 1:  # |S|/T: tiles of T elements
+                        raise SymbolicError(f"op {op.name}: hint scope {h} slices={{{dim_name!r}: {count}}}: a "
+                                            f"count on symbolic dim {dim_name} is {s}/T, T whole tiles' elements")
+                    form = ("tile", int(tile))
                 else:
                     form = ("count", int(count))
                 forms.setdefault(dim_name, set()).add(form)
@@ -196,6 +200,10 @@ def substitute(value: Any, env: Mapping[sympy.Symbol, int], tp: Any = Any) -> An
             return int(out)
         if out.is_Rational and not out.is_Integer and _takes_int(tp):
             raise SymbolicError(f"{value} is not a whole number at {_sizes(env)}")
+        unknown = sorted(str(s) for s in out.free_symbols if is_size_symbol(s) and s not in env)
+        if unknown and tp is not Any and _takes_int(tp):
+            raise SymbolicError(f"{value} names the size {unknown[0]}, which is none of the sizes given "
+                                f"({_sizes(env)})")
         return out
     if isinstance(value, tuple):
         args = typing.get_args(tp)

@@ -18,9 +18,12 @@ record of a symbolic program (run at two sizes), traffic report (printed: nothin
 so an edit it survives is "inert").
 
 In a loop tree or a program, an op's computation (its fn, scalars, store and operands of a
-tree op, a program op's fn and scalar operands) and a buffer's or argument's dtype are the
-only record of what it computes, and its output names are its interface: an edit there is a
-different program, not an inconsistent one, so those fields are not edited (which of a
+tree op, a program op's fn, scalar operands and the device coordinates it addresses each
+tensor at, the analogue of a tree op's indices), which ops a loop body runs in what order
+(its list of nodes: an op dropped or swapped with its neighbour), and a buffer's or
+argument's dtype are the only record of what it computes, and its output names are its
+interface: an edit there is a different program, not an inconsistent one, so those fields
+are not edited (which of a
 program's fields the oracle reads is also pinned by tests/machine/test_corruptions.py).
 
 ``test_hostile_artifacts.py`` runs a fixed sample of the cases; ``python
@@ -209,11 +212,13 @@ def edited(doc: Any, case: Case) -> Any:
 def _meaning(stage: str, path: tuple) -> bool:
     """The fields of a loop tree or program that say what it computes, or are its interface."""
     keys = {p for p in path if isinstance(p, str)}
+    if stage in ("loop_tree", "resident_tree", "program") and path[-1:] == ("body",):
+        return True  # which ops run, in what order: the list itself (its elements are edited)
     if stage in ("loop_tree", "resident_tree"):
         return bool({"fn", "operands", "store", "correction", "value", "dtype", "outputs"} & keys)
     if stage == "program":
-        op_fn = len(path) >= 1 and path[-1] == "op"
-        return op_fn or bool({"value", "dtype"} & keys) or (path[-1:] == ("name",) and "kernel_args" in keys)
+        interface = path[-1:] == ("name",) and "kernel_args" in keys  # an output's name
+        return path[-1:] == ("op",) or bool({"value", "dtype", "device_coordinates"} & keys) or interface
     return False
 
 

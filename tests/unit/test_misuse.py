@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 import fspyre
-from fspyre.errors import ExecutionError, FspyreError, GraphError, HintError, MachineError
+from fspyre.errors import (
+    ExecutionError,
+    FspyreError,
+    GraphError,
+    HintError,
+    MachineError,
+    TilingError,
+    WorkDivisionError,
+)
+from fspyre.pipeline import resume
 
 
 def builder():
@@ -123,7 +132,24 @@ MISUSE = [
     ("bool hint count", lambda: in_hint(slices={"A": True}), HintError, ["True"]),
     ("unknown hint dim", lambda: in_hint(slices={"Q": 2}), HintError, ["'Q'", "['A', 'B']"]),
     ("hint dim not a name", lambda: in_hint(slices={3: 2}), HintError, ["unknown dim 3"]),
+    # resume takes compile's options and checks them in the same place
+    ("resume residency", lambda: resume(saved_stages(), residency="no"), GraphError, ["resume: residency='no'"]),
+    ("resume fuse", lambda: resume(saved_stages(), fuse="all"), TilingError, ["resume: fuse='all'"]),
+    ("resume callback", lambda: resume(saved_stages(), callback=5), GraphError, ["resume: callback", "int 5"]),
+    ("resume tiling", lambda: resume(saved_stages(), tiling="some"), TilingError, ["resume: tiling='some'"]),
+    ("resume unknown option", lambda: resume(saved_stages(), prove=True), GraphError, ["unknown option 'prove'"]),
+    ("resume split options", lambda: resume(saved_stages(), split_options={}), WorkDivisionError,
+     ["resume: argument split_options must be a SplitOptions"]),
+    ("resume a list", lambda: resume([graph()]), GraphError, ["resume: stages must be a mapping", "list"]),
 ]
+
+
+def saved_stages() -> dict:
+    """The stages of a compile up to its loop tree: resume places, divides and emits."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stages = dict(fspyre.compile(graph(), tiling="hints").stages)
+    return {k: stages[k] for k in ("graph", "tiling_plan", "loop_tree")}
 
 
 @pytest.mark.parametrize("call, cls, words", [c[1:] for c in MISUSE], ids=[c[0] for c in MISUSE])
