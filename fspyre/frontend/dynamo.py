@@ -472,12 +472,11 @@ def _sized_constant(name: str, values: Sequence[np.ndarray]) -> _Arange:
             isinstance(y, (int, np.integer)) for y in ys) else (ys[1] - ys[0]) / (PROBES[1] - PROBES[0])
         return ys[0] - slope * PROBES[0], slope
 
-    if any(v.ndim != 1 or v.size < 2 or v.dtype != values[0].dtype for v in values):
+    if any(v.ndim != 1 or v.dtype != values[0].dtype for v in values):
         raise SymbolicError(f"the constant {name} changes with the size and is not a range of values")
-    dtype = values[0].dtype
-    starts = [v[0].item() for v in values]
-    rule = _Arange(start=line(starts), count=line([v.size for v in values]), step=(values[0][1] - values[0][0]).item(),
-                   dtype=dtype)
+    step = next(((v[1] - v[0]).item() for v in values if v.size >= 2), 0)  # one element: its start alone
+    rule = _Arange(start=line([v[0].item() for v in values]), count=line([v.size for v in values]), step=step,
+                   dtype=values[0].dtype)
     if any(not np.array_equal(rule(size), v) for size, v in zip(PROBES, values)):
         raise SymbolicError(f"the constant {name} changes with the size and is not a range whose start and length "
                             f"are lines in it")

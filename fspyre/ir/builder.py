@@ -536,7 +536,8 @@ class GraphBuilder:
             index = sympy.expand(sum((st * (r.symbol + (offset if j == axis else 0))
                                       for j, (st, r, d) in enumerate(zip(strides, ranges, dims)) if d.size != 1),
                                      sympy.Integer(0)))
-            self._ops.append(Pointwise(name=self._fresh(), fn="copy", operands=(_load(x, ranges),), ranges=ranges,
+            self._ops.append(Pointwise(name=self._fresh(f"{name}_part"), fn="copy", operands=(_load(x, ranges),),
+                                       ranges=ranges,
                                        store=Store(buffer=name, index=index), hints=hints))
             offset = sympy.expand(offset + x.dims[axis].size)
         return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)

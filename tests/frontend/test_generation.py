@@ -49,13 +49,15 @@ def test_generate_gives_eager_tokens_with_at_most_three_compiles(dynamic):
 
 
 def test_a_cache_append_with_positions_over_it_is_one_program():
-    """A cat of a cache and one row, an arange over the grown length and the row's position
-    (an int Dynamo passes): one symbolic compile serves every later length."""
+    """A cat of a cache and one row, an arange over the grown length, a one-element arange at
+    the row's position and the position as a number (an int Dynamo passes): one symbolic
+    compile serves every later length."""
     def step(cache, new):
         k = torch.cat([cache, new], 0)
         positions = torch.arange(k.shape[0], dtype=torch.float32)
         last = torch.full((1,), cache.shape[0], dtype=torch.float32)
-        return torch.softmax(k.sum(-1) + (positions - last) * 0.25, 0)
+        here = torch.arange(cache.shape[0], cache.shape[0] + 1, dtype=torch.float32)
+        return torch.softmax(k.sum(-1), 0) * (positions - last) + here
 
     graphs: list = []
     torch._dynamo.reset()
