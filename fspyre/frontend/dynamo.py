@@ -421,8 +421,8 @@ class _Arange:
     def __call__(self, size: int) -> np.ndarray:
         start = self.start[0] + self.start[1] * size
         count = int(self.count[0] + self.count[1] * size)
-        return (np.asarray(start, dtype=self.dtype) + np.asarray(self.step, dtype=self.dtype)
-                * np.arange(count, dtype=self.dtype)).astype(self.dtype)
+        # in float64, as torch's arange computes, then one rounding (int32 positions are exact)
+        return (float(start) + float(self.step) * np.arange(count, dtype=np.float64)).astype(self.dtype)
 
 
 def _sized_scalars(graph: Any, symbol: Any) -> tuple[Any, dict[str, _Arange]]:
