@@ -421,8 +421,8 @@ class _Arange:
     def __call__(self, size: int) -> np.ndarray:
         start = self.start[0] + self.start[1] * size
         count = int(self.count[0] + self.count[1] * size)
-        return (np.asarray(start, dtype=self.dtype) + np.asarray(self.step, dtype=self.dtype)
-                * np.arange(count, dtype=self.dtype)).astype(self.dtype)
+        # in float64, as torch's arange computes, then one rounding (int32 positions are exact)
+        return (float(start) + float(self.step) * np.arange(count, dtype=np.float64)).astype(self.dtype)
 
 
 def _sized_scalars(graph: Any, symbol: Any) -> tuple[Any, dict[str, _Arange]]:
@@ -472,12 +472,11 @@ def _sized_constant(name: str, values: Sequence[np.ndarray]) -> _Arange:
             isinstance(y, (int, np.integer)) for y in ys) else (ys[1] - ys[0]) / (PROBES[1] - PROBES[0])
         return ys[0] - slope * PROBES[0], slope
 
-    if any(v.ndim != 1 or v.size < 2 or v.dtype != values[0].dtype for v in values):
+    if any(v.ndim != 1 or v.dtype != values[0].dtype for v in values):
         raise SymbolicError(f"the constant {name} changes with the size and is not a range of values")
-    dtype = values[0].dtype
-    starts = [v[0].item() for v in values]
-    rule = _Arange(start=line(starts), count=line([v.size for v in values]), step=(values[0][1] - values[0][0]).item(),
-                   dtype=dtype)
+    step = next(((v[1] - v[0]).item() for v in values if v.size >= 2), 0)  # one element: its start alone
+    rule = _Arange(start=line([v[0].item() for v in values]), count=line([v.size for v in values]), step=step,
+                   dtype=values[0].dtype)
     if any(not np.array_equal(rule(size), v) for size, v in zip(PROBES, values)):
         raise SymbolicError(f"the constant {name} changes with the size and is not a range whose start and length "
                             f"are lines in it")

@@ -516,8 +516,9 @@ class GraphBuilder:
                              f"piece and an axis of the result")
         dtype = xs[0].dtype
         for x in xs:
-            same = len(x.dims) == len(dims) and all(
-                e.name == d.name and e.size == d.size for j, (e, d) in enumerate(zip(x.dims, dims)) if j != axis)
+            same = len(x.dims) == len(dims) and all(  # a size-1 dim lines up whatever its name
+                (e.name == d.name or d.size == 1) and e.size == d.size
+                for j, (e, d) in enumerate(zip(x.dims, dims)) if j != axis)
             if not same or x.dtype != dtype:
                 raise GraphError(f"concat: piece {x.type} does not match the result {[str(d) for d in dims]} of dtype "
                                  f"{dtype} but along axis {axis}; cast or reshape the piece first")
@@ -532,11 +533,14 @@ class GraphBuilder:
         hints = tuple(self._active)
         offset: sympy.Expr = sympy.Integer(0)
         for x in xs:
-            ranges = x.dims
+            ranges = tuple(x.dims[axis] if j == axis else d for j, d in enumerate(dims))
+            x = self._view(x, ranges, sympy.expand(x.index.xreplace(
+                {e.symbol: 0 for j, e in enumerate(x.dims) if j != axis and e.size == 1})))
             index = sympy.expand(sum((st * (r.symbol + (offset if j == axis else 0))
                                       for j, (st, r, d) in enumerate(zip(strides, ranges, dims)) if d.size != 1),
                                      sympy.Integer(0)))
-            self._ops.append(Pointwise(name=self._fresh(), fn="copy", operands=(_load(x, ranges),), ranges=ranges,
+            self._ops.append(Pointwise(name=self._fresh(f"{name}_part"), fn="copy", operands=(_load(x, ranges),),
+                                       ranges=ranges,
                                        store=Store(buffer=name, index=index), hints=hints))
             offset = sympy.expand(offset + x.dims[axis].size)
         return Tensor(buffer=name, type=t, index=t.contiguous_index(), builder=self._id)

@@ -49,13 +49,15 @@ def test_generate_gives_eager_tokens_with_at_most_three_compiles(dynamic):
 
 
 def test_a_cache_append_with_positions_over_it_is_one_program():
-    """A cat of a cache and one row, an arange over the grown length and the row's position
-    (an int Dynamo passes): one symbolic compile serves every later length."""
+    """A cat of a cache and one row, an arange over the grown length, a one-element arange at
+    the row's position and the position as a number (an int Dynamo passes): one symbolic
+    compile serves every later length."""
     def step(cache, new):
         k = torch.cat([cache, new], 0)
         positions = torch.arange(k.shape[0], dtype=torch.float32)
         last = torch.full((1,), cache.shape[0], dtype=torch.float32)
-        return torch.softmax(k.sum(-1) + (positions - last) * 0.25, 0)
+        here = torch.arange(cache.shape[0], cache.shape[0] + 1, dtype=torch.float32)
+        return torch.softmax(k.sum(-1), 0) * (positions - last) + here
 
     graphs: list = []
     torch._dynamo.reset()
@@ -67,3 +69,28 @@ def test_a_cache_append_with_positions_over_it_is_one_program():
             cache, new = torch.randn(n, 32), torch.randn(1, 32)
             torch.testing.assert_close(fn(cache, new), step(cache, new), rtol=1e-5, atol=1e-6)
     assert [g.symbolic for g in graphs] == [False, True]
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_cache_that_starts_empty_runs_every_step_on_fspyre(dynamic):
+    """The prefill's cat with an empty cache (a zero-size piece: dropped), then one row per
+    step: nothing in eager, nothing compiled per shape after the symbolic program."""
+    def step(cache, new):
+        k = torch.cat([cache, new], 0)
+        return torch.softmax(k.sum(-1), 0), k
+
+    graphs: list = []
+    reports: list = []
+    torch._dynamo.reset()
+    fn = torch.compile(step, backend="fspyre", dynamic=dynamic,
+                       options={"tiling": "none", "cores": 8, "on_graph": graphs.append, "on_report": reports.append})
+    cache = torch.zeros(0, 32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FspyreWarning)
+        for n in range(5):
+            new = torch.randn(5 if n == 0 else 1, 32, generator=torch.Generator().manual_seed(n))
+            got, want = fn(cache, new), step(cache, new)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            cache = want[1]
+    assert all(not r.eager for r in reports)
+    assert len(graphs) <= 3 and graphs[-1].symbolic
