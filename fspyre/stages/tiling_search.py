@@ -291,7 +291,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     (``_bound``), and one whose bound cannot beat the best found for ``i`` is not judged; nor
     are the rest once ``patience`` judged in a row did not improve it (the bound ranks the
     segments that can gain; one further down that order rarely gains where those before it
-    did not), nor any for a consumer that costs nothing untiled in the hinted program."""
+    did not), nor one that ends or starts at an op that costs nothing untiled in the hinted
+    program."""
     n = len(run)
     best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
     back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
@@ -316,15 +317,18 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                                                               candidates=(alone,), chosen=0))
             alternatives.append(Alternative(ops=(consumer,), bound_ns=best[i - 1][0], choice=alone,
                                             change_ns=best[i - 1][0]))
-        # A consumer that costs nothing untiled in the hinted program (it moves no HBM byte and
-        # computes nothing: its operands and result stay in LX) ends no group: a group ending
-        # there adds the op's work to its loop and saves nothing the hinted program pays.
-        free = found is not None and ctx.untiled.get(consumer) == (0.0, 0)
+        # An op that costs nothing untiled in the hinted program (it moves no HBM byte and
+        # computes nothing: its operands and result stay in LX) neither ends nor starts a group:
+        # the group adds the op's work to its loop and saves nothing the hinted program pays
+        # for it (the group without it is weighed in its place).
+        free = found is not None and _costs_nothing(ctx, consumer)
         idle = 0  # segments judged in a row that did not improve best[i]
         for j in order:
             members = tuple(run[j:i])
             reach = best[j][0] + bounds[j]
-            if found is not None and (free or reach > best[i][0] or idle >= ctx.options.patience):
+            # a bound that only ties the best found cannot lower the estimated time
+            if found is not None and (free or (j < i - 1 and _costs_nothing(ctx, run[j])) or reach >= best[i][0]
+                                      or idle >= ctx.options.patience):
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
@@ -347,6 +351,10 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         records.append(replace(record, alternatives=weighed))
         i = j
     return records[::-1]
+
+
+def _costs_nothing(ctx: _Search, op: str) -> bool:
+    return ctx.untiled.get(op) == (0.0, 0)
 
 
 def _add(prefix: _Cost, cand: Candidate, untiled: tuple[float, int]) -> _Cost:
