@@ -8,20 +8,26 @@ those its lower bound screened out. Graphs: a GraphBuilder transformer stack
 D=256 (growth exponent from 1 to 4 blocks), one block at S=2048, D=4096, F=11008, and a 4-layer
 tiny `LlamaForCausalLM` captured from `transformers` (no hints: `none` is its baseline).
 
-Part 2, quality: auto's estimate against the best plan of an enumeration, per graph: every
-way to cut the op order into contiguous groups, each group untiled or one loop over one dim
-its ops share (the search's own dims: output dims every op iterates, accumulation and online
-reduction dims) with the search's counts for that dim (its 4 coarsest and its finest). Where
-that product holds at most LIMIT plans every plan is compiled whole; otherwise, for every cut,
-each group takes the option it is estimated fastest with alone and the cut's plan is compiled
-whole ("per group"). Graphs: the gallery (examples/*.py, hints removed) at default sizes and
-graphs where fit and time disagree (a norm feeding a large matmul, softmax on a 4-core 64 KiB
-machine, three outputs sharing an exp, a softmax over 50,257 columns as the front end emits it,
-odd sizes on 8 cores and 64 KiB). `none` and the hints are printed beside: auto must not be
-estimated slower than either.
+Part 2, quality: auto's estimate against the best plan of an exhaustive enumeration of a stated
+space (SPACE, printed with the table): every cut of the op order into contiguous groups, each
+group untiled or one loop level over one dim its ops share (an output dim every op iterates, an
+accumulation or online reduction dim) with any count of that dim's whole-stick count set.
+Where the space holds at most LIMIT plans, every plan is compiled whole. Otherwise every
+group's every option is compiled as the search judges a candidate, a plan's score is the sum
+over its tiled groups of what the group changes against its ops untiled in the hinted program
+(the search's own objective, a sum over groups), and a dynamic program over the cuts finds the
+least-score plan of the whole space exactly; that plan is compiled whole. Nothing else is
+pruned. Graphs: the gallery (examples/*.py, hints removed) at its default sizes and at
+benchmarks/tiling.py's large ones, and graphs where fit and time disagree (a norm feeding a
+large matmul, softmax on a 4-core 64 KiB machine, three outputs sharing an exp, a softmax over
+50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB). `none` and the hints
+are printed beside: auto must not be estimated slower than either.
 
-    PYTHONPATH=. python benchmarks/search.py          # both parts
-    PYTHONPATH=. python benchmarks/search.py cost     # part 1 only
+Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
+cores used), and the HBM ratio of 1,000 rows hinted into 3 row tiles (a peeled tail) beside 999.
+
+    PYTHONPATH=. python benchmarks/search.py          # every part
+    PYTHONPATH=. python benchmarks/search.py cost     # part 1 only (quality, checks: the others)
 """
 
 from __future__ import annotations
@@ -315,17 +321,48 @@ def quality() -> None:
           f"{', '.join(slower) or 'none'}")
 
 
+# -- part 3: the plans issue 21 names ------------------------------------------------------------
+def tailed(rows: int, count: int = 3, cols: int = 256) -> Graph:
+    """A pointwise chain hinted into ``count`` row tiles: 1,000 rows leave a peeled tail, 999 none."""
+    g = fspyre.GraphBuilder(f"tailed{rows}")
+    g.dim("R", rows)
+    g.dim("C", cols)
+    x = g.input("x", ["R", "C"], "float16")
+    with g.hint(slices={"R": count}):
+        g.output("z", g.exp(g.add(g.mul(x, 0.5), g.input("w", ["R", "C"], "float16"))))
+    return g.build()
+
+
+def checks() -> None:
+    machine = spyre(cores=8, lx_bytes=64 * 1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        comp = fspyre.compile(odd_rows(), machine, tiling="auto")
+    report = traffic_report(comp.program)
+    levels = [lv for g in comp.stages["tiling_plan"].groups for lv in g.levels]
+    rows = [f"{'/'.join(lv.dims)}:{lv.count} ({-(-4093 // lv.count)} rows a tile)" for lv in levels] or ["untiled"]
+    print(f"x[4093, 256] on 8 cores, 64 KiB LX, auto: {', '.join(rows)}; cores used per op "
+          f"{sorted({o.cores for o in report.ops})} of 8; {report.time_ns / 1000:.1f} us")
+    ratios = {rows: traffic_report(fspyre.compile(tailed(rows), tiling="hints").program).traffic_ratio
+              for rows in (1000, 999)}
+    print(f"R:3 hinted: 1,000 rows (a peeled tail) HBM ratio {ratios[1000]:.3f}, 999 rows (no tail) "
+          f"{ratios[999]:.3f}")
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--one"]:
         print(json.dumps(one(sys.argv[2], sys.argv[3])))
         return 0
-    parts = sys.argv[1:] or ["cost", "quality"]
+    parts = sys.argv[1:] or ["cost", "quality", "checks"]
     print(f"the tiling search ({machine_line()})\n")
     if "cost" in parts:
         cost()
     if "quality" in parts:
         print()
         quality()
+    if "checks" in parts:
+        print()
+        checks()
     return 0
 
 
