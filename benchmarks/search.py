@@ -8,20 +8,26 @@ those its lower bound screened out. Graphs: a GraphBuilder transformer stack
 D=256 (growth exponent from 1 to 4 blocks), one block at S=2048, D=4096, F=11008, and a 4-layer
 tiny `LlamaForCausalLM` captured from `transformers` (no hints: `none` is its baseline).
 
-Part 2, quality: auto's estimate against the best plan of an enumeration, per graph: every
-way to cut the op order into contiguous groups, each group untiled or one loop over one dim
-its ops share (the search's own dims: output dims every op iterates, accumulation and online
-reduction dims) with the search's counts for that dim (its 4 coarsest and its finest). Where
-that product holds at most LIMIT plans every plan is compiled whole; otherwise, for every cut,
-each group takes the option it is estimated fastest with alone and the cut's plan is compiled
-whole ("per group"). Graphs: the gallery (examples/*.py, hints removed) at default sizes and
-graphs where fit and time disagree (a norm feeding a large matmul, softmax on a 4-core 64 KiB
-machine, three outputs sharing an exp, a softmax over 50,257 columns as the front end emits it,
-odd sizes on 8 cores and 64 KiB). `none` and the hints are printed beside: auto must not be
-estimated slower than either.
+Part 2, quality: auto's estimate against the best plan of an exhaustive enumeration of a stated
+space (SPACE, printed with the table): every cut of the op order into contiguous groups, each
+group untiled or one loop level over one dim its ops share (an output dim every op iterates, an
+accumulation or online reduction dim) with any count of that dim's whole-stick count set.
+Where the space holds at most LIMIT plans, every plan is compiled whole. Otherwise every
+group's every option is compiled as the search judges a candidate, a plan's score is the sum
+over its tiled groups of what the group changes against its ops untiled in the hinted program
+(the search's own objective, a sum over groups), and a dynamic program over the cuts finds the
+least-score plan of the whole space exactly; that plan is compiled whole. Nothing else is
+pruned. Graphs: the gallery (examples/*.py, hints removed) at its default sizes and at
+benchmarks/tiling.py's large ones, and graphs where fit and time disagree (a norm feeding a
+large matmul, softmax on a 4-core 64 KiB machine, three outputs sharing an exp, a softmax over
+50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB). `none` and the hints
+are printed beside: auto must not be estimated slower than either.
 
-    PYTHONPATH=. python benchmarks/search.py          # both parts
-    PYTHONPATH=. python benchmarks/search.py cost     # part 1 only
+Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
+cores used), and the HBM ratio of 1,000 rows hinted into 3 row tiles (a peeled tail) beside 999.
+
+    PYTHONPATH=. python benchmarks/search.py          # every part
+    PYTHONPATH=. python benchmarks/search.py cost     # part 1 only (quality, checks: the others)
 """
 
 from __future__ import annotations
@@ -46,11 +52,11 @@ from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages import tiling_search as ts
-from fspyre.stages.tiling_plan import split_at_tiled_reductions
+from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
 from fspyre.testing.transformer import transformer_stack
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-LIMIT = 400
+LIMIT = 1000
 
 
 def unhinted(graph: Graph) -> Graph:
@@ -168,14 +174,20 @@ def odd_rows(rows: int = 4093, cols: int = 256) -> Graph:
 
 
 def gallery() -> list[tuple[str, Graph, Graph, Machine]]:
+    """The gallery (examples/*.py) at its default sizes and at benchmarks/tiling.py's large ones."""
+    from tiling import LARGE
+
     from fspyre.frontend.files import load_torch_file
 
     out = []
     for path in sorted(EXAMPLES.glob("*.py")):
         if path.stem in ("llama_decoder_layer",):
             continue  # needs its S hint to capture; measured in part 1 as a model
-        graph = load_torch_file(path).graph
-        out.append((path.stem, graph, unhinted(graph), spyre()))
+        for size, args in (("", {}), (" (large)", LARGE.get(path.stem))):
+            if args is None:
+                continue
+            graph = load_torch_file(path, **args).graph
+            out.append((path.stem + size, graph, unhinted(graph), spyre()))
     return out
 
 
@@ -198,15 +210,19 @@ def estimate(graph: Graph, machine: Machine, plan) -> float:
         return math.inf
 
 
+SPACE = ("every cut of the op order into contiguous groups; each group untiled, or one loop level over one "
+         "dim its ops share (an output dim every op iterates, an accumulation or online reduction dim) with "
+         "any count of that dim's whole-stick count set (`_counts`: every divisor into whole sticks, else "
+         "power-of-two-stick tiles with a tail)")
+
+
 def options(ctx: ts._Search, ops: tuple[str, ...]) -> list[tuple[Level, ...]]:
-    """Untiled, or one level over one of the dims the search itself would tile the group on."""
+    """The group untiled, or one level over one of its dims with every count of the dim's set."""
     members = [ctx.ops[o] for o in ops]
     dims = dict.fromkeys(ts._tileable_dims(members) + ts._accumulation_dims(members) + ts._online_dims(ctx, members))
     out: list[tuple[Level, ...]] = [()]
     for d, size in dims:
-        counts = ts._counts(ctx, members, d, size)
-        for c in dict.fromkeys(counts[:4] + counts[-1:]):
-            out.append((Level(count=c, dims=(d,), source="enumerated"),))
+        out += [(Level(count=c, dims=(d,), source="enumerated"),) for c in ts._counts(ctx, members, d, size)]
     return out
 
 
@@ -217,77 +233,136 @@ def plan_of(graph: Graph, groups: list[tuple[tuple[str, ...], tuple[Level, ...]]
 
 
 def enumerate_best(graph: Graph, machine: Machine) -> tuple[float, int, str]:
-    """(best estimate, plans compiled, how) over the space the docstring states."""
+    """(best whole-program estimate, compiles, how) over SPACE.
+
+    Where SPACE holds at most LIMIT plans, every plan is compiled whole ("every plan").
+    Otherwise ("every group"): every option of every contiguous group of ops is compiled as
+    the search judges a candidate (the group's ops as a graph of their own), and a plan is
+    scored as the search scores it -- the sum over its tiled groups of the group's estimate
+    less what its ops cost untiled in the hinted program, an untiled group changing nothing.
+    That score is a sum over groups, so the dynamic program over cuts below is exact: it
+    finds the plan of least score among all of SPACE's plans without listing them (it drops
+    a plan only for another with the same last group and a better prefix). That plan is
+    compiled whole and its estimate is the enumeration's."""
+    hinted = plan_tiling(graph, TilingOptions(mode="hints"))
+    base = ts._compiled(ts.SearchOptions(), machine, graph, hinted)
     ctx = ts._Search(graph=graph, machine=machine, options=ts.SearchOptions(), ops=graph.op_table(),
                      buffers=graph.buffer_table(), readers=ts._readers(graph),
-                     outputs=frozenset(o.buffer for o in graph.outputs))
+                     outputs=frozenset(o.buffer for o in graph.outputs),
+                     untiled=ts._alone(base.report if base else None))
     names = [op.name for op in graph.ops]
-    cuts = [c for k in range(len(names)) for c in itertools.combinations(range(1, len(names)), k)]
     n = len(names)
-    segments = {(a, b): options(ctx, tuple(names[a:b])) for a in range(n) for b in range(a + 1, n + 1)}
-
-    def groups_of(cut):
-        ends = [0, *cut, len(names)]
-        return [(ends[k], ends[k + 1]) for k in range(len(ends) - 1)]
-
-    total = sum(math.prod(len(segments[s]) for s in groups_of(c)) for c in cuts)
+    spans = {(a, b): options(ctx, tuple(names[a:b])) for a in range(n) for b in range(a + 1, n + 1)}
+    total = [1] + [0] * n  # plans of names[:b]
+    for b in range(1, n + 1):
+        total[b] = sum(total[a] * len(spans[a, b]) for a in range(b))
     online = ctx.options.online
-    best, compiled = math.inf, 0
-    if total <= LIMIT:
+    if total[n] <= LIMIT:
+        best, compiled = math.inf, 0
+        cuts = [c for k in range(n) for c in itertools.combinations(range(1, n), k)]
         for cut in cuts:
-            spans = groups_of(cut)
-            for choice in itertools.product(*(segments[s] for s in spans)):
+            ends = [0, *cut, n]
+            groups = [(ends[k], ends[k + 1]) for k in range(len(ends) - 1)]
+            for choice in itertools.product(*(spans[g] for g in groups)):
                 try:
-                    plan = plan_of(graph, [(tuple(names[a:b]), lv) for (a, b), lv in zip(spans, choice)], online)
+                    plan = plan_of(graph, [(tuple(names[a:b]), lv) for (a, b), lv in zip(groups, choice)], online)
                 except FspyreError:
                     continue
                 best, compiled = min(best, estimate(graph, machine, plan)), compiled + 1
-        return best, compiled, "every plan"
-    alone: dict[tuple[int, int], tuple[Level, ...]] = {}
-    for (a, b), opts in segments.items():
-        judged = [(ts._judge(ctx, names[a:b], lv), lv) for lv in opts]
-        fine = [(c.time_ns, c.hbm_bytes, lv) for c, lv in judged if c.verdict != "refused"]
-        alone[a, b] = min(fine, key=lambda t: t[:2])[2] if fine else ()
-    for cut in cuts:
-        spans = groups_of(cut)
-        try:
-            plan = plan_of(graph, [(tuple(names[a:b]), alone[a, b]) for a, b in spans], online)
-        except FspyreError:
-            continue
-        best, compiled = min(best, estimate(graph, machine, plan)), compiled + 1
-    return best, compiled, "per group"
+        return best, compiled, f"every plan ({total[n]})"
+    # score of each group's best option: (change, HBM change, levels)
+    change: dict[tuple[int, int], tuple[float, int, tuple[Level, ...]]] = {}
+    compiled = 0
+    for (a, b), opts in spans.items():
+        untiled_t, untiled_b = ts._in_place(ctx, names[a:b])
+        found = (0.0, 0, ())
+        for lv in opts[1:]:
+            cand = ts._judge(ctx, names[a:b], lv)
+            compiled += 1
+            if cand.verdict != "refused":
+                found = min(found, (cand.time_ns - untiled_t, cand.hbm_bytes - untiled_b, lv), key=lambda t: t[:2])
+        change[a, b] = found
+    best = [(0.0, 0)] + [(math.inf, 0)] * n
+    back = [0] * (n + 1)
+    for b in range(1, n + 1):
+        for a in range(b):
+            t = (best[a][0] + change[a, b][0], best[a][1] + change[a, b][1])
+            if t < best[b]:
+                best[b], back[b] = t, a
+    groups, b = [], n
+    while b > 0:
+        a = back[b]
+        groups.append((tuple(names[a:b]), change[a, b][2]))
+        b = a
+    plan = plan_of(graph, groups[::-1], online)
+    return estimate(graph, machine, plan), compiled + 1, f"every group ({total[n]:.3g} plans)"
 
 
 def quality() -> None:
-    rows, gaps = [], []
+    rows, gaps, slower = [], [], []
+    print(f"enumerated space: {SPACE}; at most {LIMIT} plans: each compiled whole, else every group's every "
+          f"option compiled and the plan of least summed score (exact over the space) compiled whole\n")
     for name, hinted, graph, machine in gallery() + designed():
-        if len(graph.ops) > 10:
-            rows.append([name, str(len(graph.ops)), "-", "-", "-", "-", "-", "more than 10 ops: not enumerated"])
-            continue
         auto = estimate(graph, machine, "auto")
         none, hints = estimate(graph, machine, "none"), estimate(hinted, machine, "hints")
+        start = time.process_time()
         best, n, how = enumerate_best(graph, machine)
+        took = time.process_time() - start
         best = min(best, none, hints)
         gap = auto / best - 1
         gaps.append(gap)
+        if auto > min(none, hints) * (1 + 1e-9):
+            slower.append(name)
         rows.append([name, str(len(graph.ops)), f"{none / 1000:.1f}", f"{hints / 1000:.1f}", f"{auto / 1000:.1f}",
-                     f"{best / 1000:.1f}", f"{gap:+.1%}", f"{n} plans, {how}"])
-    print(table(["graph", "ops", "none us", "hints us", "auto us", "enumerated best us", "auto gap", "enumeration"],
-                rows))
-    print(f"\nlargest gap {max(gaps):+.1%} over {len(gaps)} graphs")
+                     f"{best / 1000:.1f}", f"{gap:+.1%}", f"{n} compiles, {how}", f"{took:.0f}"])
+    print(table(["graph", "ops", "none us", "hints us", "auto us", "enumerated best us", "auto gap", "enumeration",
+                 "CPU s"], rows))
+    print(f"\nlargest gap {max(gaps):+.1%} over {len(gaps)} graphs; auto estimated slower than none or the hints on: "
+          f"{', '.join(slower) or 'none'}")
+
+
+# -- part 3: the plans issue 21 names ------------------------------------------------------------
+def tailed(rows: int, count: int = 3, cols: int = 256) -> Graph:
+    """A pointwise chain hinted into ``count`` row tiles: 1,000 rows leave a peeled tail, 999 none."""
+    g = fspyre.GraphBuilder(f"tailed{rows}")
+    g.dim("R", rows)
+    g.dim("C", cols)
+    x = g.input("x", ["R", "C"], "float16")
+    with g.hint(slices={"R": count}):
+        g.output("z", g.exp(g.add(g.mul(x, 0.5), g.input("w", ["R", "C"], "float16"))))
+    return g.build()
+
+
+def checks() -> None:
+    machine = spyre(cores=8, lx_bytes=64 * 1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        comp = fspyre.compile(odd_rows(), machine, tiling="auto")
+    report = traffic_report(comp.program)
+    levels = [lv for g in comp.stages["tiling_plan"].groups for lv in g.levels]
+    rows = [f"{'/'.join(lv.dims)}:{lv.count} ({-(-4093 // lv.count)} rows a tile)" for lv in levels] or ["untiled"]
+    print(f"x[4093, 256] on 8 cores, 64 KiB LX, auto: {', '.join(rows)}; cores used per op "
+          f"{sorted({o.cores for o in report.ops})} of 8; {report.time_ns / 1000:.1f} us")
+    ratios = {rows: traffic_report(fspyre.compile(tailed(rows), tiling="hints").program).traffic_ratio
+              for rows in (1000, 999)}
+    print(f"R:3 hinted: 1,000 rows (a peeled tail) HBM ratio {ratios[1000]:.3f}, 999 rows (no tail) "
+          f"{ratios[999]:.3f}")
 
 
 def main() -> int:
     if sys.argv[1:2] == ["--one"]:
         print(json.dumps(one(sys.argv[2], sys.argv[3])))
         return 0
-    parts = sys.argv[1:] or ["cost", "quality"]
+    parts = sys.argv[1:] or ["cost", "quality", "checks"]
     print(f"the tiling search ({machine_line()})\n")
     if "cost" in parts:
         cost()
     if "quality" in parts:
         print()
         quality()
+    if "checks" in parts:
+        print()
+        checks()
     return 0
 
 

@@ -27,46 +27,35 @@ tree and withdraws every copy whose buffer was left in HBM (recording why), unti
 remain are in LX. Copies whose readers slice the region differently across cores are
 withdrawn the same way (the allocator refuses to place them in LX).
 
-Last, the ops next to a loop that run for it join its first or last iteration
-(``fspyre.stages.guards``).
+A graph output that later top-level ops read is written into LX for them and copied to HBM
+once (a *pin*, ``fspyre.stages.pins``). Last, the ops next to a loop that run for it join its
+first or last iteration (``fspyre.stages.guards``).
+
+One module per job: this one composes them (``place_copies``); the copies and readers taking
+their producer's slices live in ``fspyre.stages.copies``, the pins in
+``fspyre.stages.pins``, the trials both are judged by in ``fspyre.stages.trials``, hoisting
+in ``fspyre.stages.hoisting`` and the first/last-iteration guards in
+``fspyre.stages.guards``.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
-import sympy
-
-from fspyre.errors import FspyreError, TilingError
-from fspyre.ir.frozen import FrozenMap, require_fields
-from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
-from fspyre.ir.looptree import (
-    Loop,
-    LoopTree,
-    Node,
-    OpNode,
-    TileStep,
-    TreeBuffer,
-    op_nodes,
-    walk,
-)
-from fspyre.ir.plans import Allocation, OpSplit, SplitPlan
+from fspyre.errors import TilingError
+from fspyre.ir.frozen import require_fields
+from fspyre.ir.looptree import LoopTree
+from fspyre.ir.plans import Allocation, SplitPlan
 from fspyre.ir.program import Program
-from fspyre.machine.indexing import free_names
-from fspyre.machine.report import traffic_report
-from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
 from fspyre.stages.arguments import require, require_tree
+from fspyre.stages.copies import aligned, chosen_copies
 from fspyre.stages.guards import guard_boundaries
 from fspyre.stages.hoisting import hoist_invariants
-from fspyre.stages.loop_tree import dim_vars, elems_per_stick
-from fspyre.stages.program import emit_made_for
+from fspyre.stages.pins import pinned
 from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
+from fspyre.stages.trials import Trial, TrialJudge
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,47 +88,6 @@ class Residency:
     program: Program
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Candidate:
-    """A tree with its division and allocation, not yet emitted; ``regions`` and ``hints``
-    are the copies and work divisions the stage rewrote the tree with (none: the tree as
-    given), so a later step can rewrite it again with more hints."""
-
-    tree: LoopTree
-    split: SplitPlan
-    allocation: Allocation
-    regions: tuple[_Region, ...] = ()
-    hints: FrozenMap[str, FrozenMap[str, int]] = FrozenMap()
-
-
-class _Judge:
-    """Emits and estimates each candidate at most once: the unchanged tree is compared with
-    every set of copies tried, and the chosen candidate's program is the stage's output."""
-
-    def __init__(self, machine: Machine) -> None:
-        self.machine = machine
-        self._programs: dict[int, tuple[_Candidate, Program]] = {}
-        self._estimates: dict[int, tuple[float, int]] = {}
-
-    def program(self, c: _Candidate) -> Program:
-        if id(c) not in self._programs:  # the candidate is kept alongside, so its id stays its own
-            self._programs[id(c)] = (c, emit_made_for(c.tree, c.split, c.allocation, self.machine))
-        return self._programs[id(c)][1]
-
-    def estimate(self, c: _Candidate) -> tuple[float, int]:
-        if id(c) not in self._estimates:
-            report = traffic_report(self.program(c))
-            self._estimates[id(c)] = (report.time_ns, report.hbm_bytes)
-        return self._estimates[id(c)]
-
-    def settled(self, c: _Candidate) -> Residency:
-        # a candidate's division and allocation are made from its tree, so the verifiers only
-        # confirm them: once, for the one handed on (emit_program would for each candidate)
-        verify_split_plan(c.tree, c.split, self.machine)
-        verify_allocation(c.tree, c.split, c.allocation, self.machine)
-        return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=self.program(c))
-
-
 def _require(tree: object, machine: object, options: object, where: str) -> None:
     require(machine, Machine, where, "machine")
     require(options, ResidencyOptions, where, "options")
@@ -152,570 +100,31 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
         tree = hoist_invariants(tree)
     split = divide_work(tree, machine, options.split)
     alloc = allocate(tree, split, machine, options.allocation)
-    judge = _Judge(machine)
-    unchanged = _Candidate(tree=tree, split=split, allocation=alloc)
+    judge = TrialJudge(machine)
+    unchanged = Trial(tree=tree, split=split, allocation=alloc)
     if options.enabled and options.allocation.lx_planning:
-        unchanged = _pinned(unchanged, machine, options, judge)
+        unchanged = pinned(unchanged, machine, options, judge)
     if options.enabled:
         guarded = guard_boundaries(unchanged.tree)
         if guarded is not unchanged.tree:
             split = divide_work(guarded, machine, options.split)
-            unchanged = _Candidate(tree=guarded, split=split,
-                                   allocation=allocate(guarded, split, machine, options.allocation))
-    return judge.settled(_choose(unchanged.tree, unchanged, machine, options, judge))
+            unchanged = Trial(tree=guarded, split=split,
+                              allocation=allocate(guarded, split, machine, options.allocation))
+    return _settled(judge, _choose(unchanged.tree, unchanged, machine, options, judge))
 
 
-def _choose(tree: LoopTree, unchanged: _Candidate, machine: Machine, options: ResidencyOptions,
-            judge: _Judge) -> _Candidate:
+def _choose(tree: LoopTree, unchanged: Trial, machine: Machine, options: ResidencyOptions,
+            judge: TrialJudge) -> Trial:
     if not options.enabled or not options.allocation.lx_planning:
         return unchanged
     # a buffer the allocator already keeps in LX gains nothing from a copy
-    chosen = _chosen_copies(tree, unchanged, machine, options, judge)
-    return _aligned(tree, chosen, unchanged, machine, options, judge) or chosen
+    chosen = chosen_copies(tree, unchanged, machine, options, judge)
+    return aligned(tree, chosen, unchanged, machine, options, judge) or chosen
 
 
-def _chosen_copies(tree: LoopTree, unchanged: _Candidate, machine: Machine, options: ResidencyOptions,
-                   judge: _Judge) -> _Candidate:
-    regions = [r for r in _regions(tree) if unchanged.allocation.buffers[r.buffer].memory == "hbm"]
-    if not regions:
-        return unchanged
-    reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
-    found = _copies(tree, unchanged, regions, machine, options, reduced, set(), judge)
-    replicated = {r.name for r in regions if _replicate(r, unchanged.split, reduced) is not None}
-    if not replicated:
-        return found or unchanged
-    # Replicas keep their readers' work division, which may keep other copies' readers from
-    # moving theirs: judge the plan without replicas too, and take the faster.
-    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated, judge)
-    if found is None or sliced is None:
-        return found or sliced or unchanged
-    return found if judge.estimate(found) <= judge.estimate(sliced) else sliced
-
-
-# -- readers that take their producer's slices ------------------------------------------------
-def _aligned(tree: LoopTree, chosen: _Candidate, unchanged: _Candidate, machine: Machine,
-             options: ResidencyOptions, judge: _Judge) -> _Candidate | None:
-    """``chosen`` with every intermediate its allocation left in HBM because a reader slices
-    it differently from its writer (each op is divided on its own, so a matmul moved onto a
-    copy's dim and the gelu after it split their tiles differently) read where it lives: the
-    reader takes the writer's slices of the buffer -- a matmul reading its operand's slices
-    splits its contraction dim -- and the copies the reader reads follow it. Judged by the
-    estimate like the copies (a reader that splits its reduction writes partial sums, whose
-    result leaves LX); None when it does not improve, or a reader cannot take the slices."""
-    proposal = _follow(chosen, {n for n, s in unchanged.split.ops.items() if s.hinted})
-    if not proposal:
-        return None
-    hints = {**chosen.hints, **proposal}
-    rewritten = _rewrite(tree, chosen.regions, hints)
-    try:
-        split = divide_work(rewritten, machine, options.split)
-    except FspyreError:
-        return None  # a reader cannot be divided that way (a blocked dim, a second reduction dim)
-    if set(split.warnings) - set(chosen.split.warnings):
-        return None  # a hint of ours the division could not honour as written
-    alloc = allocate(rewritten, split, machine, options.allocation)
-    done = _Candidate(tree=rewritten, split=split, allocation=alloc, regions=chosen.regions,
-                      hints=FrozenMap(hints))
-    return done if judge.estimate(done) < judge.estimate(chosen) else None
-
-
-def _follow(c: _Candidate, fixed: set[str]) -> dict[str, FrozenMap[str, int]]:
-    """The work_div of each reader (in program order, so a chain follows its head) that reads
-    an HBM intermediate with slices other than its writer's, and of the copies it reads; ops
-    in ``fixed`` (the user's hints) keep theirs."""
-    table = c.tree.buffer_table()
-    io = set(c.tree.inputs) | {o.buffer for o in c.tree.outputs}
-    nodes = op_nodes(c.tree)
-    writes = Counter(n.op.store.buffer for n in nodes)
-    writer = {n.op.store.buffer: n for n in nodes if writes[n.op.store.buffer] == 1}
-    copy_of = {r.name: f"{r.name}_copy" for r in c.regions if r.replicas == 1}
-    copies = {r.name for r in c.regions}
-    splits = {n: dict(s.splits) for n, s in c.split.ops.items()}
-    out: dict[str, FrozenMap[str, int]] = {}
-    replicated = {r.name for r in c.regions if r.replicas > 1}
-    for node in nodes:
-        if (node.name in fixed or node.name in {f"{r}_copy" for r in copies}
-                or any(ld.buffer in replicated for ld in node.op.loads)):
-            continue  # copies follow their readers; a replica's readers keep the division its slots count
-        for ld in node.op.loads:
-            w = writer.get(ld.buffer)
-            if w is None or ld.buffer in io or ld.buffer in copies or c.allocation.buffers[ld.buffer].memory == "lx":
-                continue
-            if any(splits[w.name].get(d.name, 1) > 1 for d in w.op.reduction_ranges):
-                continue  # partial sums are combined by one core: the buffer cannot be in LX anyway
-            mapped = _mapped_split(w, splits[w.name], c.split.ops[w.name].stick_elems, node,
-                                   c.split.ops[node.name].stick_elems, ld, table[ld.buffer].type)
-            if mapped is None:
-                continue
-            mapped = {d: mapped.get(d, 1) for d in splits[node.name]}
-            if mapped == splits[node.name]:
-                continue
-            splits[node.name] = mapped
-            out[node.name] = FrozenMap(mapped)
-            for other in node.op.loads:
-                if other.buffer in copy_of:
-                    copy = copy_of[other.buffer]
-                    out[copy] = FrozenMap((d, mapped.get(d, 1)) for d in splits[copy])
-            break
-    return out
-
-
-def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int], r: OpNode,
-                  reps: Mapping[str, int], load: Load, btype: TensorType) -> dict[str, int] | None:
-    """The reader's splits that give it, on every core, the slice of the buffer its writer
-    wrote there: each buffer dim the writer splits must be walked by the reader over the same
-    extent and cut into the same slices (a dim the reader counts in sticks where the writer
-    counts elements is not). None when the reader cannot."""
-    wvars = dim_vars(w.op.store.index, btype, _sizes(w.op))
-    rvars = dim_vars(load.index, btype, _sizes(r.op))
-    if wvars is None or rvars is None:
-        return None
-    wsizes, rsizes = _sizes(w.op), _sizes(r.op)
-    out: dict[str, int] = {}
-    for wv, rv in zip(wvars, rvars):
-        if wv is None or wsplit.get(wv.name, 1) == 1:
-            continue
-        k = wsplit[wv.name]
-        if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
-            return None
-        size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
-        if k > -(-size // reps_) or slice_extents(size, k, weps_) != slice_extents(size, k, reps_):
-            return None
-        out[rv.name] = k
-    if math.prod(out.values()) != math.prod(k for k in wsplit.values()):
-        return None  # the writer splits a dim of its own the buffer lacks: cores would not line up
-    return out
-
-
-def _copies(tree: LoopTree, unchanged: _Candidate, regions: list[_Region], machine: Machine,
-            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str],
-            judge: _Judge) -> _Candidate | None:
-    """The rewrite with the copies of ``regions`` that fit LX and pay off (regions named in
-    ``whole`` are not replicated), judged by the real stages; None when none do."""
-    split = unchanged.split
-    whole = set(whole)  # grows with the replicas that do not fit: copied by slices instead
-    hints, regions = _align(regions, split, machine, reduced, whole)
-    tries = 0
-    while regions:
-        rewritten = _rewrite(tree, regions, hints)
-        try:
-            new_split = divide_work(rewritten, machine, options.split)
-        except FspyreError:
-            return None  # a copy's work division was refused: leave the tree as it was
-        new_alloc = allocate(rewritten, new_split, machine, options.allocation)
-        spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
-        if spilled:
-            # a replicated copy that did not fit gets one more chance as one slice per core, a
-            # region kept across loops as the copies of its loops' own re-reads
-            whole |= {r.name for r in spilled if r.replicas > 1}
-            regions = [replace(r, replicas=1) if r.name in whole else r
-                       for r in regions if r not in spilled or r.replicas > 1]
-            regions += [part for r in spilled for part in r.parts]
-            hints, regions = _align(regions, split, machine, reduced, whole)
-            continue
-        done = _Candidate(tree=rewritten, split=new_split, allocation=new_alloc, regions=tuple(regions),
-                          hints=FrozenMap(hints))
-        if _better(done, unchanged, judge):
-            return done
-        if len(regions) == 1 or tries >= _MAX_TRIES:
-            return None
-        # The copies fit but cost more than they save -- typically they pushed intermediates
-        # out of LX. Give up the largest and judge the rest again.
-        tries += 1
-        regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
-        hints, regions = _align(regions, split, machine, reduced, whole)
-    return None
-
-
-_MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs a division and allocation
-
-
-def _region_bytes(r: _Region) -> int:
-    return math.prod(d.size for d in r.dims) * r.slots
-
-
-def _better(new: _Candidate, old: _Candidate, judge: _Judge) -> bool:
-    """Copies only take reads off HBM. When every reader kept its work division and nothing
-    the old allocation kept in LX was pushed out, the new program moves fewer HBM bytes at
-    the same compute; otherwise (a reader's cores moved, or an intermediate lost its LX)
-    the estimates decide. (Fewer bytes are less estimated time wherever a copy runs inside its
-    readers' loop -- in each iteration or in the first, ``guard_boundaries`` -- or its readers
-    are memory bound; a copy outside every loop before compute-bound readers is a kernel of
-    its own, which docs/tiling.md lists under "Not done".)"""
-    kept_cores = all(new.split.ops[n] == s for n, s in old.split.ops.items())
-    kept_lx = all(new.allocation.buffers[n].memory == "lx" for n, p in old.allocation.buffers.items()
-                  if p.memory == "lx")
-    if kept_cores and kept_lx:
-        return True
-    return judge.estimate(new) < judge.estimate(old)
-
-
-def _align(regions: Sequence[_Region], split: SplitPlan, machine: Machine, reduced: Mapping[str, set[str]],
-           no_replicas: set[str]) -> tuple[dict[str, FrozenMap[str, int]], list[_Region]]:
-    """work_div for each copy (and readers that must change) so the copy writes, on every
-    core, exactly the slice that core's readers read. A reader splitting a dim the copy does
-    not have would need the copy on several cores at once; it moves its cores onto the
-    copy's first output dim instead. Regions whose readers cannot agree are dropped."""
-    hints: dict[str, FrozenMap[str, int]] = {}
-    kept: list[_Region] = []
-    for r in regions:
-        names = [d.name for d in r.dims]
-        replicated = None if r.name in no_replicas else _replicate(r, split, reduced)
-        if replicated is not None:
-            r, proposal = replicated
-            if not any(n in hints and hints[n] != h for n, h in proposal.items()):
-                hints.update(proposal)
-                kept.append(r)
-                continue
-        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
-        wanted = [w for w in found if w is not None]
-        if len(wanted) != len(found):
-            continue
-        common = {d: k for d, k in wanted[0].items() if d in names}
-        if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
-            continue
-        proposal = {**{n: FrozenMap(w) for n, w in zip(r.readers, wanted) if w != dict(split.ops[n].splits)},
-                    # a size-1 dim is not iterated: a work_div on it would be a warning about a
-                    # scope the user never wrote
-                    f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}
-        if any(n in hints and hints[n] != h for n, h in proposal.items()):
-            continue
-        hints.update(proposal)
-        kept.append(r)
-    return hints, kept
-
-
-def _replicate(r: _Region, split: SplitPlan, reduced: Mapping[str, set[str]]
-               ) -> tuple[_Region, dict[str, FrozenMap[str, int]]] | None:
-    """The region as a replicated copy, and the work_div of the copy and of its readers (kept
-    as they are), when every reader splits only dims the region does not have -- so each of
-    its cores reads the whole region: the weights of a token-split matmul, k and v of a
-    query-split attention -- all readers split alike, and no split dim is reduced. None
-    otherwise."""
-    names = {d.name for d in r.dims}
-    first = split.ops[r.readers[0]]
-    if r.slots > 1 or first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
-        return None  # (a region kept across loops is sliced like its readers, one slot per iteration)
-    if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
-        return None
-    hints = {n: FrozenMap(first.splits) for n in r.readers}
-    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)]
-                                        + [(d.name, 1) for d in r.dims if d.size > 1])
-    return replace(r, replicas=first.cores), hints
-
-
-def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: _Region,
-                  machine: Machine) -> dict[str, int] | None:
-    if all(k == 1 or d in names for d, k in split.splits.items()):
-        return dict(split.splits)
-    for d in sorted(r.dims, key=lambda d: d.name in reduced):  # output dims first: no partial sums
-        # whole sticks on both sides: the reader's stick dims and the copy's last dim
-        elems = max(split.stick_elems.get(d.name, 1), r.stick if d == r.dims[-1] else 1)
-        if d.size % elems:
-            continue
-        units = d.size // elems
-        k = max(c for c in range(1, min(split.cores, machine.cores) + 1) if units % c == 0)
-        if k > 1:
-            return {**{n: 1 for n in split.splits}, d.name: k}
-    return None
-
-
-# -- graph outputs that later ops read -------------------------------------------------------
-def _pinned(unchanged: _Candidate, machine: Machine, options: ResidencyOptions, judge: _Judge) -> _Candidate:
-    """A buffer that must be in HBM (a graph output, a buffer a loop reads tile by tile, ...)
-    and that later top-level ops read is written into LX for them and copied to HBM once,
-    where the allocator keeps that LX buffer (the anchor pins an intermediate that is also a
-    graph output in LX with an HBM clone); otherwise they read back what was just written."""
-    pins = _pins(unchanged.tree, unchanged.split, unchanged.allocation)
-    no_room = set(unchanged.allocation.no_room)
-    if options.allocation.lx_solver == "greedy" and all(p.buffer in no_room for p in pins):
-        # Each pin would meet the greedy solver where its buffer did: at the same point of the
-        # sweep (the pin copies go in after their writers, so no lifetime crosses another's
-        # start), the same size and in-place parents, the same buffers live at the same
-        # addresses as long as no earlier pin was placed -- so no room for any of them. Wide
-        # DAGs (thousands of intermediates spilled for room) would re-divide and re-allocate
-        # the whole tree to find that out.
-        return unchanged
-    while pins:
-        pinned = _pin(unchanged.tree, pins)
-        try:
-            split = divide_work(pinned, machine, options.split)
-        except FspyreError:
-            return unchanged  # a pin's work division was refused: leave the tree as it was
-        alloc = allocate(pinned, split, machine, options.allocation)
-        kept = [p for p in pins if alloc.buffers[p.name].memory == "lx"]
-        if len(kept) == len(pins):
-            done = _Candidate(tree=pinned, split=split, allocation=alloc)
-            return done if _better(done, unchanged, judge) else unchanged
-        pins = kept  # the rest did not fit (or are sliced differently by a reader): without them
-    return unchanged
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Pin:
-    name: str  # the LX buffer the writer stores into (and, with "_out", the copy to HBM)
-    buffer: str  # the graph output
-    writer: str
-    split: FrozenMap[str, int]  # the writer's work division, which the copy must repeat
-
-
-def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin]:
-    """Top-level writers of an HBM buffer that later top-level ops read, storing it whole with
-    its own contiguous index (so the LX buffer and the copy share the writer's iteration).
-    Readers inside loops keep reading the HBM buffer: a loop advances through it, and an LX
-    buffer never advances."""
-    table = tree.buffer_table()
-    taken = {b.name for b in tree.buffers} | {n.name for n in op_nodes(tree)}
-    # an accumulator is written again after its fill (by its combine, inside the loop): a pin
-    # of the fill would hand later readers the identity instead of the sum
-    writes = Counter(n.op.store.buffer for n in op_nodes(tree))
-    read_later: set[str] = set()
-    pins: list[_Pin] = []
-    for node in reversed(tree.body):
-        if not isinstance(node, OpNode):
-            continue
-        b = node.op.store.buffer
-        if (b in read_later and writes[b] == 1 and allocation.buffers[b].memory == "hbm" and table[b].scope == "full"
-                and node.op.store.index == table[b].type.contiguous_index()
-                and set(table[b].type.names) <= {d.name for d in node.op.ranges}):
-            pins.append(_Pin(name=_fresh(f"{b}_pin", taken), buffer=b, writer=node.name,
-                             split=FrozenMap((d, k) for d, k in split.ops[node.name].splits.items()
-                                             if d in table[b].type.names)))
-        read_later |= {ld.buffer for ld in node.op.loads}
-    return pins[::-1]
-
-
-def _pin(tree: LoopTree, pins: Sequence[_Pin]) -> LoopTree:
-    table = tree.buffer_table()
-    of_buffer = {p.buffer: p for p in pins}
-    first = max((h.id for h in tree.hints), default=-1) + 1
-    scopes = tuple(HintScope(id=first + i, work_div=p.split) for i, p in enumerate(pins))
-    by_writer = {p.writer: (p, scope) for p, scope in zip(pins, scopes)}
-    body: list[Node] = []
-    for node in tree.body:
-        if not isinstance(node, OpNode):
-            body.append(node)
-            continue
-        op = node.op
-        # a redirect keeps a load a load, so a reduction's operands stay loads
-        operands: Any = tuple(Load(buffer=of_buffer[o.buffer].name, index=o.index)
-                              if isinstance(o, Load) and o.buffer in of_buffer else o for o in op.operands)
-        pinned = by_writer.get(op.name)
-        store = op.store if pinned is None else Store(buffer=pinned[0].name, index=op.store.index)
-        body.append(node if operands == op.operands and pinned is None
-                    else replace(node, op=replace(op, operands=operands, store=store)))
-        if pinned is not None:
-            p, scope = pinned
-            btype = table[p.buffer].type
-            index = btype.contiguous_index()
-            body.append(OpNode(op=Pointwise(
-                name=f"{p.name}_out", fn="copy", operands=(Load(buffer=p.name, index=index),), ranges=btype.dims,
-                store=Store(buffer=p.buffer, index=index), hints=(scope.id,))))
-    buffers: list[TreeBuffer] = []
-    for b in tree.buffers:
-        buffers.append(b)
-        if b.name in of_buffer:
-            buffers.append(TreeBuffer(name=of_buffer[b.name].name, type=b.type))
-    return replace(tree, body=tuple(body), buffers=tuple(buffers), hints=tree.hints + scopes)
-
-
-# -- finding re-read regions ----------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Region:
-    """One region of a full buffer that ``readers`` read, and where its copy goes: before the
-    node at ``anchor`` (a path of body indices) whose subtree holds every reader."""
-
-    name: str  # the copy's buffer (and, with "_copy", its op)
-    buffer: str
-    index: sympy.Expr
-    dims: tuple[Dim, ...]  # the per-tile extent of each buffer dim the load walks
-    stick: int  # elements per stick of the buffer (its last dim is the stick dim)
-    steps: tuple[tuple[TileStep, ...], ...]  # the copy's tiling: the levels that move the region
-    anchor: tuple[int, ...]
-    readers: tuple[str, ...]
-    # A replicated copy (``replicas`` > 1): every core its readers run on reads the whole
-    # region, so the copy runs once on each of those cores and each writes the whole region
-    # into its own LX.
-    replicas: int = 1
-    # A region kept across sibling loops (``slots`` > 1, the iterations of the loops that walk
-    # it): the copy sits in the first loop and writes a full-scope buffer the allocator gives
-    # one LX slot per iteration; ``parts`` are the copies each loop would make on its own,
-    # tried instead when the slots do not fit.
-    slots: int = 1
-    parts: tuple[_Region, ...] = ()
-
-
-def _regions(tree: LoopTree) -> list[_Region]:
-    table = tree.buffer_table()
-    written_at: dict[str, int] = {}
-    order: dict[str, int] = {}
-    for node, _ in walk(tree.body):
-        if isinstance(node, OpNode):
-            order[node.name] = len(order)
-            written_at[node.op.store.buffer] = order[node.name]
-    found: dict[tuple, list[tuple[tuple[int, ...], str, int]]] = {}
-    counts: dict[tuple[int, ...], int] = {}  # loop path -> count
-    for path, node in _op_paths(tree.body, (), counts):
-        if node.peeled:
-            continue  # a peeled tail reads its own remainder, once
-        for ld in node.op.loads:
-            buf = table[ld.buffer]
-            if buf.scope != "full":
-                continue
-            walked = _walked_dims(ld.index, buf.type, _sizes(node.op))
-            if walked is None:
-                continue
-            names = free_names(ld.index)
-            moving = [k for k, level in enumerate(node.tiling) if any(s.dim in names for s in level)]
-            depth = (moving[-1] + 1) if moving else 0
-            steps = tuple(tuple(s for s in level if s.dim in names) for level in node.tiling[:depth])
-            key = (ld.buffer, ld.index, walked, steps, path[:depth])
-            # a guarded op runs once per iteration of the loops outside its innermost one
-            found.setdefault(key, []).append((path, node.name, len(node.tiling) - node.guarded))
-    regions: list[_Region] = []
-    taken = {b.name for b in tree.buffers} | set(order)
-
-    def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> _Region | None:
-        # before the first reader inside ``outer`` (the first of the loops, for one kept across them)
-        anchor = outer + (min(p[len(outer)] for p, _, _ in uses if p[:len(outer)] == outer),)
-        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
-            return None  # written at or after the place the copy would go
-        return _Region(name=_fresh(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
-                       stick=elems_per_stick(table[buffer].type.dtype), steps=steps, anchor=anchor,
-                       readers=tuple(dict.fromkeys(name for _, name, _ in uses)), slots=slots, parts=parts)
-
-    # the same regions walked by sibling loops (same steps, different loops at some level)
-    siblings: dict[tuple, list[tuple[int, ...]]] = {}
-    for buffer, index, walked, steps, outer in found:
-        if steps:
-            siblings.setdefault((buffer, index, walked, steps), []).append(outer)
-    across = {k: outers for k, outers in siblings.items() if len(outers) > 1}
-    for (buffer, index, walked, steps, outer), uses in found.items():
-        if (buffer, index, walked, steps) in across:
-            continue
-        deeper = any(d > len(outer) for _, _, d in uses)
-        if len(uses) < 2 and not deeper:
-            continue  # read once per iteration of the loops that move it: nothing to save
-        made = region(buffer, index, walked, steps, outer, uses)
-        if made is not None:
-            regions.append(made)
-    for (buffer, index, walked, steps), outers in across.items():
-        outers = sorted(outers)  # program order: the first loop makes the copy
-        shared = 0
-        while len({o[shared] for o in outers}) == 1:
-            shared += 1
-        # one slot per iteration of the loops below the shared ones that walk the region
-        slots = math.prod(counts[outers[0][:k + 1]] for k in range(shared, len(outers[0])) if steps[k])
-        everyone = [u for outer in outers for u in found[(buffer, index, walked, steps, outer)]]
-        made = region(buffer, index, walked, steps, outers[0], everyone, slots)
-        parts = []
-        for outer in outers:
-            uses = found[(buffer, index, walked, steps, outer)]
-            if len(uses) >= 2 or any(d > len(outer) for _, _, d in uses):
-                part = region(buffer, index, walked, steps, outer, uses)
-                if part is not None:
-                    parts.append(part)
-        regions.extend([replace(made, parts=tuple(parts))] if made is not None else parts)
-    return regions
-
-
-def _op_paths(body: Sequence[Node], prefix: tuple[int, ...], counts: dict[tuple[int, ...], int] | None = None):
-    """``(path, op node)`` in program order; ``counts`` collects each loop's count by path."""
-    for i, node in enumerate(body):
-        if isinstance(node, Loop):
-            if counts is not None:
-                counts[prefix + (i,)] = node.count
-            yield from _op_paths(node.body, prefix + (i,), counts)
-        else:
-            yield prefix + (i,), node
-
-
-def _first_op_at(body: Sequence[Node], path: tuple[int, ...], order: Mapping[str, int]) -> int:
-    node: Node = body[path[0]]
-    for i in path[1:]:
-        assert isinstance(node, Loop)
-        node = node.body[i]
-    first = next(n for n, _ in walk((node,)) if isinstance(n, OpNode))
-    return order[first.name]
-
-
-def _sizes(op: Op) -> dict[str, int]:
-    return {d.name: d.size for d in (*op.ranges, *op.reduction_ranges)}
-
-
-def _walked_dims(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> tuple[Dim, ...] | None:
-    """The per-tile extent of each buffer dim ``index`` walks with one iteration variable (in
-    buffer order), or None when the index is not of that form (the copy would need it)."""
-    vars_ = dim_vars(index, btype, sizes)
-    if vars_ is None or any(v is not None and v.name not in sizes for v in vars_):
-        return None
-    return tuple(Dim(v.name, sizes[v.name]) for v in vars_ if v is not None)
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, n = base, 1
-    while name in taken:
-        name, n = f"{base}{n}", n + 1
-    taken.add(name)
-    return name
-
-
-# -- rewriting ----------------------------------------------------------------------------------
-def _rewrite(tree: LoopTree, regions: Sequence[_Region], hints: Mapping[str, FrozenMap[str, int]]) -> LoopTree:
-    """The tree with each region's copy in place and its readers reading it; ``hints`` gives
-    ops (copies and readers) a work division of their own, as a hint scope after the graph's."""
-    table = tree.buffer_table()
-    first = max((h.id for h in tree.hints), default=-1) + 1
-    scope_of = {op: first + i for i, op in enumerate(hints)}
-    redirect: dict[tuple[str, str, sympy.Expr], Load] = {}
-    copies: dict[tuple[int, ...], list[OpNode]] = {}
-    added: dict[str, list[TreeBuffer]] = {}
-    for r in regions:
-        ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
-        local = ttype.contiguous_index()
-        if r.slots > 1:
-            # kept across loops: a full-scope twin of the buffer, addressed like it, which the
-            # loops walk slot by slot in LX
-            ttype, local = table[r.buffer].type, r.index
-        cname = f"{r.name}_copy"
-        # a replicated copy runs once per core (its leading dim, split one slot per core) and
-        # every core stores the whole region at the same place of its own LX: the store index
-        # does not use the slot
-        slots = (Dim(f"{r.name}_cores", r.replicas),) if r.replicas > 1 else ()
-        copy = Pointwise(name=cname, fn="copy", operands=(Load(buffer=r.buffer, index=r.index),),
-                         ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
-                         hints=(scope_of[cname],) if cname in scope_of else ())
-        copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
-        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype,
-                                                         scope="full" if r.slots > 1 else "tile"))
-        for reader in r.readers:
-            redirect[(reader, r.buffer, r.index)] = Load(buffer=r.name, index=local)
-    body = _rewrite_body(tree.body, (), copies, redirect, scope_of)
-    buffers: list[TreeBuffer] = []
-    for b in tree.buffers:
-        buffers.append(b)
-        buffers.extend(added.get(b.name, ()))
-    scopes = tuple(HintScope(id=scope_of[op], work_div=h) for op, h in hints.items())
-    # a copy placed before a loop runs in the loop's first iteration
-    return guard_boundaries(replace(tree, body=body, buffers=tuple(buffers), hints=tree.hints + scopes))
-
-
-def _rewrite_body(body: Sequence[Node], prefix: tuple[int, ...], copies: Mapping[tuple[int, ...], list[OpNode]],
-                  redirect: Mapping[tuple[str, str, sympy.Expr], Load],
-                  scope_of: Mapping[str, int]) -> tuple[Node, ...]:
-    out: list[Node] = []
-    for i, node in enumerate(body):
-        path = prefix + (i,)
-        out.extend(copies.get(path, ()))
-        if isinstance(node, Loop):
-            out.append(replace(node, body=_rewrite_body(node.body, path, copies, redirect, scope_of)))
-            continue
-        # a redirect maps a load to a load, so a reduction's operands stay loads
-        operands: Any = tuple(redirect.get((node.name, o.buffer, o.index), o) if isinstance(o, Load) else o
-                              for o in node.op.operands)
-        hints = node.op.hints + ((scope_of[node.name],) if node.name in scope_of else ())
-        if operands == node.op.operands and hints == node.op.hints:
-            out.append(node)
-        else:
-            out.append(replace(node, op=replace(node.op, operands=operands, hints=hints)))
-    return tuple(out)
+def _settled(judge: TrialJudge, c: Trial) -> Residency:
+    # a trial's division and allocation are made from its tree, so the verifiers only confirm
+    # them: once, for the one handed on (emit_program would for each trial)
+    verify_split_plan(c.tree, c.split, judge.machine)
+    verify_allocation(c.tree, c.split, c.allocation, judge.machine)
+    return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=judge.program(c))

@@ -291,7 +291,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     (``_bound``), and one whose bound cannot beat the best found for ``i`` is not judged; nor
     are the rest once ``patience`` judged in a row did not improve it (the bound ranks the
     segments that can gain; one further down that order rarely gains where those before it
-    did not), nor any for a consumer that costs nothing untiled in the hinted program."""
+    did not), nor one that ends or starts at an op that costs nothing untiled in the hinted
+    program."""
     n = len(run)
     best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
     back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
@@ -316,15 +317,18 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                                                               candidates=(alone,), chosen=0))
             alternatives.append(Alternative(ops=(consumer,), bound_ns=best[i - 1][0], choice=alone,
                                             change_ns=best[i - 1][0]))
-        # A consumer that costs nothing untiled in the hinted program (it moves no HBM byte and
-        # computes nothing: its operands and result stay in LX) ends no group: a group ending
-        # there adds the op's work to its loop and saves nothing the hinted program pays.
-        free = found is not None and ctx.untiled.get(consumer) == (0.0, 0)
+        # An op that costs nothing untiled in the hinted program (it moves no HBM byte and
+        # computes nothing: its operands and result stay in LX) neither ends nor starts a group:
+        # the group adds the op's work to its loop and saves nothing the hinted program pays
+        # for it (the group without it is weighed in its place).
+        free = found is not None and _costs_nothing(ctx, consumer)
         idle = 0  # segments judged in a row that did not improve best[i]
         for j in order:
             members = tuple(run[j:i])
             reach = best[j][0] + bounds[j]
-            if found is not None and (free or reach > best[i][0] or idle >= ctx.options.patience):
+            # a bound that only ties the best found cannot lower the estimated time
+            if found is not None and (free or (j < i - 1 and _costs_nothing(ctx, run[j])) or reach >= best[i][0]
+                                      or idle >= ctx.options.patience):
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
@@ -347,6 +351,10 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         records.append(replace(record, alternatives=weighed))
         i = j
     return records[::-1]
+
+
+def _costs_nothing(ctx: _Search, op: str) -> bool:
+    return ctx.untiled.get(op) == (0.0, 0)
 
 
 def _add(prefix: _Cost, cand: Candidate, untiled: tuple[float, int]) -> _Cost:
@@ -650,12 +658,13 @@ def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequen
     """Judge tiling the reduction dim of a softmax in the group (an online softmax: its max,
     sum and value product carried across the tiles), innermost, alone and under the output
     tiling found: it reads k and v of an attention once where query tiles re-read them.
-    Counts from the coarsest up until one fits, then finer while the estimate improves."""
+    Counts from the coarsest up until one fits (leaping by binary search after 3 that do not),
+    then finer while the estimate improves."""
     for dim, size in _online_dims(ctx, ops):
         counts = _counts(ctx, ops, dim, size)
         for base in ({}, dict(chosen)) if chosen else ({},):
             outer = levels(base)
-            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim))
+            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim), leap=True)
 
 
 def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, ...]:
@@ -671,25 +680,37 @@ _ACCUMULATION_MISSES = 1
 
 
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
-                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES) -> None:
+                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: bool = False) -> None:
     """Judge the counts from the coarsest up until one fits, then finer while the estimate
-    improves; give up after ``limit`` counts that do not fit (the counts of a large dim
-    that never fits would each be compiled)."""
+    improves. After ``limit`` counts that do not fit, give up (the counts of a large dim
+    that never fits would each be compiled), or with ``leap`` find the coarsest of the rest
+    that fits by binary search (finer tiles need less LX) and go on from there: the online
+    softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and 13."""
     best_rank = None
     misses = 0
-    for c in counts:
-        cand = judge(members, levels(c))
+    k = 0
+    while k < len(counts):
+        cand = judge(members, levels(counts[k]))
         if cand.verdict != "fits":
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
             # fit, and spilling estimates need not fall as the tiles shrink
             misses += 1
-            if misses == limit:
+            if misses < limit:
+                k += 1
+                continue
+            if not leap or best_rank is not None:
                 break
+            rest = counts[k + 1:]
+            found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
+            if found is None:
+                break
+            k, leap = k + 1 + found, False
             continue
         rank = _rank(cand)
         if best_rank is not None and rank >= best_rank:
             break
         best_rank = rank
+        k += 1
 
 
 def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op]) -> None:

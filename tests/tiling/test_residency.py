@@ -348,7 +348,8 @@ def test_pins_of_buffers_spilled_for_room_are_all_refused_again(width, rows, col
     running that judgement."""
     from fspyre.stages.allocation import allocate
     from fspyre.stages.hoisting import hoist_invariants
-    from fspyre.stages.residency import _pin, _pins, place_copies
+    from fspyre.stages.pins import _pin, _pins
+    from fspyre.stages.residency import place_copies
     from fspyre.stages.split_plan import divide_work
 
     result = -(-rows * cols * 2 // cores // 128) * 128  # a core's share of one result

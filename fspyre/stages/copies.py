@@ -1,0 +1,455 @@
+"""keep_resident's copies: HBM regions read more than once, each copied into LX once by an
+explicit ``copy`` op and read from there (docs/tiling.md, "LX residency"), kept only where the
+allocator gives the copy LX and the estimate improves; and readers that take their producer's
+slices of an intermediate so it stays in LX (``aligned``)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import sympy
+
+from fspyre.errors import FspyreError
+from fspyre.ir.frozen import FrozenMap
+from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
+from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
+from fspyre.ir.plans import OpSplit, SplitPlan
+from fspyre.machine.indexing import free_names
+from fspyre.machine.rules import slice_extents
+from fspyre.machine.spyre import Machine
+from fspyre.stages.allocation import allocate
+from fspyre.stages.guards import guard_boundaries
+from fspyre.stages.loop_tree import dim_vars, elems_per_stick
+from fspyre.stages.split_plan import divide_work
+from fspyre.stages.trials import Trial, TrialJudge, better, fresh_name
+
+if TYPE_CHECKING:
+    from fspyre.stages.residency import ResidencyOptions
+
+
+def chosen_copies(tree: LoopTree, unchanged: Trial, machine: Machine, options: ResidencyOptions,
+                   judge: TrialJudge) -> Trial:
+    regions = [r for r in _regions(tree) if unchanged.allocation.buffers[r.buffer].memory == "hbm"]
+    if not regions:
+        return unchanged
+    reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
+    found = _copies(tree, unchanged, regions, machine, options, reduced, set(), judge)
+    replicated = {r.name for r in regions if _replicate(r, unchanged.split, reduced) is not None}
+    if not replicated:
+        return found or unchanged
+    # Replicas keep their readers' work division, which may keep other copies' readers from
+    # moving theirs: judge the plan without replicas too, and take the faster.
+    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated, judge)
+    if found is None or sliced is None:
+        return found or sliced or unchanged
+    return found if judge.estimate(found) <= judge.estimate(sliced) else sliced
+
+
+# -- readers that take their producer's slices ------------------------------------------------
+def aligned(tree: LoopTree, chosen: Trial, unchanged: Trial, machine: Machine,
+             options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
+    """``chosen`` with every intermediate its allocation left in HBM because a reader slices
+    it differently from its writer (each op is divided on its own, so a matmul moved onto a
+    copy's dim and the gelu after it split their tiles differently) read where it lives: the
+    reader takes the writer's slices of the buffer -- a matmul reading its operand's slices
+    splits its contraction dim -- and the copies the reader reads follow it. Judged by the
+    estimate like the copies (a reader that splits its reduction writes partial sums, whose
+    result leaves LX); None when it does not improve, or a reader cannot take the slices."""
+    proposal = _follow(chosen, {n for n, s in unchanged.split.ops.items() if s.hinted})
+    if not proposal:
+        return None
+    hints = {**chosen.hints, **proposal}
+    rewritten = _rewrite(tree, chosen.regions, hints)
+    try:
+        split = divide_work(rewritten, machine, options.split)
+    except FspyreError:
+        return None  # a reader cannot be divided that way (a blocked dim, a second reduction dim)
+    if set(split.warnings) - set(chosen.split.warnings):
+        return None  # a hint of ours the division could not honour as written
+    alloc = allocate(rewritten, split, machine, options.allocation)
+    done = Trial(tree=rewritten, split=split, allocation=alloc, regions=chosen.regions,
+                      hints=FrozenMap(hints))
+    return done if judge.estimate(done) < judge.estimate(chosen) else None
+
+
+def _follow(c: Trial, fixed: set[str]) -> dict[str, FrozenMap[str, int]]:
+    """The work_div of each reader (in program order, so a chain follows its head) that reads
+    an HBM intermediate with slices other than its writer's, and of the copies it reads; ops
+    in ``fixed`` (the user's hints) keep theirs."""
+    table = c.tree.buffer_table()
+    io = set(c.tree.inputs) | {o.buffer for o in c.tree.outputs}
+    nodes = op_nodes(c.tree)
+    writes = Counter(n.op.store.buffer for n in nodes)
+    writer = {n.op.store.buffer: n for n in nodes if writes[n.op.store.buffer] == 1}
+    copy_of = {r.name: f"{r.name}_copy" for r in c.regions if r.replicas == 1}
+    copies = {r.name for r in c.regions}
+    splits = {n: dict(s.splits) for n, s in c.split.ops.items()}
+    out: dict[str, FrozenMap[str, int]] = {}
+    replicated = {r.name for r in c.regions if r.replicas > 1}
+    for node in nodes:
+        if (node.name in fixed or node.name in {f"{r}_copy" for r in copies}
+                or any(ld.buffer in replicated for ld in node.op.loads)):
+            continue  # copies follow their readers; a replica's readers keep the division its slots count
+        for ld in node.op.loads:
+            w = writer.get(ld.buffer)
+            if w is None or ld.buffer in io or ld.buffer in copies or c.allocation.buffers[ld.buffer].memory == "lx":
+                continue
+            if any(splits[w.name].get(d.name, 1) > 1 for d in w.op.reduction_ranges):
+                continue  # partial sums are combined by one core: the buffer cannot be in LX anyway
+            mapped = _mapped_split(w, splits[w.name], c.split.ops[w.name].stick_elems, node,
+                                   c.split.ops[node.name].stick_elems, ld, table[ld.buffer].type)
+            if mapped is None:
+                continue
+            mapped = {d: mapped.get(d, 1) for d in splits[node.name]}
+            if mapped == splits[node.name]:
+                continue
+            splits[node.name] = mapped
+            out[node.name] = FrozenMap(mapped)
+            for other in node.op.loads:
+                if other.buffer in copy_of:
+                    copy = copy_of[other.buffer]
+                    out[copy] = FrozenMap((d, mapped.get(d, 1)) for d in splits[copy])
+            break
+    return out
+
+
+def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int], r: OpNode,
+                  reps: Mapping[str, int], load: Load, btype: TensorType) -> dict[str, int] | None:
+    """The reader's splits that give it, on every core, the slice of the buffer its writer
+    wrote there: each buffer dim the writer splits must be walked by the reader over the same
+    extent and cut into the same slices (a dim the reader counts in sticks where the writer
+    counts elements is not). None when the reader cannot."""
+    wvars = dim_vars(w.op.store.index, btype, _sizes(w.op))
+    rvars = dim_vars(load.index, btype, _sizes(r.op))
+    if wvars is None or rvars is None:
+        return None
+    wsizes, rsizes = _sizes(w.op), _sizes(r.op)
+    out: dict[str, int] = {}
+    for wv, rv in zip(wvars, rvars):
+        if wv is None or wsplit.get(wv.name, 1) == 1:
+            continue
+        k = wsplit[wv.name]
+        if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
+            return None
+        size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
+        if k > -(-size // reps_) or slice_extents(size, k, weps_) != slice_extents(size, k, reps_):
+            return None
+        out[rv.name] = k
+    if math.prod(out.values()) != math.prod(k for k in wsplit.values()):
+        return None  # the writer splits a dim of its own the buffer lacks: cores would not line up
+    return out
+
+
+def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Machine,
+            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str],
+            judge: TrialJudge) -> Trial | None:
+    """The rewrite with the copies of ``regions`` that fit LX and pay off (regions named in
+    ``whole`` are not replicated), judged by the real stages; None when none do."""
+    split = unchanged.split
+    whole = set(whole)  # grows with the replicas that do not fit: copied by slices instead
+    hints, regions = _align(regions, split, machine, reduced, whole)
+    tries = 0
+    while regions:
+        rewritten = _rewrite(tree, regions, hints)
+        try:
+            new_split = divide_work(rewritten, machine, options.split)
+        except FspyreError:
+            return None  # a copy's work division was refused: leave the tree as it was
+        new_alloc = allocate(rewritten, new_split, machine, options.allocation)
+        spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
+        if spilled:
+            # a replicated copy that did not fit gets one more chance as one slice per core, a
+            # region kept across loops as the copies of its loops' own re-reads
+            whole |= {r.name for r in spilled if r.replicas > 1}
+            regions = [replace(r, replicas=1) if r.name in whole else r
+                       for r in regions if r not in spilled or r.replicas > 1]
+            regions += [part for r in spilled for part in r.parts]
+            hints, regions = _align(regions, split, machine, reduced, whole)
+            continue
+        done = Trial(tree=rewritten, split=new_split, allocation=new_alloc, regions=tuple(regions),
+                          hints=FrozenMap(hints))
+        if better(done, unchanged, judge):
+            return done
+        if len(regions) == 1 or tries >= _MAX_TRIES:
+            return None
+        # The copies fit but cost more than they save -- typically they pushed intermediates
+        # out of LX. Give up the largest and judge the rest again.
+        tries += 1
+        regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
+        hints, regions = _align(regions, split, machine, reduced, whole)
+    return None
+
+
+_MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs a division and allocation
+
+
+def _region_bytes(r: Region) -> int:
+    return math.prod(d.size for d in r.dims) * r.slots
+
+
+def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduced: Mapping[str, set[str]],
+           no_replicas: set[str]) -> tuple[dict[str, FrozenMap[str, int]], list[Region]]:
+    """work_div for each copy (and readers that must change) so the copy writes, on every
+    core, exactly the slice that core's readers read. A reader splitting a dim the copy does
+    not have would need the copy on several cores at once; it moves its cores onto the
+    copy's first output dim instead. Regions whose readers cannot agree are dropped."""
+    hints: dict[str, FrozenMap[str, int]] = {}
+    kept: list[Region] = []
+    for r in regions:
+        names = [d.name for d in r.dims]
+        replicated = None if r.name in no_replicas else _replicate(r, split, reduced)
+        if replicated is not None:
+            r, proposal = replicated
+            if not any(n in hints and hints[n] != h for n, h in proposal.items()):
+                hints.update(proposal)
+                kept.append(r)
+                continue
+        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
+        wanted = [w for w in found if w is not None]
+        if len(wanted) != len(found):
+            continue
+        common = {d: k for d, k in wanted[0].items() if d in names}
+        if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
+            continue
+        proposal = {**{n: FrozenMap(w) for n, w in zip(r.readers, wanted) if w != dict(split.ops[n].splits)},
+                    # a size-1 dim is not iterated: a work_div on it would be a warning about a
+                    # scope the user never wrote
+                    f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}
+        if any(n in hints and hints[n] != h for n, h in proposal.items()):
+            continue
+        hints.update(proposal)
+        kept.append(r)
+    return hints, kept
+
+
+def _replicate(r: Region, split: SplitPlan, reduced: Mapping[str, set[str]]
+               ) -> tuple[Region, dict[str, FrozenMap[str, int]]] | None:
+    """The region as a replicated copy, and the work_div of the copy and of its readers (kept
+    as they are), when every reader splits only dims the region does not have -- so each of
+    its cores reads the whole region: the weights of a token-split matmul, k and v of a
+    query-split attention -- all readers split alike, and no split dim is reduced. None
+    otherwise."""
+    names = {d.name for d in r.dims}
+    first = split.ops[r.readers[0]]
+    if r.slots > 1 or first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
+        return None  # (a region kept across loops is sliced like its readers, one slot per iteration)
+    if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
+        return None
+    hints = {n: FrozenMap(first.splits) for n in r.readers}
+    hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)]
+                                        + [(d.name, 1) for d in r.dims if d.size > 1])
+    return replace(r, replicas=first.cores), hints
+
+
+def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: Region,
+                  machine: Machine) -> dict[str, int] | None:
+    if all(k == 1 or d in names for d, k in split.splits.items()):
+        return dict(split.splits)
+    for d in sorted(r.dims, key=lambda d: d.name in reduced):  # output dims first: no partial sums
+        # whole sticks on both sides: the reader's stick dims and the copy's last dim
+        elems = max(split.stick_elems.get(d.name, 1), r.stick if d == r.dims[-1] else 1)
+        if d.size % elems:
+            continue
+        units = d.size // elems
+        k = max(c for c in range(1, min(split.cores, machine.cores) + 1) if units % c == 0)
+        if k > 1:
+            return {**{n: 1 for n in split.splits}, d.name: k}
+    return None
+
+
+# -- finding re-read regions ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Region:
+    """One region of a full buffer that ``readers`` read, and where its copy goes: before the
+    node at ``anchor`` (a path of body indices) whose subtree holds every reader."""
+
+    name: str  # the copy's buffer (and, with "_copy", its op)
+    buffer: str
+    index: sympy.Expr
+    dims: tuple[Dim, ...]  # the per-tile extent of each buffer dim the load walks
+    stick: int  # elements per stick of the buffer (its last dim is the stick dim)
+    steps: tuple[tuple[TileStep, ...], ...]  # the copy's tiling: the levels that move the region
+    anchor: tuple[int, ...]
+    readers: tuple[str, ...]
+    # A replicated copy (``replicas`` > 1): every core its readers run on reads the whole
+    # region, so the copy runs once on each of those cores and each writes the whole region
+    # into its own LX.
+    replicas: int = 1
+    # A region kept across sibling loops (``slots`` > 1, the iterations of the loops that walk
+    # it): the copy sits in the first loop and writes a full-scope buffer the allocator gives
+    # one LX slot per iteration; ``parts`` are the copies each loop would make on its own,
+    # tried instead when the slots do not fit.
+    slots: int = 1
+    parts: tuple[Region, ...] = ()
+
+
+def _regions(tree: LoopTree) -> list[Region]:
+    table = tree.buffer_table()
+    written_at: dict[str, int] = {}
+    order: dict[str, int] = {}
+    for node, _ in walk(tree.body):
+        if isinstance(node, OpNode):
+            order[node.name] = len(order)
+            written_at[node.op.store.buffer] = order[node.name]
+    found: dict[tuple, list[tuple[tuple[int, ...], str, int]]] = {}
+    counts: dict[tuple[int, ...], int] = {}  # loop path -> count
+    for path, node in _op_paths(tree.body, (), counts):
+        if node.peeled:
+            continue  # a peeled tail reads its own remainder, once
+        for ld in node.op.loads:
+            buf = table[ld.buffer]
+            if buf.scope != "full":
+                continue
+            walked = _walked_dims(ld.index, buf.type, _sizes(node.op))
+            if walked is None:
+                continue
+            names = free_names(ld.index)
+            moving = [k for k, level in enumerate(node.tiling) if any(s.dim in names for s in level)]
+            depth = (moving[-1] + 1) if moving else 0
+            steps = tuple(tuple(s for s in level if s.dim in names) for level in node.tiling[:depth])
+            key = (ld.buffer, ld.index, walked, steps, path[:depth])
+            # a guarded op runs once per iteration of the loops outside its innermost one
+            found.setdefault(key, []).append((path, node.name, len(node.tiling) - node.guarded))
+    regions: list[Region] = []
+    taken = {b.name for b in tree.buffers} | set(order)
+
+    def region(buffer, index, walked, steps, outer, uses, slots=1, parts=()) -> Region | None:
+        # before the first reader inside ``outer`` (the first of the loops, for one kept across them)
+        anchor = outer + (min(p[len(outer)] for p, _, _ in uses if p[:len(outer)] == outer),)
+        if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
+            return None  # written at or after the place the copy would go
+        return Region(name=fresh_name(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
+                       stick=elems_per_stick(table[buffer].type.dtype), steps=steps, anchor=anchor,
+                       readers=tuple(dict.fromkeys(name for _, name, _ in uses)), slots=slots, parts=parts)
+
+    # the same regions walked by sibling loops (same steps, different loops at some level)
+    siblings: dict[tuple, list[tuple[int, ...]]] = {}
+    for buffer, index, walked, steps, outer in found:
+        if steps:
+            siblings.setdefault((buffer, index, walked, steps), []).append(outer)
+    across = {k: outers for k, outers in siblings.items() if len(outers) > 1}
+    for (buffer, index, walked, steps, outer), uses in found.items():
+        if (buffer, index, walked, steps) in across:
+            continue
+        deeper = any(d > len(outer) for _, _, d in uses)
+        if len(uses) < 2 and not deeper:
+            continue  # read once per iteration of the loops that move it: nothing to save
+        made = region(buffer, index, walked, steps, outer, uses)
+        if made is not None:
+            regions.append(made)
+    for (buffer, index, walked, steps), outers in across.items():
+        outers = sorted(outers)  # program order: the first loop makes the copy
+        shared = 0
+        while len({o[shared] for o in outers}) == 1:
+            shared += 1
+        # one slot per iteration of the loops below the shared ones that walk the region
+        slots = math.prod(counts[outers[0][:k + 1]] for k in range(shared, len(outers[0])) if steps[k])
+        everyone = [u for outer in outers for u in found[(buffer, index, walked, steps, outer)]]
+        made = region(buffer, index, walked, steps, outers[0], everyone, slots)
+        parts = []
+        for outer in outers:
+            uses = found[(buffer, index, walked, steps, outer)]
+            if len(uses) >= 2 or any(d > len(outer) for _, _, d in uses):
+                part = region(buffer, index, walked, steps, outer, uses)
+                if part is not None:
+                    parts.append(part)
+        regions.extend([replace(made, parts=tuple(parts))] if made is not None else parts)
+    return regions
+
+
+def _op_paths(body: Sequence[Node], prefix: tuple[int, ...], counts: dict[tuple[int, ...], int] | None = None):
+    """``(path, op node)`` in program order; ``counts`` collects each loop's count by path."""
+    for i, node in enumerate(body):
+        if isinstance(node, Loop):
+            if counts is not None:
+                counts[prefix + (i,)] = node.count
+            yield from _op_paths(node.body, prefix + (i,), counts)
+        else:
+            yield prefix + (i,), node
+
+
+def _first_op_at(body: Sequence[Node], path: tuple[int, ...], order: Mapping[str, int]) -> int:
+    node: Node = body[path[0]]
+    for i in path[1:]:
+        assert isinstance(node, Loop)
+        node = node.body[i]
+    first = next(n for n, _ in walk((node,)) if isinstance(n, OpNode))
+    return order[first.name]
+
+
+def _sizes(op: Op) -> dict[str, int]:
+    return {d.name: d.size for d in (*op.ranges, *op.reduction_ranges)}
+
+
+def _walked_dims(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> tuple[Dim, ...] | None:
+    """The per-tile extent of each buffer dim ``index`` walks with one iteration variable (in
+    buffer order), or None when the index is not of that form (the copy would need it)."""
+    vars_ = dim_vars(index, btype, sizes)
+    if vars_ is None or any(v is not None and v.name not in sizes for v in vars_):
+        return None
+    return tuple(Dim(v.name, sizes[v.name]) for v in vars_ if v is not None)
+
+
+# -- rewriting ----------------------------------------------------------------------------------
+def _rewrite(tree: LoopTree, regions: Sequence[Region], hints: Mapping[str, FrozenMap[str, int]]) -> LoopTree:
+    """The tree with each region's copy in place and its readers reading it; ``hints`` gives
+    ops (copies and readers) a work division of their own, as a hint scope after the graph's."""
+    table = tree.buffer_table()
+    first = max((h.id for h in tree.hints), default=-1) + 1
+    scope_of = {op: first + i for i, op in enumerate(hints)}
+    redirect: dict[tuple[str, str, sympy.Expr], Load] = {}
+    copies: dict[tuple[int, ...], list[OpNode]] = {}
+    added: dict[str, list[TreeBuffer]] = {}
+    for r in regions:
+        ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
+        local = ttype.contiguous_index()
+        if r.slots > 1:
+            # kept across loops: a full-scope twin of the buffer, addressed like it, which the
+            # loops walk slot by slot in LX
+            ttype, local = table[r.buffer].type, r.index
+        cname = f"{r.name}_copy"
+        # a replicated copy runs once per core (its leading dim, split one slot per core) and
+        # every core stores the whole region at the same place of its own LX: the store index
+        # does not use the slot
+        slots = (Dim(f"{r.name}_cores", r.replicas),) if r.replicas > 1 else ()
+        copy = Pointwise(name=cname, fn="copy", operands=(Load(buffer=r.buffer, index=r.index),),
+                         ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
+                         hints=(scope_of[cname],) if cname in scope_of else ())
+        copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
+        added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype,
+                                                         scope="full" if r.slots > 1 else "tile"))
+        for reader in r.readers:
+            redirect[(reader, r.buffer, r.index)] = Load(buffer=r.name, index=local)
+    body = _rewrite_body(tree.body, (), copies, redirect, scope_of)
+    buffers: list[TreeBuffer] = []
+    for b in tree.buffers:
+        buffers.append(b)
+        buffers.extend(added.get(b.name, ()))
+    scopes = tuple(HintScope(id=scope_of[op], work_div=h) for op, h in hints.items())
+    # a copy placed before a loop runs in the loop's first iteration
+    return guard_boundaries(replace(tree, body=body, buffers=tuple(buffers), hints=tree.hints + scopes))
+
+
+def _rewrite_body(body: Sequence[Node], prefix: tuple[int, ...], copies: Mapping[tuple[int, ...], list[OpNode]],
+                  redirect: Mapping[tuple[str, str, sympy.Expr], Load],
+                  scope_of: Mapping[str, int]) -> tuple[Node, ...]:
+    out: list[Node] = []
+    for i, node in enumerate(body):
+        path = prefix + (i,)
+        out.extend(copies.get(path, ()))
+        if isinstance(node, Loop):
+            out.append(replace(node, body=_rewrite_body(node.body, path, copies, redirect, scope_of)))
+            continue
+        # a redirect maps a load to a load, so a reduction's operands stay loads
+        operands: Any = tuple(redirect.get((node.name, o.buffer, o.index), o) if isinstance(o, Load) else o
+                              for o in node.op.operands)
+        hints = node.op.hints + ((scope_of[node.name],) if node.name in scope_of else ())
+        if operands == node.op.operands and hints == node.op.hints:
+            out.append(node)
+        else:
+            out.append(replace(node, op=replace(node.op, operands=operands, hints=hints)))
+    return tuple(out)
