@@ -108,7 +108,7 @@ def cluster():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     # the checks below are this module's functions, which Ray's workers cannot import by name
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield
