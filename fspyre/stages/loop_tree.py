@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import sympy
 
 from fspyre.errors import TilingError
+from fspyre.ir.dtypes import is_float
 from fspyre.ir.graph import (
     Dim,
     Graph,
@@ -549,6 +550,13 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
     # the online rewrite matches a softmax whose ops share every level
     online = None if group.depths else match_online([ctx.ops[name] for name in group.ops], per_level, ctx.readers,
                                                     ctx.outputs, ctx.online)
+    if online is not None:
+        chain = (online.amax, online.shift, online.exp, online.sum)
+        odd = [n for n in chain if not is_float(ctx.buffers[ctx.ops[n].store.buffer].type.dtype)]
+        if odd:  # the recurrence keeps its running max and sum in float32: a softmax of floats only
+            raise TilingError(f"{_where(0, levels[0])}: the softmax of ops {list(chain)} tiled over its reduction "
+                              f"dim {online.dim} stores {ctx.buffers[ctx.ops[odd[0]].store.buffer].type} in op "
+                              f"{odd[0]}; the online rewrite computes a softmax of floats: do not tile {online.dim}")
     recurrence = _Recurrence(online) if online is not None else None
     reduced_at = {name: _check_reduction(ctx, gi, ctx.ops[name], per_level[name][:depth[name]], levels[:depth[name]],
                                          members,
