@@ -287,6 +287,9 @@ def _fits_card(program: Program) -> None:
 
     for what, value, most in (("cores", program.cores, MAX_CORES), ("hbm_bytes", program.hbm_bytes, HBM_BYTES),
                               ("lx_bytes", program.lx_bytes, LX_PHYSICAL_BYTES)):
+        if not isinstance(value, int):
+            raise ExecutionError(f"run: program {program.name} has {what}={value}, a size in symbolic dims, but no "
+                                 f"symbolic record to bind them; compile the graph again")
         if value > most:
             raise ExecutionError(f"run: program {program.name} has {what}={value}, more than a Spyre card's {most}; "
                                  f"compile it again for the card")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import sympy
 
 from fspyre.errors import TilingError
+from fspyre.ir.dtypes import is_float
 from fspyre.ir.graph import (
     Dim,
     Graph,
@@ -552,6 +553,13 @@ def _tile_group(ctx: _Context, gi: int, group: Group, warnings: list[str]) -> tu
     # the online rewrite matches a softmax whose ops share every level
     online = None if group.depths else match_online([ctx.ops[name] for name in group.ops], per_level, ctx.readers,
                                                     ctx.outputs, ctx.online)
+    if online is not None:
+        chain = (online.amax, online.shift, online.exp, online.sum)
+        odd = [n for n in chain if not is_float(ctx.buffers[ctx.ops[n].store.buffer].type.dtype)]
+        if odd:  # the recurrence keeps its running max and sum in float32: a softmax of floats only
+            raise TilingError(f"{_where(0, levels[0])}: the softmax of ops {list(chain)} tiled over its reduction "
+                              f"dim {online.dim} stores {ctx.buffers[ctx.ops[odd[0]].store.buffer].type} in op "
+                              f"{odd[0]}; the online rewrite computes a softmax of floats: do not tile {online.dim}")
     recurrence = _Recurrence(online) if online is not None else None
     reduced_at = {name: _check_reduction(ctx, gi, ctx.ops[name], per_level[name][:depth[name]], levels[:depth[name]],
                                          members,
@@ -1139,6 +1147,7 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
             raise TilingError(f"loop tree {tree.name}: op {node.name} is a tail of {node.origin}, which is not an "
                               f"op of the tree's main body")
     _verify_coverage(tree)
+    _verify_tile_reads(tree)
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
             raise TilingError(
@@ -1320,6 +1329,34 @@ def _verify_coverage(tree: LoopTree) -> None:
             raise TilingError(f"{where}: op {name} (with its tails) computes {volume} points of its iteration space "
                               f"of {whole} ({covered}); each point must be computed once: a per-tile range or a "
                               f"loop count disagrees with the dims' full sizes")
+
+
+def _verify_tile_reads(tree: LoopTree) -> None:
+    """A per-tile buffer holds one tile and never advances: an op that reads it along a dim a
+    loop moves reads the tile of that iteration, so something in that loop writes it (a full
+    buffer edited to per-tile scope would otherwise be read at its first tile every time)."""
+    tiles = {b.name for b in tree.buffers if b.scope == "tile"}
+
+    def written(body: tuple[Node, ...]) -> set[str]:
+        return {n.op.store.buffer for n, _ in walk(body) if isinstance(n, OpNode)}
+
+    def visit(body: tuple[Node, ...], loops: tuple[set[str], ...]) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                visit(node.body, loops + (written(node.body),))
+                continue
+            for ld in node.op.loads:
+                if ld.buffer not in tiles:
+                    continue
+                names = {v.name for v in ld.index.free_symbols}
+                for level, inside in zip(node.tiling, loops):
+                    moved = {st.dim for st in level} & names
+                    if moved and ld.buffer not in inside:
+                        raise TilingError(f"loop tree {tree.name}: op {node.name} reads per-tile buffer {ld.buffer} "
+                                          f"along {sorted(moved)}, which its loop moves, but nothing in that loop "
+                                          f"writes it; a buffer read tile by tile from outside is a full buffer")
+
+    visit(tree.body, ())
 
 
 def _shown(runs: list[tuple[int, int]]) -> str:

@@ -488,7 +488,8 @@ def _verify_matmul_operands(spec: OpSpec, where: str) -> None:
         return
     order = [s.name for s in spec.iteration_space]
     a, b = ({n for c in t.device_coordinates for n in free_names(c)} for t in spec.args[:2])
-    out = {n for c in spec.args[-1].device_coordinates for n in free_names(c)}
+    # (a symbol outside the iteration space is refused by the coordinate check after this one)
+    out = {n for c in spec.args[-1].device_coordinates for n in free_names(c)} & set(order)
     own_a, own_b = sorted(order.index(n) for n in (a - b) & out), sorted(order.index(n) for n in (b - a) & out)
     if own_a and own_b and own_a[-1] > own_b[0]:
         raise LoweringError(f"{where}: batchmatmul operands {spec.args[0].name}, {spec.args[1].name} are in the "

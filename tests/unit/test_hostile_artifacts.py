@@ -304,7 +304,7 @@ def test_a_corrupted_artifact_fed_to_the_next_stage_is_refused_or_runs_equal(doo
     assert not found, "\n".join(found)
     assert set(tally) == set(stage_doors.STAGES), tally  # every artifact kind is edited
     for stage, per in tally.items():  # and both outcomes are exercised
-        assert per.get("refused", 0) > 5 and per.get("equal" if stage != "report" else "inert", 0) > 0, (stage, per)
+        assert per.get("refused", 0) > 0 and per.get("equal" if stage != "report" else "inert", 0) > 0, (stage, per)
 
 
 def test_a_loop_tree_with_a_tile_step_halved_is_refused_by_every_later_stage(compiled):
