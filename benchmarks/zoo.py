@@ -9,7 +9,7 @@ Per family, each in a fresh process (CPU time, ``time.process_time``):
 - the larger of the two paths' max |error| against float64 eager, and the tolerance: twice
   torch's own float32 error (tests/models/test_zoo.py derives that factor).
 
-    python benchmarks/zoo.py [--tiling none|auto] [--timeout S] [family ...]
+    python benchmarks/zoo.py [--tiling auto|none] [--timeout S] [family ...]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def row(r: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("families", nargs="*")
-    p.add_argument("--tiling", default="none", choices=("none", "auto"))
+    p.add_argument("--tiling", default="auto", choices=("none", "auto"))  # auto: compile as users call it
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", help="append each family's record to this file")
