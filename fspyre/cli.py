@@ -796,7 +796,8 @@ def add_batch_parsers(command: Callable[..., argparse.ArgumentParser], engine: _
                               "model in a fresh process; its error against float64 eager must stay within twice "
                               "torch's own float32 error. Exit 1 when a family fails.")
     zoo.add_argument("families", nargs="*", metavar="FAMILY", help="the families to verify (default: all)")
-    zoo.add_argument("--tiling", choices=("none", "auto"), default="none", help="tiling of both paths (default none)")
+    zoo.add_argument("--tiling", choices=("none", "auto"), default="auto",
+                     help="tiling of both paths (default auto: compile as users call it)")
     zoo.add_argument("--json", metavar="PATH", help="also write each family's verdict as a JSON line to PATH")
 
 

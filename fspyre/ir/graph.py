@@ -350,7 +350,8 @@ def _require_linear(op: Op, buffer: str, index: sympy.Expr) -> None:
 
 
 def verify_graph(graph: Graph) -> Graph:
-    """Whole-graph invariants: SSA buffers, defined-before-use, index vars within ranges."""
+    """Whole-graph invariants: SSA buffers (but for the regions of a concatenation, each written by
+    one op: ``_verify_regions``), defined-before-use, index vars within ranges."""
     if not isinstance(graph, Graph):
         raise GraphError(f"verify_graph: expected an fspyre Graph, got a {type(graph).__name__}")
     require_name(graph.name, "graph name")

@@ -284,9 +284,17 @@ def test_cat_of_unequal_pieces_is_exact(dtype) -> None:
         np.testing.assert_array_equal(g, w)
 
 
-def test_cat_of_too_many_gcd_chunks_is_refused() -> None:
-    with pytest.raises(fspyre.errors.FrontendError, match=r"aten.cat.default.*sizes \[64, 1\].*65 chunks"):
-        capture(lambda x, y: torch.cat([x, y], 0) * 2, (randn(64, 4), randn(1, 4)))
+def test_cat_of_unequal_pieces_is_one_copy_per_piece() -> None:
+    """Pieces of 64 and 1 rows (a KV-cache append; once 65 gcd chunks, refused past 64): one
+    copy into its region each, exact."""
+    def f(x, y):
+        return torch.cat([x, y], 0) * 2
+
+    x, y = randn(64, 4), randn(1, 4)
+    graph = capture(f, (x, y)).graph
+    assert sum(op.fn == "copy" for op in graph.ops) == 2 and len(graph.ops) == 3
+    (got,) = run(f, x, y)
+    np.testing.assert_array_equal(got, eager(f, x, y)[0])
 
 
 # -- int64 (narrowed to int32) and arange -------------------------------------------------------

@@ -183,3 +183,20 @@ def test_two_writers_of_a_whole_buffer_are_refused():
     again = replace(graph.ops[0], name="again")
     with pytest.raises(GraphError, match="several ops may write one buffer only each in a region of it"):
         verify_graph(replace(graph, ops=graph.ops + (again,)))
+
+
+def test_a_size_one_dim_of_a_piece_lines_up_whatever_its_name():
+    g = fspyre.GraphBuilder("named")
+    g.dim("P", 5)
+    g.dim("C", 6)
+    g.dim("D", 64)
+    a = g.input("a", [Dim("B", 1), "P", "D"], "float32")
+    b = g.input("b", [Dim("Z", 1), Dim("Q", 1), "D"], "float32")
+    g.output("y", g.exp(g.concat([a, b], 1, [Dim("B", 1), "C", "D"])))
+    graph = g.build()
+    rng = np.random.default_rng(3)
+    inputs = {"a": quarters(rng, (1, 5, 64), np.float32), "b": quarters(rng, (1, 1, 64), np.float32)}
+    want = np.exp(np.concatenate([inputs["a"], inputs["b"]], 1).astype(np.float64))
+    for tiling in ("none", "auto"):
+        got = fspyre.run(fspyre.compile(graph, MACHINE, tiling=tiling), inputs)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -70,7 +70,7 @@ def _why(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:160]}"
 
 
-def verify_family(name: str, tiling: Literal["none", "auto"] = "none") -> FamilyVerdict:
+def verify_family(name: str, tiling: Literal["none", "auto"] = "auto") -> FamilyVerdict:
     """One family both ways against float64 eager (8 cores). Never raises: what went wrong is
     in the verdict."""
     import numpy as np
