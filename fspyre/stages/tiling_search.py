@@ -688,17 +688,23 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
     softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and 13."""
     best_rank = None
     misses = 0
+    refusals: set[str] = set()
     k = 0
     while k < len(counts):
         cand = judge(members, levels(counts[k]))
         if cand.verdict != "fits":
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
-            # fit, and spilling estimates need not fall as the tiles shrink
+            # fit, and spilling estimates need not fall as the tiles shrink -- but a refusal
+            # given word for word at two counts does not depend on the count
+            if cand.verdict == "refused":
+                if cand.reason in refusals:
+                    break
+                refusals.add(cand.reason)
             misses += 1
             if misses < limit:
                 k += 1
                 continue
-            if not leap or best_rank is not None:
+            if not leap or best_rank is not None or len(refusals) == misses:
                 break
             rest = counts[k + 1:]
             found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
