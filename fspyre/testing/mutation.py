@@ -43,7 +43,7 @@ class Target:
 
 TARGETS = (
     Target(module="fspyre/stages/program.py", tests=("tests/stages/test_program.py",),
-           functions=("verify_program", "_verify_op_spec", "_verify_tiled_symbols", "_verify_listed_advances",
+           functions=("verify_program", "_verify_op_spec", "_verify_tiled_symbols",
                       "_compute_dtype_refusal", "_verify_matmul_operands", "_op_spec")),
     Target(module="fspyre/machine/rules.py", tests=("tests/stages/test_uneven_split.py",),
            functions=("slice_extents", "core_slices", "_core_slices", "writing_cores", "common_loops", "live_chain",
