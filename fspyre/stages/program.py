@@ -39,7 +39,7 @@ from fspyre.ir.symbolic import size_symbol
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
-from fspyre.machine.rules import core_spaces, device_bytes, row_major_strides
+from fspyre.machine.rules import core_spaces, device_bytes, moved_within, row_major_strides
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
@@ -403,7 +403,7 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
         first = placed.get(a.name)
         if first is not None:
             if (first.memory, first.address, first.device_size, first.device_dtype, first.arg_index) != (
-                    a.memory, a.address, a.device_size, a.device_dtype, a.arg_index) and not _moved_within(first, a):
+                    a.memory, a.address, a.device_size, a.device_dtype, a.arg_index) and not moved_within(first, a):
                 raise LoweringError(
                     f"{where}: tensor {a.name} is placed as {_place(a)}, but an earlier op placed it as "
                     f"{_place(first)}; one tensor has one place")
@@ -474,15 +474,3 @@ def _verify_matmul_operands(spec: OpSpec, where: str) -> None:
 
 def _place(a: TensorArg) -> str:
     return f"{a.memory} at {a.address}, size {list(a.device_size)}, {a.device_dtype}, arg_index {a.arg_index}"
-
-
-def _moved_within(first: TensorArg, a: TensorArg) -> bool:
-    """``a`` is ``first``'s HBM tensor with its base moved inside the tensor: an unrolled
-    program's copy of a loop body (``fspyre.lower.unroll``) places each iteration's tile by
-    moving the address by the loop's tile advance, where the looped program advances it."""
-    if (first.memory, first.device_size, first.device_dtype, first.arg_index) != (
-            "hbm", a.device_size, a.device_dtype, a.arg_index) or a.memory != "hbm":
-        return False
-    if not isinstance(first.address, int) or not isinstance(a.address, int):
-        return False
-    return abs(a.address - first.address) < device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)

@@ -6,7 +6,10 @@ numeric change of the outputs.
 ``test_every_emitted_field_planted_...`` (the second half of this module) plants every field
 the bundle and SDSC JSON write -- the ones below included -- in nine kinds of program and
 requires each plant refused, NOT EQUAL, byte-identical on the device, a renamed label only, or
-another program computing the same thing for a reason it states.
+another program computing the same thing for a reason it states -- bit for bit on four input
+sets, the last made of signed zeros, ties, a masked row, an infinity and a NaN -- or, for another
+division of a float reduction's reduced dims over the cores, the same sum in another order
+the semantics allow.
 
 The fields left out are labels the device does not read (a tensor's ``name``, an op's
 ``name``), the operand order of a commutative op, ``op_info``'s count outside ``mean`` and
@@ -36,6 +39,7 @@ from replica_programs import edit_specs, insert_after, replicated_matmul, with_c
 import fspyre
 from fspyre.check import compare
 from fspyre.errors import ExecutionError, FspyreError
+from fspyre.ir.dtypes import HOST_NUMPY, is_float
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.program import (
     ArgOperand,
@@ -48,8 +52,7 @@ from fspyre.ir.program import (
     op_fn,
     op_specs,
 )
-from fspyre.lower import bundle_mlir, sdsc_json
-from fspyre.ir.dtypes import HOST_NUMPY, is_float
+from fspyre.lower import bundle_mlir, sdsc_json, unroll
 from fspyre.machine.hostio import random_inputs, wide_inputs
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.interpreter import run_program
@@ -405,8 +408,9 @@ def test_every_cores_copy_is_written_for_every_other_reader():
 # Every field of OpSpec, TensorArg, OpInfo, LoopSpec, KernelArg and Program that the bundle or
 # the SDSC JSON writes, planted one at a time in programs of ten kinds. None may pass silently:
 # each is refused (when built, by verify_program, or by the interpreter), or runs NOT EQUAL to
-# the reference on the default inputs or on inputs that defeat shift and scale invariances
-# (``wide_inputs``), or leaves the bundle and the SDSC JSON byte-identical. Names are labels:
+# the reference on the default inputs, on inputs that defeat shift and scale invariances
+# (``wide_inputs``), on int32 inputs past float32's exact integers, or on special values
+# (``_special_inputs``), or leaves the bundle and the SDSC JSON byte-identical. Names are labels:
 # a renamed op, tensor, kernel argument or program must change nothing but that label in them.
 
 
@@ -445,6 +449,20 @@ def _symbolic_kind():
     with g.hint(slices={"S": S.size // 64}):
         g.output("y", g.mul(g.exp(x), w))
     return g.build()
+
+
+def _convolution_kind():
+    """A grouped 1-d convolution from torch (im2col views and one matmul per group), its tiling
+    searched: the group dim tiled one group per iteration leaves the ops' iteration spaces and
+    still moves x (a squeezed advance)."""
+    import torch
+    import torch.nn.functional as F
+
+    from fspyre.frontend import capture
+
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(8))
+    w = torch.randn(6, 2, 1, generator=torch.Generator().manual_seed(1))
+    return capture(lambda x, w: F.conv1d(x, w, None, stride=2, groups=2), (x, w)).graph
 
 
 def _more_spec_plants(spec: OpSpec):
@@ -635,7 +653,7 @@ def _equivalent(kind: str, field: str, program: Program, bad: Program) -> str | 
                     if not (_writes(one) & _touches(two) or _writes(two) & _touches(one)):
                         return "the two ops touch no tensor the other writes: they commute"
             return None
-        if len(changed) != 1:
+        if len({id(x) for x in changed}) != 1:  # (an unrolled program repeats an op that does not move)
             return None
         op = changed[0]
         if field == "arg order":
@@ -701,7 +719,7 @@ def _reorders_a_float_reduction(program: Program, bad: Program) -> bool:
     check's bound covers), so its bits may differ from the clean program's."""
     old = {x.name: x for x in op_specs(program)}
     changed = [x for x in op_specs(bad) if old.get(x.name) is not x]
-    if len(changed) != 1 or not changed[0].is_reduction or changed[0].op_info.compute != "float32":
+    if len({id(x) for x in changed}) != 1 or not changed[0].is_reduction or changed[0].op_info.compute != "float32":
         return False
     new, was = changed[0], old[changed[0].name]
     if list(new.iteration_space) != list(was.iteration_space):
@@ -725,6 +743,10 @@ def test_every_emitted_field_planted_is_refused_not_equal_or_unchanged_on_the_de
              for kind, graph, machine, tiling in _kinds()]
     sym = _symbolic_kind()
     cases.append(("symbolic", sym, fspyre.compile(sym, machine=spyre(cores=4), tiling="hints").program))
+    add_mul = next(graph for graph in _graphs() if graph.name == "add_mul")  # every loop unrolled
+    cases.append(("unrolled", add_mul, unroll(fspyre.compile(add_mul, machine=spyre(cores=4), tiling="hints").program)))
+    conv = _convolution_kind()
+    cases.append(("convolution", conv, fspyre.compile(conv, machine=spyre(cores=4)).program))
     for kind, graph, program in cases:
         machine = spyre(cores=program.cores)
         runs = []
