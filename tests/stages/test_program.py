@@ -287,3 +287,15 @@ def test_a_guarded_op_outside_loops_or_moving_with_its_loop_is_refused():
     moved = edit_op(program, fill.name, lambda s: replace(s, args=tuple(replace(a, tile_advance=(128,))
                                                                          for a in s.args)))
     refused(moved, rf"tensor {fill.args[0].name} advances there")
+
+
+def test_refusals_name_the_op_and_what_it_is(kinds):
+    program = _matmul_k(kinds)
+    mm = next(s for s in op_specs(program) if s.op == "batchmatmul")
+    refused(edit_op(program, mm.name, lambda s: replace(s, tiled_symbols=())),
+            rf"op {mm.name} sits in 1 loops but lists no tiled_symbols")
+    refused(edit_op(program, mm.name, lambda s: replace(s, is_reduction=False)),
+            r"program op 'batchmatmul' is a reduction, but is_reduction=False")
+    add = next(s for s in op_specs(program) if s.op == "add")
+    refused(edit_op(program, add.name, lambda s: replace(s, is_reduction=True)),
+            r"program op 'add' is not a reduction, but is_reduction=True")
