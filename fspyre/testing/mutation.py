@@ -150,7 +150,7 @@ def _run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> str:
 
 
 def _copy_tree(repo: Path, into: Path) -> None:
-    for part in ("fspyre", "tests"):
+    for part in ("fspyre", "tests", "examples"):  # tests read the examples (examples/mlp.py)
         shutil.copytree(repo / part, into / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for f in ("pyproject.toml",):
         shutil.copy(repo / f, into / f)
