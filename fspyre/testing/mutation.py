@@ -54,7 +54,7 @@ TARGETS = (
     Target(module="fspyre/stages/split_plan.py", tests=("tests/stages/test_split_plan.py",)),
     Target(module="fspyre/stages/allocation.py", tests=("tests/stages/test_allocation.py",)),
     Target(module="fspyre/stages/residency.py", tests=("tests/tiling/test_residency.py",)),
-    Target(module="fspyre/ir/plans.py", tests=("tests/tiling/test_tiling_plan.py",)),
+    Target(module="fspyre/ir/plans.py", tests=("tests/tiling/test_tiling_plan.py", "tests/ir/test_nodes.py")),
 )
 
 # (module, line, mutation) -> why the mutant computes the same thing as the module
