@@ -28,10 +28,12 @@ fuzz: $(STAMP)
 	$(PY) -m fspyre campaign --count $(N) --seed $(SEED) --workers $(WORKERS)
 
 # The mutation check (fspyre/testing/mutation.py), outside `make test`: one change at a time to
-# the rules of a few modules, each run against that module's own tests. `make mutate MUTANTS=8`.
+# the rules of each of its six modules, each run against that module's own tests, all modules
+# within BUDGET minutes (an equal share each). `make mutate MUTANTS=8 BUDGET=20`.
 MUTANTS ?= 8
+BUDGET  ?= 20
 mutate: $(STAMP)
-	$(PY) -m fspyre.testing.mutation --per-module $(MUTANTS) --seed $(SEED)
+	$(PY) -m fspyre.testing.mutation --per-module $(MUTANTS) --seed $(SEED) --budget-minutes $(BUDGET)
 
 bench: $(STAMP)
 	$(PY) benchmarks/compile_time.py

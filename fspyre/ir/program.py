@@ -126,7 +126,11 @@ class OpInfo:
     (docs/semantics.md; its bytes alone cannot say so). A reduction's ``reduced`` symbols
     (its reduction ranges of size > 1), ``count`` of elements each output reduces (``mean``
     and ``var`` divide by it) and ``var``'s ``correction``; a pointwise op keeps the
-    defaults. The anchor's dict form of all this is written by the SDSC lowering
+    defaults. A batchmatmul's operand roles: ``rows``, the output symbols only its first
+    operand carries (the [.., M, K] one), and ``cols``, those only its second carries (the
+    [.., K, N] one), each in iteration-space order; the emitter writes its operands in that
+    order, and the other output symbols are batch dims (carried by both, or broadcast).
+    The anchor's dict form of all this is written by the SDSC lowering
     (``fspyre.lower.sdsc.anchor_op_info``)."""
 
     operands: tuple[Operand, ...]
@@ -135,6 +139,8 @@ class OpInfo:
     reduced: tuple[sympy.Symbol, ...] = ()
     count: int | sympy.Expr = 1
     correction: int = 0
+    rows: tuple[sympy.Symbol, ...] = ()
+    cols: tuple[sympy.Symbol, ...] = ()
 
     def __post_init__(self) -> None:
         require_tuple(self.operands, "op info: operands", LoweringError, (ArgOperand, ScalarOperand))
@@ -146,6 +152,12 @@ class OpInfo:
         require_size(self.count, "op info: count", LoweringError, 1)  # |S| when it reduces a symbolic dim
         if type(self.correction) is not int:
             raise LoweringError(f"op info: correction {self.correction!r:.60} must be an integer")
+        require_tuple(self.rows, "op info: rows", LoweringError, sympy.Symbol)
+        require_tuple(self.cols, "op info: cols", LoweringError, sympy.Symbol)
+        if set(self.rows) & set(self.cols) or len(set(self.rows)) != len(self.rows) or len(set(self.cols)) != len(
+                self.cols):
+            raise LoweringError(f"op info: rows {[str(s) for s in self.rows]} and cols {[str(s) for s in self.cols]} "
+                                f"must be distinct symbols, none in both")
 
     @property
     def args(self) -> tuple[int, ...]:
@@ -240,11 +252,22 @@ class OpSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoopSpec:
+    """``count`` iterations of ``body``. ``tiled_symbols``: the symbols of the dims the loop
+    tiles (the loop tree's ``Loop.dims``), recorded by the emitter whether or not an op
+    iterates them: a dim tiled to one element per tile leaves its ops' iteration spaces but
+    still moves their tensors. Each op lists at this level the ones it iterates
+    (``OpSpec.tiled_symbols``); ``verify_program`` holds the ops to this record."""
+
     count: int | sympy.Expr  # an expression in the symbolic sizes in a symbolic program
     body: tuple[Union["LoopSpec", OpSpec], ...]
+    tiled_symbols: tuple[sympy.Symbol, ...] = ()
 
     def __post_init__(self) -> None:
         require_size(self.count, "loop count", LoweringError, 1)
+        require_tuple(self.tiled_symbols, f"loop of count {self.count}: tiled_symbols", LoweringError, sympy.Symbol)
+        if len(set(self.tiled_symbols)) != len(self.tiled_symbols):
+            raise LoweringError(f"loop of count {self.count}: tiled_symbols "
+                                f"{[str(s) for s in self.tiled_symbols]} repeat a symbol")
         require_tuple(self.body, f"loop of count {self.count}: body", LoweringError, (LoopSpec, OpSpec), non_empty=True)
         misplaced = misplaced_guard([s.runs if isinstance(s, OpSpec) else None for s in self.body])
         if misplaced is not None:

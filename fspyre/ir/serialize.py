@@ -64,7 +64,8 @@ _FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 # 1 (documents without "_format"): op_info as a map, TensorArg's allocation as a map.
 # 2: op_info an OpInfo record, TensorArg's memory and address fields.
 # 3: OpNode.runs and OpSpec.runs (ops that run only in their loop's first or last iteration).
-FORMAT = 3
+# 4: LoopSpec.tiled_symbols (the dims a loop tiles) and OpInfo.rows / cols (a batchmatmul's operand roles).
+FORMAT = 4
 
 
 def _expr_to(e: sympy.Basic) -> Any:

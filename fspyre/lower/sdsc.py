@@ -31,7 +31,7 @@ from fspyre.machine import formats
 from fspyre.machine.indexing import compile_index
 from fspyre.machine.rules import core_slices, device_bytes, row_major_strides
 
-SCHEMA = "fspyre.sdsc/2"  # 2: "runs" (an op of its loop's first or last iteration only)
+SCHEMA = "fspyre.sdsc/3"  # 2: "runs" (an op of its loop's first or last iteration only); 3: op_info "rows", "cols"
 
 
 def sdsc_json(program: Program) -> dict[str, dict]:
@@ -149,7 +149,8 @@ def op_json(spec: OpSpec, ex: Execute, plan: BundlePlan, loop_counts: list[int])
 def anchor_op_info(spec: OpSpec) -> dict[str, object]:
     """The anchor's ``op_info`` dict of an op (Python values; ``jsonable`` makes them JSON):
     ``fn``, ``operands`` as ``("arg", i)`` / ``("scalar", v)`` pairs and ``compute``; ``store``
-    for a bool output; ``reduced`` and ``count`` for a reduction, ``correction`` for var."""
+    for a bool output; ``reduced`` and ``count`` for a reduction, ``correction`` for var;
+    ``rows`` and ``cols`` for a batchmatmul (its operands' roles)."""
     info, fn = spec.op_info, op_fn(spec.op)
     out: dict[str, object] = {
         "fn": fn,
@@ -164,6 +165,9 @@ def anchor_op_info(spec: OpSpec) -> dict[str, object]:
         out["count"] = info.count
         if fn == "var":
             out["correction"] = info.correction
+    if fn == "matmul":  # the operand roles: the first operand is the [.., M, K] one, the second [.., K, N]
+        out["rows"] = info.rows
+        out["cols"] = info.cols
     return out
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from fspyre.errors import ExecutionError
 from fspyre.ir.kinds import Memory
-from fspyre.ir.program import OpSpec, Program, TensorArg
+from fspyre.ir.program import LoopSpec, OpSpec, Program, TensorArg
 from fspyre.machine import formats
 from fspyre.machine.rules import (
     box_bytes,
@@ -27,6 +27,7 @@ from fspyre.machine.rules import (
     live_chain,
     live_intervals,
     lx_box,
+    moved_within,
     program_timeline,
     reduced_symbols,
     row_major_strides,
@@ -136,16 +137,30 @@ def check_memory(program: Program) -> MemoryReport:
     lx_bytes: dict[str, np.ndarray] = {}  # LX tensor -> per-core footprint (0 where unused)
     where: dict[str, tuple[Memory, int, int]] = {}  # tensor -> (memory, address, device bytes)
 
+    # an unrolled program (no loops: fspyre.lower.unroll) reads each tile of a tensor at its own
+    # base inside the tensor; a looped program places every access of a tensor at one address
+    unrolled = not any(isinstance(s, LoopSpec) for s in program.body)
+
+    def within(first: TensorArg, acc: _Access) -> bool:
+        if not (unrolled and moved_within(first, acc.arg)):
+            return False
+        lo, hi = _hbm_span(acc)
+        return first.address <= acc.arg.address + lo and acc.arg.address + hi <= first.address + device_bytes(
+            first.device_size, _elem(first))
+
     for name, accs in by_tensor.items():
         first = accs[0].arg
+        moved = [acc.arg for acc in accs if acc.arg.address != first.address and moved_within(first, acc.arg)]
+        if unrolled and moved:  # the allocation starts at the lowest tile's base
+            first = min([first, *moved], key=lambda t: t.address)
         where[name] = (first.memory, first.address, device_bytes(first.device_size, _elem(first)))
         for acc in accs:
             arg = acc.arg
-            if (arg.memory, arg.address) != (first.memory, first.address):
+            if (arg.memory, arg.address) != (first.memory, first.address) and not within(first, acc):
                 issue("overlap", acc, -1, arg.address,
                       f"placed at {arg.memory} {arg.address:#x} here but at {first.memory} {first.address:#x} "
                       f"in op {_name(accs[0].spec)}; every access of a tensor must use one allocation")
-            _check_bounds(program, acc, issue, lx_bytes)
+            _check_bounds(program, acc, issue, lx_bytes, first.address)
         _check_dataflow(name, accs, name in kernel_inputs, issue)
 
     issues += _overlaps(accesses, live, where, lx_bytes)
@@ -157,7 +172,19 @@ def check_memory(program: Program) -> MemoryReport:
                         hbm_bytes=program.hbm_bytes)
 
 
-def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.ndarray]) -> None:
+def _hbm_span(acc: _Access) -> tuple[int, int]:
+    """The bytes an HBM access reaches over all its cores and loop iterations, from its address."""
+    arg, elem = acc.arg, _elem(acc.arg)
+    cores = np.nonzero(acc.cores)[0]
+    strides = np.array(row_major_strides(arg.device_size), dtype=np.int64)
+    lo = int((acc.lows[cores] @ strides).min()) * elem
+    hi = int((acc.highs[cores] @ strides).max()) * elem + elem
+    moves = [(n - 1) * a for n, a in zip(acc.counts, arg.tile_advance)]
+    return lo + sum(m for m in moves if m < 0), hi + sum(m for m in moves if m > 0)
+
+
+def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.ndarray], base: int) -> None:
+    """``base``: where the tensor's allocation starts (an unrolled program's access may start inside it)."""
     arg = acc.arg
     size = np.array(arg.device_size, dtype=np.int64)
     cores = np.nonzero(acc.cores)[0]
@@ -170,20 +197,15 @@ def _check_bounds(program: Program, acc: _Access, issue, lx_bytes: dict[str, np.
         return
     elem = _elem(arg)
     if arg.memory == "hbm":
-        strides = np.array(row_major_strides(arg.device_size), dtype=np.int64)
-        lo = int((acc.lows[cores] @ strides).min()) * elem
-        hi = int((acc.highs[cores] @ strides).max()) * elem + elem
-        moves = [(n - 1) * a for n, a in zip(acc.counts, arg.tile_advance)]
-        lo += sum(m for m in moves if m < 0)
-        hi += sum(m for m in moves if m > 0)
-        end = arg.address + device_bytes(arg.device_size, elem)
-        if lo < 0 or arg.address + hi > end:
+        lo, hi = _hbm_span(acc)
+        end = base + device_bytes(arg.device_size, elem)
+        if arg.address + lo < base or arg.address + hi > end:
             issue("out_of_bounds", acc, -1, arg.address + hi - elem,
                   f"accesses bytes [{arg.address + lo:#x}, {arg.address + hi:#x}) over all loop iterations, outside "
-                  f"its allocation [{arg.address:#x}, {end:#x}); check tile_advance {list(arg.tile_advance)}")
+                  f"its allocation [{base:#x}, {end:#x}); check tile_advance {list(arg.tile_advance)}")
         elif end > program.hbm_bytes:
-            issue("out_of_bounds", acc, -1, arg.address,
-                  f"allocation [{arg.address:#x}, {end:#x}) ends past HBM ({program.hbm_bytes} bytes)")
+            issue("out_of_bounds", acc, -1, base,
+                  f"allocation [{base:#x}, {end:#x}) ends past HBM ({program.hbm_bytes} bytes)")
         return
     _, ext = lx_box(acc.lows, acc.highs, arg.device_size)
     # an access walking LX slots reaches its last slot in the last iteration of its loops

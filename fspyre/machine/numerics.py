@@ -58,13 +58,49 @@ def _where(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(c != 0, a, b)
 
 
+# maximum and minimum order -0 below +0 (IEEE 754-2019 maximum/minimum), so they commute bit
+# for bit: numpy's return one zero or the other by operand order, and a swapped operand, a
+# tile or a core split of an amax would otherwise change the sign of a zero result. For two
+# zeros a + b is +0 unless both are -0, and -((-a) + (-b)) is -0 unless both are +0.
+def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    r = np.maximum(a, b)
+    if r.dtype.kind == "f":
+        zeros = (np.asarray(a) == 0) & (np.asarray(b) == 0)
+        if zeros.any():
+            r = np.where(zeros, a + b, r)
+    return r
+
+
+def _minimum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    r = np.minimum(a, b)
+    if r.dtype.kind == "f":
+        zeros = (np.asarray(a) == 0) & (np.asarray(b) == 0)
+        if zeros.any():
+            r = np.where(zeros, -((-a) + (-b)), r)
+    return r
+
+
+def _zero_sign(r: np.ndarray, v: np.ndarray, axes: tuple[int, ...], fn: str) -> np.ndarray:
+    """An amax (amin) whose result is a zero: +0 (-0) if any reduced zero is one, as the pairwise
+    ``_maximum`` (``_minimum``) gives in every order."""
+    if r.dtype.kind != "f":
+        return r
+    zero = np.asarray(r) == 0
+    if not zero.any():
+        return r
+    want_neg = fn == "amin"
+    has = np.any((v == 0) & (np.signbit(v) == want_neg), axis=axes)
+    sign = r.dtype.type(-0.0 if want_neg else 0.0)
+    return np.where(zero, np.where(has, sign, -sign), r)
+
+
 POINTWISE: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
     "div": np.divide,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
+    "maximum": _maximum,
+    "minimum": _minimum,
     "pow": np.power,
     "neg": np.negative,
     "abs": np.abs,
@@ -178,9 +214,9 @@ def reduce(fn: str, operands: Sequence[np.ndarray], axes: tuple[int, ...], ctype
             return _contract(x[0], x[1], axes, grid, ctype)
         v = x[0]
         if fn == "amax":
-            return np.max(v, axis=axes)
+            return _zero_sign(np.max(v, axis=axes), v, axes, fn)
         if fn == "amin":
-            return np.min(v, axis=axes)
+            return _zero_sign(np.min(v, axis=axes), v, axes, fn)
         # numpy's summation order follows the operand's memory layout (pairwise along a
         # contiguous axis, sequential across strided ones), so the same values summed from a
         # tile and from the whole tensor could round differently. One contiguous flattened

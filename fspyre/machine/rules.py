@@ -42,7 +42,8 @@ import numpy as np
 import sympy
 
 from fspyre.errors import ExecutionError
-from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec
+from fspyre.ir.program import LoopSpec, OpSpec, Program, Spec, TensorArg
+from fspyre.machine import formats
 from fspyre.machine.indexing import as_expr, compile_index
 
 # -- grids, strides, bytes ----------------------------------------------------------------------
@@ -71,6 +72,19 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
 def device_bytes(device_size: Sequence[int], elem_bytes: int) -> int:
     """Bytes of a row-major device tensor, padded sticks included (the last dim is the stick)."""
     return math.prod(device_size) * elem_bytes
+
+
+def moved_within(first: TensorArg, a: TensorArg) -> bool:
+    """``a`` is ``first``'s HBM tensor with its base moved inside the tensor: an unrolled
+    program's copy of a loop body (``fspyre.lower.unroll``) places each iteration's tile by
+    moving the address by the loop's tile advance, where the looped program advances it. One
+    allocation for ``verify_program`` and the memory check alike."""
+    if (first.memory, first.device_size, first.device_dtype, first.arg_index) != (
+            "hbm", a.device_size, a.device_dtype, a.arg_index) or a.memory != "hbm":
+        return False
+    if not isinstance(first.address, int) or not isinstance(a.address, int):
+        return False
+    return abs(a.address - first.address) < device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)
 
 
 def box_bytes(extents: np.ndarray, elem_bytes: int) -> np.ndarray:

@@ -409,6 +409,8 @@ def _op_info(info: OpInfo, detailed: bool = False) -> Doc:
         fields += [("reduced", _names(map(_expr, info.reduced))), ("count", str(info.count))]
     if detailed or info.correction:
         fields.append(("correction", str(info.correction)))
+    if detailed or info.rows or info.cols:
+        fields += [("rows", _names(map(_expr, info.rows))), ("cols", _names(map(_expr, info.cols)))]
     return _call("OpInfo", fields)
 
 
@@ -436,7 +438,8 @@ def _op_spec(s: OpSpec, detailed: bool) -> Doc:
 
 
 def _loop_spec(s: LoopSpec, detailed: bool) -> Doc:
-    return _call("LoopSpec", [("count", str(s.count)), ("body", _specs(s.body, detailed))], force=True)
+    return _call("LoopSpec", [("count", str(s.count)), ("tiled_symbols", _names(map(_expr, s.tiled_symbols))),
+                              ("body", _specs(s.body, detailed))], force=True)
 
 
 def _specs(body, detailed: bool) -> Doc:

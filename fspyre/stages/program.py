@@ -16,7 +16,7 @@ import sympy
 
 from fspyre.errors import AllocationError, LoweringError, TilingError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims
+from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims, sym
 from fspyre.ir.kinds import ComputeDtype
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, SplitPlan
@@ -39,7 +39,7 @@ from fspyre.ir.symbolic import size_symbol
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
-from fspyre.machine.rules import core_spaces, device_bytes, row_major_strides
+from fspyre.machine.rules import core_spaces, device_bytes, moved_within, row_major_strides
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
@@ -132,7 +132,8 @@ def emit_made_for(tree: LoopTree, splits: SplitPlan, allocation: Allocation, mac
         out: list[Spec] = []
         for node in body:
             if isinstance(node, Loop):
-                out.append(LoopSpec(count=node.count, body=emit(node.body, counts + (node.count,))))
+                out.append(LoopSpec(count=node.count, body=emit(node.body, counts + (node.count,)),
+                                    tiled_symbols=tuple(sym(d) for d in node.dims)))
             else:
                 out.append(_op_spec(node, counts, table, analysis, splits, allocation, machine))
         return tuple(out)
@@ -219,11 +220,16 @@ def _op_spec(node: OpNode, counts, table, analysis: AccessPlan, splits: SplitPla
         reduced = tuple(d.symbol for d in op.reduction_ranges if d.size > 1)
         count = math.prod(d.size for d in op.reduction_ranges)
         correction = op.correction if op.fn == "var" else 0
+    rows: tuple[sympy.Symbol, ...] = ()
+    cols: tuple[sympy.Symbol, ...] = ()
+    if op.fn == "matmul":  # the roles its operands take, in the graph's order: [.., M, K] then [.., K, N]
+        a, b, c = ({n for x in t.device_coordinates for n in free_names(x)} for t in args)
+        rows = tuple(s for s in syms if s.name in (a - b) & c)
+        cols = tuple(s for s in syms if s.name in (b - a) & c)
     info = OpInfo(operands=tuple(operands), compute=compute, bool_store=out_dtype == "bool", reduced=reduced,
-                  count=count, correction=correction)
+                  count=count, correction=correction, rows=rows, cols=cols)
     names = [s.name for s in syms]
-    tiled = tuple(tuple(sympy.Symbol(s.dim, integer=True, nonnegative=True) for s in level if s.dim in names)
-                  for level in node.tiling)
+    tiled = tuple(tuple(sym(s.dim) for s in level if s.dim in names) for level in node.tiling)
     return OpSpec(
         op=program_op(op.fn),
         is_reduction=isinstance(op, Reduction),
@@ -247,8 +253,9 @@ def verify_program(program: Program) -> Program:
     its one output, operands naming its inputs, coordinates over its iteration symbols; each
     tensor placed the same way by every op that uses it (memory, address, size, dtype,
     argument), a kernel argument exactly as the argument list places it (and in HBM); the
-    fields the device reads that the program alone can prove: ``tiled_symbols`` those of the
-    op's loops, a batchmatmul's operands in [.., M, K], [.., K, N] order, ``compute`` and
+    fields the device reads that the program alone can prove: each op's ``tiled_symbols``
+    those its loops record tiling (``LoopSpec.tiled_symbols``), a batchmatmul's operands in
+    the roles its op info records ([.., M, K], then [.., K, N]), ``compute`` and
     ``bool_store`` against the formats (the interpreter reads ``reduced`` and ``count``
     against the output's coordinates, and an int32 op's operands as integers). Linear in the
     program; the meaning (bounds per core, overlaps, values) is the interpreter's and
@@ -277,42 +284,6 @@ def verify_program(program: Program) -> Program:
     return program
 
 
-def _verify_listed_advances(spec: OpSpec, chain: tuple[LoopSpec, ...], program: str) -> None:
-    """An HBM tensor that advances at a loop by exactly the step of one of the op's symbols
-    over its tile (its size in the iteration space) moves with that symbol: the op lists it
-    there. (A dim tiled to one element per tile leaves the iteration space and moves tensors
-    without being listed; its step is no symbol's.)"""
-    if spec.symbolic or not chain:
-        return
-    syms = list(spec.iteration_space)
-    for a in spec.args:
-        if a.memory != "hbm" or not any(a.tile_advance) or not all(type(n) is int for n in a.device_size):
-            continue
-        strides = row_major_strides(a.device_size)
-        nbytes = formats.FORMATS[a.device_dtype].nbytes
-        fns = [compile_index(c, syms) for c in a.device_coordinates]
-        zero = [0] * len(syms)
-        base = sum(int(f(*zero)) * st for f, st in zip(fns, strides))
-        steps: dict[int, sympy.Symbol] = {}
-        for i, s in enumerate(syms):
-            at = list(zero)
-            at[i] = spec.iteration_space[s][0]
-            coords = [int(f(*at)) for f in fns]
-            if any(c >= n for c, n in zip(coords, a.device_size)):
-                continue  # a step past the device dims is no tile's
-            step = (sum(c * st for c, st in zip(coords, strides)) - base) * nbytes
-            if step:
-                steps.setdefault(step, s)
-        for level, adv in enumerate(a.tile_advance):
-            s = steps.get(adv)
-            # (an op listing another symbol there disagrees with its loop: _verify_tiled_symbols)
-            if s is not None and spec.tiled_symbols and not spec.tiled_symbols[level]:
-                raise LoweringError(
-                    f"program {program}: op {spec.name or spec.op}: tensor {a.name} advances {adv} bytes per "
-                    f"iteration of loop level {level} (count {chain[level].count}), the step of {s} over its tile, "
-                    f"but the op lists no tiled symbol there")
-
-
 def _fits(end: int | sympy.Expr, limit: int | sympy.Expr) -> bool:
     """``end <= limit``, at every size when either is an expression in the symbolic sizes:
     what sympy cannot prove (a corrupted size or address) does not fit."""
@@ -332,44 +303,46 @@ def _loop_ops(body: tuple, chain: tuple[LoopSpec, ...] = ()):
 
 
 def _verify_tiled_symbols(program: Program) -> None:
-    """``tiled_symbols`` (which the SDSC writes per loop) agree with the loops: a loop tiles its
-    dims for every op inside it, so each op lists exactly the loop's tiled symbols it iterates
-    (an op of the loop's first or last iteration only lists none at that loop), and a loop
-    that tiles none of its ops' symbols must move some tensor (a dim tiled to one element
-    per tile leaves the iteration spaces), or it would repeat the same work."""
+    """``tiled_symbols`` (which the SDSC writes per loop) agree with the loops' records
+    (``LoopSpec.tiled_symbols``, the dims each loop tiles): a loop tiles its dims for every op
+    inside it, so each op lists exactly the recorded symbols it iterates (an op of the loop's
+    first or last iteration only lists none at that loop); a loop of count > 1 tiles some dim,
+    or it would repeat the same work; and a loop whose dims no op iterates (dims tiled to one
+    element per tile, which leave the iteration spaces) moves some tensor."""
     ops = list(_loop_ops(program.body))
-    if not any(spec.tiled_symbols for spec, _ in ops):
+    loops = [s for s, _ in walk_specs(program.body) if isinstance(s, LoopSpec)]
+    if not any(loop.tiled_symbols for loop in loops) and not any(spec.tiled_symbols for spec, _ in ops):
         return  # a program written without them (tests, the anchor's examples): nothing to agree
-    tiles: dict[int, set[str]] = {}
+    for level_loop in loops:
+        if not level_loop.tiled_symbols and level_loop.count != 1:
+            raise LoweringError(f"program {program.name}: a loop of count {level_loop.count} tiles no dim "
+                                f"(tiled_symbols is empty): it would run the same work {level_loop.count} times")
+    listed: dict[int, bool] = {}
     moves: dict[int, bool] = {}
     for spec, chain in ops:
         if chain and not spec.tiled_symbols:
             raise LoweringError(f"program {program.name}: op {spec.name or spec.op} sits in {len(chain)} loops but "
                                 f"lists no tiled_symbols; where ops list them every op lists one tuple per loop")
-        for level, loop in enumerate(chain):
-            tiles.setdefault(id(loop), set()).update(s.name for s in spec.tiled_symbols[level])
-            moves[id(loop)] = moves.get(id(loop), False) or any(a.tile_advance[level] != 0 for a in spec.args)
-    for spec, chain in ops:
         space = {s.name for s in spec.iteration_space}
         for level, loop in enumerate(chain):
+            tiles = [s.name for s in loop.tiled_symbols]
             guarded = spec.runs != "every" and level == len(chain) - 1
-            want = set() if guarded else tiles[id(loop)] & space
+            want = set() if guarded else set(tiles) & space
             got = {s.name for s in spec.tiled_symbols[level]}
             if got != want:
                 raise LoweringError(
                     f"program {program.name}: op {spec.name or spec.op} lists tiled_symbols {sorted(got)} at loop "
-                    f"level {level} (count {loop.count}), but that loop tiles {sorted(tiles[id(loop)])} and the op "
-                    f"iterates {sorted(space)}{' in one iteration only' if guarded else ''}: it must list "
-                    f"{sorted(want)}")
-    for spec, chain in ops:
-        _verify_listed_advances(spec, chain, program.name)
+                    f"level {level} (count {loop.count}), but that loop tiles {tiles} and the op iterates "
+                    f"{sorted(space)}{' in one iteration only' if guarded else ''}: it must list {sorted(want)}")
+            listed[id(loop)] = listed.get(id(loop), False) or bool(got)
+            moves[id(loop)] = moves.get(id(loop), False) or any(a.tile_advance[level] != 0 for a in spec.args)
     for spec, chain in ops:
         for level, loop in enumerate(chain):
-            if not tiles[id(loop)] and not moves[id(loop)] and loop.count != 1:
+            if loop.count != 1 and not listed[id(loop)] and not moves[id(loop)]:
                 raise LoweringError(
                     f"program {program.name}: loop at level {level} (count {loop.count}) around op "
-                    f"{spec.name or spec.op} tiles no symbol of its ops and moves no tensor: it would run the same "
-                    f"work {loop.count} times")
+                    f"{spec.name or spec.op} tiles {[str(s) for s in loop.tiled_symbols]}, which none of its ops "
+                    f"iterates, and moves no tensor: it would run the same work {loop.count} times")
 
 
 def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[int, KernelArg],
@@ -410,6 +383,9 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
         raise LoweringError(f"{where}: op info computes in {info.compute}, but {compute_of}")
     if fn == "matmul" and len(ins) == 2:
         _verify_matmul_operands(spec, where)
+    elif info.rows or info.cols:
+        raise LoweringError(f"{where}: op info of {spec.op} records operand roles (rows, cols); only a batchmatmul "
+                            f"has them")
     refs = list(info.args)
     if refs != list(range(len(ins))):
         raise LoweringError(f"{where}: operands refer to args {refs}, but it has {len(ins)} input args; each input "
@@ -427,7 +403,7 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
         first = placed.get(a.name)
         if first is not None:
             if (first.memory, first.address, first.device_size, first.device_dtype, first.arg_index) != (
-                    a.memory, a.address, a.device_size, a.device_dtype, a.arg_index) and not _moved_within(first, a):
+                    a.memory, a.address, a.device_size, a.device_dtype, a.arg_index) and not moved_within(first, a):
                 raise LoweringError(
                     f"{where}: tensor {a.name} is placed as {_place(a)}, but an earlier op placed it as "
                     f"{_place(first)}; one tensor has one place")
@@ -479,35 +455,22 @@ def _compute_dtype_refusal(spec: OpSpec) -> str | None:
 
 
 def _verify_matmul_operands(spec: OpSpec, where: str) -> None:
-    """A batchmatmul's first operand is the [.., M, K] one: of the output symbols only one
-    operand uses, the first operand's come before the second's in the iteration space (its
-    output order, M before N), as the device reads them."""
-    if any(n == 1 and not free_names(c) for t in spec.args[:2] for c, n in zip(t.device_coordinates, t.device_size)):
-        # an operand broadcast over a dim (a size-1 device dim at coordinate 0): a batch symbol it
-        # lacks looks like the other operand's own, so the order cannot be told from the program
-        return
-    order = [s.name for s in spec.iteration_space]
-    a, b = ({n for c in t.device_coordinates for n in free_names(c)} for t in spec.args[:2])
-    # (a symbol outside the iteration space is refused by the coordinate check after this one)
-    out = {n for c in spec.args[-1].device_coordinates for n in free_names(c)} & set(order)
-    own_a, own_b = sorted(order.index(n) for n in (a - b) & out), sorted(order.index(n) for n in (b - a) & out)
-    if own_a and own_b and own_a[-1] > own_b[0]:
-        raise LoweringError(f"{where}: batchmatmul operands {spec.args[0].name}, {spec.args[1].name} are in the "
-                            f"wrong order: the first carries {order[own_a[-1]]}, which comes after the second's "
-                            f"{order[own_b[0]]} in the output; the first operand is the [.., M, K] one")
+    """A batchmatmul's operands in the order its recorded roles say (``OpInfo.rows`` and
+    ``cols``), as the device reads them: the first operand is the [.., M, K] one, carrying the
+    output's ``rows`` symbols and none of its ``cols``, the second the [.., K, N] one; the roles
+    are exactly the output symbols one operand carries and the other does not (a batch dim an
+    operand is broadcast over is carried by the other alone, so it is a row or column of the
+    product: the record decides, not a guess from the symbols' order)."""
+    info = spec.op_info
+    a, b, out = ({n for c in t.device_coordinates for n in free_names(c)} for t in (*spec.args[:2], spec.args[-1]))
+    rows, cols = {s.name for s in info.rows}, {s.name for s in info.cols}
+    if rows != (a - b) & out or cols != (b - a) & out:
+        raise LoweringError(
+            f"{where}: batchmatmul operands {spec.args[0].name}, {spec.args[1].name} do not take the roles its op "
+            f"info records: rows {sorted(rows)} (output symbols of the first operand alone, the [.., M, K] one) "
+            f"and cols {sorted(cols)} (of the second alone), but the first alone carries {sorted((a - b) & out)} "
+            f"and the second alone {sorted((b - a) & out)}")
 
 
 def _place(a: TensorArg) -> str:
     return f"{a.memory} at {a.address}, size {list(a.device_size)}, {a.device_dtype}, arg_index {a.arg_index}"
-
-
-def _moved_within(first: TensorArg, a: TensorArg) -> bool:
-    """``a`` is ``first``'s HBM tensor with its base moved inside the tensor: an unrolled
-    program's copy of a loop body (``fspyre.lower.unroll``) places each iteration's tile by
-    moving the address by the loop's tile advance, where the looped program advances it."""
-    if (first.memory, first.device_size, first.device_dtype, first.arg_index) != (
-            "hbm", a.device_size, a.device_dtype, a.arg_index) or a.memory != "hbm":
-        return False
-    if not isinstance(first.address, int) or not isinstance(a.address, int):
-        return False
-    return abs(a.address - first.address) < device_bytes(a.device_size, formats.FORMATS[a.device_dtype].nbytes)

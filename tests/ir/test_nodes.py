@@ -145,3 +145,8 @@ def test_plans_refuse_plain_dicts_and_bad_numbers():
         Allocation(buffers={}, hbm_bytes=0)
     with pytest.raises(AllocationError, match=r"allocation: hbm_bytes -1 must be an integer >= 0"):
         Allocation(buffers=FrozenMap(), hbm_bytes=-1)
+
+
+def test_an_allocation_maps_each_buffer_to_a_placement():
+    with pytest.raises(AllocationError, match=r"allocation: buffer x maps to a str, not a Placement"):
+        Allocation(buffers=FrozenMap({"x": "hbm at 0"}), hbm_bytes=0)

@@ -78,7 +78,7 @@ def test_lx_overflow():
 
 
 def _map_specs(body, fn):
-    return tuple(LoopSpec(count=s.count, body=_map_specs(s.body, fn)) if isinstance(s, LoopSpec) else fn(s)
+    return tuple(replace(s, body=_map_specs(s.body, fn)) if isinstance(s, LoopSpec) else fn(s)
                  for s in body)
 
 

@@ -538,3 +538,30 @@ def test_a_placement_refuses_slots_in_hbm_or_off_the_lx_grid():
         Placement(memory="hbm", address=0, nbytes=256, advances=FrozenMap({"op": (256,)}))
     with pytest.raises(AllocationError, match="multiples of 128"):
         Placement(memory="lx", address=0, nbytes=256, advances=FrozenMap({"op": (100,)}))
+
+
+def test_a_buffer_no_op_uses_takes_no_hbm():
+    # an intermediate of a loaded tree that no op reads or writes: placed, but alive at no time,
+    # so it shares the pool with the live buffers and the program's HBM does not grow
+    comp = compile(add_mul(64, 128, tiled=False), tiling="none")
+    tree, splits = comp.stages["resident_tree"], comp.stages["split_plan"]
+    extra = replace(tree, buffers=tree.buffers + (replace(tree.buffers[-1], name="unused_buf"),))
+    options = AllocationOptions(lx_planning=False)
+    machine = fspyre.machine.spyre()
+    without = fspyre.stages.allocate(tree, splits, machine, options)
+    unused = fspyre.stages.allocate(extra, splits, machine, options)
+    assert unused.hbm_bytes == without.hbm_bytes
+    assert unused.buffers["unused_buf"].live == (0, 0) and unused.buffers["unused_buf"].reason == "no op uses it"
+    assert all(unused.buffers[n] == p for n, p in without.buffers.items())
+
+
+@pytest.mark.parametrize("solver", ["firstfit", "bestfit"])
+def test_fit_solvers_place_in_place_partners_first_among_equals(solver):
+    # x and p live equally long and are used equally often, and only one fits; p is the parent
+    # its child c may take over in place, so p goes first (its score drops by the partner bonus)
+    # and c then reuses p's slot: both fit where x alone would have left p and c out
+    items = [LiveBuffer(name="x", size=1024, start=0, end=2), LiveBuffer(name="p", size=1024, start=0, end=2),
+             LiveBuffer(name="c", size=1024, start=2, end=3, parents=("p",))]
+    got = solve(items, 1024, solver)
+    assert "p" in got and "x" not in got
+    assert got["c"] == (got["p"][0], "p")

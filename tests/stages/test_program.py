@@ -25,7 +25,7 @@ def program():
 
 def edit_op(program, name, fn):
     def walk(body):
-        return tuple(LoopSpec(count=s.count, body=walk(s.body)) if isinstance(s, LoopSpec)
+        return tuple(replace(s, body=walk(s.body)) if isinstance(s, LoopSpec)
                      else fn(s) if s.name == name else s for s in body)
 
     return replace(program, body=walk(program.body))
@@ -148,16 +148,98 @@ def test_a_loop_s_ops_list_the_symbols_it_tiles(kinds):
     program = _matmul_k(kinds)
     mm = next(s for s in op_specs(program) if s.op == "batchmatmul")
     assert [[str(x) for x in t] for t in mm.tiled_symbols] == [["K"]]
-    refused(edit_op(program, mm.name, lambda s: replace(s, tiled_symbols=((),))), "lists no tiled symbol")
+    refused(edit_op(program, mm.name, lambda s: replace(s, tiled_symbols=((),))), r"must list \['K'\]")
     M = next(x for x in mm.iteration_space if x.name == "M")
     K = next(x for x in mm.iteration_space if x.name == "K")
     refused(edit_op(program, mm.name, lambda s: replace(s, tiled_symbols=((K, M),))), "must list")
 
 
-def test_a_matmul_s_first_operand_is_the_m_by_k_one(kinds):
+def _edit_loops(program, fn):
+    def walk(body):
+        return tuple(fn(replace(s, body=walk(s.body))) if isinstance(s, LoopSpec) else s for s in body)
+    return replace(program, body=walk(program.body))
+
+
+def test_a_loop_records_the_dims_it_tiles_and_its_ops_follow_the_record(kinds):
+    program = _matmul_k(kinds)
+    (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
+    assert [str(s) for s in loop.tiled_symbols] == ["K"] and loop.count == 2
+    refused(_edit_loops(program, lambda lp: replace(lp, tiled_symbols=())), "a loop of count 2 tiles no dim")
+    M = next(x for x in op_specs(program)[0].iteration_space if x.name == "M")
+    # the record names another dim: every op iterating K lists what the loop does not tile
+    refused(_edit_loops(program, lambda lp: replace(lp, tiled_symbols=(M,))), r"loop tiles \['M'\]")
+    with pytest.raises(LoweringError, match="repeat a symbol"):
+        replace(loop, tiled_symbols=(M, M))
+
+
+def test_a_dim_tiled_to_one_element_moves_tensors_without_being_listed(monkeypatch):
+    """A grouped convolution whose group dim is tiled one group per iteration: the group dim
+    leaves the ops' iteration spaces, and x advances by one group's bytes per iteration, which
+    equals another symbol's tile step. The old rule (an advance equal to a listed symbol's step
+    must be listed) refused the plan, so the search verified every candidate to dodge it; the
+    loop's record of the dims it tiles says so instead. Compiled here with the search's
+    per-candidate verification off: the plan it picks verifies and runs equal."""
+    import torch
+    import torch.nn.functional as F
+
+    import fspyre.stages.tiling_search as search
+    from fspyre.frontend import capture
+
+    monkeypatch.setattr(search, "verify_program", lambda p: p)
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(8))
+    w = torch.randn(6, 2, 1, generator=torch.Generator().manual_seed(1))
+    cap = capture(lambda x, w: F.conv1d(x, w, None, stride=2, groups=2), (x, w))
+    machine = spyre(cores=4)
+    comp = fspyre.compile(cap.graph, machine=machine)  # compile runs verify_program on what it emits
+    squeezed = [(spec.name, [str(s) for s in loop.tiled_symbols]) for spec, chain in _ops_in_loops(comp.program)
+                for loop, listed in zip(chain, spec.tiled_symbols) if loop.tiled_symbols and not listed]
+    assert squeezed, "no op sits in a loop tiling only dims it does not iterate"
+    assert fspyre.check(cap.graph, machine=machine, comp=comp).equal
+
+
+def _ops_in_loops(program):
+    def walk(body, chain):
+        for s in body:
+            if isinstance(s, LoopSpec):
+                yield from walk(s.body, chain + (s,))
+            else:
+                yield s, chain
+    return walk(program.body, ())
+
+
+def test_a_matmul_s_operands_take_the_roles_its_op_info_records(kinds):
     program = _matmul_k(kinds)
     mm = next(s for s in op_specs(program) if s.op == "batchmatmul")
-    refused(edit_op(program, mm.name, lambda s: replace(s, args=(s.args[1], s.args[0], s.args[2]))), "wrong order")
+    assert [str(s) for s in mm.op_info.rows] == ["M"] and [str(s) for s in mm.op_info.cols] == ["N"]
+    refused(edit_op(program, mm.name, lambda s: replace(s, args=(s.args[1], s.args[0], s.args[2]))),
+            "do not take the roles")
+    info = mm.op_info
+    refused(edit_op(program, mm.name, lambda s: replace(s, op_info=replace(info, rows=info.cols, cols=info.rows))),
+            "do not take the roles")
+    refused(edit_op(program, mm.name, lambda s: replace(s, op_info=replace(info, rows=(), cols=()))),
+            "do not take the roles")
+    add = next(s for s in op_specs(program) if s.op == "add")
+    refused(edit_op(program, add.name, lambda s: replace(s, op_info=replace(s.op_info, rows=info.rows))),
+            "only a batchmatmul")
+
+
+def test_a_matmul_with_an_operand_broadcast_over_a_batch_dim_verifies():
+    """a[M, K] expanded over B and contracted with b[B, K, N]: B is carried by b alone, so it
+    takes a column's role (the product is a 2-D one with B folded into N) and comes before M in
+    the output. The old order rule (a's symbols before b's) refused it; the record accepts it,
+    and still refuses the operands swapped."""
+    g = fspyre.GraphBuilder("broadcast_matmul")
+    B, M, K, N = g.dim("B", 4), g.dim("M", 32), g.dim("K", 64), g.dim("N", 64)
+    a, b = g.input("a", (M, K), "float16"), g.input("b", (B, K, N), "float16")
+    g.output("y", g.matmul(g.expand(a, (B, M, K)), b, "K"))
+    graph = g.build()
+    for tiling in ("none", "hints", "auto"):
+        comp = fspyre.compile(graph, machine=spyre(cores=4), tiling=tiling)
+        mm = next(s for s in op_specs(comp.program) if s.op == "batchmatmul")
+        assert [str(s) for s in mm.op_info.rows] == ["M"] and [str(s) for s in mm.op_info.cols] == ["B", "N"]
+        assert fspyre.check(graph, machine=spyre(cores=4), comp=comp).equal
+        refused(edit_op(comp.program, mm.name, lambda s: replace(s, args=(s.args[1], s.args[0], s.args[2]))),
+                "do not take the roles")
 
 
 def test_compute_and_bool_store_agree_with_the_formats(kinds):
@@ -179,12 +261,21 @@ def test_a_loop_that_tiles_nothing_and_moves_nothing_is_refused(program):
     def still(s):
         return replace(s, tiled_symbols=(s.tiled_symbols[0], ()),
                        args=tuple(replace(a, tile_advance=(a.tile_advance[0], 0)) for a in s.args))
-    refused(edit_op(edit_op(program, "buf0", still), "buf1", still), r"tiles no symbol of its ops and moves no tensor")
-    # a loop of count 1 repeats nothing
     (outer,) = program.body
     (inner,) = outer.body
-    one = replace(program, body=(replace(outer, body=(replace(inner, count=1, body=tuple(map(still, inner.body))),)),))
-    verify_program(one)
+    assert [str(s) for s in inner.tiled_symbols] == ["B"]
+    quiet = edit_op(edit_op(program, "buf0", still), "buf1", still)
+    refused(quiet, r"but that loop tiles \['B'\] .* it must list \['B'\]")  # the loop's record says B moves
+
+    def inner_loop(**change):
+        return replace(quiet, body=(replace(outer, body=(replace(quiet.body[0].body[0], **change),)),))
+    refused(inner_loop(tiled_symbols=()), "a loop of count 4 tiles no dim")
+    # a record naming a dim none of its ops iterates: a dim tiled to one element per tile moves
+    # some tensor; this one moves none
+    refused(inner_loop(tiled_symbols=(sympy.Symbol("Z", integer=True, nonnegative=True),)),
+            r"tiles \['Z'\], which none of its ops iterates, and moves no tensor")
+    # a loop of count 1 repeats nothing
+    verify_program(inner_loop(count=1, tiled_symbols=()))
 
 
 def test_a_guarded_op_outside_loops_or_moving_with_its_loop_is_refused():
@@ -196,3 +287,15 @@ def test_a_guarded_op_outside_loops_or_moving_with_its_loop_is_refused():
     moved = edit_op(program, fill.name, lambda s: replace(s, args=tuple(replace(a, tile_advance=(128,))
                                                                          for a in s.args)))
     refused(moved, rf"tensor {fill.args[0].name} advances there")
+
+
+def test_refusals_name_the_op_and_what_it_is(kinds):
+    program = _matmul_k(kinds)
+    mm = next(s for s in op_specs(program) if s.op == "batchmatmul")
+    refused(edit_op(program, mm.name, lambda s: replace(s, tiled_symbols=())),
+            rf"op {mm.name} sits in 1 loops but lists no tiled_symbols")
+    refused(edit_op(program, mm.name, lambda s: replace(s, is_reduction=False)),
+            r"program op 'batchmatmul' is a reduction, but is_reduction=False")
+    add = next(s for s in op_specs(program) if s.op == "add")
+    refused(edit_op(program, add.name, lambda s: replace(s, is_reduction=True)),
+            r"program op 'add' is not a reduction, but is_reduction=True")

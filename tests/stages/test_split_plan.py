@@ -420,3 +420,19 @@ def test_verify_split_plan_checks_cores_sticks_and_span():
                                                 r"last may end in a partial stick\); use "
                                                 r"fspyre.machine.rules.slice_extents\(128, 2, 64\)"):
         verify_split_plan(untiled_tree(small), replace(base, ops=base.ops.set("buf0", mid_stick)), M32)
+
+
+def test_only_the_last_slice_may_end_in_a_partial_stick():
+    # B of 192 fp16 elements (3 sticks) in slices of 64, 32 and 96: the second holds half a stick
+    # although the last is the only slice that may (a rule checking all but the last two passes it)
+    small = pointwise((64, 192))
+    base = plan(small)
+    odd = OpSplit(splits=FrozenMap({"A": 1, "B": 3}), cores=3, stick_elems=FrozenMap({"B": 64}),
+                  slices=FrozenMap({"B": (64, 32, 96)}))
+    with pytest.raises(WorkDivisionError, match=r"op buf0 splits dim B \(size 192\) into slices of \[64, 32, 96\] "
+                                                r"elements, which are not whole 64-element sticks per core"):
+        verify_split_plan(untiled_tree(small), replace(base, ops=base.ops.set("buf0", odd)), M32)
+    # the partial stick in the last slice is the layout's own: 64, 64 and 64 + 0
+    whole = OpSplit(splits=FrozenMap({"A": 1, "B": 3}), cores=3, stick_elems=FrozenMap({"B": 64}),
+                    slices=FrozenMap({"B": (64, 64, 64)}))
+    verify_split_plan(untiled_tree(small), replace(base, ops=base.ops.set("buf0", whole)), M32)

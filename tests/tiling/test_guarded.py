@@ -188,7 +188,7 @@ def test_a_program_op_guarded_out_of_place_is_refused():
     first = loop.body[0]
     assert first.runs == "first"
     with pytest.raises(LoweringError, match="runs in the first iteration only but is not at the head of the body"):
-        LoopSpec(count=loop.count, body=(dataclasses.replace(first, runs="last"),) + loop.body[1:])
+        dataclasses.replace(loop, body=(dataclasses.replace(first, runs="last"),) + loop.body[1:])
     with pytest.raises(LoweringError, match="runs 'sometimes'"):
         dataclasses.replace(first, runs="sometimes")
     # the copy of q alone, at the top level, still guarded

@@ -287,3 +287,20 @@ def test_a_plan_naming_an_op_twice_or_leaving_one_out_is_refused():
         verify_plan(graph, replace(plan, order=plan.order + (first,)))
     with pytest.raises(TilingError, match=rf"leaves out ops \[{first}\]"):
         verify_plan(graph, replace(plan, order=plan.order[1:]))
+
+
+def test_a_group_s_depths_rise_to_one_inner_run_and_fall():
+    levels = (Level(count=2, dims=("A",)), Level(count=2, dims=("B",)))
+    Group(ops=("a", "b", "c"), levels=levels, depths=FrozenMap({"a": 1, "c": 1}))  # 1, 2, 1: one inner run
+    with pytest.raises(TilingError, match=r"depths \[2, 1, 2\] must rise to one run of ops under all 2 levels"):
+        Group(ops=("a", "b", "c"), levels=levels, depths=FrozenMap({"b": 1}))  # two inner runs
+
+
+def test_a_tiling_plan_prints_its_groups_short():
+    level = (Level(count=2, dims=("A",)),)
+    groups = tuple(Group(ops=(f"buf{i}",), levels=level) for i in range(5)) + (
+        Group(ops=("buf5", "buf6"), levels=level),)
+    plan = TilingPlan(order=tuple(f"buf{i}" for i in range(7)), groups=groups)
+    assert repr(plan) == "TilingPlan(7 ops, 6 groups: buf0 A:2; buf1 A:2; buf2 A:2; buf3 A:2; +2 more)"
+    assert repr(TilingPlan(order=("buf5", "buf6"), groups=groups[-1:])) == (
+        "TilingPlan(2 ops, 1 groups: buf5..buf6 A:2)")

@@ -129,3 +129,57 @@ def test_the_issue_s_overflowing_product_is_not_called_wrong():
     x[:, 2:4] = 2.0**-50
     ref, bounds = evaluate_with_bounds(graph, {"x": x})
     assert np.all(bounds["y"] < 1e-5 * np.abs(ref["y"]))
+
+
+# Any value a store can meet: signed zeros, signed infinities, NaN, tiny and huge numbers and
+# ordinary ones; a row may hold several of them.
+_SPECIAL = st.one_of(st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e30, 65504.0, 2.0**-20]),
+                     st.floats(-4.0, 4.0, width=32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(fn=st.sampled_from(_FNS + ("matmul",)), dtype=st.sampled_from(["bfloat16", "float16", "float32"]),
+       fp16=st.sampled_from(["SEN169_FP16", "IEEE_FP16"]), row=st.lists(_SPECIAL, min_size=COLS, max_size=COLS),
+       seed=st.integers(0, 2**16), slices=st.sampled_from([1, 2, 4]), cores=st.sampled_from([1, 4]))
+def test_check_agrees_with_itself_and_numpy_float64_on_special_values_in_any_legal_order(
+        fn, dtype, fp16, row, seed, slices, cores):
+    """Rows of special values, reduced whole by ``evaluate`` and tiled ``slices`` ways over
+    ``cores`` cores by the machine: the reference is EQUAL to itself (a NaN bound never makes it
+    unequal), the machine's result is EQUAL to it, and both are within numpy's float64 value of
+    the op's definition plus numpy_ref's own bound (NaN where it is NaN)."""
+    machine = spyre(cores=cores, fp16_format=fp16)
+    rng = np.random.default_rng(seed)
+    x = np.stack([rng.permutation(np.asarray(row, np.float64)) for _ in range(ROWS)])
+    x = np.asarray(_host(x, dtype), np.float64)  # the values the device can hold, as numpy_ref reads them
+    if fn == "matmul":
+        graph = _matmul_graph(dtype)
+        b = np.asarray(_host(np.round(rng.standard_normal((COLS, 64)) * 8) / 8, dtype), np.float64)
+        inputs = {"a": _host(x, dtype), "b": _host(b, dtype)}
+        want = R.matmul(R.exact(["M", "K"], x, dtype), R.exact(["K", "N"], b, dtype), "K", ["M", "N"], dtype, fp16)
+        tiled = graph if slices == 1 else _hinted(graph, {"K": slices})
+    else:
+        graph = _reduce_graph(fn, dtype)
+        inputs = {"x": _host(x, dtype)}
+        want = R.reduce(fn, R.exact(["R", "C"], x, dtype), ["C"], ["R"], False, dtype, fp16)
+        tiled = _reduce_graph(fn, dtype, slices={"C": slices} if slices > 1 else None)
+    ref, bounds = evaluate_with_bounds(graph, inputs, machine)
+    assert compare(graph, ref, ref, bounds).equal  # check agrees with itself
+    if bounds["y"] is not None:
+        assert not np.isnan(bounds["y"]).any()
+    got = fspyre.run(fspyre.compile(tiled, machine=machine, tiling="hints"), inputs)
+    assert compare(graph, got, ref, bounds).equal  # any legal order: tiles, cores
+    finite = np.isfinite(want.value) & np.isfinite(want.err) & (np.abs(want.value) < 1e30)
+    for out in (ref["y"], got["y"]):  # numpy in float64, from the definition, with its own bound
+        assert np.array_equal(np.isnan(np.asarray(out, np.float64)), np.isnan(want.value)), (out, want.value)
+        assert R.accept(out, want)[finite].all()
+
+
+def _hinted(graph, slices):
+    """``graph`` (one matmul) with its op under a hint scope of ``slices``."""
+    g = fspyre.GraphBuilder(graph.name)
+    M, K, N = g.dim("M", ROWS), g.dim("K", COLS), g.dim("N", 64)
+    dtype = graph.buffer_table()["a"].type.dtype
+    a, b = g.input("a", (M, K), dtype), g.input("b", (K, N), dtype)
+    with g.hint(slices=slices):
+        g.output("y", g.matmul(a, b))
+    return g.build()

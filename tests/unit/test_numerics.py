@@ -178,3 +178,48 @@ def test_int_tensor_compared_with_a_float_scalar_compares_in_float():
     ref = fspyre.evaluate(graph, inputs)
     for name, w in want.items():
         assert np.array_equal(got[name], w) and np.array_equal(ref[name], w), name
+
+
+def _same(x: np.ndarray, y: np.ndarray) -> bool:
+    """Bit for bit, a zero's sign included; NaN by position (its payload is not fspyre's meaning)."""
+    nan = np.isnan(x)
+    return bool(np.array_equal(nan, np.isnan(y)) and np.array_equal(_bits(x[~nan]), _bits(y[~nan])))
+
+
+@pytest.mark.parametrize("fn", ["add", "mul", "maximum", "minimum", "eq", "ne"])
+def test_commutative_fns_commute_bit_for_bit(fn):
+    """The operand order of a commutative fn is no corruption only if swapping the operands
+    gives the same bits: maximum and minimum order -0 below +0 (numpy's return the second
+    operand of two equal zeros, so max(+0, -0) and max(-0, +0) differ in sign)."""
+    rng = np.random.default_rng(3)
+    a = np.concatenate([VALUES, np.float32([0.0, -0.0, 0.0, -0.0, np.inf, -np.inf])])
+    b = np.concatenate([rng.permutation(VALUES), np.float32([-0.0, 0.0, 0.0, -0.0, -np.inf, np.inf])])
+    b[:512] = a[:512]  # ties
+    ctype = np.dtype(np.float32)
+    ab = numerics.pointwise(fn, [a, b], ctype, a.shape)
+    ba = numerics.pointwise(fn, [b, a], ctype, a.shape)
+    assert _same(np.asarray(ab, np.float32), np.asarray(ba, np.float32))
+    if fn in ("maximum", "minimum"):  # two zeros: -0 only where the fn picks the smaller
+        zeros = (a == 0) & (b == 0)
+        want_neg = (np.signbit(a) & np.signbit(b)) if fn == "maximum" else (np.signbit(a) | np.signbit(b))
+        assert np.array_equal(np.signbit(ab[zeros]), want_neg[zeros])
+        # and scalar operands follow the same rule
+        for x, y in ((0.0, -0.0), (-0.0, 0.0)):
+            r = numerics.pointwise(fn, [np.float32(x), np.float32(y)], ctype, ())
+            assert bool(np.signbit(r)) == (fn == "minimum")
+
+
+@pytest.mark.parametrize("fn", ["amax", "amin"])
+def test_amax_and_amin_of_zeros_do_not_depend_on_the_order(fn):
+    """A row of +0 and -0 reduces to the same zero in every order and split: the reduction
+    and its pairwise combine across tiles and cores (``REDUCE_COMBINE``) agree."""
+    rng = np.random.default_rng(5)
+    ctype = np.dtype(np.float32)
+    for _ in range(50):
+        row = rng.choice(np.float32([0.0, -0.0, -1.0 if fn == "amax" else 1.0]), size=16)
+        whole = numerics.reduce(fn, [row[None, :]], (1,), ctype, 16, (1, 16), 0)
+        perm = rng.permutation(row)
+        k = int(rng.integers(1, 16))
+        parts = [numerics.reduce(fn, [p[None, :]], (1,), ctype, len(p), (1, len(p)), 0) for p in (perm[:k], perm[k:])]
+        combined = numerics.pointwise(numerics.REDUCE_COMBINE[fn], parts, ctype, (1,))
+        assert _same(np.asarray(whole, np.float32), np.asarray(combined, np.float32)), (row, k)
