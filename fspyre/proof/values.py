@@ -20,6 +20,7 @@ from "unconstrained" until nothing changes.
 
 from __future__ import annotations
 
+import heapq
 import re
 
 import islpy as isl
@@ -119,58 +120,70 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
             out = out.union(label_of[name])
         return src.apply_range(out)
 
-    # Gauss-Seidel in program order: one pass settles what flows forward, the next ones what a
-    # loop carries (an accumulator reading its own last write)
-    for _ in range(_ROUNDS):
-        changed = False
-        for w in op_writes:
-            spec = w.spec
-            assert spec is not None
-            operands = by_op.get(w.t, [])
-            op_map = {k: _to_op(model, a).reverse().apply_range(labelled(a)) for k, a in enumerate(operands)}
-            domain = _op_domain(model, operands, w)
-            g = _graph_op(spec, ops)
-            if g is not None:
-                p = _points(model, spec, g, operands, op_map, bids, domain)
-                missing = domain.subtract(p.domain())
+    # Gauss-Seidel in program order over a worklist: one sweep settles what flows forward; an
+    # op whose label changes after a reader of it ran (a loop carries it: an accumulator
+    # reading its own last write) sends that reader round again
+    order = {w.stmt: j for j, w in enumerate(op_writes)}
+    readers: dict[str, set[int]] = {}
+    for w in op_writes:
+        for a in by_op.get(w.t, []):
+            for name in _tuple_names(sources[a.stmt].range()):
+                readers.setdefault(name, set()).add(order[w.stmt])
+    pending = set(range(len(op_writes)))
+    queue = sorted(pending)
+    runs = [0] * len(op_writes)
+    while queue:
+        j = heapq.heappop(queue)
+        pending.discard(j)
+        runs[j] += 1
+        if runs[j] > _ROUNDS:
+            return None, PropertyResult(name="dataflow", verdict="undecided",
+                                        reason=f"the graph values did not settle in {_ROUNDS} passes")
+        w = op_writes[j]
+        spec = w.spec
+        assert spec is not None
+        operands = by_op.get(w.t, [])
+        op_map = {k: _to_op(model, a).reverse().apply_range(labelled(a)) for k, a in enumerate(operands)}
+        domain = _op_domain(model, operands, w)
+        g = _graph_op(spec, ops)
+        if g is not None:
+            p = _points(model, spec, g, operands, op_map, bids, domain)
+            missing = domain.subtract(p.domain())
+            if not missing.is_empty():
+                ce = counterexample(model, _to_op(model, operands[0]).intersect_range(missing).domain())
+                return None, PropertyResult(
+                    name="dataflow", verdict="refuted", counterexample=ce,
+                    reason=f"op {ce.op} reads its operands at elements no point of graph op {g.name} reads "
+                           f"together (a read at another element than the graph's index)")
+            points[w.stmt] = p
+            store = _index_map(model, g, g.store.index, bids[g.store.buffer])
+            label = _to_op(model, w, drop_reduced=True).apply_range(p).apply_range(store)
+        else:
+            same = [k for k, a in enumerate(operands) if tuple(a.arg.device_size) == tuple(w.arg.device_size)]
+            if spec.is_reduction or not same:
+                label = label_of[w.stmt]
+            else:
+                # one operand (a copy, a finish) passes its values on; several (a combine, a
+                # rescale) must agree on the element, whichever graph buffer they hold it for
+                agreed = op_map[same[0]]
+                if len(same) > 1:
+                    forget = model.union_map(["L[l0, l1] -> L[x, l1]"])
+                    agreed = agreed.apply_range(forget)
+                    for k in same[1:]:
+                        agreed = agreed.intersect(op_map[k].apply_range(forget))
+                missing = domain.subtract(agreed.domain())
                 if not missing.is_empty():
-                    ce = counterexample(model, _to_op(model, operands[0]).intersect_range(missing).domain())
+                    ce = counterexample(model, _to_op(model, operands[same[0]]).intersect_range(missing).domain())
                     return None, PropertyResult(
                         name="dataflow", verdict="refuted", counterexample=ce,
-                        reason=f"op {ce.op} reads its operands at elements no point of graph op {g.name} reads "
-                               f"together (a read at another element than the graph's index)")
-                points[w.stmt] = p
-                store = _index_map(model, g, g.store.index, bids[g.store.buffer])
-                label = _to_op(model, w, drop_reduced=True).apply_range(p).apply_range(store)
-            else:
-                same = [k for k, a in enumerate(operands) if tuple(a.arg.device_size) == tuple(w.arg.device_size)]
-                if spec.is_reduction or not same:
-                    label = label_of[w.stmt]
-                else:
-                    # one operand (a copy, a finish) passes its values on; several (a combine, a
-                    # rescale) must agree on the element, whichever graph buffer they hold it for
-                    agreed = op_map[same[0]]
-                    if len(same) > 1:
-                        forget = model.union_map(["L[l0, l1] -> L[x, l1]"])
-                        agreed = agreed.apply_range(forget)
-                        for k in same[1:]:
-                            agreed = agreed.intersect(op_map[k].apply_range(forget))
-                    missing = domain.subtract(agreed.domain())
-                    if not missing.is_empty():
-                        ce = counterexample(model, _to_op(model, operands[same[0]]).intersect_range(missing).domain())
-                        return None, PropertyResult(
-                            name="dataflow", verdict="refuted", counterexample=ce,
-                            reason=f"op {ce.op} combines elements that hold different graph values (its operands "
-                                   f"of the output's shape disagree)")
-                    label = _to_op(model, w).apply_range(agreed)
-            if not label.is_equal(label_of[w.stmt]):
-                label_of[w.stmt] = label
-                changed = True
-        if not changed:
-            break
-    else:
-        return None, PropertyResult(name="dataflow", verdict="undecided",
-                                    reason=f"the graph values did not settle in {_ROUNDS} passes")
+                        reason=f"op {ce.op} combines elements that hold different graph values (its operands "
+                               f"of the output's shape disagree)")
+                label = _to_op(model, w).apply_range(agreed)
+        if runs[j] == 1 or not label.is_equal(label_of[w.stmt]):
+            label_of[w.stmt] = label
+            for r in readers.get(w.stmt, set()) - pending:
+                pending.add(r)
+                heapq.heappush(queue, r)
     labels = model.union_map([])
     for m in label_of.values():
         labels = labels.union(m)
