@@ -203,9 +203,16 @@ class Model:
                 spread = (f"{name}[c, a] -> {name}[c, y] : a <= y < a + {acc.nbytes}" if per_core
                           else f"{name}[a] -> {name}[y] : a <= y < a + {acc.nbytes}")
                 self.cache[key] = self.access(acc, target).apply_range(self.union_map([spread]))
+            elif target == "cell":
+                # a tensor's element sits at the tensor's address plus its offset: the cells
+                # are the elements moved, which is cheaper than reading them again
+                at = _size(acc.arg.address)
+                move = (f"{acc.tensor}[c, e] -> LX[c, {at} + e]" if acc.memory == "lx"
+                        else f"{acc.tensor}[e] -> HBM[{at} + e]")
+                self.cache[key] = self.access(acc, "elem").apply_range(self.union_map([move]))
             else:
-                self.cache[key] = self.union_map([f"{acc.head()} -> {cell if target == 'cell' else elem} : {cond}"
-                                                  for cond, _, cell, elem in acc.pieces])
+                self.cache[key] = self.union_map([f"{acc.head()} -> {elem} : {cond}"
+                                                  for cond, _, _, elem in acc.pieces])
         return self.cache[key]
 
 
