@@ -244,20 +244,29 @@ def _same_iteration(model: Model, w: Access, r: Access) -> isl.UnionMap | None:
     last-writer search: ``w`` (its tensor's only write) comes before ``r`` in program order,
     and in ``r``'s iteration of the loops they share exactly one instance of ``w`` wrote each
     element ``r`` reads -- that instance is the last write before ``r``, since every other
-    instance of ``w`` ran in an earlier iteration of those loops or after ``r``. ``w -> r``,
-    or None when it does not hold (then isl decides)."""
+    instance of ``w`` ran in an earlier iteration of those loops or after ``r``. Failing
+    that, the same with the innermost shared loop's iterations up to ``r``'s (a value written
+    in the first iteration, read in every one). ``w -> r``, or None when neither holds (then
+    isl decides)."""
     if not w.path < r.path:
         return None
     m = _shared_loops(w, r)
     wdims = [f"{d}_w" for d in w.dims]
-    same = " and ".join(f"{r.dims[L]} = {wdims[L]}" for L in range(m))
-    pair = model.union_map([f"{r.head()} -> {w.stmt}[{', '.join(wdims)}]" + (f" : {same}" if same else "")])
-    found = model.access(r, "elem").apply_range(model.access(w, "elem").reverse()).intersect(pair)
-    if not found.is_single_valued() or not model.instances(r).is_subset(found.domain()):
-        return None
-    # in explicit form (each writer coordinate a quasi-affine function of the read's), as
-    # isl's own analysis returns it: the relations built on it stay small
-    return found.lexmax().reverse()
+    candidates = model.access(r, "elem").apply_range(model.access(w, "elem").reverse())
+    for relaxed in ((False, True) if m else (False,)):
+        same = [f"{r.dims[L]} = {wdims[L]}" for L in range(m - 1 if relaxed else m)]
+        if relaxed:
+            same.append(f"{wdims[m - 1]} <= {r.dims[m - 1]}")
+        pair = model.union_map([f"{r.head()} -> {w.stmt}[{', '.join(wdims)}]" +
+                                (f" : {' and '.join(same)}" if same else "")])
+        found = candidates.intersect(pair)
+        if found.is_single_valued() and model.instances(r).is_subset(found.domain()):
+            if m and not relaxed:
+                model.cache.setdefault("in_iteration", set()).add(r.stmt)
+            # in explicit form (each writer coordinate a quasi-affine function of the read's),
+            # as isl's own analysis returns it: the relations built on it stay small
+            return found.lexmax().reverse()
+    return None
 
 
 def flows(model: Model) -> tuple[isl.UnionMap, isl.UnionSet]:
@@ -301,7 +310,13 @@ def _alias_classes(model: Model) -> list[list[Access]]:
         lone = len(mems) > 1 or len(addresses) > 1 or len(sizes) > 1
         span = None if any(s is None for s in spans) else (min(s[0] for s in spans), max(s[1] for s in spans))
         when = (min(a.path[0] for a in accs), max(a.path[0] for a in accs))
-        info.append((name, next(iter(mems)), span, when, lone))
+        # a tensor whose every read finds its writer in its own iteration of the top-level
+        # loop holding all its accesses lives in a window of that loop's body each iteration
+        inner = model.cache.get("in_iteration", set())
+        local = when[0] == when[1] and all(a.loops >= 1 for a in accs) and all(
+            a.stmt in inner for a in accs if not a.is_write)
+        window = (when[0], min(a.path[1] for a in accs), max(a.path[1] for a in accs)) if local else None
+        info.append((name, next(iter(mems)), span, when, lone, window))
     parent = {name: name for name, *_ in info}
 
     def root(x: str) -> str:
@@ -318,7 +333,7 @@ def _alias_classes(model: Model) -> list[list[Access]]:
         for one in known:
             active = [o for o in active if o[2][1] > one[2][0]]  # still overlapping in bytes
             for other in active + unknown:
-                if other[3][0] <= one[3][1] and one[3][0] <= other[3][1]:
+                if other[3][0] <= one[3][1] and one[3][0] <= other[3][1] and not _apart(one[5], other[5]):
                     parent[root(one[0])] = root(other[0])
             active.append(one)
         for j, one in enumerate(unknown):
@@ -327,8 +342,17 @@ def _alias_classes(model: Model) -> list[list[Access]]:
     classes: dict[str, list[str]] = {}
     for name, *_ in info:
         classes.setdefault(root(name), []).append(name)
-    lone = {name for name, *_, alone in info if alone}
+    lone = {name for name, _, _, _, alone, _ in info if alone}
     return [[a for n in names for a in groups[n]] for names in classes.values() if len(names) > 1 or lone & set(names)]
+
+
+def _apart(one, other) -> bool:
+    """Two tensors live in windows of one loop's body that do not overlap (one's last access
+    no later than the other's first: an op reads before it writes), each finding its values
+    within the iteration: in every iteration one is dead before the other is written."""
+    if one is None or other is None or one[0] != other[0]:
+        return False
+    return one[2] <= other[1] or other[2] <= one[1]
 
 
 def dataflow(model: Model, tensor_flow) -> PropertyResult:

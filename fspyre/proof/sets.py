@@ -362,6 +362,27 @@ def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, re
     return out
 
 
+def _host_digit_coordinates(layout, hsyms) -> tuple | None:
+    """The device coordinates of host element ``hsyms`` (one variable per host dim) in a
+    stick layout: each device dim takes its host dim's digit -- the stick dim's outer
+    occurrence the stick, its inner one the element in it -- as ``exact_coordinates`` does
+    for a flat index, here without recovering the digits from it. None for a sparse layout."""
+    dims = layout.dim_map
+    if not dims or dims[-1] == -1:
+        return None
+    out, seen = [], set()
+    for h in reversed(dims):  # inner occurrences first
+        if h == -1 or layout.host_size[h] == 1:
+            out.append(sympy.Integer(0))
+        elif h == dims[-1]:
+            eps = layout.elems_per_stick
+            out.append(sympy.Mod(hsyms[h], eps) if h not in seen else sympy.floor(hsyms[h] / eps))
+        else:
+            out.append(hsyms[h])
+        seen.add(h)
+    return tuple(reversed(out))
+
+
 def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access:
     """The copy-in (a write before the body) or copy-out (a read after it) of a kernel argument:
     every host element at its stick layout."""
@@ -373,9 +394,11 @@ def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access
     if all(_fixed(n) for n in shape):
         shape = [int(n) for n in shape]
         layout = stick_layout(shape, e)
-        index = sum((s * math.prod(shape[j + 1:]) for j, s in enumerate(hsyms)), sympy.Integer(0))
-        coords = device_coordinates(layout, index, {s: n for s, n in zip(hsyms, shape)}) \
-            if any(n > 1 for n in shape) else tuple(sympy.Integer(0) for _ in layout.device_size)
+        coords = _host_digit_coordinates(layout, hsyms)
+        if coords is None:
+            index = sum((s * math.prod(shape[j + 1:]) for j, s in enumerate(hsyms)), sympy.Integer(0))
+            coords = device_coordinates(layout, index, {s: n for s, n in zip(hsyms, shape)}) \
+                if any(n > 1 for n in shape) else tuple(sympy.Integer(0) for _ in layout.device_size)
         size: tuple = layout.device_size
     else:
         # the stick layout of a host shape with a symbolic dim: sticks of the last dim
