@@ -23,7 +23,8 @@ def _replay(seed: int) -> int:
     print("# builder calls:\n" + "\n".join("#   " + s for s in gen.source))
     print(pretty(gen.graph))
     out = check_generated(gen)
-    print(f"\n{out.status}{': ' + out.cls if out.cls else ''}\n{out.detail}")
+    print(f"\n{out.status}{': ' + out.cls if out.cls else ''}{' (proof: ' + out.proof + ')' if out.proof else ''}"
+          f"\n{out.detail}")
     del fspyre
     return 1 if out.status in ("failure", "generator") else 0
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             for o in outcomes:
                 f.write(json.dumps({"seed": o.seed, "status": o.status, "cls": o.cls, "hinted": o.hinted,
-                                    "legal": o.legal, "features": sorted(o.features),
+                                    "legal": o.legal, "features": sorted(o.features), "proof": o.proof,
                                     "detail": o.detail.strip().splitlines()[0][:300] if o.detail.strip() else ""})
                         + "\n")
     print(report(outcomes, elapsed, show=args.show))
@@ -101,6 +102,10 @@ def report(outcomes, elapsed: float, show: int = 3) -> str:
     lines = [f"programs tried: {n} in {elapsed:.1f} s ({n / max(elapsed, 1e-9):.1f} programs/s); "
              f"ok {status['ok']}, refused {status['refused']}, failures {status['failure']}, "
              f"generator errors {status['generator']}"]
+    proofs = Counter(o.proof for o in outcomes if o.proof)
+    if proofs:
+        lines.append(f"static proof: proved {proofs['proved']}, refuted {proofs['refuted']}, "
+                     f"undecided {proofs['undecided']}")
     legal = [o for o in outcomes if o.hinted and o.legal]
     nref = sum(o.status == "refused" for o in legal)
     lines.append(f"hinted programs: {sum(o.hinted for o in outcomes)}; legal hinted (every count divides, "
