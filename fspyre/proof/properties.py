@@ -286,6 +286,7 @@ def flows(model: Model) -> tuple[isl.UnionMap, isl.UnionSet]:
         found = [_same_iteration(model, writes[0], r) for r in reads] if len(writes) == 1 else [None]
         if all(d is not None for d in found):
             for d in found:
+                assert d is not None
                 deps = deps.union(d)
             continue
         d, n = _compute_flow(model, accs, "elem", False)
@@ -301,14 +302,16 @@ def _alias_classes(model: Model) -> list[list[Access]]:
     groups: dict[str, list[Access]] = {}
     for acc in model.accesses:
         groups.setdefault(acc.tensor, []).append(acc)
-    info = []
+    info: list[tuple[str, str, tuple[int, int] | None, tuple[int, int], bool, tuple[int, int, int] | None]] = []
     for name, accs in groups.items():
         mems = {a.memory for a in accs}
         addresses = {str(a.arg.address) for a in accs}
         sizes = {a.nbytes for a in accs}
         spans = [a.span for a in accs]
         lone = len(mems) > 1 or len(addresses) > 1 or len(sizes) > 1
-        span = None if any(s is None for s in spans) else (min(s[0] for s in spans), max(s[1] for s in spans))
+        known_spans = [s for s in spans if s is not None]
+        span = (min(s[0] for s in known_spans), max(s[1] for s in known_spans)) \
+            if len(known_spans) == len(spans) else None
         when = (min(a.path[0] for a in accs), max(a.path[0] for a in accs))
         # a tensor whose every read finds its writer in its own iteration of the top-level
         # loop holding all its accesses lives in a window of that loop's body each iteration
@@ -328,10 +331,10 @@ def _alias_classes(model: Model) -> list[list[Access]]:
     for memory in ("hbm", "lx"):
         mine = [i for i in info if i[1] == memory]
         unknown = [i for i in mine if i[2] is None]
-        known = sorted((i for i in mine if i[2] is not None), key=lambda i: i[2][0])
+        known = sorted(((i[2], i) for i in mine if i[2] is not None), key=lambda x: x[0][0])
         active: list = []
-        for one in known:
-            active = [o for o in active if o[2][1] > one[2][0]]  # still overlapping in bytes
+        for (low, _), one in known:
+            active = [o for o in active if o[2][1] > low]  # still overlapping in bytes
             for other in active + unknown:
                 if other[3][0] <= one[3][1] and one[3][0] <= other[3][1] and not _apart(one[5], other[5]):
                     parent[root(one[0])] = root(other[0])
@@ -342,8 +345,8 @@ def _alias_classes(model: Model) -> list[list[Access]]:
     classes: dict[str, list[str]] = {}
     for name, *_ in info:
         classes.setdefault(root(name), []).append(name)
-    lone = {name for name, _, _, _, alone, _ in info if alone}
-    return [[a for n in names for a in groups[n]] for names in classes.values() if len(names) > 1 or lone & set(names)]
+    alone = {name for name, _, _, _, lone, _ in info if lone}
+    return [[a for n in names for a in groups[n]] for names in classes.values() if len(names) > 1 or alone & set(names)]
 
 
 def _apart(one, other) -> bool:

@@ -144,9 +144,10 @@ class _Labels:
             return self.cache["flatten"]
         parts = ["U[] -> A[x]", "A[x] -> A[x]"]
         for b in self.bids:
-            if self.multi[b]:
-                xs = [f"i{j}" for j in range(len(self.shape[b]))]
-                flat = " + ".join(f"{st} * {x}" for st, x in zip(_strides(self.shape[b]), xs)) or "0"
+            shape = self.shape[b]
+            if self.multi[b] and shape is not None:
+                xs = [f"i{j}" for j in range(len(shape))]
+                flat = " + ".join(f"{st} * {x}" for st, x in zip(_strides(shape), xs)) or "0"
                 parts.append(f"L{self.bids[b]}[{', '.join(xs)}] -> A[{flat}]")
             else:
                 parts.append(f"L{self.bids[b]}[x] -> A[x]")
