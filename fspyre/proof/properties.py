@@ -3,13 +3,17 @@ instances with isl or refuted with a sampled counterexample (docs/proof.md)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 
 import islpy as isl
+import sympy
 
 from fspyre.ir.graph import POINTWISE_FNS, Graph
 from fspyre.ir.program import op_fn
 from fspyre.machine import formats
+from fspyre.machine.rules import row_major_strides
 from fspyre.proof.artifact import Counterexample, PropertyResult
 from fspyre.proof.sets import CTX, Access, Model
 
@@ -142,6 +146,9 @@ def _inside(model: Model, acc: Access, checks) -> bool:
     byte addresses) inside the box the checks describe. False: the checks decide."""
     if len(acc.pieces) != 1:
         return False
+    fast = _inside_by_intervals(model, acc)
+    if fast == "all":
+        return True
     # the device coordinates over a box of points holding every core's (a superset of the
     # instances: enough to show them inside, never to refute)
     coords = acc.coords[0]
@@ -154,16 +161,98 @@ def _inside(model: Model, acc: Access, checks) -> bool:
                  f"{max(int(sp[j][0]) + int(sp[j][1]) for sp in acc.spec.core_spaces)}" for j in range(len(points))]
     xs = [f"x{d}" for d in range(len(coords))]
     box = " and ".join(f"0 <= x{d} < {_t(n)}" for d, n in enumerate(acc.arg.device_size)) or "0 = 0"
-    image = isl.UnionMap.read_from_str(CTX, model.space(
-        f"[{', '.join(points)}] -> [{', '.join(coords)}]" + (f" : {' and '.join(spans)}" if spans else ""))).range()
-    if not image.is_subset(isl.UnionSet.read_from_str(CTX, model.space(f"[{', '.join(xs)}] : {box}"))):
-        return False
+    if fast != "coordinates":
+        image = isl.UnionMap.read_from_str(CTX, model.space(
+            f"[{', '.join(points)}] -> [{', '.join(coords)}]" + (f" : {' and '.join(spans)}" if spans else ""))).range()
+        if not image.is_subset(isl.UnionSet.read_from_str(CTX, model.space(f"[{', '.join(xs)}] : {box}"))):
+            return False
     # the address checks (every one after the device coordinates'), as one set of allowed cells
     name, per_core = ("LX", "c, ") if acc.memory == "lx" else ("HBM", "")
     allowed = " and ".join(f"not ({where(0, 'a')})" for why, where in checks
                            if not why.startswith("device coordinate"))
     return model.access(acc, "cell").range().is_subset(isl.UnionSet.read_from_str(
         CTX, model.space(f"{name}[{per_core}a] : {allowed}")))
+
+
+def _interval(e, ranges: dict) -> tuple[Fraction, Fraction] | None:
+    """Bounds of a quasi-affine expression over ``ranges`` (symbol -> (low, high)) by interval
+    arithmetic: never narrower than the truth; None for a form it does not know."""
+    if isinstance(e, int):
+        return Fraction(e), Fraction(e)
+    if e.is_Rational:
+        v = Fraction(int(e.p), int(e.q))
+        return v, v
+    if e.is_Symbol:
+        return ranges.get(e)
+    if e.is_Add:
+        parts = [_interval(a, ranges) for a in e.args]
+        if any(x is None for x in parts):
+            return None
+        return sum((x[0] for x in parts if x), Fraction(0)), sum((x[1] for x in parts if x), Fraction(0))
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        inner = _interval(rest, ranges) if coeff.is_Rational and rest != e else None
+        if inner is None:
+            return None
+        scale = Fraction(int(coeff.p), int(coeff.q))
+        return (scale * inner[0], scale * inner[1]) if scale >= 0 else (scale * inner[1], scale * inner[0])
+    if isinstance(e, sympy.floor):
+        inner = _interval(e.args[0], ranges)
+        return None if inner is None else (Fraction(math.floor(inner[0])), Fraction(math.floor(inner[1])))
+    if isinstance(e, sympy.Mod) and e.args[1].is_Integer and int(e.args[1]) > 0:
+        k = int(e.args[1])
+        within = _interval(e.args[0], ranges)
+        if within is not None and 0 <= within[0] and within[1] < k:
+            return within
+        return Fraction(0), Fraction(k - 1)  # an integer's remainder
+    return None
+
+
+def _inside_by_intervals(model: Model, acc: Access) -> str:
+    """Memory safety of ``acc`` by interval arithmetic where it suffices: "all" (coordinates
+    and HBM addresses shown inside), "coordinates" (the coordinates only), or "" (isl
+    decides). Intervals are never narrower than the truth, so this proves, never refutes."""
+    arg = acc.arg
+    if acc.spec is None:
+        shape = arg.host_shape
+        if not all(isinstance(n, int) or getattr(n, "is_Integer", False) for n in shape):
+            return ""
+        ranges = {s: (Fraction(0), Fraction(int(n) - 1)) for s, n in zip(acc.syms, shape)}
+    else:
+        ranges = {s: (Fraction(min(int(sp[j][0]) for sp in acc.spec.core_spaces)),
+                      Fraction(max(int(sp[j][0]) + int(sp[j][1]) for sp in acc.spec.core_spaces) - 1))
+                  for j, s in enumerate(acc.syms)}
+    sizes = arg.device_size
+    bounds = [_interval(e, ranges) for e in acc.exprs]
+    if len(bounds) != len(sizes) or not all(
+            b is not None and (isinstance(n, int) or getattr(n, "is_Integer", False)) and 0 <= b[0] and b[1] < int(n)
+            for b, n in zip(bounds, sizes)):
+        return ""
+    program, nb = model.program, acc.nbytes
+    values = [arg.address, program.hbm_bytes, *acc.counts, *getattr(arg, "tile_advance", ())]
+    if acc.memory != "hbm" or not all(isinstance(v, int) or getattr(v, "is_Integer", False) for v in values):
+        return "coordinates"
+    strides = row_major_strides([int(n) for n in sizes])
+    moves = [int(a) * (int(n) - 1) for a, n in zip(getattr(arg, "tile_advance", ()), acc.counts)]
+    base = int(arg.address)
+    low = base + nb * sum(st * b[0] for st, b in zip(strides, bounds) if b) + sum(min(0, m) for m in moves)
+    high = base + nb * sum(st * b[1] for st, b in zip(strides, bounds) if b) + sum(max(0, m) for m in moves) + nb
+    if base % nb or any(int(a) % nb for a in getattr(arg, "tile_advance", ())):
+        return "coordinates"
+    if low < base or high > base + nb * math.prod(int(n) for n in sizes) or low < 0 or high > int(program.hbm_bytes):
+        return "coordinates"
+    for k in program.kernel_args:
+        if not all(isinstance(v, int) or getattr(v, "is_Integer", False) for v in (k.address, *k.device_size)):
+            return "coordinates"
+        lo = int(k.address)
+        hi = lo + formats.FORMATS[k.device_dtype].nbytes * math.prod(int(n) for n in k.device_size)
+        if k.arg_index == arg.arg_index and not (lo <= low and high <= hi):
+            return "coordinates"
+        if arg.arg_index < 0 and low < hi and lo < high:
+            return "coordinates"
+    if arg.arg_index >= 0 and not any(k.arg_index == arg.arg_index for k in program.kernel_args):
+        return "coordinates"
+    return "all"
 
 
 def _malformed(acc: Access, program) -> str:

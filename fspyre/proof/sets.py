@@ -151,6 +151,8 @@ class Access:
     path: tuple[int, ...] = ()  # body positions from the program's top (the op's place in program order)
     tensor: str = ""  # the tensor's isl name (``T<n>``)
     span: tuple[int, int] | None = None  # the bytes it may touch, [low, high) (None: symbolic)
+    exprs: tuple = ()  # the device coordinates as sympy expressions in ``syms``
+    counts: tuple = ()  # the enclosing loops' counts
 
     def head(self) -> str:
         return f"{self.stmt}[{', '.join(self.dims)}]"
@@ -296,7 +298,8 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
         stmt = f"W{t}" if is_write else f"R{t}_{k}"
         out.append(Access(stmt=stmt, t=t, spec=spec, arg=arg, is_write=is_write, dims=dims, pieces=tuple(pieces),
                           coords=tuple(piece_coords), memory=arg.memory, nbytes=nb, loops=len(counts), syms=syms,
-                          path=path, tensor=f"T{tensor_ids[arg.name]}", span=_span(arg, nb, counts, max(boxes))))
+                          path=path, tensor=f"T{tensor_ids[arg.name]}", span=_span(arg, nb, counts, max(boxes)),
+                          exprs=tuple(arg.device_coordinates), counts=tuple(counts)))
     return out
 
 
@@ -478,7 +481,7 @@ def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access
     stmt = f"IN{t}" if arg.is_input else f"OUT{t}"
     return Access(stmt=stmt, t=t, spec=None, arg=arg, is_write=arg.is_input, dims=tuple(names.values()),
                   pieces=tuple(pieces), coords=tuple(piece_coords), memory="hbm", nbytes=nb, loops=0,
-                  syms=tuple(hsyms), tensor=f"T{tensor_ids[arg.buffer]}",
+                  syms=tuple(hsyms), tensor=f"T{tensor_ids[arg.buffer]}", exprs=tuple(coords),
                   span=(int(arg.address), int(arg.address) + nb * math.prod(int(n) for n in arg.device_size))
                   if all(_fixed(v) for v in (arg.address, *arg.device_size)) else None)
 

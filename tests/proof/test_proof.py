@@ -177,3 +177,33 @@ def test_compile_with_prove_carries_the_proof():
     graph = next(g for g in _graphs() if g.name == "online_softmax")
     comp = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints", prove=True)
     assert comp.proof is not None and comp.proof.proved
+
+
+def test_interval_bounds_hold_every_value():
+    """The memory-safety shortcut bounds a device coordinate by interval arithmetic; the bounds
+    must hold every value the coordinate takes (wider is allowed, narrower never)."""
+    import itertools
+
+    import sympy
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from fspyre.proof.properties import _interval
+
+    p, q = sympy.symbols("p q", integer=True, nonnegative=True)
+    forms = [lambda a, b, k: a * p + b * q, lambda a, b, k: sympy.floor((a * p + b) / k),
+             lambda a, b, k: sympy.Mod(a * p + b * q, k), lambda a, b, k: a * sympy.floor(p / k) + sympy.Mod(q, k) - b]
+
+    @settings(max_examples=60, deadline=None)
+    @given(form=st.sampled_from(forms), a=st.integers(-5, 5), b=st.integers(-5, 5), k=st.integers(1, 9),
+           lp=st.integers(0, 6), np_=st.integers(1, 8), lq=st.integers(0, 6), nq=st.integers(1, 8))
+    def check(form, a, b, k, lp, np_, lq, nq):
+        e = form(a, b, k)
+        got = _interval(e, {p: (lp, lp + np_ - 1), q: (lq, lq + nq - 1)})
+        if got is None:
+            return
+        for x, y in itertools.product(range(lp, lp + np_), range(lq, lq + nq)):
+            v = e.subs({p: x, q: y}) if isinstance(e, sympy.Basic) else e
+            assert got[0] <= v <= got[1], (e, x, y, got)
+
+    check()
