@@ -173,6 +173,25 @@ def test_the_prove_command(tmp_path, capsys):
     assert "proof of softmax: PROVED" in capsys.readouterr().out
 
 
+def test_check_with_prove_prints_the_proof_beside_the_run(tmp_path, capsys):
+    from fspyre.cli import main
+
+    f = tmp_path / "add.py"
+    f.write_text(
+        "import fspyre\n"
+        "def build():\n"
+        "    g = fspyre.GraphBuilder('add')\n"
+        "    M, N = g.dim('M', 64), g.dim('N', 128)\n"
+        "    with g.hint(slices={'M': 2}):\n"
+        "        g.output('y', g.add(g.input('a', (M, N), 'float16'), g.input('b', (M, N), 'float16')))\n"
+        "    return g.build()\n")
+    assert main(["check", str(f), "--cores", "4", "--prove"]) == 0
+    out = capsys.readouterr().out
+    assert "EQUAL" in out and "proof of add: PROVED" in out
+    assert main(["check", str(f), "--cores", "4"]) == 0
+    assert "proof of" not in capsys.readouterr().out
+
+
 def test_compile_with_prove_carries_the_proof():
     graph = next(g for g in _graphs() if g.name == "online_softmax")
     comp = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints", prove=True)
