@@ -4,8 +4,8 @@ S=2048, D=4096, F=11008 (32 heads of 128, 8 key/value heads), beside the CPU tim
 ``fspyre.run`` of the layer at S=128, D=256, F=704 (4 heads of 64, 2 key/value heads). Each
 side runs in a fresh process; compile time is printed apart and is not in either figure.
 
-The layer is transformers' LlamaDecoderLayer as examples/llama_decoder_layer.py wraps it
-(rotary embeddings, causal mask, one hint tiling S by 4), with random weights.
+The layer is examples/llama_decoder_layer.py's (transformers' LlamaDecoderLayer with rotary
+embeddings, a causal mask and one hint tiling S by 4), with random weights, at each size.
 
     PYTHONPATH=. python benchmarks/proof_time.py            # both sides
     PYTHONPATH=. python benchmarks/proof_time.py prove S D F HEADS KV   # one side, in this process
@@ -18,39 +18,24 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 BIG = (2048, 4096, 11008, 32, 8)
 SMALL = (128, 256, 704, 4, 2)
 
 
 def layer_graph(seq: int, hidden: int, ff: int, heads: int, kv_heads: int):
+    """The example's layer (examples/llama_decoder_layer.py) at these sizes, as a graph."""
     import torch
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     import fspyre
-    from fspyre.frontend import declare_tensor_dim, name_tensor_dims, spyre_hint
+    from fspyre.frontend import declare_tensor_dim, name_tensor_dims
 
-    class DecoderLayer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            cfg = LlamaConfig(hidden_size=hidden, intermediate_size=ff, num_attention_heads=heads,
-                              num_key_value_heads=kv_heads, num_hidden_layers=1, vocab_size=128,
-                              max_position_embeddings=max(seq, 1024), attn_implementation="eager")
-            self.layer = LlamaDecoderLayer(cfg, 0)
-            self.rotary = LlamaRotaryEmbedding(cfg)
-
-        def forward(self, x):
-            with spyre_hint(slices={"S": 4}):
-                positions = torch.arange(x.shape[1])
-                causal = torch.where(positions[None, :] > positions[:, None], float("-inf"), 0.0).to(x.dtype)
-                out = self.layer(x, attention_mask=causal[None, None],
-                                 position_embeddings=self.rotary(x, positions[None]))
-                return out[0] if isinstance(out, tuple) else out
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from llama_decoder_layer import DecoderLayer
 
     with torch.no_grad():
-        model = DecoderLayer().eval().to(torch.float16)
+        model = DecoderLayer(hidden, ff, heads, kv_heads, max_positions=max(seq, 1024)).eval().to(torch.float16)
         declare_tensor_dim("S", seq)
         x = torch.zeros(1, seq, hidden, dtype=torch.float16)
         return fspyre.from_torch(model, (name_tensor_dims(x, ["B", "S", "D"]),))

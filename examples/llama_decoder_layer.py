@@ -20,14 +20,16 @@ D, HEADS, KV_HEADS, FF = 64, 4, 2, 128
 
 class DecoderLayer(torch.nn.Module):
     """The layer as LlamaModel calls it: rotary embeddings of positions 0..S-1 and the
-    additive causal mask built from them."""
+    additive causal mask built from them (any size: benchmarks/proof_time.py builds the
+    real one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = D, ff: int = FF, heads: int = HEADS, kv_heads: int = KV_HEADS,
+                 max_positions: int = 1024) -> None:
         super().__init__()
         torch.manual_seed(0)
-        cfg = LlamaConfig(hidden_size=D, intermediate_size=FF, num_attention_heads=HEADS,
-                          num_key_value_heads=KV_HEADS, num_hidden_layers=1, vocab_size=128,
-                          max_position_embeddings=1024, attn_implementation="eager")
+        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=ff, num_attention_heads=heads,
+                          num_key_value_heads=kv_heads, num_hidden_layers=1, vocab_size=128,
+                          max_position_embeddings=max_positions, attn_implementation="eager")
         self.layer = LlamaDecoderLayer(cfg, 0)
         self.rotary = LlamaRotaryEmbedding(cfg)
 

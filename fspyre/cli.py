@@ -525,6 +525,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         eager_ok, lines = _eager_lines(work.torch, fspyre.run(comp, work.torch.inputs))
         print("\n".join(lines))
         equal = equal and eager_ok
+    if args.prove:  # beside the sampled run, the static proof for every input (docs/proof.md)
+        from fspyre.pretty import pretty
+        from fspyre.proof import prove
+
+        proof = prove(comp)
+        print(pretty(proof))
+        equal = equal and not proof.refuted
     return 0 if equal else 1
 
 
@@ -746,8 +753,12 @@ def build_parser() -> argparse.ArgumentParser:
     chk = command("check", cmd_check, [pipeline],
                   help="compile FILE.py, run it on the machine model, compare with the reference",
                   description="Exit 0 when the interpreter's results equal the untiled reference (and, for a torch "
-                              "file, PyTorch eager within the file's tolerance), 1 when not, 2 on an error.")
+                              "file, PyTorch eager within the file's tolerance; with --prove, no property of the "
+                              "static proof refuted), 1 when not, 2 on an error.")
     chk.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
+    chk.add_argument("--prove", action="store_true",
+                     help="also prove the program statically (docs/proof.md): a refuted property fails the check, "
+                          "an undecided one is printed")
 
     command("prove", cmd_prove, [pipeline], help="compile FILE.py and prove its program statically (docs/proof.md)",
             description="Exit 0 when every property is proved, 1 when one is refuted (with a counterexample), 3 "

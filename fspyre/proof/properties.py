@@ -3,13 +3,17 @@ instances with isl or refuted with a sampled counterexample (docs/proof.md)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 
 import islpy as isl
+import sympy
 
 from fspyre.ir.graph import POINTWISE_FNS, Graph
 from fspyre.ir.program import op_fn
 from fspyre.machine import formats
+from fspyre.machine.rules import row_major_strides
 from fspyre.proof.artifact import Counterexample, PropertyResult
 from fspyre.proof.sets import CTX, Access, Model
 
@@ -124,6 +128,8 @@ def memory_safety(model: Model) -> PropertyResult:
             checks.append((f"leaves the core's LX ({program.lx_bytes} bytes)",
                            lambda j, a: f"{a} < 0 or {a} + {nb} > {_t(program.lx_bytes)}"))
         checked += len(checks)
+        if _inside(model, acc, checks):
+            continue
         found = _violations(model, acc, checks)
         if found is not None:
             why, bad = found
@@ -133,6 +139,120 @@ def memory_safety(model: Model) -> PropertyResult:
     return PropertyResult(name="memory_safety", verdict="proved",
                           reason=f"{len(model.accesses)} accesses ({checked} conditions) inside their device dims, "
                                  f"allocations and memories, aligned, over every iteration and core")
+
+
+def _inside(model: Model, acc: Access, checks) -> bool:
+    """The usual answer to ``checks``, cheaper: the image of the instances (device coordinates,
+    byte addresses) inside the box the checks describe. False: the checks decide."""
+    if len(acc.pieces) != 1:
+        return False
+    fast = _inside_by_intervals(model, acc)
+    if fast == "all":
+        return True
+    # the device coordinates over a box of points holding every core's (a superset of the
+    # instances: enough to show them inside, never to refute)
+    coords = acc.coords[0]
+    if acc.spec is None:
+        points = [f"h{j}" for j in range(len(acc.syms))]
+        spans = [f"0 <= h{j} < {_t(n)}" for j, n in enumerate(acc.arg.host_shape)]
+    else:
+        points = [f"p{j}" for j in range(len(acc.syms))]
+        spans = [f"{min(int(sp[j][0]) for sp in acc.spec.core_spaces)} <= p{j} < "
+                 f"{max(int(sp[j][0]) + int(sp[j][1]) for sp in acc.spec.core_spaces)}" for j in range(len(points))]
+    xs = [f"x{d}" for d in range(len(coords))]
+    box = " and ".join(f"0 <= x{d} < {_t(n)}" for d, n in enumerate(acc.arg.device_size)) or "0 = 0"
+    if fast != "coordinates":
+        image = isl.UnionMap.read_from_str(CTX, model.space(
+            f"[{', '.join(points)}] -> [{', '.join(coords)}]" + (f" : {' and '.join(spans)}" if spans else ""))).range()
+        if not image.is_subset(isl.UnionSet.read_from_str(CTX, model.space(f"[{', '.join(xs)}] : {box}"))):
+            return False
+    # the address checks (every one after the device coordinates'), as one set of allowed cells
+    name, per_core = ("LX", "c, ") if acc.memory == "lx" else ("HBM", "")
+    allowed = " and ".join(f"not ({where(0, 'a')})" for why, where in checks
+                           if not why.startswith("device coordinate"))
+    return model.access(acc, "cell").range().is_subset(isl.UnionSet.read_from_str(
+        CTX, model.space(f"{name}[{per_core}a] : {allowed}")))
+
+
+def _interval(e, ranges: dict) -> tuple[Fraction, Fraction] | None:
+    """Bounds of a quasi-affine expression over ``ranges`` (symbol -> (low, high)) by interval
+    arithmetic: never narrower than the truth; None for a form it does not know."""
+    if isinstance(e, int):
+        return Fraction(e), Fraction(e)
+    if e.is_Rational:
+        v = Fraction(int(e.p), int(e.q))
+        return v, v
+    if e.is_Symbol:
+        return ranges.get(e)
+    if e.is_Add:
+        parts = [_interval(a, ranges) for a in e.args]
+        if any(x is None for x in parts):
+            return None
+        return sum((x[0] for x in parts if x), Fraction(0)), sum((x[1] for x in parts if x), Fraction(0))
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        inner = _interval(rest, ranges) if coeff.is_Rational and rest != e else None
+        if inner is None:
+            return None
+        scale = Fraction(int(coeff.p), int(coeff.q))
+        return (scale * inner[0], scale * inner[1]) if scale >= 0 else (scale * inner[1], scale * inner[0])
+    if isinstance(e, sympy.floor):
+        inner = _interval(e.args[0], ranges)
+        return None if inner is None else (Fraction(math.floor(inner[0])), Fraction(math.floor(inner[1])))
+    if isinstance(e, sympy.Mod) and e.args[1].is_Integer and int(e.args[1]) > 0:
+        k = int(e.args[1])
+        within = _interval(e.args[0], ranges)
+        if within is not None and 0 <= within[0] and within[1] < k:
+            return within
+        return Fraction(0), Fraction(k - 1)  # an integer's remainder
+    return None
+
+
+def _inside_by_intervals(model: Model, acc: Access) -> str:
+    """Memory safety of ``acc`` by interval arithmetic where it suffices: "all" (coordinates
+    and HBM addresses shown inside), "coordinates" (the coordinates only), or "" (isl
+    decides). Intervals are never narrower than the truth, so this proves, never refutes."""
+    arg = acc.arg
+    if acc.spec is None:
+        shape = arg.host_shape
+        if not all(isinstance(n, int) or getattr(n, "is_Integer", False) for n in shape):
+            return ""
+        ranges = {s: (Fraction(0), Fraction(int(n) - 1)) for s, n in zip(acc.syms, shape)}
+    else:
+        ranges = {s: (Fraction(min(int(sp[j][0]) for sp in acc.spec.core_spaces)),
+                      Fraction(max(int(sp[j][0]) + int(sp[j][1]) for sp in acc.spec.core_spaces) - 1))
+                  for j, s in enumerate(acc.syms)}
+    sizes = arg.device_size
+    bounds = [_interval(e, ranges) for e in acc.exprs]
+    if len(bounds) != len(sizes) or not all(
+            b is not None and (isinstance(n, int) or getattr(n, "is_Integer", False)) and 0 <= b[0] and b[1] < int(n)
+            for b, n in zip(bounds, sizes)):
+        return ""
+    program, nb = model.program, acc.nbytes
+    values = [arg.address, program.hbm_bytes, *acc.counts, *getattr(arg, "tile_advance", ())]
+    if acc.memory != "hbm" or not all(isinstance(v, int) or getattr(v, "is_Integer", False) for v in values):
+        return "coordinates"
+    strides = row_major_strides([int(n) for n in sizes])
+    moves = [int(a) * (int(n) - 1) for a, n in zip(getattr(arg, "tile_advance", ()), acc.counts)]
+    base = int(arg.address)
+    low = base + nb * sum(st * b[0] for st, b in zip(strides, bounds) if b) + sum(min(0, m) for m in moves)
+    high = base + nb * sum(st * b[1] for st, b in zip(strides, bounds) if b) + sum(max(0, m) for m in moves) + nb
+    if base % nb or any(int(a) % nb for a in getattr(arg, "tile_advance", ())):
+        return "coordinates"
+    if low < base or high > base + nb * math.prod(int(n) for n in sizes) or low < 0 or high > int(program.hbm_bytes):
+        return "coordinates"
+    for k in program.kernel_args:
+        if not all(isinstance(v, int) or getattr(v, "is_Integer", False) for v in (k.address, *k.device_size)):
+            return "coordinates"
+        lo = int(k.address)
+        hi = lo + formats.FORMATS[k.device_dtype].nbytes * math.prod(int(n) for n in k.device_size)
+        if k.arg_index == arg.arg_index and not (lo <= low and high <= hi):
+            return "coordinates"
+        if arg.arg_index < 0 and low < hi and lo < high:
+            return "coordinates"
+    if arg.arg_index >= 0 and not any(k.arg_index == arg.arg_index for k in program.kernel_args):
+        return "coordinates"
+    return "all"
 
 
 def _malformed(acc: Access, program) -> str:
@@ -213,20 +333,29 @@ def _same_iteration(model: Model, w: Access, r: Access) -> isl.UnionMap | None:
     last-writer search: ``w`` (its tensor's only write) comes before ``r`` in program order,
     and in ``r``'s iteration of the loops they share exactly one instance of ``w`` wrote each
     element ``r`` reads -- that instance is the last write before ``r``, since every other
-    instance of ``w`` ran in an earlier iteration of those loops or after ``r``. ``w -> r``,
-    or None when it does not hold (then isl decides)."""
+    instance of ``w`` ran in an earlier iteration of those loops or after ``r``. Failing
+    that, the same with the innermost shared loop's iterations up to ``r``'s (a value written
+    in the first iteration, read in every one). ``w -> r``, or None when neither holds (then
+    isl decides)."""
     if not w.path < r.path:
         return None
     m = _shared_loops(w, r)
     wdims = [f"{d}_w" for d in w.dims]
-    same = " and ".join(f"{r.dims[L]} = {wdims[L]}" for L in range(m))
-    pair = model.union_map([f"{r.head()} -> {w.stmt}[{', '.join(wdims)}]" + (f" : {same}" if same else "")])
-    found = model.access(r, "elem").apply_range(model.access(w, "elem").reverse()).intersect(pair)
-    if not found.is_single_valued() or not model.instances(r).is_subset(found.domain()):
-        return None
-    # in explicit form (each writer coordinate a quasi-affine function of the read's), as
-    # isl's own analysis returns it: the relations built on it stay small
-    return found.lexmax().reverse()
+    candidates = model.access(r, "elem").apply_range(model.access(w, "elem").reverse())
+    for relaxed in ((False, True) if m else (False,)):
+        same = [f"{r.dims[L]} = {wdims[L]}" for L in range(m - 1 if relaxed else m)]
+        if relaxed:
+            same.append(f"{wdims[m - 1]} <= {r.dims[m - 1]}")
+        pair = model.union_map([f"{r.head()} -> {w.stmt}[{', '.join(wdims)}]" +
+                                (f" : {' and '.join(same)}" if same else "")])
+        found = candidates.intersect(pair)
+        if found.is_single_valued() and model.instances(r).is_subset(found.domain()):
+            if m and not relaxed:
+                model.cache.setdefault("in_iteration", set()).add(r.stmt)
+            # in explicit form (each writer coordinate a quasi-affine function of the read's),
+            # as isl's own analysis returns it: the relations built on it stay small
+            return found.lexmax().reverse()
+    return None
 
 
 def flows(model: Model) -> tuple[isl.UnionMap, isl.UnionSet]:
@@ -246,6 +375,7 @@ def flows(model: Model) -> tuple[isl.UnionMap, isl.UnionSet]:
         found = [_same_iteration(model, writes[0], r) for r in reads] if len(writes) == 1 else [None]
         if all(d is not None for d in found):
             for d in found:
+                assert d is not None
                 deps = deps.union(d)
             continue
         d, n = _compute_flow(model, accs, "elem", False)
@@ -261,16 +391,24 @@ def _alias_classes(model: Model) -> list[list[Access]]:
     groups: dict[str, list[Access]] = {}
     for acc in model.accesses:
         groups.setdefault(acc.tensor, []).append(acc)
-    info = []
+    info: list[tuple[str, str, tuple[int, int] | None, tuple[int, int], bool, tuple[int, int, int] | None]] = []
     for name, accs in groups.items():
         mems = {a.memory for a in accs}
         addresses = {str(a.arg.address) for a in accs}
         sizes = {a.nbytes for a in accs}
         spans = [a.span for a in accs]
         lone = len(mems) > 1 or len(addresses) > 1 or len(sizes) > 1
-        span = None if any(s is None for s in spans) else (min(s[0] for s in spans), max(s[1] for s in spans))
+        known_spans = [s for s in spans if s is not None]
+        span = (min(s[0] for s in known_spans), max(s[1] for s in known_spans)) \
+            if len(known_spans) == len(spans) else None
         when = (min(a.path[0] for a in accs), max(a.path[0] for a in accs))
-        info.append((name, next(iter(mems)), span, when, lone))
+        # a tensor whose every read finds its writer in its own iteration of the top-level
+        # loop holding all its accesses lives in a window of that loop's body each iteration
+        inner = model.cache.get("in_iteration", set())
+        local = when[0] == when[1] and all(a.loops >= 1 for a in accs) and all(
+            a.stmt in inner for a in accs if not a.is_write)
+        window = (when[0], min(a.path[1] for a in accs), max(a.path[1] for a in accs)) if local else None
+        info.append((name, next(iter(mems)), span, when, lone, window))
     parent = {name: name for name, *_ in info}
 
     def root(x: str) -> str:
@@ -282,12 +420,12 @@ def _alias_classes(model: Model) -> list[list[Access]]:
     for memory in ("hbm", "lx"):
         mine = [i for i in info if i[1] == memory]
         unknown = [i for i in mine if i[2] is None]
-        known = sorted((i for i in mine if i[2] is not None), key=lambda i: i[2][0])
+        known = sorted(((i[2], i) for i in mine if i[2] is not None), key=lambda x: x[0][0])
         active: list = []
-        for one in known:
-            active = [o for o in active if o[2][1] > one[2][0]]  # still overlapping in bytes
+        for (low, _), one in known:
+            active = [o for o in active if o[2][1] > low]  # still overlapping in bytes
             for other in active + unknown:
-                if other[3][0] <= one[3][1] and one[3][0] <= other[3][1]:
+                if other[3][0] <= one[3][1] and one[3][0] <= other[3][1] and not _apart(one[5], other[5]):
                     parent[root(one[0])] = root(other[0])
             active.append(one)
         for j, one in enumerate(unknown):
@@ -296,8 +434,17 @@ def _alias_classes(model: Model) -> list[list[Access]]:
     classes: dict[str, list[str]] = {}
     for name, *_ in info:
         classes.setdefault(root(name), []).append(name)
-    lone = {name for name, *_, alone in info if alone}
-    return [[a for n in names for a in groups[n]] for names in classes.values() if len(names) > 1 or lone & set(names)]
+    alone = {name for name, _, _, _, lone, _ in info if lone}
+    return [[a for n in names for a in groups[n]] for names in classes.values() if len(names) > 1 or alone & set(names)]
+
+
+def _apart(one, other) -> bool:
+    """Two tensors live in windows of one loop's body that do not overlap (one's last access
+    no later than the other's first: an op reads before it writes), each finding its values
+    within the iteration: in every iteration one is dead before the other is written."""
+    if one is None or other is None or one[0] != other[0]:
+        return False
+    return one[2] <= other[1] or other[2] <= one[1]
 
 
 def dataflow(model: Model, tensor_flow) -> PropertyResult:

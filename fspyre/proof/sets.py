@@ -26,6 +26,7 @@ size times a coordinate) raises ``NotAffine``, which the proof reports as undeci
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from functools import reduce
 from typing import Any
 
 import islpy as isl
+import numpy as np
 import sympy
 
 from fspyre.ir.program import KernelArg, LoopSpec, OpSpec, Program, Spec
@@ -149,6 +151,8 @@ class Access:
     path: tuple[int, ...] = ()  # body positions from the program's top (the op's place in program order)
     tensor: str = ""  # the tensor's isl name (``T<n>``)
     span: tuple[int, int] | None = None  # the bytes it may touch, [low, high) (None: symbolic)
+    exprs: tuple = ()  # the device coordinates as sympy expressions in ``syms``
+    counts: tuple = ()  # the enclosing loops' counts
 
     def head(self) -> str:
         return f"{self.stmt}[{', '.join(self.dims)}]"
@@ -203,9 +207,16 @@ class Model:
                 spread = (f"{name}[c, a] -> {name}[c, y] : a <= y < a + {acc.nbytes}" if per_core
                           else f"{name}[a] -> {name}[y] : a <= y < a + {acc.nbytes}")
                 self.cache[key] = self.access(acc, target).apply_range(self.union_map([spread]))
+            elif target == "cell":
+                # a tensor's element sits at the tensor's address plus its offset: the cells
+                # are the elements moved, which is cheaper than reading them again
+                at = _size(acc.arg.address)
+                move = (f"{acc.tensor}[c, e] -> LX[c, {at} + e]" if acc.memory == "lx"
+                        else f"{acc.tensor}[e] -> HBM[{at} + e]")
+                self.cache[key] = self.access(acc, "elem").apply_range(self.union_map([move]))
             else:
-                self.cache[key] = self.union_map([f"{acc.head()} -> {cell if target == 'cell' else elem} : {cond}"
-                                                  for cond, _, cell, elem in acc.pieces])
+                self.cache[key] = self.union_map([f"{acc.head()} -> {elem} : {cond}"
+                                                  for cond, _, _, elem in acc.pieces])
         return self.cache[key]
 
 
@@ -287,7 +298,8 @@ def _op_accesses(program: Program, spec: OpSpec, t: int, counts: tuple, path: tu
         stmt = f"W{t}" if is_write else f"R{t}_{k}"
         out.append(Access(stmt=stmt, t=t, spec=spec, arg=arg, is_write=is_write, dims=dims, pieces=tuple(pieces),
                           coords=tuple(piece_coords), memory=arg.memory, nbytes=nb, loops=len(counts), syms=syms,
-                          path=path, tensor=f"T{tensor_ids[arg.name]}", span=_span(arg, nb, counts, max(boxes))))
+                          path=path, tensor=f"T{tensor_ids[arg.name]}", span=_span(arg, nb, counts, max(boxes)),
+                          exprs=tuple(arg.device_coordinates), counts=tuple(counts)))
     return out
 
 
@@ -304,46 +316,88 @@ def _span(arg, nb: int, counts: tuple, box: int) -> tuple[int, int] | None:
             int(arg.address) + sum(max(0, m) for m in moves) + nb * box)
 
 
+def _runs(extents) -> list[tuple[int, int, int, int]]:
+    """A symbol's slices as runs of equal extent: (first slice, slices, extent, start)."""
+    out: list[tuple[int, int, int, int]] = []
+    start = 0
+    for k, e in enumerate(int(x) for x in extents):
+        if out and out[-1][2] == e:
+            out[-1] = (out[-1][0], out[-1][1] + 1, e, out[-1][3])
+        else:
+            out.append((k, 1, e, start))
+        start += e
+    return out
+
+
 def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, reduced, box_lo, box_ext):
     """(constraints, LX box low per device dim as isl text, box extents) per piece of the
-    cores: one piece for all cores when the division is even (core ``c`` holding slice ``k_s``
-    of each symbol) and every core's box is the same shape at a low affine in its slice
-    indices (the usual case), else one piece per core."""
+    cores. Each symbol's slices fall into runs of one extent (one run in an even division,
+    two in the usual uneven one: the larger slices first); a piece is one run of each symbol,
+    core ``c`` holding slice ``k_s`` of each, with ``p_s`` in ``[start + e * (k_s - first),
+    ... + e)`` -- so the pieces do not grow with the cores. In LX every core of a piece must
+    have its box of one shape at a low affine in its slice indices; a piece where that fails
+    is split into its cores."""
     from fspyre.machine.rules import core_slices
 
     splits = [k for _, k in spec.iteration_space.values()]
     slices = core_slices(splits)
     strides = [math.prod(splits[:j]) for j in range(len(splits))]
-    even = spec.even
-    if even:
-        ext = [e[0] for e in spec.slice_extents]
-        starts = [[int(start) for start, _ in space] for space in spec.core_spaces]
-        even = bool((slices * ext == starts).all()) if len(splits) else True
-    if even and box_lo is not None:
-        # the box low of each dim as an affine function of the slice indices, checked on every core
-        base = box_lo[0]
-        unit = [box_lo[strides[j]] - base if splits[j] > 1 else base * 0 for j in range(len(splits))]
-        fit = base + slices @ (unit if unit else base.reshape(1, -1)[:0])
-        even = bool((fit == box_lo).all()) and bool((box_ext == box_ext[0]).all())
-    if even:
+    runs = [_runs(e) for e in spec.slice_extents]
+    starts = [[0] + list(itertools.accumulate(int(x) for x in e)) for e in spec.slice_extents]
+    spaces = np.array([[int(start) for start, _ in space] for space in spec.core_spaces], dtype=np.int64)
+    sizes = np.array([[int(n) for _, n in space] for space in spec.core_spaces], dtype=np.int64)
+    if len(splits) and not all((spaces[:, j] == np.array(starts[j])[slices[:, j]]).all() and
+                               (sizes[:, j] == np.array([int(x) for x in spec.slice_extents[j]])[slices[:, j]]).all()
+                               for j in range(len(splits))):
+        runs = []  # the cores do not hold the slices in core_slices order: one piece per core
+    out: list[tuple[list[str], list[str] | None, list[int] | None]] = []
+    for combo in (itertools.product(*runs) if runs or not splits else ()):
+        # the write of a split reduction: only the run holding slice 0 of each reduced symbol
+        if is_write and any(s in reduced and run[0] != 0 for s, run in zip(syms, combo)):
+            continue
+        inside = np.ones(len(slices), dtype=bool)
+        for j, (first, m, _, _) in enumerate(combo):
+            inside &= (slices[:, j] >= first) & (slices[:, j] < first + m)
+        cores = np.flatnonzero(inside & (writers if is_write else True))
+        low, ext = None, None
+        if box_lo is not None:
+            base = box_lo[cores[0]]
+            unit = []
+            for j, (first, m, _, _) in enumerate(combo):
+                nxt = [c for c in cores if slices[c, j] == slices[cores[0], j] + 1 and
+                       all(slices[c, i] == slices[cores[0], i] for i in range(len(splits)) if i != j)]
+                unit.append(box_lo[nxt[0]] - base if nxt else base * 0)
+            rel = slices[cores] - slices[cores[0]]
+            fit = base + rel @ np.array(unit).reshape(len(splits), -1) if unit else np.tile(base, (len(cores), 1))
+            if not (fit == box_lo[cores]).all() or not (box_ext[cores] == box_ext[cores[0]]).all():
+                out += _per_core(spec, syms, knames, pnames, is_write, reduced, slices, cores, box_lo, box_ext)
+                continue
+            k0 = slices[cores[0]]
+            low = [" + ".join([str(int(base[d]))] + [f"{int(unit[j][d])} * ({knames[j]} - {int(k0[j])})"
+                                                     for j in range(len(splits)) if int(unit[j][d])])
+                   for d in range(len(base))]
+            ext = [int(x) for x in box_ext[cores[0]]]
         cond = [f"c = {' + '.join(f'{st} * {k}' for st, k in zip(strides, knames)) or '0'}"]
         for j, s in enumerate(syms):
             k, p = knames[j], pnames[s]
+            first, m, e, st = combo[j]
             if is_write and s in reduced:
                 cond += [f"{k} = 0", f"{p} = 0"]
             else:
-                cond += [f"0 <= {k} < {splits[j]}", f"{ext[j]} * {k} <= {p} < {ext[j]} * {k} + {ext[j]}"]
-        if box_lo is None:
-            return [(cond, None, None)]
-        low = [" + ".join([str(int(base[d]))] + [f"{int(unit[j][d])} * {knames[j]}" for j in range(len(splits))
-                                                 if int(unit[j][d])]) for d in range(len(base))]
-        return [(cond, low, [int(x) for x in box_ext[0]])]
+                cond += [f"{first} <= {k} < {first + m}",
+                         f"{st} + {e} * ({k} - {first}) <= {p} < {st} + {e} * ({k} - {first}) + {e}"]
+        out.append((cond, low, ext))
+    if not runs and splits:
+        out = _per_core(spec, syms, knames, pnames, is_write, reduced, slices,
+                        np.flatnonzero(writers if is_write else np.ones(len(slices), dtype=bool)), box_lo, box_ext)
+    return out
+
+
+def _per_core(spec: OpSpec, syms, knames, pnames, is_write: bool, reduced, slices, cores, box_lo, box_ext):
     out: list[tuple[list[str], list[str] | None, list[int] | None]] = []
-    for c, space in enumerate(spec.core_spaces):
-        if is_write and not writers[c]:
-            continue
+    for c in cores:
         cond = [f"c = {c}"] + [f"{k} = {int(v)}" for k, v in zip(knames, slices[c])]
-        for s, (start, n) in zip(syms, space):
+        for s, (start, n) in zip(syms, spec.core_spaces[c]):
             if is_write and s in reduced:
                 cond.append(f"{pnames[s]} = {start}")
             else:
@@ -353,6 +407,27 @@ def _core_pieces(spec: OpSpec, syms, knames, pnames, is_write: bool, writers, re
         else:
             out.append((cond, [str(int(x)) for x in box_lo[c]], [int(x) for x in box_ext[c]]))
     return out
+
+
+def _host_digit_coordinates(layout, hsyms) -> tuple | None:
+    """The device coordinates of host element ``hsyms`` (one variable per host dim) in a
+    stick layout: each device dim takes its host dim's digit -- the stick dim's outer
+    occurrence the stick, its inner one the element in it -- as ``exact_coordinates`` does
+    for a flat index, here without recovering the digits from it. None for a sparse layout."""
+    dims = layout.dim_map
+    if not dims or dims[-1] == -1:
+        return None
+    out, seen = [], set()
+    for h in reversed(dims):  # inner occurrences first
+        if h == -1 or layout.host_size[h] == 1:
+            out.append(sympy.Integer(0))
+        elif h == dims[-1]:
+            eps = layout.elems_per_stick
+            out.append(sympy.Mod(hsyms[h], eps) if h not in seen else sympy.floor(hsyms[h] / eps))
+        else:
+            out.append(hsyms[h])
+        seen.add(h)
+    return tuple(reversed(out))
 
 
 def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access:
@@ -366,9 +441,11 @@ def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access
     if all(_fixed(n) for n in shape):
         shape = [int(n) for n in shape]
         layout = stick_layout(shape, e)
-        index = sum((s * math.prod(shape[j + 1:]) for j, s in enumerate(hsyms)), sympy.Integer(0))
-        coords = device_coordinates(layout, index, {s: n for s, n in zip(hsyms, shape)}) \
-            if any(n > 1 for n in shape) else tuple(sympy.Integer(0) for _ in layout.device_size)
+        coords = _host_digit_coordinates(layout, hsyms)
+        if coords is None:
+            index = sum((s * math.prod(shape[j + 1:]) for j, s in enumerate(hsyms)), sympy.Integer(0))
+            coords = device_coordinates(layout, index, {s: n for s, n in zip(hsyms, shape)}) \
+                if any(n > 1 for n in shape) else tuple(sympy.Integer(0) for _ in layout.device_size)
         size: tuple = layout.device_size
     else:
         # the stick layout of a host shape with a symbolic dim: sticks of the last dim
@@ -404,7 +481,7 @@ def _kernel_access(arg: KernelArg, t: int, tensor_ids: dict[str, int]) -> Access
     stmt = f"IN{t}" if arg.is_input else f"OUT{t}"
     return Access(stmt=stmt, t=t, spec=None, arg=arg, is_write=arg.is_input, dims=tuple(names.values()),
                   pieces=tuple(pieces), coords=tuple(piece_coords), memory="hbm", nbytes=nb, loops=0,
-                  syms=tuple(hsyms), tensor=f"T{tensor_ids[arg.buffer]}",
+                  syms=tuple(hsyms), tensor=f"T{tensor_ids[arg.buffer]}", exprs=tuple(coords),
                   span=(int(arg.address), int(arg.address) + nb * math.prod(int(n) for n in arg.device_size))
                   if all(_fixed(v) for v in (arg.address, *arg.device_size)) else None)
 

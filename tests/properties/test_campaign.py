@@ -43,6 +43,9 @@ def test_slice_has_no_failures():
     assert status["ok"] >= 30, status  # most programs must get through, or the slice tests nothing
     seen = set().union(*(o.features for o in outcomes))
     assert {"matmul", "sum", "var", "prod", "amax", "split", "where", "hint", "nested_hint"} <= seen
+    # every compiled program carries the static proof's verdict; none that passes is refuted
+    verdicts = Counter(o.proof for o in outcomes if o.status == "ok")
+    assert verdicts["proved"] >= 30 and not verdicts["refuted"] and not verdicts[""], verdicts
 
 
 def _ok_seed(pred=lambda g: True) -> fspyre.testing.campaign.Generated:
@@ -98,6 +101,20 @@ def test_last_bit_difference_in_a_pointwise_graph_is_caught():
 
     out = check_generated(gen, run=one_ulp_off)
     assert out.status == "failure" and out.cls in ("inexact:pointwise", "mismatch:run"), out
+
+
+def test_a_refuted_proof_of_a_passing_program_is_a_finding(monkeypatch):
+    from fspyre.proof import Counterexample, Proof, PropertyResult
+
+    gen = _ok_seed()
+    planted = Proof(program="planted", properties=(PropertyResult(
+        name="dataflow", verdict="refuted", reason="planted refutation",
+        counterexample=Counterexample(op="op", tensor="t", iteration=(), core=0, point=(), memory="hbm",
+                                      address=0)),))
+    monkeypatch.setattr(fspyre, "prove", lambda comp: planted)
+    out = check_generated(gen)
+    assert out.status == "failure" and out.cls == "proof_refuted" and out.proof == "refuted", out
+    assert "planted refutation" in out.detail
 
 
 def test_raw_exception_is_a_crash_and_input_mutation_is_caught():

@@ -19,7 +19,11 @@ Each program (``generator.generate(seed)``) is compiled, checked and run; the ou
   (only ``evaluate`` is off), ``inexact:pointwise`` (both within the bound, but a graph with no
   float reduction is not bit-identical between interpreter and ``evaluate``, which
   docs/semantics.md promises), ``lost_worker`` (the worker process running the seed died every
-  time it ran it: ``fspyre.testing.engines``).
+  time it ran it: ``fspyre.testing.engines``), ``proof_refuted`` (every oracle passed, but the
+  static proof, ``fspyre.prove``, refutes the program: one of the two is wrong).
+
+Each compiled program also records the proof's verdict (``Outcome.proof``: proved, refuted or
+undecided; empty when it did not compile or islpy is missing).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class Outcome:
     hinted: bool = False
     legal: bool = False
     features: frozenset[str] = field(default_factory=frozenset)
+    proof: str = ""  # the static proof's verdict: proved | refuted | undecided ("" when not proved)
 
     # One JSON object per outcome (``--json``, the shards' files ``--merge`` reads), field by field:
     # a field added to Outcome travels without a change here.
@@ -102,8 +107,8 @@ def _first_diff(name: str, got: np.ndarray, ev: np.ndarray, ref: R.Ref, bad: np.
             f"max|run-numpy|={worst:.4g}")
 
 
-def check_generated(gen: Generated, *, run=None, evaluate=None) -> Outcome:
-    """Compile, memory-check, run and compare one generated program. ``run``/``evaluate``
+def check_generated(gen: Generated, *, run=None, evaluate=None, prove: bool = True) -> Outcome:
+    """Compile, memory-check, prove, run and compare one generated program. ``run``/``evaluate``
     default to fspyre's; tests pass others to prove the oracles can fail."""
     import fspyre
     from fspyre.ir.serialize import dumps
@@ -142,6 +147,14 @@ def check_generated(gen: Generated, *, run=None, evaluate=None) -> Outcome:
     if not mem.clean:
         kinds = sorted({i.kind for i in mem.issues})
         return fail("memcheck:" + ",".join(kinds), str(mem.issues[0]))
+    refutation = ""
+    if prove and _has_islpy():
+        try:
+            proof = fspyre.prove(comp)
+        except Exception as err:  # noqa: BLE001
+            return fail("crash", f"prove: {type(err).__name__}: {err}\n{traceback.format_exc(limit=-3)}")
+        out.proof = "proved" if proof.proved else "refuted" if proof.refuted else "undecided"
+        refutation = str(proof.refuted[0]) if proof.refuted else ""
     before = {k: v.copy() for k, v in gen.inputs.items()}
     try:
         got = run(comp, gen.inputs)
@@ -170,6 +183,8 @@ def check_generated(gen: Generated, *, run=None, evaluate=None) -> Outcome:
         if exact and not np.array_equal(g.astype(np.float64), e.astype(np.float64), equal_nan=True):
             bad = g.astype(np.float64) != e.astype(np.float64)
             return fail("inexact:pointwise", _first_diff(name, g, e, ref, bad))
+    if refutation:
+        return fail("proof_refuted", refutation)
     return out
 
 
@@ -177,6 +192,12 @@ def lost_seed(seed: int, why: str) -> Outcome:
     """The outcome of a seed whose worker process died every time it ran (``fspyre.testing.engines``):
     a failure, so the campaign exits 1 and ``--replay SEED`` shows what it does to a process."""
     return Outcome(seed=seed, status="failure", cls="lost_worker", detail=why)
+
+
+def _has_islpy() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("islpy") is not None
 
 
 def run_seed(seed: int) -> Outcome:

@@ -30,7 +30,8 @@ def _replay(seed: int) -> int:
     print("# builder calls:\n" + "\n".join("#   " + s for s in gen.source))
     print(pretty(gen.graph))
     out = check_generated(gen)
-    print(f"\n{out.status}{': ' + out.cls if out.cls else ''}\n{out.detail}")
+    print(f"\n{out.status}{': ' + out.cls if out.cls else ''}{' (proof: ' + out.proof + ')' if out.proof else ''}"
+          f"\n{out.detail}")
     del fspyre
     return 1 if out.status in ("failure", "generator") else 0
 
@@ -128,6 +129,10 @@ def report(outcomes, elapsed: float | None, show: int = 3) -> str:
     lines = [f"programs tried: {n}{took}; "
              f"ok {status['ok']}, refused {status['refused']}, failures {status['failure']}, "
              f"generator errors {status['generator']}"]
+    proofs = Counter(o.proof for o in outcomes if o.proof)
+    if proofs:
+        lines.append(f"static proof: proved {proofs['proved']}, refuted {proofs['refuted']}, "
+                     f"undecided {proofs['undecided']}")
     legal = [o for o in outcomes if o.hinted and o.legal]
     nref = sum(o.status == "refused" for o in legal)
     lines.append(f"hinted programs: {sum(o.hinted for o in outcomes)}; legal hinted (every count divides, "
