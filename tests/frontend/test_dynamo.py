@@ -454,14 +454,15 @@ def test_dynamic_embedding_whose_float_attribute_dynamo_passes_as_a_tensor() -> 
 
 # -- the backend never fails the user's call --------------------------------------------------
 # Every stage a subgraph passes through on its way to the interpreter, by the module attribute
-# the caller looks it up under. Each is planted with a failure in turn; the call must return
-# eager's values and warn naming the ops and the failure.
+# the caller looks it up under ("+": each of those modules; under tiling="auto" the search
+# tiles and places the plan it hands on). Each is planted with a failure in turn; the call
+# must return eager's values and warn naming the ops and the failure.
 STAGES = (
     ("fspyre.frontend.dynamo", "decompose"),  # Dynamo graph -> core ATen
     ("fspyre.frontend.dynamo", "lower_with_constants"),  # ATen subgraph -> fspyre Graph
-    ("fspyre.pipeline", "search_tiling"),
-    ("fspyre.pipeline", "tile"),
-    ("fspyre.pipeline", "place_copies"),
+    ("fspyre.pipeline", "search_placed"),
+    ("fspyre.pipeline+fspyre.stages.tiling_search", "tile"),
+    ("fspyre.pipeline+fspyre.stages.tiling_search", "place_copies"),
     ("fspyre.pipeline", "verify_loop_tree"),
     ("fspyre.pipeline", "verify_program"),
     ("fspyre.machine.interpreter", "run_outputs"),  # the interpreter, at call time
@@ -476,7 +477,8 @@ def test_a_failure_planted_in_any_stage_falls_back_to_eager(monkeypatch, module,
     def fail(*args, **kwargs):
         raise error(f"planted in {stage}")
 
-    monkeypatch.setattr(importlib.import_module(module), stage, fail)
+    for name in module.split("+"):
+        monkeypatch.setattr(importlib.import_module(name), stage, fail)
 
     def f(x, w):
         return torch.softmax(torch.relu(x @ w), -1) * 2
