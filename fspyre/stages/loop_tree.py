@@ -1292,6 +1292,13 @@ def _verify_coverage(tree: LoopTree) -> None:
             if set(runs) != set(first):
                 raise TilingError(f"{where}: op {node.name}, a tail of {name}, iterates dims {sorted(runs)} where "
                                   f"{name} iterates {sorted(first)}")
+        kept = {d.name: d.size for d in store.type.dims} if store is not None else {}
+        # The op's own axis of size 1 (broadcast, keeping its dim's name: its store keeps size 1)
+        # is not moved by a tail peeled along that dim: the tail runs its one point again.
+        for d in first:
+            if kept.get(d, 1) == 1 and all(len(r[d]) == 1 and r[d][0][1] - r[d][0][0] == 1 for _, r in nodes):
+                for _, runs in nodes:
+                    runs[d] = [(0, 1)]
         # A tail peeled along a dim the op does not iterate runs it again on the same points (an
         # accumulator's combine after the reduction's tail): like a loop that does not move it,
         # a repetition, which must cover the same points; the others partition the space.
@@ -1303,7 +1310,6 @@ def _verify_coverage(tree: LoopTree) -> None:
                 raise TilingError(f"{where}: ops {seen[0].name} and {node.name} compute overlapping parts of the "
                                   f"same iteration space; a tail covers only what its loop leaves")
         parts = list(distinct.values())
-        kept = {d.name: d.size for d in store.type.dims} if store is not None else {}
         whole = 1
         for d in first:
             spans = [runs[d] for _, runs in parts]
