@@ -308,7 +308,7 @@ def _verify_tiled_symbols(program: Program) -> None:
     inside it, so each op lists exactly the recorded symbols it iterates (an op of the loop's
     first or last iteration only lists none at that loop); a loop of count > 1 tiles some dim,
     or it would repeat the same work; and a loop whose dims no op iterates (dims tiled to one
-    element per tile, which leave the iteration spaces) moves some tensor."""
+    element per tile, which leave the iteration spaces) moves some tensor or folds an accumulator."""
     ops = list(_loop_ops(program.body))
     loops = [s for s, _ in walk_specs(program.body) if isinstance(s, LoopSpec)]
     if not any(loop.tiled_symbols for loop in loops) and not any(spec.tiled_symbols for spec, _ in ops):
@@ -335,7 +335,11 @@ def _verify_tiled_symbols(program: Program) -> None:
                     f"level {level} (count {loop.count}), but that loop tiles {tiles} and the op iterates "
                     f"{sorted(space)}{' in one iteration only' if guarded else ''}: it must list {sorted(want)}")
             listed[id(loop)] = listed.get(id(loop), False) or bool(got)
-            moves[id(loop)] = moves.get(id(loop), False) or any(a.tile_advance[level] != 0 for a in spec.args)
+            # an op that reads the tensor it writes (an accumulator's fold) does new work each
+            # iteration even when nothing moves: a tiled reduction of a constant folds it count times
+            carries = spec.args[-1].name in {a.name for a in spec.args[:-1]}
+            moves[id(loop)] = moves.get(id(loop), False) or carries or any(a.tile_advance[level] != 0
+                                                                           for a in spec.args)
     for spec, chain in ops:
         for level, loop in enumerate(chain):
             if loop.count != 1 and not listed[id(loop)] and not moves[id(loop)]:

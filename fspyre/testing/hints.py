@@ -95,12 +95,15 @@ class HintNest:
 
 
 def tiles_a_reduction(tree: LoopTree) -> bool:
-    """True when some op of ``tree`` reduces over a dim that a loop tiles: its result then sums
-    in a different order than untiled and agrees only within ``fspyre.check.REDUCTION_RTOL``."""
+    """True when some op of ``tree`` reduces over a dim that a loop tiles or a tail splits: its
+    result then sums in a different order than untiled and agrees only within
+    ``fspyre.check.REDUCTION_RTOL``. (A level whose one tile of 32 leaves a tail of 2 makes no
+    loop, but the reduction is still two partial results combined.)"""
     for node in op_nodes(tree):
         if isinstance(node.op, Reduction):
             reduced = {d.name for d in node.op.reduction_ranges}
-            if any(s.dim in reduced for level in node.tiling for s in level):
+            if any(s.dim in reduced for level in node.tiling for s in level) or any(
+                    p.dim in reduced for p in node.peeled):
                 return True
     return False
 
