@@ -17,19 +17,11 @@ import warnings
 
 import torch
 
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
-                      num_hidden_layers=1, vocab_size=64, max_position_embeddings=128)
-    cfg._attn_implementation = "eager"
-    return LlamaForCausalLM(cfg).eval()
+from fspyre.testing.transformer import tiny_llama_lm
 
 
 def measure(mode: str, tiling: str, tokens: int) -> str:
-    lm = tiny_llama()
+    lm = tiny_llama_lm()
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
     with torch.no_grad():

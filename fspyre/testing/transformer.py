@@ -52,3 +52,17 @@ def transformer_stack(blocks: int = 1, *, seq: int = 128, model: int = 256, head
             x = g.add(h, g.matmul(a, wd, "F"))
     g.output("y", x)
     return g.build()
+
+
+def tiny_llama_lm(layers: int = 1):
+    """A tiny ``LlamaForCausalLM`` with random weights (seed 0; hidden 64, two heads, vocabulary
+    64), eager attention, in eval mode: generation's test and benchmark model. Needs
+    ``transformers`` and ``torch``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
+                      num_hidden_layers=layers, vocab_size=64, max_position_embeddings=128)
+    cfg._attn_implementation = "eager"
+    return LlamaForCausalLM(cfg).eval()

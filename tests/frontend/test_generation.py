@@ -17,21 +17,12 @@ import pytest
 import torch
 
 from fspyre.errors import FspyreWarning
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
-                      num_hidden_layers=1, vocab_size=64, max_position_embeddings=128)
-    cfg._attn_implementation = "eager"
-    return LlamaForCausalLM(cfg).eval()
+from fspyre.testing.transformer import tiny_llama_lm
 
 
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_generate_gives_eager_tokens_with_at_most_three_compiles(dynamic):
-    lm = tiny_llama()
+    lm = tiny_llama_lm()
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
     kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
     with torch.no_grad():
