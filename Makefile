@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # wheel that pin names instead of resolving torch together with everything else.
 TORCH  := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
 
-.PHONY: demo test bench lint graphviz fuzz mutate
+.PHONY: demo test explore bench lint graphviz fuzz mutate
 
 demo: $(STAMP) graphviz
 	$(PY) -m fspyre demo
@@ -18,6 +18,13 @@ demo: $(STAMP) graphviz
 # and everything else a test writes is under its own tmp_path.
 test: $(STAMP) graphviz
 	$(PY) -m pytest -n auto --dist worksteal tests
+
+# The same suite with hypothesis drawing new examples (`make test` draws the same ones each
+# run, so it passes or fails reproducibly): `make explore`, or `make explore SEED=7` to repeat
+# a draw; HYPOTHESIS_PROFILE=deep draws 25x as many.
+explore: $(STAMP) graphviz
+	HYPOTHESIS_PROFILE=$(or $(HYPOTHESIS_PROFILE),explore) $(PY) -m pytest -n auto --dist worksteal \
+		$(if $(filter command line,$(origin SEED)),--hypothesis-seed=$(SEED)) tests
 
 # The random-program campaign (fspyre/testing/campaign): `make fuzz N=2000 SEED=0 WORKERS=2`, on this
 # host's processes; `fspyre campaign --ray` (or `--address`, `--shard i/N`) spreads it further.

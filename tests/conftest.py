@@ -13,6 +13,20 @@ Checked mode: every program any test compiles through ``fspyre.compile`` is run 
 static memory check (``fspyre.machine.memcheck.check_memory``) as it leaves the pipeline, so the
 program emitter and the memory check can never disagree silently. A test that compiles an
 unsafe program on purpose opts out with ``@pytest.mark.unchecked_memory``.
+
+Hypothesis profiles (``HYPOTHESIS_PROFILE``), loaded here so every test module, wherever it
+sits, is decorated under the same one:
+
+- ``ci`` (the default, what ``make test`` runs): each property runs the example count written
+  at the test, drawn *derandomized* -- the same examples on every run of the same code -- so a
+  run that passes on a fresh clone passes again, and a failure is reproduced by running the
+  test again;
+- ``explore`` (``make explore``): the same counts, drawn afresh each run (``SEED=n`` fixes the
+  draw), the mode that hunts for new counterexamples;
+- ``deep``: 25 times as many examples, drawn afresh (``fspyre.testing.examples`` scales a
+  test's count by the profile).
+
+Failures print a ``@reproduce_failure`` blob and the drawn graph's builder source.
 """
 
 from __future__ import annotations
@@ -25,9 +39,20 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import fspyre.pipeline
 from fspyre.machine.memcheck import check_memory
+
+_HYPOTHESIS = dict(
+    deadline=None,  # compile + interpret time varies with the drawn sizes; speed lives in benchmarks/
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("ci", max_examples=100, derandomize=True, **_HYPOTHESIS)
+settings.register_profile("explore", max_examples=100, **_HYPOTHESIS)
+settings.register_profile("deep", max_examples=2500, **_HYPOTHESIS)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 pytest_plugins = ["pytester"]  # tests/pretty/test_golden_journal.py runs scratch sessions
 
