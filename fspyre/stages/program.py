@@ -263,12 +263,17 @@ def verify_program(program: Program) -> Program:
     tensor placed the same way by every op that uses it (memory, address, size, dtype,
     argument), a kernel argument exactly as the argument list places it (and in HBM); the
     fields the device reads that the program alone can prove: each op's ``tiled_symbols``
-    those its loops record tiling (``LoopSpec.tiled_symbols``), a batchmatmul's operands in
-    the roles its op info records ([.., M, K], then [.., K, N]), ``compute`` and
-    ``bool_store`` against the formats (the interpreter reads ``reduced`` and ``count``
-    against the output's coordinates, and an int32 op's operands as integers). Linear in the
-    program; the meaning (bounds per core, overlaps, values) is the interpreter's and
-    ``check_memory``'s."""
+    those its loops record tiling (``LoopSpec.tiled_symbols``), a loop of one iteration
+    tiling none, a batchmatmul's operands in the roles its op info records ([.., M, K], then
+    [.., K, N]), ``compute`` against the formats, ``bool_store`` against the formats, a
+    kernel output's dtype and the fn (``_bool_store_refusal``), each ``tile_advance`` the step
+    the coordinates and the loop's tile give it (``_verify_advances``), and each guard
+    (``runs``) such that no iteration's work is lost (``_verify_iterations``) (the
+    interpreter reads ``reduced`` and ``count`` against the output's coordinates, and an
+    int32 op's operands as integers). Which of an op's input args is which operand, like its
+    fn, is what the program computes: nothing else records it but a batchmatmul's roles.
+    Linear in the program; the meaning (bounds per core, overlaps, values) is the
+    interpreter's and ``check_memory``'s."""
     require(program, Program, "verify_program", "program")
     where = f"program {program.name}"
     kernel: dict[int, KernelArg] = {}
@@ -455,8 +460,8 @@ def _verify_hbm_advance(program: Program, spec: OpSpec, a: TensorArg, chain: tup
                 f"{[str(n) for n in a.device_size]} by {want} bytes: tile_advance[{level}] must be {want}")
 
 
-def _holds_every_tile(a: TensorArg, space: Mapping[sympy.Symbol, tuple], moved: Mapping[sympy.Symbol, object],
-                      count: int | sympy.Expr) -> bool:
+def _holds_every_tile(a: TensorArg, space: Mapping[sympy.Symbol, tuple],
+                      moved: Mapping[sympy.Symbol, int | sympy.Expr], count: int | sympy.Expr) -> bool:
     """``a``'s device size holds the last point of the last tile: a tensor over the loop's whole
     range, which moves with it. A per-tile tensor (its coordinates over one tile) does not
     hold it and stays where it is."""
@@ -509,8 +514,8 @@ def _verify_lx_walk(program: Program, name: str,
                 raise LoweringError(
                     f"{where}: op {op} walks its slots as {_walk_text(key)} (loop count x bytes per iteration): an "
                     f"outer loop steps over a whole row of the inner loop's slots, {inner} x {count} bytes")
-        need = _lx_box_bytes(program, spec, a)
-        if key and need is not None and type(key[-1][1]) is int and key[-1][1] < need:
+        need = _lx_box_bytes(program, spec, a) if key and type(key[-1][1]) is int else None
+        if need is not None and key[-1][1] < need:
             raise LoweringError(
                 f"{where}: op {op} steps {key[-1][1]} bytes from one LX slot to the next, but a core's box of it "
                 f"takes {need} bytes: the slots would overlap")
@@ -617,15 +622,17 @@ def _verify_loop_iterations(program: Program, loop: LoopSpec, depth: int) -> Non
                 if r not in seen:
                     seen.add(r)
                     varying.append(r)
-    events: dict[str, list[tuple[int, str]]] = {}
+    events: dict[str, list[tuple[int, str]]] = {}  # per tensor, the members touching it in body order
+    position: dict[tuple[str, int], int] = {}
     for k, _ in members:
         for n in info[k].exposed | info[k].writes:
-            events.setdefault(n, []).append((k, "r" if n in info[k].exposed else "w"))
+            touches = events.setdefault(n, [])
+            position[n, k] = len(touches)
+            touches.append((k, "r" if n in info[k].exposed else "w"))
     for k in sorted(seen):
         for n in sorted(info[k].final & info[k].fixed):
             touches = events[n]
-            at = next(i for i, (j, _) in enumerate(touches) if j == k)
-            nxt, kind = touches[(at + 1) % len(touches)]
+            nxt, kind = touches[(position[n, k] + 1) % len(touches)]
             if kind == "w":
                 writer = _label(loop.body[k])
                 later = _label(loop.body[nxt])
