@@ -403,15 +403,17 @@ def _verify_advances(program: Program) -> None:
         return out
 
     tiled_within(program.body)
-    lx: dict[str, list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]]] = {}
+    uses: dict[tuple[str, str], list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]]] = {}
     for spec, chain in ops:
         for a in spec.args:
-            if a.memory == "lx":
-                lx.setdefault(a.name, []).append((spec, a, chain))
-            elif chain:
-                _verify_hbm_advance(program, spec, a, chain, retiled)
-    for name, uses in lx.items():
-        _verify_lx_walk(program, name, uses)
+            uses.setdefault((a.memory, a.name), []).append((spec, a, chain))
+    for (memory, name), its in uses.items():
+        if memory == "lx":
+            _verify_lx_walk(program, name, its)
+            continue
+        for spec, a, chain in its:
+            if chain:
+                _verify_hbm_advance(program, spec, a, chain, retiled, its)
 
 
 def _same_size(a: int | sympy.Expr, b: int | sympy.Expr) -> bool:
@@ -438,7 +440,8 @@ def _shift_bytes(program: Program, a: TensorArg, syms: tuple[sympy.Symbol, ...],
 
 
 def _verify_hbm_advance(program: Program, spec: OpSpec, a: TensorArg, chain: tuple[LoopSpec, ...],
-                        retiled: Mapping[int, frozenset[sympy.Symbol]]) -> None:
+                        retiled: Mapping[int, frozenset[sympy.Symbol]],
+                        uses: list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]]) -> None:
     space = spec.iteration_space
     syms = tuple(space)
     for level, loop in enumerate(chain):
@@ -451,13 +454,24 @@ def _verify_hbm_advance(program: Program, spec: OpSpec, a: TensorArg, chain: tup
         moved = {s: space[s][0] for s in listed}
         want = _shift_bytes(program, a, syms, moved)
         got = a.tile_advance[level]
-        if not _same_size(got, want) and not (got == 0 and not _holds_every_tile(a, space, moved, loop.count)):
+        if not _same_size(got, want) and not (got == 0 and _per_tile(a, level, loop, uses, space, moved)):
             tiles = ", ".join(f"{s} by {n}" for s, n in moved.items()) or "nothing"
             raise LoweringError(
                 f"program {program.name}: op {spec.name or spec.op}: HBM tensor {a.name} advances {got} bytes per "
                 f"iteration of loop level {level} (count {loop.count}), but that loop moves {tiles} elements, "
                 f"which moves its device coordinates {[str(c) for c in a.device_coordinates]} over device size "
                 f"{[str(n) for n in a.device_size]} by {want} bytes: tile_advance[{level}] must be {want}")
+
+
+def _per_tile(a: TensorArg, level: int, loop: LoopSpec, uses: list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]],
+              space: Mapping[sympy.Symbol, tuple], moved: Mapping[sympy.Symbol, int | sympy.Expr]) -> bool:
+    """``a`` is a per-tile tensor of ``loop``, which stays where it is: it cannot hold the
+    loop's every tile, or it is no kernel argument and lives within the loop, no use moving it
+    there (a per-tile tensor padded to a whole stick is as large as a whole one)."""
+    if not _holds_every_tile(a, space, moved, loop.count):
+        return True
+    return a.arg_index < 0 and all(any(c is loop for c in chain) and u.tile_advance[level] == 0
+                                   for _, u, chain in uses)
 
 
 def _holds_every_tile(a: TensorArg, space: Mapping[sympy.Symbol, tuple],
