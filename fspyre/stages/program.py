@@ -33,6 +33,7 @@ from fspyre.ir.program import (
     Spec,
     TensorArg,
     op_fn,
+    op_specs,
     program_op,
     walk_specs,
 )
@@ -403,6 +404,16 @@ def _verify_advances(program: Program) -> None:
         return out
 
     tiled_within(program.body)
+    # an inner level run in place (one tile and a tail) leaves ops of two extents at the loop
+    # outside it, whose tile is their sum: only a loop whose ops all take one extent says its step
+    extents: dict[tuple[int, sympy.Symbol], set] = {}
+    for spec, chain in ops:
+        for level, loop in enumerate(chain):
+            for s in spec.tiled_symbols[level]:
+                extents.setdefault((id(loop), s), set()).add(spec.iteration_space[s][0])
+    for (lid, s), seen in extents.items():
+        if len(seen) > 1:
+            retiled[lid] = retiled[lid] | {s}
     uses: dict[tuple[str, str], list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]]] = {}
     for spec, chain in ops:
         for a in spec.args:
@@ -447,7 +458,7 @@ def _verify_hbm_advance(program: Program, spec: OpSpec, a: TensorArg, chain: tup
     for level, loop in enumerate(chain):
         listed = spec.tiled_symbols[level]
         squeezed = [s for s in loop.tiled_symbols if s not in space]
-        # a dim a loop inside tiles again: the ops' extents are the inner tiles' (or a tail's)
+        # a dim tiled again inside (by a loop, or in place): the ops' extents are the inner tiles'
         again = [s for s in listed if s in retiled[id(loop)]]
         if squeezed or again:
             continue  # a step the program does not record (the docstring above)
@@ -561,41 +572,35 @@ def _lx_box_bytes(program: Program, spec: OpSpec, a: TensorArg) -> int | None:
 @dataclass(frozen=True, slots=True)
 class _Member:
     """What one node of a loop body does to tensors, seen from that loop (level ``d``): the
-    tensors it reads before writing them, reads at all, writes, writes and does not read again
-    before it ends (whose value it hands on), and writes at the same address in every
-    iteration of the loop; whether its work moves with the loop."""
+    tensors it reads before writing them, writes, writes and does not read again before it
+    ends (whose value it hands on), and writes at the same address in every iteration of the
+    loop; and its ops."""
 
     exposed: frozenset[str]
-    reads: frozenset[str]
     writes: frozenset[str]
     final: frozenset[str]
     fixed: frozenset[str]
-    moves: bool
+    ops: tuple[OpSpec, ...]
 
 
 def _member(node: Spec, level: int) -> _Member:
     exposed: set[str] = set()
-    reads: set[str] = set()
     writes: set[str] = set()
     last: dict[str, str] = {}
     advancing: set[str] = set()
-    moves = False
-    for spec, _ in _loop_ops((node,)):
+    ops = tuple(spec for spec, _ in _loop_ops((node,)))
+    for spec in ops:
         *ins, out = spec.args
         names = {a.name for a in ins}
         exposed |= names - writes
-        reads |= names
         for n in names:
             last[n] = "r"
         writes.add(out.name)
         last[out.name] = "w"
         if out.tile_advance[level] != 0:
             advancing.add(out.name)
-        moves = moves or bool(spec.tiled_symbols and spec.tiled_symbols[level]) or any(
-            a.tile_advance[level] != 0 for a in spec.args)
     final = frozenset(n for n in writes if last[n] == "w")
-    return _Member(frozenset(exposed), frozenset(reads), frozenset(writes), final,
-                   frozenset(writes - advancing), moves)
+    return _Member(frozenset(exposed), frozenset(writes), final, frozenset(writes - advancing), ops)
 
 
 def _verify_iterations(program: Program) -> None:
@@ -609,33 +614,41 @@ def _verify_iterations(program: Program) -> None:
     iterations are overwritten unread), and what reads the folded result to store it runs in
     the last (run in every one, it stores each partial result over the one before). A
     loop-invariant op (a copy of an operand the loop reads) may run in every iteration: it
-    does the same work each time."""
+    does the same work each time. (A result nothing reads -- no op, no kernel output -- may be
+    lost: a dead op's.)"""
+    read = {k.buffer for k in program.kernel_args} | {a.name for spec in op_specs(program) for a in spec.args[:-1]}
+
     def visit(body: tuple[Spec, ...], depth: int) -> None:
         for spec in body:
             if isinstance(spec, LoopSpec):
                 if spec.count != 1:
-                    _verify_loop_iterations(program, spec, depth)
+                    _verify_loop_iterations(program, spec, depth, read)
                 visit(spec.body, depth + 1)
 
     visit(program.body, 0)
 
 
-def _verify_loop_iterations(program: Program, loop: LoopSpec, depth: int) -> None:
+def _verify_loop_iterations(program: Program, loop: LoopSpec, depth: int, read: set[str]) -> None:
     members = [(k, m) for k, m in enumerate(loop.body) if isinstance(m, LoopSpec) or m.runs == "every"]
     info = {k: _member(m, depth) for k, m in members}
-    readers: dict[str, list[int]] = {}
+    # the ops whose work changes with the loop: each that moves with it (a symbol it lists
+    # there, a tensor advancing there), and each that reads what such an op writes
+    readers: dict[str, list[OpSpec]] = {}
     for k, _ in members:
-        for n in info[k].reads:
-            readers.setdefault(n, []).append(k)
-    varying = [k for k, _ in members if info[k].moves]
-    seen = set(varying)
-    while varying:  # what reads a changing result changes too
-        k = varying.pop()
-        for n in info[k].writes:
-            for r in readers.get(n, ()):
-                if r not in seen:
-                    seen.add(r)
-                    varying.append(r)
+        for op in info[k].ops:
+            for a in op.args[:-1]:
+                readers.setdefault(a.name, []).append(op)
+    varying = [op for k, _ in members for op in info[k].ops
+               if (op.tiled_symbols and op.tiled_symbols[depth]) or any(a.tile_advance[depth] != 0 for a in op.args)]
+    seen = {id(op) for op in varying}
+    changing: set[str] = set()
+    while varying:
+        op = varying.pop()
+        changing.add(op.args[-1].name)
+        for r in readers.get(op.args[-1].name, ()):
+            if id(r) not in seen:
+                seen.add(id(r))
+                varying.append(r)
     events: dict[str, list[tuple[int, str]]] = {}  # per tensor, the members touching it in body order
     position: dict[tuple[str, int], int] = {}
     for k, _ in members:
@@ -643,8 +656,8 @@ def _verify_loop_iterations(program: Program, loop: LoopSpec, depth: int) -> Non
             touches = events.setdefault(n, [])
             position[n, k] = len(touches)
             touches.append((k, "r" if n in info[k].exposed else "w"))
-    for k in sorted(seen):
-        for n in sorted(info[k].final & info[k].fixed):
+    for k, _ in members:
+        for n in sorted(info[k].final & info[k].fixed & changing & read):
             touches = events[n]
             nxt, kind = touches[(position[n, k] + 1) % len(touches)]
             if kind == "w":
