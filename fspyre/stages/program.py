@@ -378,11 +378,17 @@ def _verify_advances(program: Program) -> None:
 
     In HBM, where a tensor is laid out row-major over its device size, moving the symbols an
     op lists at a loop (``OpSpec.tiled_symbols``) by one tile -- their extent in the op's
-    iteration space, at the innermost loop tiling each -- moves the address by the difference
-    of the device coordinates' offsets (``tile_advance`` in ``emit_program``). Two steps the
-    program does not record are not checked: an outer loop's over a dim an inner loop tiles
-    again (its tile is the inner loops' span, tail included), and a loop's over a dim its ops
-    iterate with one element per tile (the symbol leaves their iteration spaces).
+    iteration space -- moves the address by the difference of the device coordinates'
+    offsets (``tile_advance`` in ``emit_program``), for a tensor over the loop's whole range;
+    a per-tile tensor (its device size ends within the loop's range, or it is no kernel
+    argument, lives within the loop and no use moves it there) stays (0). Inside a loop
+    tiling a dim, every op iterating it there runs on one whole tile of it (the loop's own
+    tail runs after it, or in its last iteration listing nothing there), unless a level
+    inside tiles the dim again. So two steps the program does not record are not checked: a
+    loop's over a dim a level inside tiles again (its tile is the inner tiles' span, tail
+    included: an inner loop tiles the dim, or the loop's ops take several extents of it, an
+    inner level of one tile and a tail run in place), and a loop's over a dim its ops iterate
+    with one element per tile (the symbol leaves their iteration spaces).
 
     In LX, where each core lays out its own box, a loop around every use reuses one region
     (no advance); the loops that walk the tensor (sibling loops leaving tiles for each other)
