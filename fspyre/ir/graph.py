@@ -34,6 +34,12 @@ TERNARY = ("where",)
 POINTWISE_FNS: FrozenMap[str, int] = FrozenMap(
     [(f, 1) for f in UNARY] + [(f, 2) for f in BINARY + COMPARISONS] + [(f, 3) for f in TERNARY] + [("full", 1)]
 )
+# Fns whose result is a float whatever their operands: the builder gives each a float dtype
+# and torch refuses to store one into a bool tensor, so no graph stores one as a bool (a bool
+# is made by a comparison, logical_not or a cast); verify_program holds a program's
+# ``bool_store`` to the same rule.
+FLOAT_RESULT_FNS = frozenset({"exp", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "gelu",
+                              "silu", "sin", "cos", "div", "pow", "mean", "var"})
 REDUCTION_FNS = ("sum", "amax", "amin", "mean", "prod", "var", "matmul", "gather")
 REDUCTION_OPERANDS: FrozenMap[str, int] = FrozenMap([(f, {"matmul": 2, "gather": 3}.get(f, 1)) for f in REDUCTION_FNS])
 
@@ -392,6 +398,9 @@ def verify_graph(graph: Graph) -> Graph:
         if extra:
             raise GraphError(f"op {op.name}: store to {op.store.buffer} uses {sorted(map(str, extra))}, not "
                              f"iteration dims of the op")
+        if op.fn in FLOAT_RESULT_FNS and buffers[op.store.buffer].type.dtype == "bool":
+            raise GraphError(f"op {op.name}: {op.fn} computes a float, but stores into bool buffer "
+                             f"{op.store.buffer}; make the bool with a comparison or a cast to bool")
         if op.store.buffer in written or op.store.buffer in graph.inputs:
             raise GraphError(f"op {op.name} writes {op.store.buffer}, which is already written")
         if last[op.store.buffer] == op.name:  # a buffer of several regions is whole after its last writer

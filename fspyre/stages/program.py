@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import sympy
 
 from fspyre.errors import AllocationError, LoweringError, TilingError
 from fspyre.ir.frozen import FrozenMap
-from fspyre.ir.graph import POINTWISE_FNS, REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims, sym
+from fspyre.ir.graph import FLOAT_RESULT_FNS, POINTWISE_FNS, REDUCTION_FNS, Load, Reduction, Scalar, iteration_dims, sym
 from fspyre.ir.kinds import ComputeDtype
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep
 from fspyre.ir.plans import Allocation, SplitPlan
@@ -32,6 +33,7 @@ from fspyre.ir.program import (
     Spec,
     TensorArg,
     op_fn,
+    op_specs,
     program_op,
     walk_specs,
 )
@@ -39,7 +41,15 @@ from fspyre.ir.symbolic import size_symbol
 from fspyre.machine import formats, numerics
 from fspyre.machine.indexing import compile_index, free_names
 from fspyre.machine.layout import StickLayout, device_coordinates
-from fspyre.machine.rules import core_spaces, device_bytes, moved_within, row_major_strides
+from fspyre.machine.rules import (
+    box_bytes,
+    coord_bounds,
+    core_spaces,
+    device_bytes,
+    lx_box,
+    moved_within,
+    row_major_strides,
+)
 from fspyre.machine.spyre import Machine
 from fspyre.stages.access import Access, AccessPlan, access_plan
 from fspyre.stages.allocation import verify_allocation
@@ -254,12 +264,17 @@ def verify_program(program: Program) -> Program:
     tensor placed the same way by every op that uses it (memory, address, size, dtype,
     argument), a kernel argument exactly as the argument list places it (and in HBM); the
     fields the device reads that the program alone can prove: each op's ``tiled_symbols``
-    those its loops record tiling (``LoopSpec.tiled_symbols``), a batchmatmul's operands in
-    the roles its op info records ([.., M, K], then [.., K, N]), ``compute`` and
-    ``bool_store`` against the formats (the interpreter reads ``reduced`` and ``count``
-    against the output's coordinates, and an int32 op's operands as integers). Linear in the
-    program; the meaning (bounds per core, overlaps, values) is the interpreter's and
-    ``check_memory``'s."""
+    those its loops record tiling (``LoopSpec.tiled_symbols``), a loop of one iteration
+    tiling none, a batchmatmul's operands in the roles its op info records ([.., M, K], then
+    [.., K, N]), ``compute`` against the formats, ``bool_store`` against the formats, a
+    kernel output's dtype and the fn (``_bool_store_refusal``), each ``tile_advance`` the step
+    the coordinates and the loop's tile give it (``_verify_advances``), and each guard
+    (``runs``) such that no iteration's work is lost (``_verify_iterations``) (the
+    interpreter reads ``reduced`` and ``count`` against the output's coordinates, and an
+    int32 op's operands as integers). Which of an op's input args is which operand, like its
+    fn, is what the program computes: nothing else records it but a batchmatmul's roles.
+    Linear in the program; the meaning (bounds per core, overlaps, values) is the
+    interpreter's and ``check_memory``'s."""
     require(program, Program, "verify_program", "program")
     where = f"program {program.name}"
     kernel: dict[int, KernelArg] = {}
@@ -281,6 +296,8 @@ def verify_program(program: Program) -> Program:
         if isinstance(spec, OpSpec):
             _verify_op_spec(spec, depth, program, kernel, placed, coord_names)
     _verify_tiled_symbols(program)
+    _verify_advances(program)
+    _verify_iterations(program)
     return program
 
 
@@ -317,6 +334,12 @@ def _verify_tiled_symbols(program: Program) -> None:
         if not level_loop.tiled_symbols and level_loop.count != 1:
             raise LoweringError(f"program {program.name}: a loop of count {level_loop.count} tiles no dim "
                                 f"(tiled_symbols is empty): it would run the same work {level_loop.count} times")
+        if level_loop.tiled_symbols and level_loop.count == 1:
+            # a level of one tile runs in place (docs/tiling.md, "Tails"): its tile is the dim's
+            # whole range, so a loop of one iteration that tiles a dim covers one tile of a longer range
+            raise LoweringError(f"program {program.name}: a loop of count 1 tiles "
+                                f"{[str(s) for s in level_loop.tiled_symbols]}: one tile of a dim is its whole "
+                                f"range, which runs in place; a loop over a dim's tiles runs at least two")
     listed: dict[int, bool] = {}
     moves: dict[int, bool] = {}
     for spec, chain in ops:
@@ -347,6 +370,319 @@ def _verify_tiled_symbols(program: Program) -> None:
                     f"program {program.name}: loop at level {level} (count {loop.count}) around op "
                     f"{spec.name or spec.op} tiles {[str(s) for s in loop.tiled_symbols]}, which none of its ops "
                     f"iterates, and moves no tensor: it would run the same work {loop.count} times")
+
+
+def _verify_advances(program: Program) -> None:
+    """Each ``tile_advance`` is the byte step the rest of the program gives the tensor (the
+    device adds it per iteration; the interpreter reads nothing else to move a tile).
+
+    In HBM, where a tensor is laid out row-major over its device size, moving the symbols an
+    op lists at a loop (``OpSpec.tiled_symbols``) by one tile -- their extent in the op's
+    iteration space -- moves the address by the difference of the device coordinates'
+    offsets (``tile_advance`` in ``emit_program``), for a tensor over the loop's whole range;
+    a per-tile tensor (its device size ends within the loop's range, or it is no kernel
+    argument, lives within the loop and no use moves it there) stays (0). Inside a loop
+    tiling a dim, every op iterating it there runs on one whole tile of it (the loop's own
+    tail runs after it, or in its last iteration listing nothing there), unless a level
+    inside tiles the dim again. So two steps the program does not record are not checked: a
+    loop's over a dim a level inside tiles again (its tile is the inner tiles' span, tail
+    included: an inner loop tiles the dim, or the loop's ops take several extents of it, an
+    inner level of one tile and a tail run in place), and a loop's over a dim its ops iterate
+    with one element per tile (the symbol leaves their iteration spaces).
+
+    In LX, where each core lays out its own box, a loop around every use reuses one region
+    (no advance); the loops that walk the tensor (sibling loops leaving tiles for each other)
+    step one slot per iteration, the innermost by a slot that holds the core's box and each
+    outer one by a row of the inner slots, and every use walks alike (``fspyre.stages.
+    allocation``, ``_lx_slots``)."""
+    ops = list(_loop_ops(program.body))
+    if not any(spec.tiled_symbols for spec, _ in ops):
+        return  # a program written without them: the levels' symbols are not recorded
+    retiled: dict[int, frozenset[sympy.Symbol]] = {}  # loop -> the symbols loops inside it tile again
+
+    def tiled_within(body: tuple[Spec, ...]) -> frozenset[sympy.Symbol]:
+        out: frozenset[sympy.Symbol] = frozenset()
+        for spec in body:
+            if isinstance(spec, LoopSpec):
+                inner = tiled_within(spec.body)
+                retiled[id(spec)] = inner
+                out |= inner | frozenset(spec.tiled_symbols)
+        return out
+
+    tiled_within(program.body)
+    # an inner level run in place (one tile and a tail) leaves ops of two extents at the loop
+    # outside it, whose tile is their sum: only a loop whose ops all take one extent says its step
+    extents: dict[tuple[int, sympy.Symbol], set] = {}
+    for spec, chain in ops:
+        for level, loop in enumerate(chain):
+            for s in spec.tiled_symbols[level]:
+                extents.setdefault((id(loop), s), set()).add(spec.iteration_space[s][0])
+    for (lid, s), seen in extents.items():
+        if len(seen) > 1:
+            retiled[lid] = retiled[lid] | {s}
+    uses: dict[tuple[str, str], list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]]] = {}
+    for spec, chain in ops:
+        for a in spec.args:
+            uses.setdefault((a.memory, a.name), []).append((spec, a, chain))
+    for (memory, name), its in uses.items():
+        if memory == "lx":
+            _verify_lx_walk(program, name, its)
+            continue
+        for spec, a, chain in its:
+            if chain:
+                _verify_hbm_advance(program, spec, a, chain, retiled, its)
+
+
+def _same_size(a: int | sympy.Expr, b: int | sympy.Expr) -> bool:
+    if type(a) is int and type(b) is int:
+        return a == b
+    return sympy.expand(sympy.sympify(a) - b) == 0
+
+
+def _shift_bytes(program: Program, a: TensorArg, syms: tuple[sympy.Symbol, ...],
+                 moved: Mapping[sympy.Symbol, int | sympy.Expr]) -> int | sympy.Expr:
+    """How far ``a``'s address moves when the symbols ``moved`` go from 0 to their step (the
+    other symbols at 0): its coordinates' row-major offset difference, in bytes."""
+    strides = row_major_strides(a.device_size)
+    if program.symbolic is None and all(type(v) is int for v in moved.values()):
+        base = [0] * len(syms)
+        at = [moved.get(s, 0) for s in syms]
+        off = sum(int(compile_index(c, syms)(*at)) * st - int(compile_index(c, syms)(*base)) * st
+                  for c, st in zip(a.device_coordinates, strides))
+    else:
+        zero = {s: 0 for s in syms}
+        off = sum((sympy.sympify(c).xreplace({**zero, **moved}) - sympy.sympify(c).xreplace(zero)) * st
+                  for c, st in zip(a.device_coordinates, strides))
+    return off * formats.FORMATS[a.device_dtype].nbytes
+
+
+def _verify_hbm_advance(program: Program, spec: OpSpec, a: TensorArg, chain: tuple[LoopSpec, ...],
+                        retiled: Mapping[int, frozenset[sympy.Symbol]],
+                        uses: list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]]) -> None:
+    space = spec.iteration_space
+    syms = tuple(space)
+    for level, loop in enumerate(chain):
+        listed = spec.tiled_symbols[level]
+        squeezed = [s for s in loop.tiled_symbols if s not in space]
+        # a dim tiled again inside (by a loop, or in place): the ops' extents are the inner tiles'
+        again = [s for s in listed if s in retiled[id(loop)]]
+        if squeezed or again:
+            continue  # a step the program does not record (the docstring above)
+        moved = {s: space[s][0] for s in listed}
+        want = _shift_bytes(program, a, syms, moved)
+        got = a.tile_advance[level]
+        if not _same_size(got, want) and not (got == 0 and _per_tile(a, level, loop, uses, space, moved)):
+            tiles = ", ".join(f"{s} by {n}" for s, n in moved.items()) or "nothing"
+            raise LoweringError(
+                f"program {program.name}: op {spec.name or spec.op}: HBM tensor {a.name} advances {got} bytes per "
+                f"iteration of loop level {level} (count {loop.count}), but that loop moves {tiles} elements, "
+                f"which moves its device coordinates {[str(c) for c in a.device_coordinates]} over device size "
+                f"{[str(n) for n in a.device_size]} by {want} bytes: tile_advance[{level}] must be {want}")
+
+
+def _per_tile(a: TensorArg, level: int, loop: LoopSpec, uses: list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]],
+              space: Mapping[sympy.Symbol, tuple], moved: Mapping[sympy.Symbol, int | sympy.Expr]) -> bool:
+    """``a`` is a per-tile tensor of ``loop``, which stays where it is: it cannot hold the
+    loop's every tile, or it is no kernel argument and lives within the loop, no use moving it
+    there (a per-tile tensor padded to a whole stick is as large as a whole one)."""
+    if not _holds_every_tile(a, space, moved, loop.count):
+        return True
+    return a.arg_index < 0 and all(any(c is loop for c in chain) and u.tile_advance[level] == 0
+                                   for _, u, chain in uses)
+
+
+def _holds_every_tile(a: TensorArg, space: Mapping[sympy.Symbol, tuple],
+                      moved: Mapping[sympy.Symbol, int | sympy.Expr], count: int | sympy.Expr) -> bool:
+    """``a``'s device size holds the last point of the last tile: a tensor over the loop's whole
+    range, which moves with it. A per-tile tensor (its coordinates over one tile) does not
+    hold it and stays where it is."""
+    last = {s: (count * moved[s] if s in moved else n) - 1 for s, (n, _) in space.items()}
+    for c, n in zip(a.device_coordinates, a.device_size):
+        if not _fits(sympy.sympify(c).xreplace(last), n - 1):
+            return False
+    return True
+
+
+def _verify_lx_walk(program: Program, name: str,
+                    uses: list[tuple[OpSpec, TensorArg, tuple[LoopSpec, ...]]]) -> None:
+    where = f"program {program.name}: LX tensor {name}"
+    common = _common_prefix([chain for _, _, chain in uses])
+    walk: tuple[tuple, OpSpec] | None = None
+    for spec, a, chain in uses:
+        op = spec.name or spec.op
+        space = {s.name for s in spec.iteration_space}
+        used = frozenset().union(*map(free_names, a.device_coordinates))
+        for level, loop in enumerate(chain):
+            adv = a.tile_advance[level]
+            if level < common:
+                if adv != 0:
+                    raise LoweringError(
+                        f"{where} advances {adv} bytes per iteration of loop level {level} (count {loop.count}) "
+                        f"in op {op}, but that loop encloses every use of it, so each iteration reuses its one "
+                        f"region: tile_advance[{level}] must be 0")
+                continue
+            # (a tile whose coordinates move may still stay in one slot: a per-tile buffer's
+            # coordinates are over the tile; every use walking alike, below, is what is checked)
+            moves = bool({s.name for s in spec.tiled_symbols[level]} & used)
+            squeezed = any(s.name not in space for s in loop.tiled_symbols)
+            if not moves and not squeezed and adv != 0:
+                raise LoweringError(
+                    f"{where} advances {adv} bytes per iteration of loop level {level} (count {loop.count}) in op "
+                    f"{op}, whose coordinates {[str(c) for c in a.device_coordinates]} do not move with the "
+                    f"symbols the op lists there {[str(s) for s in spec.tiled_symbols[level]]}: "
+                    f"tile_advance[{level}] must be 0")
+        key = tuple((chain[k].count, a.tile_advance[k]) for k in range(common, len(chain)) if a.tile_advance[k] != 0)
+        if walk is None:
+            walk = (key, spec)
+        elif key != walk[0]:
+            other = walk[1].name or walk[1].op
+            raise LoweringError(
+                f"{where}: op {op} walks its slots as {_walk_text(key)} (loop count x bytes per iteration), but op "
+                f"{other} as {_walk_text(walk[0])}; iteration j of each loop meets the tile iteration j of the "
+                f"others left in LX only when every use walks alike")
+        for (_, outer), (count, inner) in zip(key, key[1:]):
+            if not _same_size(outer, inner * count):
+                raise LoweringError(
+                    f"{where}: op {op} walks its slots as {_walk_text(key)} (loop count x bytes per iteration): an "
+                    f"outer loop steps over a whole row of the inner loop's slots, {inner} x {count} bytes")
+        need = _lx_box_bytes(program, spec, a) if key and type(key[-1][1]) is int else None
+        if need is not None and key[-1][1] < need:
+            raise LoweringError(
+                f"{where}: op {op} steps {key[-1][1]} bytes from one LX slot to the next, but a core's box of it "
+                f"takes {need} bytes: the slots would overlap")
+
+
+def _walk_text(key: tuple) -> str:
+    return "[" + ", ".join(f"{c}x{b}" for c, b in key) + "]"
+
+
+def _common_prefix(chains: list[tuple[LoopSpec, ...]]) -> int:
+    """The number of loops (outermost first) that enclose every one of ``chains``."""
+    n = min(len(c) for c in chains)
+    first = chains[0]
+    for k in range(n):
+        if any(c[k] is not first[k] for c in chains):
+            return k
+    return n
+
+
+def _lx_box_bytes(program: Program, spec: OpSpec, a: TensorArg) -> int | None:
+    """The bytes of the largest per-core LX box of ``a`` in ``spec`` (None in a symbolic program)."""
+    if program.symbolic is not None or spec.symbolic:
+        return None
+    lows, highs = coord_bounds(a.device_coordinates, tuple(spec.iteration_space), spec.slice_extents)
+    _, extents = lx_box(lows, highs, a.device_size)
+    return int(box_bytes(extents, formats.FORMATS[a.device_dtype].nbytes).max())
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """What one node of a loop body does to tensors, seen from that loop (level ``d``): the
+    tensors it reads before writing them, writes, writes and does not read again before it
+    ends (whose value it hands on), and writes at the same address in every iteration of the
+    loop; and its ops."""
+
+    exposed: frozenset[str]
+    writes: frozenset[str]
+    final: frozenset[str]
+    fixed: frozenset[str]
+    ops: tuple[OpSpec, ...]
+
+
+def _member(node: Spec, level: int) -> _Member:
+    exposed: set[str] = set()
+    writes: set[str] = set()
+    last: dict[str, str] = {}
+    advancing: set[str] = set()
+    ops = tuple(spec for spec, _ in _loop_ops((node,)))
+    for spec in ops:
+        *ins, out = spec.args
+        names = {a.name for a in ins}
+        exposed |= names - writes
+        for n in names:
+            last[n] = "r"
+        writes.add(out.name)
+        last[out.name] = "w"
+        if out.tile_advance[level] != 0:
+            advancing.add(out.name)
+    final = frozenset(n for n in writes if last[n] == "w")
+    return _Member(frozenset(exposed), frozenset(writes), final, frozenset(writes - advancing), ops)
+
+
+def _verify_iterations(program: Program) -> None:
+    """No iteration's work is lost: in a loop of more than one iteration, a result that
+    changes from one iteration to the next (its op moves with the loop, or reads such a
+    result) and is written at the same address in every iteration must be read by an op of
+    the loop's every iteration before it is overwritten -- later in the iteration, or in the
+    next one (a fold reads what it writes). The guards (``OpSpec.runs``) follow from it: an
+    accumulator's fill runs in the first iteration only (run in every one, it overwrites the
+    folded value), its fold in every one (run in the last only, the partials of the other
+    iterations are overwritten unread), and what reads the folded result to store it runs in
+    the last (run in every one, it stores each partial result over the one before). A
+    loop-invariant op (a copy of an operand the loop reads) may run in every iteration: it
+    does the same work each time. (A result nothing reads -- no op, no kernel output -- may be
+    lost: a dead op's.)"""
+    read = {k.buffer for k in program.kernel_args} | {a.name for spec in op_specs(program) for a in spec.args[:-1]}
+
+    def visit(body: tuple[Spec, ...], depth: int) -> None:
+        for spec in body:
+            if isinstance(spec, LoopSpec):
+                if spec.count != 1:
+                    _verify_loop_iterations(program, spec, depth, read)
+                visit(spec.body, depth + 1)
+
+    visit(program.body, 0)
+
+
+def _verify_loop_iterations(program: Program, loop: LoopSpec, depth: int, read: set[str]) -> None:
+    members = [(k, m) for k, m in enumerate(loop.body) if isinstance(m, LoopSpec) or m.runs == "every"]
+    info = {k: _member(m, depth) for k, m in members}
+    # the ops whose work changes with the loop: each that moves with it (a symbol it lists
+    # there, a tensor advancing there), and each that reads what such an op writes
+    readers: dict[str, list[OpSpec]] = {}
+    for k, _ in members:
+        for op in info[k].ops:
+            for a in op.args[:-1]:
+                readers.setdefault(a.name, []).append(op)
+    varying = [op for k, _ in members for op in info[k].ops
+               if (op.tiled_symbols and op.tiled_symbols[depth]) or any(a.tile_advance[depth] != 0 for a in op.args)]
+    seen = {id(op) for op in varying}
+    changing: set[str] = set()
+    while varying:
+        op = varying.pop()
+        changing.add(op.args[-1].name)
+        for r in readers.get(op.args[-1].name, ()):
+            if id(r) not in seen:
+                seen.add(id(r))
+                varying.append(r)
+    events: dict[str, list[tuple[int, str]]] = {}  # per tensor, the members touching it in body order
+    position: dict[tuple[str, int], int] = {}
+    for k, _ in members:
+        for n in info[k].exposed | info[k].writes:
+            touches = events.setdefault(n, [])
+            position[n, k] = len(touches)
+            touches.append((k, "r" if n in info[k].exposed else "w"))
+    for k, _ in members:
+        for n in sorted(info[k].final & info[k].fixed & changing & read):
+            touches = events[n]
+            nxt, kind = touches[(position[n, k] + 1) % len(touches)]
+            if kind == "w":
+                writer = _label(loop.body[k])
+                later = _label(loop.body[nxt])
+                by = "itself in the next iteration" if nxt == k else f"{later}"
+                raise LoweringError(
+                    f"program {program.name}: loop at level {depth} (count {loop.count}): {writer} writes {n} at the "
+                    f"same address in every iteration from work that changes with the iteration, but {by} "
+                    f"overwrites it before any op of the loop's every iteration reads it, so every iteration's "
+                    f"result but the last is lost: an accumulator's fill runs in the first iteration only "
+                    f"(runs='first'), its fold in every one, and what stores the folded result in the last "
+                    f"(runs='last')")
+
+
+def _label(node: Spec) -> str:
+    if isinstance(node, OpSpec):
+        return f"op {node.name or node.op}"
+    return f"the loop of count {node.count}"
 
 
 def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[int, KernelArg],
@@ -385,6 +721,9 @@ def _verify_op_spec(spec: OpSpec, depth: int, program: Program, kernel: Mapping[
     compute_of = _compute_dtype_refusal(spec)
     if compute_of is not None:
         raise LoweringError(f"{where}: op info computes in {info.compute}, but {compute_of}")
+    stored = _bool_store_refusal(spec, fn, kernel)
+    if stored is not None:
+        raise LoweringError(f"{where}: op info says bool_store={info.bool_store}, but {stored}")
     if fn == "matmul" and len(ins) == 2:
         _verify_matmul_operands(spec, where)
     elif info.rows or info.cols:
@@ -455,6 +794,20 @@ def _compute_dtype_refusal(spec: OpSpec) -> str | None:
     out = spec.args[-1]
     if info.bool_store and out.device_dtype not in ("SEN169_FP16", "IEEE_FP16"):
         return f"it stores bools into {out.name}, a {out.device_dtype} tensor (bools are stored in the fp16 format)"
+    return None
+
+
+def _bool_store_refusal(spec: OpSpec, fn: str, kernel: Mapping[int, KernelArg]) -> str | None:
+    """Why ``op_info.bool_store`` cannot be what the program says of the output, or None: a
+    kernel argument records its dtype (bool or not), and a fn whose result is a float
+    (``FLOAT_RESULT_FNS``) stores no bool. (An intermediate's dtype is not recorded: a bool
+    and a float16 tensor share a device format.)"""
+    info, out = spec.op_info, spec.args[-1]
+    if info.bool_store and fn in FLOAT_RESULT_FNS:
+        return f"{spec.op} computes a float, which no graph stores as a bool"
+    k = kernel.get(out.arg_index) if out.arg_index >= 0 else None
+    if k is not None and info.bool_store != (k.dtype == "bool"):
+        return f"its output {out.name} is kernel argument {k.name}, a {k.dtype} tensor"
     return None
 
 

@@ -45,7 +45,7 @@ import sympy
 from fspyre.errors import ExecutionError, FspyreError, FspyreWarning, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Reduction, iteration_dims
-from fspyre.ir.program import Program, op_specs
+from fspyre.ir.program import LoopSpec, Program, op_specs
 from fspyre.ir.symbolic import (
     Assumption,
     SymbolicDim,
@@ -663,7 +663,40 @@ def instantiate(program: Program, sizes: Mapping[str, int]) -> Program:
         concrete = substitute(dataclasses.replace(program, symbolic=None), env, Program)
     except FspyreError as err:
         raise ExecutionError(f"run: the program at {_sizes(env)}: {err}") from None
-    return concrete
+    body = _one_tile_in_place(concrete.body, 0)
+    return concrete if body is concrete.body else dataclasses.replace(concrete, body=body)
+
+
+def _one_tile_in_place(body: tuple, depth: int) -> tuple:
+    """``body`` with each loop that the sizes leave one iteration (``|S|/T == 1``) tiling
+    nothing: its one tile is the dim's whole range, run in place as a concrete compile runs it
+    (``verify_program`` refuses a loop of one iteration that tiles a dim); nothing moves there,
+    and its guarded ops run in its one iteration as before."""
+    out, changed = [], False
+    for spec in body:
+        if isinstance(spec, LoopSpec):
+            inner = _one_tile_in_place(spec.body, depth + 1)
+            if spec.count == 1 and spec.tiled_symbols:
+                inner = tuple(_stay(s, depth) for s in inner)
+                spec = dataclasses.replace(spec, body=inner, tiled_symbols=())
+                changed = True
+            elif inner is not spec.body:
+                spec = dataclasses.replace(spec, body=inner)
+                changed = True
+        out.append(spec)
+    return tuple(out) if changed else body
+
+
+def _stay(spec, level: int):
+    """``spec`` with nothing moving at loop ``level``."""
+    if isinstance(spec, LoopSpec):
+        return dataclasses.replace(spec, body=tuple(_stay(s, level) for s in spec.body))
+    tiled = spec.tiled_symbols
+    if tiled:
+        tiled = tiled[:level] + ((),) + tiled[level + 1:]
+    args = tuple(dataclasses.replace(a, tile_advance=a.tile_advance[:level] + (0,) + a.tile_advance[level + 1:])
+                 for a in spec.args)
+    return dataclasses.replace(spec, tiled_symbols=tiled, args=args)
 
 
 def graph_sizes(graph: Graph, inputs: Mapping[str, object]) -> dict[str, int]:

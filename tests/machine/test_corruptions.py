@@ -632,7 +632,6 @@ _EQUIVALENT: dict[tuple[str, str, str], str] = {
         "where m1 = -inf",
     ("compare", "op", "buf0_pin_out"): "neg of a bool stored as a bool (value != 0) is the bool itself",
     ("compare", "op_info.compute", "buf0_pin_out"): "a bool copy: 0 and 1 in either compute type",
-    ("compare", "op_info.bool_store", "buf0_pin_out"): "a copy of a bool: its values are 0 and 1 already",
     ("compare", "op_info.bool_store", "buf0"): "a comparison's values are 0 and 1 already",
 }
 
@@ -772,3 +771,133 @@ def test_every_emitted_field_planted_is_refused_not_equal_or_unchanged_on_the_de
     assert len(kinds) >= 9 and total >= 600, (len(kinds), total)
     assert counts["verify_program"] and counts["interpreter"] and counts["NOT EQUAL"]
     assert not silent, f"{len(silent)} of {total} plants pass silently: {silent}"
+
+
+# -- the fields verify_program derives from the rest of the program -------------------------------
+# Each plant below changes a field the device reads into one the rest of the program contradicts
+# (tests/unit/stage_doors.py found each class running NOT EQUAL with no refusal): verify_program,
+# which compile, serialize.loads and every stage door run, must refuse it by the rule named.
+
+
+def _compiled(name: str) -> Program:
+    graph = next(g for g in _graphs() if g.name == name)
+    return fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
+
+
+def _spec(program: Program, name: str) -> OpSpec:
+    return next(s for s in op_specs(program) if s.name == name)
+
+
+def _with_arg(program: Program, op: str, tensor: str, **change) -> Program:
+    spec = _spec(program, op)
+    args = tuple(dataclasses.replace(a, **change) if a.name == tensor else a for a in spec.args)
+    return _at(program, spec, dataclasses.replace(spec, args=args))
+
+
+def _with_runs(program: Program, op: str, runs: str, at: int | None = None) -> Program:
+    """``op`` guarded otherwise, moved to body position ``at`` of its loop when given."""
+    spec = _spec(program, op)
+    loop = next(s for s in _walk(program.body) if isinstance(s, LoopSpec) and spec in s.body)
+    body = [s for s in loop.body if s is not spec]
+    body.insert(loop.body.index(spec) if at is None else at, dataclasses.replace(spec, runs=runs))
+    return _at(program, loop, dataclasses.replace(loop, body=tuple(body)))
+
+
+def _every_use(program: Program, tensor: str, **change) -> Program:
+    def edit(s):
+        if not isinstance(s, OpSpec) or all(a.name != tensor for a in s.args):
+            return s
+        return dataclasses.replace(s, args=tuple(dataclasses.replace(a, **change) if a.name == tensor else a
+                                                 for a in s.args))
+    return edit_specs(program, edit)
+
+
+def _with_info(program: Program, op: str, **change) -> Program:
+    spec = _spec(program, op)
+    return _at(program, spec, dataclasses.replace(spec, op_info=dataclasses.replace(spec.op_info, **change)))
+
+
+def _exp_program() -> Program:
+    g = fspyre.GraphBuilder("exp_mul")
+    A, B = g.dim("A", 64), g.dim("B", 128)
+    x, y = g.input("x", (A, B), "float16"), g.input("y", (A, B), "float16")
+    with g.hint(slices={"A": 2}):
+        g.output("z", g.mul(g.exp(x), y))
+    return fspyre.compile(g.build(), machine=spyre(cores=4), tiling="hints").program
+
+
+def _compare_program() -> Program:
+    kind, graph, machine, tiling = next(k for k in _kinds() if k[0] == "compare")
+    return fspyre.compile(graph, machine=machine, tiling=tiling).program
+
+
+def _derived_plants():
+    """(what, corrupted program, the refusal's words)."""
+    mm = _compiled("matmul_k")  # fill first, partial matmul and fold every, finish and bias add last
+    yield "an HBM advance zeroed", _with_arg(mm, "buf0", "a", tile_advance=(0,)), "HBM tensor a advances 0 bytes"
+    yield "an HBM advance doubled", _with_arg(mm, "buf0", "b", tile_advance=(32768,)), "must be 16384"
+    yield ("an LX advance in a loop around every use", _with_arg(mm, "buf0_combine", "buf0_acc", tile_advance=(128,)),
+           "encloses every use")
+    yield "the fill run in every iteration", _with_runs(mm, "buf0_fill", "every"), "is lost"
+    yield "the fold run in the last iteration", _with_runs(mm, "buf0_combine", "last", at=3), "is lost"
+    yield "the finish run in every iteration", _with_runs(mm, "buf0_finish", "every"), "is lost"
+    loop = next(s for s in mm.body if isinstance(s, LoopSpec))
+    yield "the K loop run once", _at(mm, loop, dataclasses.replace(loop, count=1)), "a loop of count 1 tiles"
+    online = _compiled("online_softmax")  # x left in LX slots by the first loop for the second
+    yield ("one use of an LX region walked otherwise", _with_arg(online, "buf1_again", "x_lx", tile_advance=(0,)),
+           "walks its slots")
+    yield "LX slots smaller than a core's box", _every_use(online, "x_lx", tile_advance=(1024,)), "would overlap"
+    ex = _exp_program()
+    yield "exp stored as a bool", _with_info(ex, "buf0", bool_store=True), "computes a float"
+    yield "a float16 output stored as a bool", _with_info(ex, "buf1", bool_store=True), "a float16 tensor"
+    gt = _compare_program()
+    yield "a bool output stored as a float", _with_info(gt, "buf0_pin_out", bool_store=False), "a bool tensor"
+
+
+@pytest.mark.parametrize("what", [w for w, _, _ in _derived_plants()])
+def test_verify_program_refuses_a_device_field_the_program_contradicts(what):
+    program, words = next((p, w) for name, p, w in _derived_plants() if name == what)
+    with pytest.raises(FspyreError, match=words) as err:
+        verify_program(program)
+    assert "\n" not in str(err.value)
+
+
+def test_a_loop_invariant_copy_may_run_in_every_iteration():
+    # the same values each time, more traffic: no iteration's work is lost, so it verifies
+    graph, program, copy = _replica_program()
+    (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
+    heads = sum(1 for s in loop.body if isinstance(s, OpSpec) and s.runs == "first")
+    every = _with_runs(program, copy.name, "every", at=heads - 1)  # after the other first-iteration ops
+    verify_program(every)
+    inputs = inputs_for(graph)
+    assert all(np.array_equal(a, b) for a, b in zip(run_program(every, inputs)[0].values(),
+                                                    run_program(program, inputs)[0].values()))
+
+
+def test_a_symbolic_loop_of_one_tile_runs_in_place():
+    # at |S| = 64 the loop over S's tiles of 64 runs once: instantiate makes it tile nothing,
+    # as a concrete compile runs one tile in place, and it verifies and runs equal
+    graph = _symbolic_kind()
+    program = fspyre.compile(graph, machine=spyre(cores=4), tiling="hints").program
+    (loop,) = [s for s in program.body if isinstance(s, LoopSpec)]
+    assert loop.tiled_symbols and type(loop.count) is not int
+    concrete = instantiate(program, {"S": 64})
+    (one,) = [s for s in concrete.body if isinstance(s, LoopSpec)]
+    assert one.count == 1 and one.tiled_symbols == ()
+    assert all(t == () for s in op_specs(concrete) for t in s.tiled_symbols)
+    verify_program(concrete)
+    sized = specialize(graph, {"S": 64})
+    inputs = inputs_for(sized)
+    ref, bounds = evaluate_with_bounds(sized, inputs, spyre(cores=4))
+    assert compare(sized, fspyre.run(program, inputs), ref, bounds).equal
+
+
+def test_a_graph_storing_a_float_fn_as_a_bool_is_refused():
+    g = fspyre.GraphBuilder("exp_bool")
+    A = g.dim("A", 64)
+    g.output("y", g.exp(g.input("x", (A,), "float16")))
+    graph = g.build()
+    buffers = tuple(dataclasses.replace(b, type=dataclasses.replace(b.type, dtype="bool"))
+                    if b.name == graph.outputs[0].buffer else b for b in graph.buffers)
+    with pytest.raises(fspyre.errors.GraphError, match="exp computes a float, but stores into bool"):
+        fspyre.ir.graph.verify_graph(dataclasses.replace(graph, buffers=buffers))
