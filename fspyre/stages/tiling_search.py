@@ -150,8 +150,7 @@ def search_placed(graph: Graph, machine: Machine, options: SearchOptions = Searc
     base = _compiled(options, machine, graph, hinted)
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
-                  outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base.report if base else None),
-                  resident=_resident(base))
+                  outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base.report if base else None))
     records: list[GroupSearch] = []
     run: list[str] = []
     # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
@@ -213,12 +212,6 @@ def _compiled(options: SearchOptions, machine: Machine, graph: Graph, plan: Tili
     return _Compiled(tree=tree, placed=placed, report=traffic_report(placed.program))
 
 
-def _resident(compiled: _Compiled | None) -> frozenset[str]:
-    if compiled is None:
-        return frozenset()
-    return frozenset(n for n, b in compiled.placed.allocation.buffers.items() if b.memory == "lx")
-
-
 def _whole(report: TrafficReport) -> tuple[float, int]:
     return round(report.time_ns, 6), report.hbm_bytes
 
@@ -250,8 +243,6 @@ class _Search:
     memo: dict[tuple, GroupSearch] = field(default_factory=dict)
     # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
     untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
-    # buffers the hinted program as a whole keeps in LX (``_segments``' untiled reference)
-    resident: frozenset[str] = frozenset()
     tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused
 
 
@@ -342,7 +333,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
-            record = _solve(ctx, members, in_context=True)
+            record = _solve(ctx, members)
             cost = _add(best[j], record.choice, _in_place(ctx, members))
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
             if found is None or cost < best[i]:
@@ -479,35 +470,21 @@ def _whole_load(op: Op, load: Load, buffer: Buffer) -> bool:
 
 
 # -- one segment, solved once per structure ---------------------------------------------------------
-def _solve(ctx: _Search, members: Sequence[str], in_context: bool = False) -> GroupSearch:
+def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     """The best tiling of ``members`` as one group (``_fit``), memoised by the structure of
     their subgraph: names canonicalised, so a repeated block or head is solved once."""
     sub = _subgraph(ctx, members)
     canon, names = _canonical(sub)
-    reference = _in_context(ctx, sub, members, {v: k for k, v in names.items()}) if in_context else None
-    key = (_structure(canon), reference)
+    key = _structure(canon)
     hit = ctx.memo.get(key)
     if hit is None:
         local = _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
                         buffers=canon.buffer_table(), readers=_readers(canon),
                         outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally)
-        hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops], reference)
+        hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops])
     else:
         ctx.tally["reused"] += 1
     return _renamed(hit, names)
-
-
-def _in_context(ctx: _Search, sub: Graph, members: Sequence[str], names: Mapping[str, str]) -> Candidate:
-    """The segment untiled as the hinted program runs it: its ops' kernel figures there, and
-    whether that program keeps every intermediate of the segment in LX (``names``: the
-    canonical name of each buffer, so the memo's key and record hold no real names)."""
-    t, b = _in_place(ctx, members)
-    kept = {o.buffer for o in sub.outputs} | set(sub.inputs)
-    spilled = [buf.name for buf in sub.buffers if buf.name not in kept and buf.name not in ctx.resident]
-    if not spilled:
-        return Candidate(levels=(), verdict="fits", time_ns=t, hbm_bytes=b, reason=IN_CONTEXT)
-    return Candidate(levels=(), verdict="spills", time_ns=t, hbm_bytes=b,
-                     reason=f"{IN_CONTEXT}; {names[spilled[0]]} in HBM there")
 
 
 _CANON = re.compile(r"(?<![A-Za-z0-9])_[bod]\d+_")
@@ -618,8 +595,8 @@ def _grow_producers(ctx: _Search, members: list[str]) -> GroupSearch:
 
 
 # -- shrink and grow ----------------------------------------------------------------------------
-def _fit(ctx: _Search, members: Sequence[str], reference: Candidate | None = None) -> GroupSearch:
-    judge = _Judge(ctx, reference=None if reference is None else (tuple(members), reference))
+def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
+    judge = _Judge(ctx)
     ops = [ctx.ops[m] for m in members]
     dims = _tileable_dims(ops)
     counts = {d: _counts(ctx, ops, d, size) for d, size in dims}
@@ -865,14 +842,10 @@ class _Judge:
     """Compiles candidates of one group and remembers each verdict (a search's scratch state,
     local to one ``_fit`` call)."""
 
-    def __init__(self, ctx: _Search, reference: tuple[tuple[str, ...], Candidate] | None = None) -> None:
+    def __init__(self, ctx: _Search) -> None:
         self.ctx = ctx
         self.tried: list[_Tried] = []
         self._memo: dict[tuple, Candidate] = {}
-        if reference is not None:
-            members, cand = reference
-            self._memo[members, ()] = cand
-            self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
 
     def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
         key = (tuple(members), levels)
