@@ -146,11 +146,25 @@ def search_placed(graph: Graph, machine: Machine, options: SearchOptions = Searc
     require_graph(graph, "search_tiling", machine)
     require(options, SearchOptions, "search_tiling", "options")
     hinted = plan_tiling(graph, TilingOptions(mode="hints", online=options.online))
-    in_group = {name for g in hinted.groups for name in g.ops}
     base = _compiled(options, machine, graph, hinted)
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
                   outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base.report if base else None))
+    # Candidates' programs are not verified (``_judge``): the program of the plan found is,
+    # and when it is refused the search runs again verifying every candidate, as a candidate
+    # the verifier refuses must not be chosen.
+    placed = _searched(ctx, hinted, base)
+    if placed is None:
+        placed = _searched(replace(ctx, memo={}, verify=True), hinted, base)
+        assert placed is not None  # with every candidate verified, a refusal keeps the hinted plan
+    return placed
+
+
+def _searched(ctx: _Search, hinted: TilingPlan, base: _Compiled | None) -> Placed | None:
+    """The search over the runs of unhinted ops and the program of its plan; None when that
+    program is refused and the candidates were not verified (``ctx.verify``)."""
+    graph, machine, options = ctx.graph, ctx.machine, ctx.options
+    in_group = {name for g in hinted.groups for name in g.ops}
     records: list[GroupSearch] = []
     run: list[str] = []
     # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
@@ -179,6 +193,8 @@ def search_placed(graph: Graph, machine: Machine, options: SearchOptions = Searc
         # Each group was judged alone; together they share LX and copies differently. The
         # whole program must not be estimated slower than leaving those ops untiled.
         mine = _compiled(options, machine, graph, plan)
+        if mine is None and not ctx.verify:
+            return None
         chosen = mine
         if base is not None and (mine is None or _whole(base.report) < _whole(mine.report)):
             note = (f"the searched groups together are estimated at "
@@ -209,7 +225,7 @@ def _compiled(options: SearchOptions, machine: Machine, graph: Graph, plan: Tili
         verify_program(placed.program)
     except FspyreError:
         return None
-    return _Compiled(tree=tree, placed=placed, report=traffic_report(placed.program))
+    return _Compiled(tree=tree, placed=placed, report=placed.report or traffic_report(placed.program))
 
 
 def _whole(report: TrafficReport) -> tuple[float, int]:
@@ -244,6 +260,9 @@ class _Search:
     # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
     untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
     tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused
+    # verify each candidate's program (``verify_program``): only when the program of the plan
+    # found without it was refused
+    verify: bool = False
 
 
 def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -325,11 +344,13 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         # against 843 ns untiled, which the rule had screened; test_tiling_search's property).
         free = found is not None and _costs_nothing(ctx, consumer)
         idle = 0  # segments judged in a row that did not improve best[i]
+        gained: set[int] = set()  # starts of the segments that improved best[i] when judged
         for j in order:
             members = tuple(run[j:i])
             reach = best[j][0] + bounds[j]
             # a bound that only ties the best found cannot lower the estimated time
-            if found is not None and (free or reach >= best[i][0] or idle >= ctx.options.patience):
+            if found is not None and (free or reach >= best[i][0] or idle >= ctx.options.patience
+                                      or (j < i - 1 and _costs_nothing(ctx, run[j]) and j + 1 not in gained)):
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
@@ -339,6 +360,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             if found is None or cost < best[i]:
                 best[i], found = cost, (j, record)
                 idle = 0
+                gained.add(j)
             else:
                 idle += 1
         assert found is not None  # the consumer alone is always a segment, judged when not free
@@ -480,7 +502,8 @@ def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     if hit is None:
         local = _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
                         buffers=canon.buffer_table(), readers=_readers(canon),
-                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally)
+                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally,
+                        verify=ctx.verify)
         hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops])
     else:
         ctx.tally["reused"] += 1
@@ -866,8 +889,9 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> C
         placed = place_copies(tile(sub, plan, ctx.options.online), ctx.machine, ResidencyOptions(
             enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
         tree, alloc = placed.tree, placed.allocation
-        verify_program(placed.program)  # a candidate compile would refuse is refused here
-        report = traffic_report(placed.program)
+        if ctx.verify:
+            verify_program(placed.program)  # a candidate compile would refuse is refused here
+        report = placed.report or traffic_report(placed.program)
     except FspyreError as err:
         return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
     kept = {o.buffer for o in sub.outputs} | set(sub.inputs)
