@@ -47,6 +47,7 @@ from fspyre.ir.frozen import require_fields
 from fspyre.ir.looptree import LoopTree
 from fspyre.ir.plans import Allocation, SplitPlan
 from fspyre.ir.program import Program
+from fspyre.ir.report import TrafficReport
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
 from fspyre.stages.arguments import require, require_tree
@@ -86,6 +87,9 @@ class Residency:
     split: SplitPlan
     allocation: Allocation
     program: Program
+    # the program's traffic report when the stage estimated it to compare trials (None when
+    # there was nothing to compare): a caller that needs it need not compute it again
+    report: TrafficReport | None = None
 
 
 def _require(tree: object, machine: object, options: object, where: str) -> None:
@@ -127,4 +131,5 @@ def _settled(judge: TrialJudge, c: Trial) -> Residency:
     # them: once, for the one handed on (emit_program would for each trial)
     verify_split_plan(c.tree, c.split, judge.machine)
     verify_allocation(c.tree, c.split, c.allocation, judge.machine)
-    return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=judge.program(c))
+    return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=judge.program(c),
+                     report=judge.reported(c))
