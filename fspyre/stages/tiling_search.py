@@ -869,19 +869,24 @@ class _Judge:
         self.ctx = ctx
         self.tried: list[_Tried] = []
         self._memo: dict[tuple, Candidate] = {}
+        # one subgraph per membership: the stages verify a graph once, the same object again not
+        self._subgraphs: dict[tuple[str, ...], Graph] = {}
 
     def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
         key = (tuple(members), levels)
         if key not in self._memo:
-            cand = _judge(self.ctx, members, levels)
+            sub = self._subgraphs.get(key[0])
+            if sub is None:
+                sub = self._subgraphs[key[0]] = _subgraph(self.ctx, members)
+            cand = _judge(self.ctx, members, levels, sub)
             self._memo[key] = cand
             self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
         return self._memo[key]
 
 
-def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
+def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None) -> Candidate:
     ctx.tally["compiled"] += 1
-    sub = _subgraph(ctx, members)
+    sub = _subgraph(ctx, members) if sub is None else sub
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:
         # a level over a reduction dim that ops of the group read the result of: loop fission
