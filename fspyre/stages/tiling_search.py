@@ -311,7 +311,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     are the rest once ``patience`` judged in a row did not improve it (the bound ranks the
     segments that can gain; one further down that order rarely gains where those before it
     did not), nor one that ends at an op that costs nothing untiled in the hinted
-    program."""
+    program, nor one that starts at such an op unless the segment without it improved the
+    consumer's best."""
     n = len(run)
     best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
     back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
@@ -341,7 +342,9 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         # adds the op's work to its loop and saves nothing the hinted program pays for it (the
         # group without it is weighed in its place). It may start one: a group starting at such
         # an op can win (x0[2, 64, 1] read by three negs and an add on 1 core, 32 KiB LX: 802 ns
-        # against 843 ns untiled, which the rule had screened; test_tiling_search's property).
+        # against 843 ns untiled, which the rule had screened; test_tiling_search's property) --
+        # but only where the group without it was judged for this consumer and improved its
+        # best: the op then joins a group that pays, instead of starting one of its own.
         free = found is not None and _costs_nothing(ctx, consumer)
         idle = 0  # segments judged in a row that did not improve best[i]
         gained: set[int] = set()  # starts of the segments that improved best[i] when judged
