@@ -364,6 +364,10 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 best[i], found = cost, (j, record)
                 idle = 0
                 gained.add(j)
+            elif j < i - 1 and _costs_nothing(ctx, run[j]):
+                # the group that paid, grown by an op that costs nothing, gains nothing more:
+                # the segments left rank below both by their bound
+                idle = ctx.options.patience
             else:
                 idle += 1
         assert found is not None  # the consumer alone is always a segment, judged when not free
