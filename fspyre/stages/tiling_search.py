@@ -69,7 +69,7 @@ from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.rules import device_bytes, row_major_strides
 from fspyre.machine.spyre import HBM_BYTES_PER_NS, HBM_TURNAROUND_NS_PER_BYTE, MACS_PER_NS_PER_CORE, Machine
 from fspyre.stages.allocation import AllocationOptions
-from fspyre.stages.arguments import require, require_graph
+from fspyre.stages.arguments import require, require_graph, verified
 from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.program import verify_program
@@ -222,7 +222,8 @@ def _compiled(options: SearchOptions, machine: Machine, graph: Graph, plan: Tili
         placed = place_copies(tree, machine, ResidencyOptions(
             enabled=options.residency, split=options.split, allocation=options.allocation))
         # the program compile would hand on: a plan whose program its verifier refuses is refused
-        verify_program(placed.program)
+        # (remembered as verified: the pipeline's check of the program handed on is then free)
+        verified(verify_program, placed.program)
     except FspyreError:
         return None
     return _Compiled(tree=tree, placed=placed, report=placed.report or traffic_report(placed.program))
@@ -260,8 +261,8 @@ class _Search:
     # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
     untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
     tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused
-    # verify each candidate's program (``verify_program``): only when the program of the plan
-    # found without it was refused
+    # verify each candidate's program, division and allocation: only when the program of the
+    # plan found without it was refused
     verify: bool = False
 
 
@@ -899,7 +900,8 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
         # a level over a reduction dim that ops of the group read the result of: loop fission
         plan = split_at_tiled_reductions(sub, plan, ctx.options.online)
         placed = place_copies(tile(sub, plan, ctx.options.online), ctx.machine, ResidencyOptions(
-            enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
+            enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation,
+            verify=ctx.verify))
         tree, alloc = placed.tree, placed.allocation
         if ctx.verify:
             verify_program(placed.program)  # a candidate compile would refuse is refused here
