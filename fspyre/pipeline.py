@@ -204,7 +204,7 @@ def _place(tree: LoopTree, machine: Machine, done: _Recorder, residency: bool, s
     verified(verify_loop_tree, placed.tree)  # once: keep_resident verified the trees it made
     # keep_resident emitted the program to judge its copies (emit_program verifies the split
     # plan and allocation against the tree it is given)
-    done("program", verify_program(placed.program))
+    done("program", verified(verify_program, placed.program))  # a tiling search verified the one it hands on
     return placed
 
 

@@ -111,7 +111,14 @@ def stick_layout(host_size: Sequence[int], elems_per_stick: int, dim_order: Sequ
     """
     host = tuple(int(s) for s in host_size)
     order = tuple(range(len(host))) if dim_order is None else tuple(int(d) for d in dim_order)
-    eps = int(elems_per_stick)
+    return _stick_layout(host, order, int(elems_per_stick))
+
+
+# Cached: the stages ask for the layout of every buffer of every tree they are given (a tiling
+# search's candidates and keep_resident's trials ask for the same few shapes thousands of
+# times); a layout is a pure function of these integers and immutable. A refusal raises anew.
+@functools.lru_cache(maxsize=4096)
+def _stick_layout(host: tuple[int, ...], order: tuple[int, ...], eps: int) -> StickLayout:
     _check_dim_order(host, order)
     if any(s <= 0 for s in host):
         raise GraphError(f"stick_layout: host sizes must be > 0, got {host}")

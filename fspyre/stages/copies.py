@@ -18,6 +18,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
 from fspyre.ir.plans import OpSplit, SplitPlan
+from fspyre.machine.formats import FORMATS
 from fspyre.machine.indexing import free_names
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
@@ -37,10 +38,14 @@ def chosen_copies(tree: LoopTree, unchanged: Trial, machine: Machine, options: R
     if not regions:
         return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
-    found = _copies(tree, unchanged, regions, machine, options, reduced, set(), judge)
-    replicated = {r.name for r in regions if _replicate(r, unchanged.split, reduced) is not None}
-    if not replicated:
-        return found or unchanged
+    table = tree.buffer_table()
+    replicas = {r.name: rep[0] for r in regions if (rep := _replicate(r, unchanged.split, reduced)) is not None}
+    # a replica larger than a core's LX is copied by slices from the start (a trial would spill it)
+    too_large = {n for n, r in replicas.items() if _never_fits(r, table[r.buffer].type.dtype, machine)}
+    found = _copies(tree, unchanged, regions, machine, options, reduced, too_large, judge)
+    replicated = set(replicas)
+    if not replicated - too_large:
+        return found or unchanged  # no replica was tried: the plan without them is the one judged
     # Replicas keep their readers' work division, which may keep other copies' readers from
     # moving theirs: judge the plan without replicas too, and take the faster.
     sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated, judge)
@@ -153,14 +158,19 @@ def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Ma
     whole = set(whole)  # grows with the replicas that do not fit: copied by slices instead
     hints, regions = _align(regions, split, machine, reduced, whole)
     tries = 0
+    table = tree.buffer_table()
     while regions:
-        rewritten = _rewrite(tree, regions, hints)
-        try:
-            new_split = divide_work(rewritten, machine, options.split)
-        except FspyreError:
-            return None  # a copy's work division was refused: leave the tree as it was
-        new_alloc = allocate(rewritten, new_split, machine, options.allocation)
-        spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
+        # a copy larger than LX can hold under any division spills in every trial: it is
+        # withdrawn as a spilled one would be, without a trial (a division and an allocation)
+        spilled = [r for r in regions if _never_fits(r, table[r.buffer].type.dtype, machine)]
+        if not spilled:
+            rewritten = _rewrite(tree, regions, hints)
+            try:
+                new_split = divide_work(rewritten, machine, options.split)
+            except FspyreError:
+                return None  # a copy's work division was refused: leave the tree as it was
+            new_alloc = allocate(rewritten, new_split, machine, options.allocation)
+            spilled = [r for r in regions if new_alloc.buffers[r.name].memory != "lx"]
         if spilled:
             # a replicated copy that did not fit gets one more chance as one slice per core, a
             # region kept across loops as the copies of its loops' own re-reads
@@ -182,6 +192,15 @@ def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Ma
         regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
         hints, regions = _align(regions, split, machine, reduced, whole)
     return None
+
+
+def _never_fits(r: Region, dtype: str, machine: Machine) -> bool:
+    """Whether the copy of ``r`` needs more LX than any core has however it is divided: a
+    replica holds the whole region on each core; a sliced copy holds at least its share of
+    the region on one of the machine's cores (the allocator's per-core box, whole sticks,
+    is never smaller)."""
+    nbytes = math.prod(d.size for d in r.dims) * FORMATS[machine.device_format(dtype)].nbytes
+    return nbytes > machine.lx_bytes * (1 if r.replicas > 1 else machine.cores)
 
 
 _MAX_TRIES = 3  # subsets of copies judged after the full set loses: each costs a division and allocation

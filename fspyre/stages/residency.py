@@ -47,6 +47,7 @@ from fspyre.ir.frozen import require_fields
 from fspyre.ir.looptree import LoopTree
 from fspyre.ir.plans import Allocation, SplitPlan
 from fspyre.ir.program import Program
+from fspyre.ir.report import TrafficReport
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
 from fspyre.stages.arguments import require, require_tree
@@ -66,6 +67,9 @@ class ResidencyOptions:
     enabled: bool = True  # copy re-read HBM regions into LX and run loop-invariant ops once
     split: SplitOptions = SplitOptions()  # the work division the copies are judged under
     allocation: AllocationOptions = AllocationOptions()  # the allocation the copies are judged under
+    # confirm the chosen trial's division and allocation with their verifiers; a tiling search
+    # judging candidates skips it (the program of the plan it hands on is compiled with it)
+    verify: bool = True
 
     def __post_init__(self) -> None:
         require_fields(self, TilingError)
@@ -86,6 +90,9 @@ class Residency:
     split: SplitPlan
     allocation: Allocation
     program: Program
+    # the program's traffic report when the stage estimated it to compare trials (None when
+    # there was nothing to compare): a caller that needs it need not compute it again
+    report: TrafficReport | None = None
 
 
 def _require(tree: object, machine: object, options: object, where: str) -> None:
@@ -110,7 +117,7 @@ def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = R
             split = divide_work(guarded, machine, options.split)
             unchanged = Trial(tree=guarded, split=split,
                               allocation=allocate(guarded, split, machine, options.allocation))
-    return _settled(judge, _choose(unchanged.tree, unchanged, machine, options, judge))
+    return _settled(judge, _choose(unchanged.tree, unchanged, machine, options, judge), options.verify)
 
 
 def _choose(tree: LoopTree, unchanged: Trial, machine: Machine, options: ResidencyOptions,
@@ -122,9 +129,11 @@ def _choose(tree: LoopTree, unchanged: Trial, machine: Machine, options: Residen
     return aligned(tree, chosen, unchanged, machine, options, judge) or chosen
 
 
-def _settled(judge: TrialJudge, c: Trial) -> Residency:
+def _settled(judge: TrialJudge, c: Trial, verify: bool) -> Residency:
     # a trial's division and allocation are made from its tree, so the verifiers only confirm
     # them: once, for the one handed on (emit_program would for each trial)
-    verify_split_plan(c.tree, c.split, judge.machine)
-    verify_allocation(c.tree, c.split, c.allocation, judge.machine)
-    return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=judge.program(c))
+    if verify:
+        verify_split_plan(c.tree, c.split, judge.machine)
+        verify_allocation(c.tree, c.split, c.allocation, judge.machine)
+    return Residency(tree=c.tree, split=c.split, allocation=c.allocation, program=judge.program(c),
+                     report=judge.reported(c))

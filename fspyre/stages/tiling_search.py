@@ -69,7 +69,7 @@ from fspyre.machine.report import TrafficReport, traffic_report
 from fspyre.machine.rules import device_bytes, row_major_strides
 from fspyre.machine.spyre import HBM_BYTES_PER_NS, HBM_TURNAROUND_NS_PER_BYTE, MACS_PER_NS_PER_CORE, Machine
 from fspyre.stages.allocation import AllocationOptions
-from fspyre.stages.arguments import require, require_graph
+from fspyre.stages.arguments import require, require_graph, verified
 from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import OnlineOptions, match_online
 from fspyre.stages.program import verify_program
@@ -146,11 +146,25 @@ def search_placed(graph: Graph, machine: Machine, options: SearchOptions = Searc
     require_graph(graph, "search_tiling", machine)
     require(options, SearchOptions, "search_tiling", "options")
     hinted = plan_tiling(graph, TilingOptions(mode="hints", online=options.online))
-    in_group = {name for g in hinted.groups for name in g.ops}
     base = _compiled(options, machine, graph, hinted)
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
                   outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base.report if base else None))
+    # Candidates' programs are not verified (``_judge``): the program of the plan found is,
+    # and when it is refused the search runs again verifying every candidate, as a candidate
+    # the verifier refuses must not be chosen.
+    placed = _searched(ctx, hinted, base)
+    if placed is None:
+        placed = _searched(replace(ctx, memo={}, verify=True), hinted, base)
+        assert placed is not None  # with every candidate verified, a refusal keeps the hinted plan
+    return placed
+
+
+def _searched(ctx: _Search, hinted: TilingPlan, base: _Compiled | None) -> Placed | None:
+    """The search over the runs of unhinted ops and the program of its plan; None when that
+    program is refused and the candidates were not verified (``ctx.verify``)."""
+    graph, machine, options = ctx.graph, ctx.machine, ctx.options
+    in_group = {name for g in hinted.groups for name in g.ops}
     records: list[GroupSearch] = []
     run: list[str] = []
     # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
@@ -179,6 +193,8 @@ def search_placed(graph: Graph, machine: Machine, options: SearchOptions = Searc
         # Each group was judged alone; together they share LX and copies differently. The
         # whole program must not be estimated slower than leaving those ops untiled.
         mine = _compiled(options, machine, graph, plan)
+        if mine is None and not ctx.verify:
+            return None
         chosen = mine
         if base is not None and (mine is None or _whole(base.report) < _whole(mine.report)):
             note = (f"the searched groups together are estimated at "
@@ -206,10 +222,11 @@ def _compiled(options: SearchOptions, machine: Machine, graph: Graph, plan: Tili
         placed = place_copies(tree, machine, ResidencyOptions(
             enabled=options.residency, split=options.split, allocation=options.allocation))
         # the program compile would hand on: a plan whose program its verifier refuses is refused
-        verify_program(placed.program)
+        # (remembered as verified: the pipeline's check of the program handed on is then free)
+        verified(verify_program, placed.program)
     except FspyreError:
         return None
-    return _Compiled(tree=tree, placed=placed, report=traffic_report(placed.program))
+    return _Compiled(tree=tree, placed=placed, report=placed.report or traffic_report(placed.program))
 
 
 def _whole(report: TrafficReport) -> tuple[float, int]:
@@ -244,6 +261,9 @@ class _Search:
     # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
     untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
     tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused
+    # verify each candidate's program, division and allocation: only when the program of the
+    # plan found without it was refused
+    verify: bool = False
 
 
 def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -292,7 +312,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     are the rest once ``patience`` judged in a row did not improve it (the bound ranks the
     segments that can gain; one further down that order rarely gains where those before it
     did not), nor one that ends at an op that costs nothing untiled in the hinted
-    program."""
+    program, nor one that starts at such an op unless the segment without it improved the
+    consumer's best."""
     n = len(run)
     best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
     back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
@@ -322,14 +343,18 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         # adds the op's work to its loop and saves nothing the hinted program pays for it (the
         # group without it is weighed in its place). It may start one: a group starting at such
         # an op can win (x0[2, 64, 1] read by three negs and an add on 1 core, 32 KiB LX: 802 ns
-        # against 843 ns untiled, which the rule had screened; test_tiling_search's property).
+        # against 843 ns untiled, which the rule had screened; test_tiling_search's property) --
+        # but only where the group without it was judged for this consumer and improved its
+        # best: the op then joins a group that pays, instead of starting one of its own.
         free = found is not None and _costs_nothing(ctx, consumer)
         idle = 0  # segments judged in a row that did not improve best[i]
+        gained: set[int] = set()  # starts of the segments that improved best[i] when judged
         for j in order:
             members = tuple(run[j:i])
             reach = best[j][0] + bounds[j]
             # a bound that only ties the best found cannot lower the estimated time
-            if found is not None and (free or reach >= best[i][0] or idle >= ctx.options.patience):
+            if found is not None and (free or reach >= best[i][0] or idle >= ctx.options.patience
+                                      or (j < i - 1 and _costs_nothing(ctx, run[j]) and j + 1 not in gained)):
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
@@ -339,6 +364,11 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             if found is None or cost < best[i]:
                 best[i], found = cost, (j, record)
                 idle = 0
+                gained.add(j)
+            elif j < i - 1 and _costs_nothing(ctx, run[j]):
+                # the group that paid, grown by an op that costs nothing, gains nothing more:
+                # the segments left rank below both by their bound
+                idle = ctx.options.patience
             else:
                 idle += 1
         assert found is not None  # the consumer alone is always a segment, judged when not free
@@ -480,7 +510,8 @@ def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     if hit is None:
         local = _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
                         buffers=canon.buffer_table(), readers=_readers(canon),
-                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally)
+                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally,
+                        verify=ctx.verify)
         hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops])
     else:
         ctx.tally["reused"] += 1
@@ -690,9 +721,12 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
     best_rank = None
     misses = 0
     refusals: set[str] = set()
+    spills: list[float] = []  # the estimates of the counts that spilled, coarsest first
     k = 0
     while k < len(counts):
         cand = judge(members, levels(counts[k]))
+        if cand.verdict == "spills":
+            spills.append(cand.time_ns)
         if cand.verdict != "fits":
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
             # fit, and spilling estimates need not fall as the tiles shrink -- but a refusal
@@ -705,7 +739,9 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
             if misses < limit:
                 k += 1
                 continue
-            if not leap or best_rank is not None or len(refusals) == misses:
+            # leap only while finer tiles spilled less: estimates that rose again (the
+            # attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
+            if not leap or best_rank is not None or len(refusals) == misses or spills != sorted(spills, reverse=True):
                 break
             rest = counts[k + 1:]
             found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
@@ -846,28 +882,35 @@ class _Judge:
         self.ctx = ctx
         self.tried: list[_Tried] = []
         self._memo: dict[tuple, Candidate] = {}
+        # one subgraph per membership: the stages verify a graph once, the same object again not
+        self._subgraphs: dict[tuple[str, ...], Graph] = {}
 
     def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
         key = (tuple(members), levels)
         if key not in self._memo:
-            cand = _judge(self.ctx, members, levels)
+            sub = self._subgraphs.get(key[0])
+            if sub is None:
+                sub = self._subgraphs[key[0]] = _subgraph(self.ctx, members)
+            cand = _judge(self.ctx, members, levels, sub)
             self._memo[key] = cand
             self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
         return self._memo[key]
 
 
-def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
+def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None) -> Candidate:
     ctx.tally["compiled"] += 1
-    sub = _subgraph(ctx, members)
+    sub = _subgraph(ctx, members) if sub is None else sub
     plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
     try:
         # a level over a reduction dim that ops of the group read the result of: loop fission
         plan = split_at_tiled_reductions(sub, plan, ctx.options.online)
         placed = place_copies(tile(sub, plan, ctx.options.online), ctx.machine, ResidencyOptions(
-            enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation))
+            enabled=ctx.options.residency, split=ctx.options.split, allocation=ctx.options.allocation,
+            verify=ctx.verify))
         tree, alloc = placed.tree, placed.allocation
-        verify_program(placed.program)  # a candidate compile would refuse is refused here
-        report = traffic_report(placed.program)
+        if ctx.verify:
+            verify_program(placed.program)  # a candidate compile would refuse is refused here
+        report = placed.report or traffic_report(placed.program)
     except FspyreError as err:
         return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
     kept = {o.buffer for o in sub.outputs} | set(sub.inputs)

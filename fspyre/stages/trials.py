@@ -12,6 +12,7 @@ from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.looptree import LoopTree
 from fspyre.ir.plans import Allocation, SplitPlan
 from fspyre.ir.program import Program
+from fspyre.ir.report import TrafficReport
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine
 from fspyre.stages.program import emit_made_for
@@ -40,7 +41,7 @@ class TrialJudge:
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
         self._programs: dict[int, tuple[Trial, Program]] = {}
-        self._estimates: dict[int, tuple[float, int]] = {}
+        self._reports: dict[int, TrafficReport] = {}
 
     def program(self, c: Trial) -> Program:
         if id(c) not in self._programs:  # the trial is kept alongside, so its id stays its own
@@ -48,10 +49,17 @@ class TrialJudge:
         return self._programs[id(c)][1]
 
     def estimate(self, c: Trial) -> tuple[float, int]:
-        if id(c) not in self._estimates:
-            report = traffic_report(self.program(c))
-            self._estimates[id(c)] = (report.time_ns, report.hbm_bytes)
-        return self._estimates[id(c)]
+        report = self.report(c)
+        return report.time_ns, report.hbm_bytes
+
+    def report(self, c: Trial) -> TrafficReport:
+        if id(c) not in self._reports:
+            self._reports[id(c)] = traffic_report(self.program(c))
+        return self._reports[id(c)]
+
+    def reported(self, c: Trial) -> TrafficReport | None:
+        """The trial's report if it was estimated, else None (nothing is computed)."""
+        return self._reports.get(id(c))
 
 
 def better(new: Trial, old: Trial, judge: TrialJudge) -> bool:

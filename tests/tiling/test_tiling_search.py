@@ -56,6 +56,32 @@ def test_an_intermediate_too_big_for_lx_is_tiled_until_it_fits():
     assert traffic_report(comp.program).traffic_ratio == 1.0
 
 
+def test_a_plan_whose_program_the_verifier_refuses_is_searched_again_verifying_every_candidate(monkeypatch):
+    """Candidates' programs are not verified; the program of the plan found is. A verifier
+    that refuses every loop refuses the row tiling found unverified, so the search runs again
+    verifying each candidate: every tiled candidate is refused and the plan tiles nothing."""
+    from fspyre.errors import LoweringError
+    from fspyre.ir.program import LoopSpec, walk_specs
+
+    calls = []
+
+    def refuse_loops(program):
+        calls.append(program)
+        if any(isinstance(s, LoopSpec) for s, _ in walk_specs(program.body)):
+            raise LoweringError(f"{program.name}: a loop (this test's verifier refuses loops)")
+        return program
+
+    graph = add_mul(256, 1024, tiled=False)
+    unverified = search_tiling(graph, SMALL_LX)
+    assert any(g.choice.levels for g in unverified.groups)  # the row tiling, as the first test finds
+    monkeypatch.setattr(tiling_search, "verify_program", refuse_loops)
+    search = search_tiling(graph, SMALL_LX)
+    assert not search.plan.groups and not any(g.choice.levels for g in search.groups)
+    assert all(c.verdict == "refused" for g in search.groups for c in g.candidates if c.levels)
+    assert search.compiled > unverified.compiled  # the candidates were compiled twice
+    assert len(calls) > 2  # not only the hinted plan's program and the plan found
+
+
 def test_a_graph_that_fits_untiled_is_left_alone():
     comp = checked(add_mul(256, 1024, tiled=False), spyre(cores=4))
     search = comp.stages["tiling_search"]
