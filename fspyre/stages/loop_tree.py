@@ -69,6 +69,7 @@ from fspyre.ir.looptree import (
     walk,
 )
 from fspyre.ir.plans import Group, Level, TilingPlan
+from fspyre.ir.symbolic import is_size_symbol
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.numerics import compute_dtype
 from fspyre.machine.spyre import Machine
@@ -1096,7 +1097,9 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
     each loop's ``steps`` the moves of the ops below it, every buffer known, every read
     preceded by a write (or an input), every peeled tail a copy of an op of the main body.
     An op of a loop's first or last iteration (``OpNode.runs``) is checked where it is built:
-    inside a loop that does not move it, at the head or the tail of that loop's body."""
+    inside a loop that does not move it, at the head or the tail of that loop's body; and here
+    against what the loop does (``_verify_guards``). Each buffer's dims are checked against
+    the indices its writers store through (``_verify_addressing``)."""
     require(tree, LoopTree, "verify_loop_tree", "tree")
     require_name(tree.name, "loop tree name")
     for b in tree.buffers:
@@ -1148,6 +1151,8 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
                               f"op of the tree's main body")
     _verify_coverage(tree)
     _verify_tile_reads(tree)
+    _verify_addressing(tree)
+    _verify_guards(tree)
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
             raise TilingError(
@@ -1363,6 +1368,147 @@ def _verify_tile_reads(tree: LoopTree) -> None:
                                           f"writes it; a buffer read tile by tile from outside is a full buffer")
 
     visit(tree.body, ())
+
+
+def _verify_addressing(tree: LoopTree) -> None:
+    """A buffer's dims are the ones its writers address. An index is a flat row-major host
+    index (docs/semantics.md): in a store, the variable of each dim the buffer has moves by
+    that dim's stride, and every other variable (a concatenated piece's own axis) by the
+    stride of some dim of size above 1. So a buffer's dims swapped, dropped or resized, which
+    would lay it out differently and give an output another shape under the same indices, are
+    refused. Full buffers agree on each dim's size (a dim name is one axis, of one size, as in
+    the graph). Loads are not held to this: a load reads through a view (a reshape names other
+    dims, an expand leaves some out), and a buffer read is written by a store checked here or
+    is an input, whose shape the run checks against the array it is given. The dims of size
+    1 no index names (a kept axis of a reduction) are not seen here, and buffers with a
+    symbolic size are left to the symbolic stage, which checks each witness."""
+    where = f"loop tree {tree.name}"
+    sizes: dict[str, tuple[int, str]] = {}
+    for b in tree.buffers:
+        if b.scope != "full" or b.type.symbolic:
+            continue
+        for d in b.type.dims:
+            if d.size != 1:
+                size, first = sizes.setdefault(d.name, (d.size, b.name))
+                if size != d.size:
+                    raise TilingError(f"{where}: full buffer {b.name} has dim {d.name} of {d.size} elements where "
+                                      f"full buffer {first} has {size}; a dim name is one axis, of one size")
+    layouts: dict[str, tuple[dict[str, int], set[int]]] = {}
+    for b in tree.buffers:
+        if not b.type.symbolic:
+            named = {d.name: st for d, st in zip(b.type.dims, b.type.strides()) if d.size != 1}
+            layouts[b.name] = (named, set(named.values()))
+    for node in op_nodes(tree):
+        store = node.op.store
+        layout = layouts.get(store.buffer)
+        if layout is None:
+            continue
+        named, strides = layout
+        for term, coef in _index_terms(store.index):
+            if not isinstance(term, sympy.Symbol) or is_size_symbol(term):
+                continue
+            want = named.get(term.name)
+            if coef != want and (want is not None or coef not in strides):
+                dims = tree.buffer_table()[store.buffer].type
+                expected = (f"dim {term.name}'s stride {want}" if want is not None
+                            else f"the stride of one of its dims ({sorted(strides, reverse=True)})")
+                raise TilingError(f"{where}: op {node.name} stores into {store.buffer} {dims} through index "
+                                  f"{store.index}, which moves {term.name} by {coef} elements, where the buffer's "
+                                  f"dims need {expected}; the buffer's dims (their order, sizes) disagree with "
+                                  f"what its writer addresses")
+
+
+def _index_terms(index: sympy.Expr) -> list[tuple[sympy.Expr, int | None]]:
+    """(term, its integer coefficient or None) of a linear index, constant excluded."""
+    terms = sympy.Add.make_args(index)
+    if any(isinstance(t, sympy.Add) or (isinstance(t, sympy.Mul) and any(isinstance(a, sympy.Add) for a in t.args))
+           for t in terms):
+        terms = sympy.Add.make_args(sympy.expand(index))
+    out: list[tuple[sympy.Expr, int | None]] = []
+    for t in terms:
+        if t.is_Number:
+            continue
+        coef, rest = t.as_coeff_Mul()
+        out.append((rest, int(coef) if coef.is_Integer else None))
+    return out
+
+
+def _verify_guards(tree: LoopTree) -> None:
+    """An op of a loop's first or last iteration (``OpNode.runs``) stands for an op just before
+    or just after the loop (docs/tiling.md, "Kernel boundaries"): an accumulator's fill or a
+    copy of what the loop reads runs first, the finish of what the loop built last. A guard
+    is inconsistent with the loop when it makes the iterations' work unseen:
+
+    - a value the iterations compute (it depends on what the loop moves) into the same place
+      in every iteration must be read by an op that runs in every iteration (the next op of the
+      iteration, or the next iteration: an accumulator); read only by the last iteration's ops
+      or after the loop, the values of all iterations but the last are lost -- a combine
+      guarded last drops all partials but the last;
+    - a first-iteration op must not read what an op of every iteration writes in the same
+      place each iteration: it would see only the value from before the loop, where an op of
+      every iteration reads the value the iterations hand on.
+
+    Each loop is checked over the ops below it (linear in the ops times the nesting depth)."""
+
+    def visit(body: tuple[Node, ...], depth: int) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                _check_loop_guards(tree, node, depth)
+                visit(node.body, depth + 1)
+
+    visit(tree.body, 0)
+
+
+def _check_loop_guards(tree: LoopTree, loop: Loop, depth: int) -> None:
+    where = f"loop tree {tree.name}: the loop at level {depth} (count {loop.count})"
+    scopes = {b.name: b.scope for b in tree.buffers}
+    nodes = [n for n, _ in walk(loop.body) if isinstance(n, OpNode)]
+    own = [n for n in nodes if n.guarded and len(n.tiling) == depth + 1]  # guarded at this loop
+    every = [n for n in nodes if not (n.guarded and len(n.tiling) == depth + 1)]
+
+    def moved(node: OpNode) -> set[str]:
+        return {s.dim for s in node.tiling[depth]} if depth < len(node.tiling) else set()
+
+    def fixed(node: OpNode) -> bool:
+        """The op writes the same place of its store in every iteration of the loop."""
+        store = node.op.store
+        return scopes.get(store.buffer) == "tile" or not moved(node) & {v.name for v in store.index.free_symbols}
+
+    # what the iterations compute: the ops the loop moves, and, through the buffers they write,
+    # every op of each iteration reading them
+    readers: dict[str, list[OpNode]] = {}
+    for n in every:
+        for ld in n.op.loads:
+            readers.setdefault(ld.buffer, []).append(n)
+    varying: set[str] = set()  # op names
+    work = [n for n in every if moved(n)]
+    while work:
+        n = work.pop()
+        if n.name in varying:
+            continue
+        varying.add(n.name)
+        work.extend(r for r in readers.get(n.op.store.buffer, ()) if r.name not in varying)
+    if loop.count > 1:
+        for n in every:
+            buffer = n.op.store.buffer
+            if n.name in varying and fixed(n) and buffer not in readers:
+                late = [g.name for g in own if g.runs == "last" and any(ld.buffer == buffer for ld in g.op.loads)]
+                by = f"only its last-iteration ops {late} read it" if late else "no op of its iterations reads it"
+                raise TilingError(f"{where}: op {n.name} writes {buffer} in the same place in each of the "
+                                  f"{loop.count} iterations, but {by}, so the values of all iterations but the last "
+                                  f"are lost; an op that reads what each iteration computes runs in every "
+                                  f"iteration (runs='every')")
+    rewritten = {n.op.store.buffer: n for n in every if fixed(n)}
+    for g in own:
+        if g.runs != "first":
+            continue
+        for ld in g.op.loads:
+            w = rewritten.get(ld.buffer)
+            if w is not None:
+                raise TilingError(f"{where}: op {g.name} runs in the first iteration only but reads {ld.buffer}, "
+                                  f"which op {w.name} rewrites in every iteration, so it would see only the value "
+                                  f"from before the loop; an op that reads what the iterations hand on runs in "
+                                  f"every iteration (runs='every')")
 
 
 def _shown(runs: list[tuple[int, int]]) -> str:
