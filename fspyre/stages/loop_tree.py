@@ -1443,23 +1443,29 @@ def _verify_guards(tree: LoopTree) -> None:
       in every iteration must be read by an op that runs in every iteration (the next op of the
       iteration, or the next iteration: an accumulator); read only by the last iteration's ops
       or after the loop, the values of all iterations but the last are lost -- a combine
-      guarded last drops all partials but the last;
+      guarded last drops all partials but the last (a value nothing reads, a dead op of the
+      graph, loses nothing);
     - a first-iteration op must not read what an op of every iteration writes in the same
       place each iteration: it would see only the value from before the loop, where an op of
       every iteration reads the value the iterations hand on.
 
     Each loop is checked over the ops below it (linear in the ops times the nesting depth)."""
 
+    used: dict[str, set[str]] = {o.buffer: {f"output {o.name}"} for o in tree.outputs}  # buffer -> its readers
+    for n in op_nodes(tree):
+        for ld in n.op.loads:
+            used.setdefault(ld.buffer, set()).add(n.name)
+
     def visit(body: tuple[Node, ...], depth: int) -> None:
         for node in body:
             if isinstance(node, Loop):
-                _check_loop_guards(tree, node, depth)
+                _check_loop_guards(tree, node, depth, used)
                 visit(node.body, depth + 1)
 
     visit(tree.body, 0)
 
 
-def _check_loop_guards(tree: LoopTree, loop: Loop, depth: int) -> None:
+def _check_loop_guards(tree: LoopTree, loop: Loop, depth: int, used: Mapping[str, set[str]]) -> None:
     where = f"loop tree {tree.name}: the loop at level {depth} (count {loop.count})"
     scopes = {b.name: b.scope for b in tree.buffers}
     nodes = [n for n, _ in walk(loop.body) if isinstance(n, OpNode)]
@@ -1491,7 +1497,8 @@ def _check_loop_guards(tree: LoopTree, loop: Loop, depth: int) -> None:
     if loop.count > 1:
         for n in every:
             buffer = n.op.store.buffer
-            if n.name in varying and fixed(n) and buffer not in readers:
+            # a value nothing reads (a dead op of the graph) is not lost
+            if n.name in varying and fixed(n) and buffer not in readers and used.get(buffer):
                 late = [g.name for g in own if g.runs == "last" and any(ld.buffer == buffer for ld in g.op.loads)]
                 by = f"only its last-iteration ops {late} read it" if late else "no op of its iterations reads it"
                 raise TilingError(f"{where}: op {n.name} writes {buffer} in the same place in each of the "
