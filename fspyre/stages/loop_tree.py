@@ -1498,17 +1498,16 @@ def _check_loop_guards(tree: LoopTree, loop: Loop, depth: int, used: Mapping[str
         for n in every:
             buffer = n.op.store.buffer
             # a value nothing reads (a dead op of the graph) is not lost
-            if n.name in varying and fixed(n) and buffer not in readers and used.get(buffer):
+            if buffer not in readers and used.get(buffer) and n.name in varying and fixed(n):
                 late = [g.name for g in own if g.runs == "last" and any(ld.buffer == buffer for ld in g.op.loads)]
                 by = f"only its last-iteration ops {late} read it" if late else "no op of its iterations reads it"
                 raise TilingError(f"{where}: op {n.name} writes {buffer} in the same place in each of the "
                                   f"{loop.count} iterations, but {by}, so the values of all iterations but the last "
                                   f"are lost; an op that reads what each iteration computes runs in every "
                                   f"iteration (runs='every')")
-    rewritten = {n.op.store.buffer: n for n in every if fixed(n)}
-    for g in own:
-        if g.runs != "first":
-            continue
+    firsts = [g for g in own if g.runs == "first"]
+    rewritten = {n.op.store.buffer: n for n in every if fixed(n)} if firsts else {}
+    for g in firsts:
         for ld in g.op.loads:
             w = rewritten.get(ld.buffer)
             if w is not None:
