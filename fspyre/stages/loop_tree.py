@@ -1439,12 +1439,12 @@ def _verify_guards(tree: LoopTree) -> None:
     copy of what the loop reads runs first, the finish of what the loop built last. A guard
     is inconsistent with the loop when it makes the iterations' work unseen:
 
-    - a value the iterations compute (it depends on what the loop moves) into the same place
-      in every iteration must be read by an op that runs in every iteration (the next op of the
-      iteration, or the next iteration: an accumulator); read only by the last iteration's ops
-      or after the loop, the values of all iterations but the last are lost -- a combine
-      guarded last drops all partials but the last (a value nothing reads, a dead op of the
-      graph, loses nothing);
+    - what an iteration computes afresh (an op the loop moves) must reach, through ops of every
+      iteration, a place the loop moves or a buffer it carries to the next iteration; reaching
+      only a place rewritten in each iteration and read by the last iteration's ops or after
+      the loop, the values of all iterations but the last are lost -- a combine guarded last
+      drops all partials but the last (a value nothing reads, a dead op of the graph, loses
+      nothing; a finish run in every iteration reads what the loop carries, and is legal);
     - a first-iteration op must not read what an op of every iteration writes in the same
       place each iteration: it would see only the value from before the loop, where an op of
       every iteration reads the value the iterations hand on.
@@ -1480,31 +1480,47 @@ def _check_loop_guards(tree: LoopTree, loop: Loop, depth: int, used: Mapping[str
         store = node.op.store
         return scopes.get(store.buffer) == "tile" or not moved(node) & {v.name for v in store.index.free_symbols}
 
-    # what the iterations compute: the ops the loop moves, and, through the buffers they write,
-    # every op of each iteration reading them
+    # What an iteration computes afresh (an op the loop moves reads a region of its own) is kept
+    # when it reaches, through ops of every iteration, a place the loop moves (each iteration
+    # writes its own), a buffer the loop carries to the next iteration, or a buffer nothing
+    # reads (a dead op of the graph). Reaching only places rewritten in each iteration and read
+    # after the loop (or by its last iteration alone), it survives from the last iteration
+    # only. A finish run in every iteration instead of the last stays legal: it reads what the
+    # loop carries, and the moving work reached that.
     readers: dict[str, list[OpNode]] = {}
+    writers: dict[str, list[OpNode]] = {}
     for n in every:
+        writers.setdefault(n.op.store.buffer, []).append(n)
         for ld in n.op.loads:
             readers.setdefault(ld.buffer, []).append(n)
-    varying: set[str] = set()  # op names
-    work = [n for n in every if moved(n)]
+    carried = set(loop.carried)
+    kept: set[str] = set()  # op names
+    work = [n for n in every if n.op.store.buffer in carried or not used.get(n.op.store.buffer) or not fixed(n)]
     while work:
         n = work.pop()
-        if n.name in varying:
-            continue
-        varying.add(n.name)
-        work.extend(r for r in readers.get(n.op.store.buffer, ()) if r.name not in varying)
-    if loop.count > 1:
-        for n in every:
-            buffer = n.op.store.buffer
-            # a value nothing reads (a dead op of the graph) is not lost
-            if buffer not in readers and used.get(buffer) and n.name in varying and fixed(n):
-                late = [g.name for g in own if g.runs == "last" and any(ld.buffer == buffer for ld in g.op.loads)]
-                by = f"only its last-iteration ops {late} read it" if late else "no op of its iterations reads it"
-                raise TilingError(f"{where}: op {n.name} writes {buffer} in the same place in each of the "
-                                  f"{loop.count} iterations, but {by}, so the values of all iterations but the last "
-                                  f"are lost; an op that reads what each iteration computes runs in every "
-                                  f"iteration (runs='every')")
+        if n.name not in kept:
+            kept.add(n.name)
+            work.extend(w for ld in n.op.loads for w in writers.get(ld.buffer, ()) if w.name not in kept)
+    lost = [n for n in every if moved(n) and n.name not in kept]
+    if lost and loop.count > 1:
+        # name the op where the work stops: the last of its chain, read only outside the iterations
+        tainted = {n.name for n in lost}
+        work = list(lost)
+        while work:
+            n = work.pop()
+            for r in readers.get(n.op.store.buffer, ()):
+                if r.name not in tainted:
+                    tainted.add(r.name)
+                    work.append(r)
+        end = next((n for n in every if n.name in tainted and n.op.store.buffer not in readers), lost[0])
+        buffer = end.op.store.buffer
+        late = sorted(g.name for g in own if g.runs == "last" and any(ld.buffer == buffer for ld in g.op.loads))
+        by = f"only its last-iteration ops {late} read it" if late else "only ops after the loop read it"
+        raise TilingError(f"{where}: op {end.name} writes {buffer} in the same place in each of the {loop.count} "
+                          f"iterations, from what the loop moves, but {by}, and it reaches nothing the loop moves "
+                          f"or carries, so the values of all iterations but the last are lost; the op that folds "
+                          f"each iteration's {buffer} into what the loop carries runs in every iteration "
+                          f"(runs='every')")
     firsts = [g for g in own if g.runs == "first"]
     rewritten = {n.op.store.buffer: n for n in every if fixed(n)} if firsts else {}
     for g in firsts:

@@ -10,14 +10,20 @@ from dataclasses import replace
 import pytest
 
 import fspyre
+from fspyre.check import compare
 from fspyre.errors import TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, Load, Pointwise, Reduction, Scalar, Store
 from fspyre.ir.looptree import Loop, LoopTree, OpNode, TileStep, TreeBuffer, op_nodes
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.ir.serialize import dumps, loads
+from fspyre.machine.reference import evaluate_with_bounds
+from fspyre.stages.allocation import allocate
 from fspyre.stages.loop_tree import tile, verify_loop_tree
+from fspyre.stages.program import emit_program
+from fspyre.stages.split_plan import divide_work
 from fspyre.stages.tiling_plan import TilingOptions, plan_groups, plan_tiling
+from fspyre.testing import inputs_for
 
 
 def tree_of(graph) -> LoopTree:
@@ -458,9 +464,10 @@ def test_a_combine_guarded_last_loses_the_partials_of_all_iterations_but_the_las
     assert (combine.name, combine.op.fn, combine.runs, combine.tiling[-1]) == ("buf3_combine", "add", "every", ())
     bad = replace(tree, body=_guarded(tree.body, "buf3_combine", "last"))
     with pytest.raises(TilingError, match=r"the loop at level 0 \(count 4\): op buf3 writes buf3_part in the same "
-                                          r"place in each of the 4 iterations, but only its last-iteration ops "
-                                          r"\['buf3_combine'\] read it, so the values of all iterations but the last "
-                                          r"are lost"):
+                                          r"place in each of the 4 iterations, from what the loop moves, but only its "
+                                          r"last-iteration ops \['buf3_combine'\] read it, and it reaches nothing the "
+                                          r"loop moves or carries, so the values of all iterations but the last are "
+                                          r"lost"):
         verify_loop_tree(bad)
     # through the JSON door too: loads verifies what it loads
     with pytest.raises(TilingError, match="are lost"):
@@ -516,3 +523,20 @@ def test_a_value_nothing_reads_is_not_lost():
     assert shape(tree.body) == [(2, [(2, ["buf0:neg"]), "buf1:neg"])]
     assert tree.buffer_table()["buf0"].scope == "tile"
     verify_loop_tree(tree)
+
+
+def test_a_finish_run_in_every_iteration_is_legal():
+    # the K-accumulation's cast, guarded last, run in every iteration instead: it rewrites y
+    # from the running sum each time, and the last time from the whole sum -- the same answer
+    machine = fspyre.machine.spyre(cores=4)
+    graph = _k_accumulation()
+    comp = fspyre.compile(graph, machine, tiling="hints")
+    tree = comp.stages["resident_tree"]
+    (loop,) = [n for n in tree.body if isinstance(n, Loop)]
+    finish = loop.body[-1]
+    assert (finish.runs, finish.op.fn) == ("last", "cast")
+    every = loads(dumps(replace(tree, body=_guarded(tree.body, finish.name, "every"))))
+    split = divide_work(every, machine)
+    program = emit_program(every, split, allocate(every, split, machine), machine)
+    inputs = inputs_for(graph, 0)
+    assert compare(graph, fspyre.run(program, inputs), *evaluate_with_bounds(graph, inputs, machine)).equal
