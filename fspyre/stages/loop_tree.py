@@ -52,6 +52,7 @@ from fspyre.ir.graph import (
     TensorType,
     iteration_dims,
     require_name,
+    store_fault,
     sym,
 )
 from fspyre.ir.kinds import Scope
@@ -69,7 +70,6 @@ from fspyre.ir.looptree import (
     walk,
 )
 from fspyre.ir.plans import Group, Level, TilingPlan
-from fspyre.ir.symbolic import is_size_symbol
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.numerics import compute_dtype
 from fspyre.machine.spyre import Machine
@@ -1371,17 +1371,10 @@ def _verify_tile_reads(tree: LoopTree) -> None:
 
 
 def _verify_addressing(tree: LoopTree) -> None:
-    """A buffer's dims are the ones its writers address. An index is a flat row-major host
-    index (docs/semantics.md): in a store, the variable of each dim the buffer has moves by
-    that dim's stride, and every other variable (a concatenated piece's own axis) by the
-    stride of some dim of size above 1. So a buffer's dims swapped, dropped or resized, which
-    would lay it out differently and give an output another shape under the same indices, are
-    refused. Full buffers agree on each dim's size (a dim name is one axis, of one size, as in
-    the graph). Loads are not held to this: a load reads through a view (a reshape names other
-    dims, an expand leaves some out), and a buffer read is written by a store checked here or
-    is an input, whose shape the run checks against the array it is given. The dims of size
-    1 no index names (a kept axis of a reduction) are not seen here, and buffers with a
-    symbolic size are left to the symbolic stage, which checks each witness."""
+    """A buffer's dims are the ones its writers address (``store_fault``, the graph's rule), so
+    a buffer's dims swapped, dropped or resized, which would lay it out differently and give
+    an output another shape under the same indices, are refused. Full buffers agree on each
+    dim's size (a full buffer has the graph's shape: a dim name is one axis, of one size)."""
     where = f"loop tree {tree.name}"
     sizes: dict[str, tuple[int, str]] = {}
     for b in tree.buffers:
@@ -1393,44 +1386,11 @@ def _verify_addressing(tree: LoopTree) -> None:
                 if size != d.size:
                     raise TilingError(f"{where}: full buffer {b.name} has dim {d.name} of {d.size} elements where "
                                       f"full buffer {first} has {size}; a dim name is one axis, of one size")
-    layouts: dict[str, tuple[dict[str, int], set[int]]] = {}
-    for b in tree.buffers:
-        if not b.type.symbolic:
-            named = {d.name: st for d, st in zip(b.type.dims, b.type.strides()) if d.size != 1}
-            layouts[b.name] = (named, set(named.values()))
+    table = tree.buffer_table()
     for node in op_nodes(tree):
-        store = node.op.store
-        layout = layouts.get(store.buffer)
-        if layout is None:
-            continue
-        named, strides = layout
-        for term, coef in _index_terms(store.index):
-            if not isinstance(term, sympy.Symbol) or is_size_symbol(term):
-                continue
-            want = named.get(term.name)
-            if coef != want and (want is not None or coef not in strides):
-                dims = tree.buffer_table()[store.buffer].type
-                expected = (f"dim {term.name}'s stride {want}" if want is not None
-                            else f"the stride of one of its dims ({sorted(strides, reverse=True)})")
-                raise TilingError(f"{where}: op {node.name} stores into {store.buffer} {dims} through index "
-                                  f"{store.index}, which moves {term.name} by {coef} elements, where the buffer's "
-                                  f"dims need {expected}; the buffer's dims (their order, sizes) disagree with "
-                                  f"what its writer addresses")
-
-
-def _index_terms(index: sympy.Expr) -> list[tuple[sympy.Expr, int | None]]:
-    """(term, its integer coefficient or None) of a linear index, constant excluded."""
-    terms = sympy.Add.make_args(index)
-    if any(isinstance(t, sympy.Add) or (isinstance(t, sympy.Mul) and any(isinstance(a, sympy.Add) for a in t.args))
-           for t in terms):
-        terms = sympy.Add.make_args(sympy.expand(index))
-    out: list[tuple[sympy.Expr, int | None]] = []
-    for t in terms:
-        if t.is_Number:
-            continue
-        coef, rest = t.as_coeff_Mul()
-        out.append((rest, int(coef) if coef.is_Integer else None))
-    return out
+        fault = store_fault(node.op.store.index, table[node.op.store.buffer].type)
+        if fault is not None:
+            raise TilingError(f"{where}: op {node.name} stores into {node.op.store.buffer} {fault}")
 
 
 def _verify_guards(tree: LoopTree) -> None:
