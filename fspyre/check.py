@@ -80,7 +80,9 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
             bounds: Mapping[str, np.ndarray | None]) -> CheckReport:
     """Per element, ``|got − ref| ≤ bound`` (``bounds`` from ``evaluate_with_bounds``; None is
     a zero bound: bit-exact). NaN must sit where the reference has NaN, except where the bound
-    is infinite (an error that may have left a function's domain)."""
+    is infinite (an error that may have left a function's domain). An output of another shape
+    than the reference's is refused, not broadcast: it comes from a program of another graph
+    (a loaded artifact may declare an output's kept axis elsewhere, which no index records)."""
     buffers = graph.buffer_table()
     exact = not any(isinstance(op, Reduction) for op in graph.ops)
     outs = []
@@ -88,6 +90,10 @@ def compare(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[str, np.nd
         dtype = buffers[o.buffer].type.dtype
         a = np.asarray(got[o.name]).astype(np.float64)
         b = np.asarray(ref[o.name]).astype(np.float64)
+        if a.shape != b.shape:
+            raise ExecutionError(f"compare {graph.name}: output {o.name} has shape {list(a.shape)} where the graph's "
+                                 f"has {list(b.shape)}; compare a program's outputs with the graph it was compiled "
+                                 f"from")
         bound = bounds.get(o.name)
         bound = np.zeros(b.shape) if bound is None else np.broadcast_to(np.asarray(bound, np.float64), b.shape)
         with np.errstate(invalid="ignore"):

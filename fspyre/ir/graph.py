@@ -357,7 +357,8 @@ def _require_linear(op: Op, buffer: str, index: sympy.Expr) -> None:
 
 def verify_graph(graph: Graph) -> Graph:
     """Whole-graph invariants: SSA buffers (but for the regions of a concatenation, each written by
-    one op: ``_verify_regions``), defined-before-use, index vars within ranges."""
+    one op: ``_verify_regions``), defined-before-use, index vars within ranges, each store
+    addressing its buffer's dims (``store_fault``)."""
     if not isinstance(graph, Graph):
         raise GraphError(f"verify_graph: expected an fspyre Graph, got a {type(graph).__name__}")
     require_name(graph.name, "graph name")
@@ -394,6 +395,9 @@ def verify_graph(graph: Graph) -> Graph:
         for ld in op.loads:
             _require_linear(op, ld.buffer, ld.index)
         _require_linear(op, op.store.buffer, op.store.index)
+        fault = store_fault(op.store.index, buffers[op.store.buffer].type)
+        if fault is not None:
+            raise GraphError(f"graph {graph.name}: op {op.name} stores into {op.store.buffer} {fault}")
         extra = {s for s in op.store.index.free_symbols - varset if not is_size_symbol(s)}
         if extra:
             raise GraphError(f"op {op.name}: store to {op.store.buffer} uses {sorted(map(str, extra))}, not "
@@ -418,6 +422,36 @@ def verify_graph(graph: Graph) -> Graph:
                 raise HintError(f"op {op.name} carries hint scope {h}, which graph {graph.name} does not declare "
                                 f"(declared scopes: {sorted(scopes)})")
     return graph
+
+
+def store_fault(index: sympy.Expr, btype: TensorType) -> str | None:
+    """Why a store through ``index`` does not address a buffer of type ``btype`` as its dims say,
+    or None. An index is the flat row-major host index, and the variable of a dim is named
+    after it: the variable of each dim of size above 1 the buffer has moves by that dim's
+    stride, and any other variable (a concatenated piece's own axis) by the stride of some such
+    dim. A buffer whose dims were swapped, dropped or resized under the same store would lay
+    its elements out otherwise, and an output would come out transposed or reshaped. Loads are
+    not held to this (a view reads through a reshape or an expand); a dim of size 1 appears in
+    no index; a buffer of symbolic size is checked at each witness size."""
+    if btype.symbolic:
+        return None
+    named = {d.name: st for d, st in zip(btype.dims, btype.strides()) if d.size != 1}
+    terms = sympy.Add.make_args(index)
+    if any(not (t.is_Number or t.is_Symbol or (t.is_Mul and all(a.is_Number or a.is_Symbol for a in t.args)))
+           for t in terms):
+        terms = sympy.Add.make_args(sympy.expand(index))
+    for term in terms:
+        coef, var = term.as_coeff_Mul()
+        if term.is_Number or not var.is_Symbol or is_size_symbol(var) or not coef.is_Integer:
+            continue
+        want = named.get(var.name)
+        if int(coef) != want and (want is not None or int(coef) not in named.values()):
+            need = (f"dim {var.name}'s stride {want}" if want is not None
+                    else f"the stride of one of its dims {sorted(set(named.values()), reverse=True)}")
+            return (f"{btype} through index {index}, which moves {var.name} by {coef} elements where the buffer's "
+                    f"dims need {need}; the buffer's dims (their order, sizes) disagree with what its writer "
+                    f"addresses")
+    return None
 
 
 def store_region(op: Op, dims: tuple[Dim, ...]) -> tuple[int, sympy.Expr] | None:

@@ -52,6 +52,7 @@ from fspyre.ir.graph import (
     TensorType,
     iteration_dims,
     require_name,
+    store_fault,
     sym,
 )
 from fspyre.ir.kinds import Scope
@@ -1096,7 +1097,9 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
     each loop's ``steps`` the moves of the ops below it, every buffer known, every read
     preceded by a write (or an input), every peeled tail a copy of an op of the main body.
     An op of a loop's first or last iteration (``OpNode.runs``) is checked where it is built:
-    inside a loop that does not move it, at the head or the tail of that loop's body."""
+    inside a loop that does not move it, at the head or the tail of that loop's body; and here
+    against what the loop does (``_verify_guards``). Each buffer's dims are checked against
+    the indices its writers store through (``_verify_addressing``)."""
     require(tree, LoopTree, "verify_loop_tree", "tree")
     require_name(tree.name, "loop tree name")
     for b in tree.buffers:
@@ -1148,6 +1151,8 @@ def verify_loop_tree(tree: LoopTree) -> LoopTree:
                               f"op of the tree's main body")
     _verify_coverage(tree)
     _verify_tile_reads(tree)
+    _verify_addressing(tree)
+    _verify_guards(tree)
     for o in tree.outputs:
         if o.buffer not in written or table[o.buffer].scope != "full":
             raise TilingError(
@@ -1363,6 +1368,129 @@ def _verify_tile_reads(tree: LoopTree) -> None:
                                           f"writes it; a buffer read tile by tile from outside is a full buffer")
 
     visit(tree.body, ())
+
+
+def _verify_addressing(tree: LoopTree) -> None:
+    """A buffer's dims are the ones its writers address (``store_fault``, the graph's rule), so
+    a buffer's dims swapped, dropped or resized, which would lay it out differently and give
+    an output another shape under the same indices, are refused. Full buffers agree on each
+    dim's size (a full buffer has the graph's shape: a dim name is one axis, of one size)."""
+    where = f"loop tree {tree.name}"
+    sizes: dict[str, tuple[int, str]] = {}
+    for b in tree.buffers:
+        if b.scope != "full" or b.type.symbolic:
+            continue
+        for d in b.type.dims:
+            if d.size != 1:
+                size, first = sizes.setdefault(d.name, (d.size, b.name))
+                if size != d.size:
+                    raise TilingError(f"{where}: full buffer {b.name} has dim {d.name} of {d.size} elements where "
+                                      f"full buffer {first} has {size}; a dim name is one axis, of one size")
+    table = tree.buffer_table()
+    for node in op_nodes(tree):
+        fault = store_fault(node.op.store.index, table[node.op.store.buffer].type)
+        if fault is not None:
+            raise TilingError(f"{where}: op {node.name} stores into {node.op.store.buffer} {fault}")
+
+
+def _verify_guards(tree: LoopTree) -> None:
+    """An op of a loop's first or last iteration (``OpNode.runs``) stands for an op just before
+    or just after the loop (docs/tiling.md, "Kernel boundaries"): an accumulator's fill or a
+    copy of what the loop reads runs first, the finish of what the loop built last. A guard
+    is inconsistent with the loop when it makes the iterations' work unseen:
+
+    - what an iteration computes afresh (an op the loop moves) must reach, through ops of every
+      iteration, a place the loop moves or a buffer it carries to the next iteration; reaching
+      only a place rewritten in each iteration and read by the last iteration's ops or after
+      the loop, the values of all iterations but the last are lost -- a combine guarded last
+      drops all partials but the last (a value nothing reads, a dead op of the graph, loses
+      nothing; a finish run in every iteration reads what the loop carries, and is legal);
+    - a first-iteration op must not read what an op of every iteration writes in the same
+      place each iteration: it would see only the value from before the loop, where an op of
+      every iteration reads the value the iterations hand on.
+
+    Each loop is checked over the ops below it (linear in the ops times the nesting depth)."""
+
+    used: dict[str, set[str]] = {o.buffer: {f"output {o.name}"} for o in tree.outputs}  # buffer -> its readers
+    for n in op_nodes(tree):
+        for ld in n.op.loads:
+            used.setdefault(ld.buffer, set()).add(n.name)
+
+    def visit(body: tuple[Node, ...], depth: int) -> None:
+        for node in body:
+            if isinstance(node, Loop):
+                _check_loop_guards(tree, node, depth, used)
+                visit(node.body, depth + 1)
+
+    visit(tree.body, 0)
+
+
+def _check_loop_guards(tree: LoopTree, loop: Loop, depth: int, used: Mapping[str, set[str]]) -> None:
+    where = f"loop tree {tree.name}: the loop at level {depth} (count {loop.count})"
+    scopes = {b.name: b.scope for b in tree.buffers}
+    nodes = [n for n, _ in walk(loop.body) if isinstance(n, OpNode)]
+    own = [n for n in nodes if n.guarded and len(n.tiling) == depth + 1]  # guarded at this loop
+    every = [n for n in nodes if not (n.guarded and len(n.tiling) == depth + 1)]
+
+    def moved(node: OpNode) -> set[str]:
+        return {s.dim for s in node.tiling[depth]} if depth < len(node.tiling) else set()
+
+    def fixed(node: OpNode) -> bool:
+        """The op writes the same place of its store in every iteration of the loop."""
+        store = node.op.store
+        return scopes.get(store.buffer) == "tile" or not moved(node) & {v.name for v in store.index.free_symbols}
+
+    # What an iteration computes afresh (an op the loop moves reads a region of its own) is kept
+    # when it reaches, through ops of every iteration, a place the loop moves (each iteration
+    # writes its own), a buffer the loop carries to the next iteration, or a buffer nothing
+    # reads (a dead op of the graph). Reaching only places rewritten in each iteration and read
+    # after the loop (or by its last iteration alone), it survives from the last iteration
+    # only. A finish run in every iteration instead of the last stays legal: it reads what the
+    # loop carries, and the moving work reached that.
+    readers: dict[str, list[OpNode]] = {}
+    writers: dict[str, list[OpNode]] = {}
+    for n in every:
+        writers.setdefault(n.op.store.buffer, []).append(n)
+        for ld in n.op.loads:
+            readers.setdefault(ld.buffer, []).append(n)
+    carried = set(loop.carried)
+    kept: set[str] = set()  # op names
+    work = [n for n in every if n.op.store.buffer in carried or not used.get(n.op.store.buffer) or not fixed(n)]
+    while work:
+        n = work.pop()
+        if n.name not in kept:
+            kept.add(n.name)
+            work.extend(w for ld in n.op.loads for w in writers.get(ld.buffer, ()) if w.name not in kept)
+    lost = [n for n in every if moved(n) and n.name not in kept]
+    if lost and loop.count > 1:
+        # name the op where the work stops: the last of its chain, read only outside the iterations
+        tainted = {n.name for n in lost}
+        work = list(lost)
+        while work:
+            n = work.pop()
+            for r in readers.get(n.op.store.buffer, ()):
+                if r.name not in tainted:
+                    tainted.add(r.name)
+                    work.append(r)
+        end = next((n for n in every if n.name in tainted and n.op.store.buffer not in readers), lost[0])
+        buffer = end.op.store.buffer
+        late = sorted(g.name for g in own if g.runs == "last" and any(ld.buffer == buffer for ld in g.op.loads))
+        by = f"only its last-iteration ops {late} read it" if late else "only ops after the loop read it"
+        raise TilingError(f"{where}: op {end.name} writes {buffer} in the same place in each of the {loop.count} "
+                          f"iterations, from what the loop moves, but {by}, and it reaches nothing the loop moves "
+                          f"or carries, so the values of all iterations but the last are lost; the op that folds "
+                          f"each iteration's {buffer} into what the loop carries runs in every iteration "
+                          f"(runs='every')")
+    firsts = [g for g in own if g.runs == "first"]
+    rewritten = {n.op.store.buffer: n for n in every if fixed(n)} if firsts else {}
+    for g in firsts:
+        for ld in g.op.loads:
+            w = rewritten.get(ld.buffer)
+            if w is not None:
+                raise TilingError(f"{where}: op {g.name} runs in the first iteration only but reads {ld.buffer}, "
+                                  f"which op {w.name} rewrites in every iteration, so it would see only the value "
+                                  f"from before the loop; an op that reads what the iterations hand on runs in "
+                                  f"every iteration (runs='every')")
 
 
 def _shown(runs: list[tuple[int, int]]) -> str:

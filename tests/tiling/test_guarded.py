@@ -15,20 +15,27 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from test_tiling_properties import GRAPHS, agree, reassociates, untiled_run
-from tiling_examples import attention
+from tiling_examples import attention, softmax_over
 
 import fspyre
+from fspyre.check import compare
 from fspyre.errors import ExecutionError, FspyreError, LoweringError, SerializationError, TilingError
 from fspyre.ir.graph import Pointwise, Store
-from fspyre.ir.looptree import Loop, OpNode, TileStep, op_nodes
+from fspyre.ir.looptree import Loop, OpNode, TileStep, op_nodes, walk
 from fspyre.ir.program import LoopSpec, OpSpec, op_specs
 from fspyre.ir.serialize import FORMAT, dumps, loads
 from fspyre.lower.generic import mlir_generic
 from fspyre.lower.unroll import unroll
+from fspyre.machine.hostio import random_inputs, wide_inputs
 from fspyre.machine.interpreter import RunOptions, run_program
 from fspyre.machine.memcheck import check_memory
+from fspyre.machine.reference import evaluate_with_bounds
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import spyre
+from fspyre.stages.allocation import allocate
+from fspyre.stages.program import emit_program
+from fspyre.stages.residency import place_copies
+from fspyre.stages.split_plan import divide_work
 from fspyre.testing import examples, inputs_for
 from fspyre.testing.hints import legal_hint_nests
 
@@ -380,3 +387,64 @@ def test_an_op_joins_a_loop_only_past_ops_that_do_not_touch_its_buffers():
     assert np.array_equal(fspyre.run(comp, inputs)["z"], fspyre.run(plain, inputs)["z"])
     report = fspyre.check(graph, inputs, machine=machine, comp=comp)
     assert report.equal and report.safe, str(report)
+
+
+# -- a loaded tree's guards ----------------------------------------------------------------------------
+def _reguarded(body, name: str, runs: str):
+    return tuple(dataclasses.replace(n, body=_reguarded(n.body, name, runs)) if isinstance(n, Loop)
+                 else dataclasses.replace(n, runs=runs) if n.name == name else n for n in body)
+
+
+def _guard_edits(tree) -> list[tuple[str, str]]:
+    """(op, runs): each op in a loop that its innermost loop does not move (only such an op
+    can be guarded), with each other guard."""
+    return [(n.name, runs) for n, depth in walk(tree.body) if isinstance(n, OpNode) and depth and not n.tiling[-1]
+            for runs in ("every", "first", "last") if runs != n.runs]
+
+
+@settings(max_examples=examples(30), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(st.data(), st.integers(1, 8))
+def test_a_loaded_tree_with_a_guard_changed_is_refused_or_runs_equal(data, cores):
+    """Any op's guard changed in a loop tree or a resident tree loaded from JSON and handed to
+    the next stage alone (tests/unit/stage_doors.py, over random graphs): the stages refuse it
+    with an FspyreError, or its program equals the reference on random inputs and on inputs
+    that defeat shift and scale invariances. A guard that makes the iterations' work unseen --
+    a combine guarded last drops all partials but the last -- must not pass silently."""
+    family = data.draw(st.sampled_from(["random", "softmax", "attention", "mlp"]), label="family")
+    if family == "random":
+        base = data.draw(GRAPHS, label="graph")
+        graph = data.draw(legal_hint_nests(base), label="hints").apply(base)
+    elif family == "softmax":  # an online softmax: running max and sum, rescaled
+        graph = softmax_over(data.draw(st.sampled_from([8, 16])), data.draw(st.sampled_from([128, 256])),
+                             data.draw(st.sampled_from([2, 4])), data.draw(st.sampled_from(["softmax", "log_softmax"])),
+                             data.draw(st.sampled_from(["float16", "float32"])), data.draw(st.sampled_from([1, 2])))
+    elif family == "attention":
+        graph = attention(16, data.draw(st.sampled_from([128, 256])), 64, {"Sk": data.draw(st.sampled_from([2, 4]))})
+    else:  # a K-accumulation with its fill, finish and bias add around the loop
+        graph = mlp(16, 64, data.draw(st.sampled_from([128, 256])), data.draw(st.sampled_from([2, 4])))
+    machine = spyre(cores=cores)
+    try:
+        comp = fspyre.compile(graph, machine, tiling="hints")
+    except FspyreError:
+        assume(False)
+    stage = data.draw(st.sampled_from(["loop_tree", "resident_tree"]), label="stage")
+    tree = comp.stages[stage]
+    edits = _guard_edits(tree)
+    assume(edits)
+    name, runs = data.draw(st.sampled_from(edits), label="edit")
+    event(f"{stage}: {runs}")
+    try:
+        loaded = loads(dumps(dataclasses.replace(tree, body=_reguarded(tree.body, name, runs))))
+        if stage == "loop_tree":
+            program = place_copies(loaded, machine).program
+        else:
+            split = divide_work(loaded, machine)
+            program = emit_program(loaded, split, allocate(loaded, split, machine), machine)
+        table = graph.buffer_table()
+        types = {n: table[n].type for n in graph.inputs}
+        for inputs in (random_inputs(types, 0), wide_inputs(types, 0)):
+            report = compare(graph, fspyre.run(program, inputs), *evaluate_with_bounds(graph, inputs, machine))
+            assert report.equal, f"{stage}: op {name} runs={runs!r} passed silently: {report}"
+    except FspyreError as err:
+        event(f"refused: {str(err).split(':')[0]}")

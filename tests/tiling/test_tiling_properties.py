@@ -16,6 +16,8 @@ Random hints that fspyre refuses raise an FspyreError, never another exception.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, reject, settings
@@ -157,3 +159,46 @@ def test_any_hints_compile_and_agree_or_raise_fspyre_errors(data, cores):
     graph = data.draw(GRAPHS, label="graph")
     nest = data.draw(any_hint_nests(graph), label="hints")
     check_tiled(graph, nest, cores, must_compile=False)
+
+
+def _dim_edits(tree) -> list[tuple[str, tuple]]:
+    """(buffer, dims): each buffer an op writes, with two of its dims of size above 1 swapped,
+    or one of them dropped (a dim of size 1 no index records: tests/unit/test_check.py)."""
+    written = {n.op.store.buffer for n in op_nodes(tree)}
+    out = []
+    for b in tree.buffers:
+        dims = b.type.dims
+        big = [j for j, d in enumerate(dims) if d.size != 1]
+        if b.name not in written or b.type.symbolic:
+            continue
+        for j in big:
+            out.append((b.name, dims[:j] + dims[j + 1:]))
+            for k in big:
+                if j < k:
+                    swapped = list(dims)
+                    swapped[j], swapped[k] = dims[k], dims[j]
+                    out.append((b.name, tuple(swapped)))
+    return out
+
+
+@SETTINGS
+@given(st.data(), st.integers(1, 8))
+def test_a_loaded_tree_whose_buffer_dims_are_swapped_or_dropped_is_refused(data, cores):
+    """A written buffer's dims of size above 1 swapped or one dropped, in a loop tree or a
+    resident tree loaded from JSON: ``verify_loop_tree`` (which loading runs) refuses it with a
+    TilingError naming the op and the index it stores through (on main, such a tree ran to
+    a transposed output or a raw broadcast error)."""
+    graph = data.draw(GRAPHS, label="graph")
+    hinted = data.draw(legal_hint_nests(graph), label="hints").apply(graph)
+    try:
+        comp = fspyre.compile(hinted, fspyre.machine.spyre(cores=cores), tiling="hints")
+    except fspyre.FspyreError:
+        reject()
+    tree = comp.stages[data.draw(st.sampled_from(["loop_tree", "resident_tree"]), label="stage")]
+    edits = _dim_edits(tree)
+    assume(edits)
+    name, dims = data.draw(st.sampled_from(edits), label="edit")
+    bad = replace(tree, buffers=tuple(replace(b, type=replace(b.type, dims=dims)) if b.name == name else b
+                                      for b in tree.buffers))
+    with pytest.raises(fspyre.errors.TilingError, match=f"stores into {name} .* through index"):
+        loads(dumps(bad))

@@ -3,7 +3,10 @@
 A corruption must be refused (a one-line FspyreError, at load or by the stage) or give a
 program whose results equal the untiled reference of the graph on random inputs and on
 inputs that defeat shift and scale invariances: never a raw exception, a run of more than
-``TIME_LIMIT`` CPU seconds, or a silently wrong answer. A corrupted graph is compared with
+``TIME_LIMIT`` CPU seconds, or a silently wrong answer. One edit only the comparison with
+the graph can refuse: an output buffer's axis of size 1 (a kept reduced axis) moved or
+dropped, which no index records, so the tree is consistent and its program gives the output
+another shape; ``compare`` refuses an output whose shape is not the graph's. A corrupted graph is compared with
 its own reference (any valid graph is a graph someone may mean).
 
 The edits (``edits``): every number +/-1, doubled, halved, 0, negated and made huge; every

@@ -171,3 +171,22 @@ def test_check_s_second_run_catches_what_softmax_s_shift_invariance_hides():
     assert compare(graph, run_program(bad.program, inputs)[0], ref, bounds).equal  # hidden on these
     assert fspyre.check(graph, comp=comp).equal
     assert not fspyre.check(graph, comp=bad).equal
+
+
+def test_an_output_of_another_shape_is_refused_not_broadcast():
+    # a loaded tree may declare an output's kept axis elsewhere, or drop it: no index records
+    # a dim of size 1, so the program runs, and its output must not be broadcast against the graph's
+    g = fspyre.GraphBuilder("rowsum")
+    r, c = g.dim("R", 8), g.dim("C", 64)
+    x = g.input("x", (r, c), "float32")
+    g.output("s", g.sum(x, ["C"], keepdim=True))
+    graph = g.build()
+    machine = spyre(cores=1)
+    inputs = {"x": np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)}
+    ref, bounds = evaluate_with_bounds(graph, inputs, machine)
+    assert compare(graph, ref, ref, bounds).equal
+    for shape in ((1, 8), (8,), (8, 1, 1)):
+        with pytest.raises(fspyre.errors.ExecutionError, match=rf"compare rowsum: output s has shape "
+                                                               rf"\[{', '.join(map(str, shape))}\] where the graph's "
+                                                               rf"has \[8, 1\]"):
+            compare(graph, {"s": ref["s"].reshape(shape)}, ref, bounds)

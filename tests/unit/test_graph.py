@@ -157,3 +157,27 @@ def test_every_ir_class_is_frozen_with_slots_and_no_mutable_fields(cls):
         text = str(hints.get(f.name, f.type))
         for bad in ("list[", "dict[", "set[", "List[", "Dict[", "Set[", "<class 'list'>", "<class 'dict'>"):
             assert bad not in text, f"{cls.__name__}.{f.name} is declared {text}"
+
+
+def test_a_store_must_address_its_buffers_dims():
+    # the buffer y of [M=8, N=64] is written through 64*M + N; with its dims swapped, or one
+    # dropped, under the same store it would hold a reshaped (not transposed) result
+    import fspyre
+    from fspyre.ir.serialize import dumps, loads
+
+    g = fspyre.GraphBuilder("store")
+    m, n = g.dim("M", 8), g.dim("N", 64)
+    x = g.input("x", (m, n), "float16")
+    g.output("y", g.exp(x))
+    graph = graph_ir.verify_graph(g.build())
+    (y,) = [b for b in graph.buffers if b.name == graph.outputs[0].buffer]
+    for dims, need in (((n, m), r"dim [MN]'s stride \d+"), ((m,), r"dim M's stride 1"),
+                       ((n,), r"the stride of one of its dims \[1\]")):
+        edited = dataclasses.replace(y, type=dataclasses.replace(y.type, dims=dims))
+        bad = dataclasses.replace(graph, buffers=tuple(edited if b is y else b for b in graph.buffers))
+        with pytest.raises(GraphError, match=rf"graph store: op buf0 stores into buf0 float16\[.*\] through index "
+                                             rf"64\*M \+ N, which moves [MN] by \d+ elements where the buffer's dims "
+                                             rf"need {need}"):
+            graph_ir.verify_graph(bad)
+        with pytest.raises(GraphError, match="stores into buf0"):
+            loads(dumps(bad))
