@@ -319,3 +319,34 @@ def test_a_many_core_uneven_split_that_runs_equal_is_proved():
     assert np.array_equal(fspyre.run(comp, inputs)["y"], fspyre.evaluate(graph, inputs, spyre(cores=24))["y"])
     proof = prove(comp)
     assert proof.proved, str(proof)
+
+
+def test_a_reduction_recomputed_in_each_iteration_of_a_loop_outside_it_is_proved_once_per_iteration():
+    """The campaign's seed 10260: a full amax over D1 x N3 sits inside a loop over D2 (5
+    iterations) that is not one of its dims; its accumulator's fill runs in the first D1 tile of
+    each D2 iteration, so each D2 iteration computes every point once, afresh. That is not a
+    point counted twice (it was refuted as one). Folding the tile twice within one iteration
+    still is."""
+    from fspyre.testing.campaign import check_generated, generate
+
+    gen = generate(10260)
+    assert check_generated(gen, prove=False).status == "ok"
+    comp = fspyre.compile(gen.graph, gen.machine, tiling="auto", split_options=gen.split_options,
+                          allocation_options=gen.allocation_options)
+    assert prove(comp).proved, str(prove(comp))
+
+    def twice(body):
+        out = []
+        for s in body:
+            if isinstance(s, LoopSpec):
+                out.append(dataclasses.replace(s, body=twice(s.body)))
+                continue
+            out.append(s)
+            if s.name == "buf3_combine":  # the tile's partial and its fold, again
+                out += [next(x for x in body if not isinstance(x, LoopSpec) and x.name == "buf3"), s]
+        return tuple(out)
+
+    bad = dataclasses.replace(comp.program, body=twice(comp.program.body))
+    assert bad != comp.program
+    proof = prove(bad, gen.graph)
+    assert proof.refuted and "computed twice" in proof.refuted[0].reason, str(proof)
