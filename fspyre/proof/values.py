@@ -369,9 +369,10 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
 def _epochs(model: Model, g: Op, mine: list[str], by_op, carried: set[str]) -> list[int]:
     """The loops (by depth) that restart ``g``'s accumulation: they enclose every op of ``g``
     and every fill of the accumulator its partials fold into (an op writing it without reading
-    it), the fill runs in each of their iterations (not only in the first or last iteration of
-    the innermost one), and they tile none of ``g``'s dims (so each iteration computes the
-    same points)."""
+    it), the fill and ``g``'s ops run in each of their iterations (not only in the first or
+    last iteration of the innermost one: a partial computed once and folded again after each
+    fill is the whole program's once), and they tile none of ``g``'s dims (so each iteration
+    computes the same points)."""
     made = {_write(model, s).arg.name for s in mine}
     folds = [t for t, accs in by_op.items() if {a.arg.name for a in accs} & made
              and _write(model, f"W{t}").arg.name in carried]
@@ -386,8 +387,8 @@ def _epochs(model: Model, g: Op, mine: list[str], by_op, carried: set[str]) -> l
     for L in range(min(a.loops for a in ops + fills)):
         if len({a.path[:L + 1] for a in ops + fills}) != 1:
             break  # not a loop they all share
-        if any(f.spec is not None and f.spec.runs != "every" and L == f.loops - 1 for f in fills):
-            continue
+        if any(a.spec is not None and a.spec.runs != "every" and L == a.loops - 1 for a in ops + fills):
+            continue  # a fill or an op of g in only one of its iterations: it does not restart them all
         if dims & {str(x) for x in _loop(model, ops[0].path[:L + 1]).tiled_symbols}:
             continue
         out.append(L)
