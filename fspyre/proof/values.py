@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from functools import reduce
 
 import islpy as isl
 import sympy
@@ -357,7 +358,16 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
                                          f"computes (a reduction range or tile left out)"), None
         if not once or not union.is_single_valued():
             continue
-        twice = union.apply_range(union.reverse()).intersect(_distinct(model, union))
+        # partials folded into different accumulators that nothing folds together (a peeled
+        # tail's recomputation of the whole reduction into its own accumulator, whose finish
+        # writes the same output again) are separate computations: twice means in one of them
+        roots = {s: _root(model, _write(model, s).arg.name, by_op, carried) for s in mine}
+        same = model.union_map([])
+        for r in ({None} if None in roots.values() else set(roots.values())):
+            ins = [points[s].domain() for s in mine if r is None or roots[s] == r]
+            one = reduce(lambda a, b: a.union(b), ins)
+            same = same.union(isl.UnionMap.from_domain_and_range(one, one))
+        twice = union.apply_range(union.reverse()).intersect(_distinct(model, union)).intersect(same)
         if not twice.is_empty():
             ce = counterexample(model, _reads_of(model, twice.domain(), by_op))
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
@@ -393,6 +403,23 @@ def _epochs(model: Model, g: Op, mine: list[str], by_op, carried: set[str]) -> l
             continue
         out.append(L)
     return out
+
+
+def _root(model: Model, tensor: str, by_op, carried: set[str]) -> str | None:
+    """The accumulator ``tensor``'s values end in: follow each fold (an op reading the tensor
+    and reading and writing a carried one) to the last; None when a tensor is folded into
+    more than one (then every computation counts as one)."""
+    seen = {tensor}
+    while True:
+        into = {_write(model, f"W{t}").arg.name for t, accs in by_op.items()
+                if tensor in {a.arg.name for a in accs} and _write(model, f"W{t}").arg.name in carried
+                and _write(model, f"W{t}").arg.name in {a.arg.name for a in accs}} - {tensor}
+        if not into:
+            return tensor
+        if len(into) > 1 or into & seen:
+            return None
+        tensor = into.pop()
+        seen.add(tensor)
 
 
 def _loop(model: Model, path: tuple[int, ...]) -> LoopSpec:

@@ -29,6 +29,8 @@ FIXED = {
            "lacks was taken for a point counted twice",
     20155: "proof refuted an equal program (while 10260's fix was drafted): a prod's partial computed in a loop's "
            "first iteration and folded after the fill of each iteration was taken for points left out",
+    30548: "proof refuted an equal program: a peeled tail recomputing a whole amax into its own accumulator, "
+           "its finish writing the same output again, was taken for points counted twice",
 }
 
 
