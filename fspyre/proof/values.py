@@ -362,12 +362,12 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
         # tail's recomputation of the whole reduction into its own accumulator, whose finish
         # writes the same output again) are separate computations: twice means in one of them
         roots = {s: _root(model, _write(model, s).arg.name, by_op, carried) for s in mine}
-        same = model.union_map([])
-        for r in ({None} if None in roots.values() else set(roots.values())):
-            ins = [points[s].domain() for s in mine if r is None or roots[s] == r]
+        together = model.union_map([])
+        for root in ({None} if None in roots.values() else set(roots.values())):
+            ins = [points[s].domain() for s in mine if root is None or roots[s] == root]
             one = reduce(lambda a, b: a.union(b), ins)
-            same = same.union(isl.UnionMap.from_domain_and_range(one, one))
-        twice = union.apply_range(union.reverse()).intersect(_distinct(model, union)).intersect(same)
+            together = together.union(isl.UnionMap.from_domain_and_range(one, one))
+        twice = union.apply_range(union.reverse()).intersect(_distinct(model, union)).intersect(together)
         if not twice.is_empty():
             ce = counterexample(model, _reads_of(model, twice.domain(), by_op))
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
