@@ -353,8 +353,13 @@ def _same_iteration(model: Model, w: Access, r: Access) -> isl.UnionMap | None:
             if m and not relaxed:
                 model.cache.setdefault("in_iteration", set()).add(r.stmt)
             # in explicit form (each writer coordinate a quasi-affine function of the read's),
-            # as isl's own analysis returns it: the relations built on it stay small
-            return found.lexmax().reverse()
+            # as isl's own analysis returns it: the relations built on it stay small. isl's
+            # lexmax of the composition as built can drop part of its domain (islpy 2026.2.2:
+            # a 24-core uneven split, the second run's cores lost, so their reads found no
+            # graph value); with its equalities detected first it does not, and the result is
+            # checked total anyway: ``found`` is already the function, only in a costlier form
+            explicit = found.detect_equalities().lexmax()
+            return (explicit if model.instances(r).is_subset(explicit.domain()) else found).reverse()
     return None
 
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import heapq
 import re
+from functools import reduce
 
 import islpy as isl
 import sympy
 
 from fspyre.ir.graph import Graph, Load, Op, Reduction
-from fspyre.ir.program import ArgOperand, OpSpec
+from fspyre.ir.program import ArgOperand, LoopSpec, OpSpec
 from fspyre.proof.artifact import PropertyResult
 from fspyre.proof.sets import CTX, Access, Model, NotAffine, isl_text
 
@@ -335,10 +336,17 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
         if not mine:
             continue
         space, cond = _gspace(g)
-        full = isl.UnionSet.read_from_str(CTX, model.space(f"{space} : {cond}"))
+        once = isinstance(g, Reduction) and any(_write(model, s).arg.name in folded for s in mine)
+        epochs = _epochs(model, g, mine, by_op, carried) if once else []
+        # a loop that restarts the accumulation (its fill runs in each of its iterations) and
+        # tiles none of g's dims computes the whole reduction again in each iteration: each
+        # point once per iteration, so the iteration is part of the point
+        bounds = " and ".join([cond] + [f"0 <= e{L} < {_count(model, mine[0], L)}" for L in epochs])
+        full = isl.UnionSet.read_from_str(CTX, model.space(
+            f"[{space} -> E[{', '.join(f'e{L}' for L in epochs)}]] : {bounds}" if epochs else f"{space} : {cond}"))
         union = model.union_map([])
         for s in mine:
-            union = union.union(points[s])
+            union = union.union(points[s].range_product(_epoch_map(model, s, epochs)) if epochs else points[s])
         # a map that is not single-valued (an op whose operands leave its point open: a
         # broadcast of all of them) has a larger range, never a smaller one: "lost" stays sound
         lost = full.subtract(union.range())
@@ -348,16 +356,89 @@ def graph_values(model: Model, graph: Graph, deps: isl.UnionMap) -> tuple[Proper
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
                                   reason=f"graph op {g.name}: some of its points (e.g. {_sample(lost)}) no op "
                                          f"computes (a reduction range or tile left out)"), None
-        once = isinstance(g, Reduction) and any(_write(model, s).arg.name in folded for s in mine)
         if not once or not union.is_single_valued():
             continue
-        twice = union.apply_range(union.reverse()).intersect(_distinct(model, union))
+        # partials folded into different accumulators that nothing folds together (a peeled
+        # tail's recomputation of the whole reduction into its own accumulator, whose finish
+        # writes the same output again) are separate computations: twice means in one of them
+        roots = {s: _root(model, _write(model, s).arg.name, by_op, carried) for s in mine}
+        together = model.union_map([])
+        for root in ({None} if None in roots.values() else set(roots.values())):
+            ins = [points[s].domain() for s in mine if root is None or roots[s] == root]
+            one = reduce(lambda a, b: a.union(b), ins)
+            together = together.union(isl.UnionMap.from_domain_and_range(one, one))
+        twice = union.apply_range(union.reverse()).intersect(_distinct(model, union)).intersect(together)
         if not twice.is_empty():
             ce = counterexample(model, _reads_of(model, twice.domain(), by_op))
             return PropertyResult(name="coverage", verdict="refuted", counterexample=ce,
                                   reason=f"graph op {g.name}: a point is computed twice (a reduction range or tile "
                                          f"counted twice)"), None
     return None, None
+
+
+def _epochs(model: Model, g: Op, mine: list[str], by_op, carried: set[str]) -> list[int]:
+    """The loops (by depth) that restart ``g``'s accumulation: they enclose every op of ``g``
+    and every fill of the accumulator its partials fold into (an op writing it without reading
+    it), the fill and ``g``'s ops run in each of their iterations (not only in the first or
+    last iteration of the innermost one: a partial computed once and folded again after each
+    fill is the whole program's once), and they tile none of ``g``'s dims (so each iteration
+    computes the same points)."""
+    made = {_write(model, s).arg.name for s in mine}
+    folds = [t for t, accs in by_op.items() if {a.arg.name for a in accs} & made
+             and _write(model, f"W{t}").arg.name in carried]
+    accs = {_write(model, f"W{t}").arg.name for t in folds} | (made & carried)
+    fills = [w for w in model.accesses if w.is_write and w.spec is not None and w.arg.name in accs
+             and w.arg.name not in {a.arg.name for a in by_op.get(w.t, [])}]
+    if not fills:
+        return []
+    ops = [_write(model, s) for s in mine]
+    dims = {str(d.symbol) for d in _domain(g)}
+    out = []
+    for L in range(min(a.loops for a in ops + fills)):
+        if len({a.path[:L + 1] for a in ops + fills}) != 1:
+            break  # not a loop they all share
+        if any(a.spec is not None and a.spec.runs != "every" and L == a.loops - 1 for a in ops + fills):
+            continue  # a fill or an op of g in only one of its iterations: it does not restart them all
+        if dims & {str(x) for x in _loop(model, ops[0].path[:L + 1]).tiled_symbols}:
+            continue
+        out.append(L)
+    return out
+
+
+def _root(model: Model, tensor: str, by_op, carried: set[str]) -> str | None:
+    """The accumulator ``tensor``'s values end in: follow each fold (an op reading the tensor
+    and reading and writing a carried one) to the last; None when a tensor is folded into
+    more than one (then every computation counts as one)."""
+    seen = {tensor}
+    while True:
+        into = {_write(model, f"W{t}").arg.name for t, accs in by_op.items()
+                if tensor in {a.arg.name for a in accs} and _write(model, f"W{t}").arg.name in carried
+                and _write(model, f"W{t}").arg.name in {a.arg.name for a in accs}} - {tensor}
+        if not into:
+            return tensor
+        if len(into) > 1 or into & seen:
+            return None
+        tensor = into.pop()
+        seen.add(tensor)
+
+
+def _loop(model: Model, path: tuple[int, ...]) -> LoopSpec:
+    body, spec = model.program.body, None
+    for q in path:
+        spec = body[q]
+        body = spec.body if isinstance(spec, LoopSpec) else ()
+    assert isinstance(spec, LoopSpec)
+    return spec
+
+
+def _count(model: Model, stmt: str, L: int) -> str:
+    return isl_text(_write(model, stmt).counts[L], {})
+
+
+def _epoch_map(model: Model, stmt: str, epochs: list[int]) -> isl.UnionMap:
+    """Op instances of ``stmt``'s op -> ``E[their iterations of the loops in epochs]``."""
+    w = _write(model, stmt)
+    return model.union_map([f"O{w.t}[{', '.join(w.dims)}] -> E[{', '.join(f'i{L}' for L in epochs)}]"])
 
 
 def _tuple_names(s: isl.UnionSet) -> list[str]:

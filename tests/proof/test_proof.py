@@ -298,3 +298,55 @@ def test_uneven_splits_are_proved_and_their_corruptions_refuted():
         assert proof.refuted, str(proof)
         ce = proof.refuted[0].counterexample
         assert ce is not None and ce.op and ce.tensor  # the op that writes off, or the reader it misleads
+
+
+def test_a_many_core_uneven_split_that_runs_equal_is_proved():
+    """Issue 25, drawn by a fresh-clone CI run: on 24 cores a neg over N=32 x K=96 runs in two
+    tiles of 11 rows and a tail of 10, each core one row and K split 64 + 32. The last writer
+    of each read was found by composing relations and taking isl's lexmax, which dropped the
+    cores of the second run of K: their reads found no graph value and the proof refuted a
+    program that runs equal."""
+    g = fspyre.GraphBuilder("uneven")
+    N, K = g.dim("N", 32), g.dim("K", 96)
+    x = g.input("x", (N, K), "float16")
+    with g.hint(slices={"N": 3}):
+        g.output("y", g.neg(x))
+    graph = g.build()
+    comp = fspyre.compile(graph, machine=spyre(cores=24, lx_bytes=0), tiling="hints")
+    spec = op_specs(comp.program)[0]
+    assert [tuple(int(v) for v in spec.core_spaces[c][1]) for c in (10, 11)] == [(0, 64), (64, 32)]  # K: 64 + 32
+    inputs = inputs_for(graph)
+    assert np.array_equal(fspyre.run(comp, inputs)["y"], fspyre.evaluate(graph, inputs, spyre(cores=24))["y"])
+    proof = prove(comp)
+    assert proof.proved, str(proof)
+
+
+def test_a_reduction_recomputed_in_each_iteration_of_a_loop_outside_it_is_proved_once_per_iteration():
+    """The campaign's seed 10260: a full amax over D1 x N3 sits inside a loop over D2 (5
+    iterations) that is not one of its dims; its accumulator's fill runs in the first D1 tile of
+    each D2 iteration, so each D2 iteration computes every point once, afresh. That is not a
+    point counted twice (it was refuted as one). Folding the tile twice within one iteration
+    still is."""
+    from fspyre.testing.campaign import check_generated, generate
+
+    gen = generate(10260)
+    assert check_generated(gen, prove=False).status == "ok"
+    comp = fspyre.compile(gen.graph, gen.machine, tiling="auto", split_options=gen.split_options,
+                          allocation_options=gen.allocation_options)
+    assert prove(comp).proved, str(prove(comp))
+
+    def twice(body):
+        out = []
+        for s in body:
+            if isinstance(s, LoopSpec):
+                out.append(dataclasses.replace(s, body=twice(s.body)))
+                continue
+            out.append(s)
+            if s.name == "buf3_combine":  # the tile's partial and its fold, again
+                out += [next(x for x in body if not isinstance(x, LoopSpec) and x.name == "buf3"), s]
+        return tuple(out)
+
+    bad = dataclasses.replace(comp.program, body=twice(comp.program.body))
+    assert bad != comp.program
+    proof = prove(bad, gen.graph)
+    assert proof.refuted and "computed twice" in proof.refuted[0].reason, str(proof)

@@ -25,6 +25,12 @@ FIXED = {
     1001: "out-of-bounds program: sub-stick tile of a K=320 fp16 matmul operand (now a TilingError)",
     1127: "-inf constant under DLFloat16 became NaN: maximum(x, -inf) gave NaN in run and evaluate alike",
     1260: "bool buffer kept raw values: cast(x, 'bool') then float arithmetic saw x, not 1",
+    10260: "proof refuted an equal program: an amax recomputed afresh in each iteration of a loop over a dim it "
+           "lacks was taken for a point counted twice",
+    20155: "proof refuted an equal program (while 10260's fix was drafted): a prod's partial computed in a loop's "
+           "first iteration and folded after the fill of each iteration was taken for points left out",
+    30548: "proof refuted an equal program: a peeled tail recomputing a whole amax into its own accumulator, "
+           "its finish writing the same output again, was taken for points counted twice",
 }
 
 
