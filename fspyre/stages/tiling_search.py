@@ -644,12 +644,16 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # on 32 cores). From the coarsest count until one fits, then finer while it improves.
     for d, _ in dims:
         if d != first and d not in chosen and counts[d]:
-            _coarse_to_fine(judge, members, counts[d], lambda c, d=d: levels({d: c}))
+            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d))
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
     return GroupSearch(consumer=members[-1], ops=tuple(members),
                        candidates=tuple(c.candidate for c in judge.tried), chosen=best)
+
+
+def _alone_on(levels: Callable[[Mapping[str, int]], tuple[Level, ...]], dim: str, count: int) -> tuple[Level, ...]:
+    return levels({dim: count})
 
 
 def _at_bound(ctx: _Search, ops: Sequence[Op], cand: Candidate) -> bool:
