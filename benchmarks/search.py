@@ -32,6 +32,7 @@ cores used), and the HBM ratio of 1,000 rows hinted into 3 row tiles (a peeled t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -173,6 +174,26 @@ def odd_rows(rows: int = 4093, cols: int = 256) -> Graph:
     return g.build()
 
 
+def layer_norm_matmul(rows: int, hint: int | None = None) -> Graph:
+    """layernorm -> matmul in bf16, [rows, 1536] @ [1536, 1031], optionally hinted T:hint."""
+    g = fspyre.GraphBuilder("layer_norm_matmul")
+    g.dim("T", rows), g.dim("D", 1536), g.dim("N", 1031)
+    x, w = g.input("x", ["T", "D"], "bfloat16"), g.input("w", ["D", "N"], "bfloat16")
+    gamma = g.input("gamma", ["D"], "bfloat16")
+    with g.hint(slices={"T": hint}) if hint else contextlib.nullcontext():
+        xc = g.sub(x, g.mean(x, ["D"], keepdim=True))
+        var = g.mean(g.mul(xc, xc), ["D"], keepdim=True)
+        g.output("out", g.matmul(g.mul(g.mul(xc, g.rsqrt(g.add(var, 1e-5))), gamma), w, "D"))
+    return g.build()
+
+
+def exp_neg(rows: int, cols: int) -> Graph:
+    g = fspyre.GraphBuilder("exp_neg")
+    g.dim("R", rows), g.dim("C", cols)
+    g.output("y", g.exp(g.neg(g.input("x", ["R", "C"], "float16"))))
+    return g.build()
+
+
 def gallery() -> list[tuple[str, Graph, Graph, Machine]]:
     """The gallery (examples/*.py) at its default sizes and at benchmarks/tiling.py's large ones."""
     from tiling import LARGE
@@ -198,7 +219,15 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
              ("three outputs share exp", shared_exp(), spyre()),
              ("softmax over 50,257 columns (fp32 casts)", softmax(64, 50257, "vocab", cast=True), spyre()),
              ("x[4093, 256], 8 cores 64 KiB", odd_rows(), spyre(cores=8, lx_bytes=64 * 1024))]
-    return [(n, g, g, m) for n, g, m in cases]
+    out = [(n, g, g, m) for n, g, m in cases]
+    # odd sizes: rows a product of two primes (divisors only into tiles of 23 or 89 rows;
+    # hinted T:8, tiles of 256 and a tail), and a pointwise op whose whole-stick columns,
+    # every row in each tile, beat its row tiles
+    out.append(("layernorm -> matmul, 2,047 rows, 16 cores 256 KiB", layer_norm_matmul(2047, 8),
+                layer_norm_matmul(2047), spyre(cores=16, lx_bytes=256 * 1024)))
+    out.append(("exp(-x[333, 4096]), 8 cores 32 KiB", exp_neg(333, 4096), exp_neg(333, 4096),
+                spyre(cores=8, lx_bytes=32 * 1024)))
+    return out
 
 
 def estimate(graph: Graph, machine: Machine, plan) -> float:
@@ -212,8 +241,8 @@ def estimate(graph: Graph, machine: Machine, plan) -> float:
 
 SPACE = ("every cut of the op order into contiguous groups; each group untiled, or one loop level over one "
          "dim its ops share (an output dim every op iterates, an accumulation or online reduction dim) with "
-         "any count of that dim's whole-stick count set (`_counts`: every divisor into whole sticks, else "
-         "power-of-two-stick tiles with a tail)")
+         "any count of that dim's whole-stick count set (`_counts`: every divisor into whole sticks, and the "
+         "tailed counts of tiles of 2^k sticks or of size / 2^k rounded up to sticks)")
 
 
 def options(ctx: ts._Search, ops: tuple[str, ...]) -> list[tuple[Level, ...]]:
