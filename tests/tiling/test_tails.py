@@ -355,11 +355,13 @@ def row_reduction(kind: str, rows: int, cols: int, dtype: str, count: int):
        st.sampled_from([1, 3, 5, 8, 32]), st.sampled_from([None, 32 * 1024, 64 * 1024]))
 def test_a_tailed_row_reduction_moves_the_untailed_ratio(data, kind, whole, tile, cols, dtype, cores, lx):
     """Issue 21: rows = whole * tile + tail (0 < tail < tile), hinted A: whole + 1 so the loop
-    runs ``whole`` tiles and peels the tail, moves exactly the HBM bytes per compulsory byte
+    runs ``whole`` tiles and peels the tail, moves at most the HBM bytes per compulsory byte
     that the same tiles move over (whole + 1) * tile rows (no tail): the tail divides its work
     like the ops it copies, copies its own re-read rows of x into LX and keeps its
-    intermediates in LX wherever the main tile does. The tailed program runs equal to untiled
-    with a clean memory check."""
+    intermediates in LX wherever the main tile does. Less only where the smaller tail keeps in
+    LX what the main tile cannot (layernorm of 333 float32 columns on 3 cores with 32 KiB LX:
+    1.983 against 2.000), or where a single whole tile runs unlooped. The tailed program runs
+    equal to untiled with a clean memory check."""
     tile = max(2, min(tile, 1200 // whole))  # rows the interpreter runs in a moment
     # a count of whole + 1 cuts tiles of ceil(rows / (whole + 1)) == tile exactly when the tail
     # is more than tile - whole - 1 rows
@@ -371,6 +373,6 @@ def test_a_tailed_row_reduction_moves_the_untailed_ratio(data, kind, whole, tile
     assert tails(comp.stages["loop_tree"])
     even = fspyre.compile(row_reduction(kind, tile * count, cols, dtype, count), machine, tiling="hints")
     assert not tails(even.stages["loop_tree"])
-    assert traffic_report(comp.program).traffic_ratio == traffic_report(even.program).traffic_ratio
+    assert traffic_report(comp.program).traffic_ratio <= traffic_report(even.program).traffic_ratio
     report = fspyre.check(graph, seed=rows, machine=machine, comp=comp)
     assert report.equal and report.memory is not None and report.memory.clean
