@@ -16,6 +16,7 @@ import sympy
 from fspyre.errors import FspyreError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Dim, HintScope, Load, Op, Pointwise, Store, TensorType
+from fspyre.ir.kinds import Runs
 from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffer, op_nodes, walk
 from fspyre.ir.plans import OpSplit, SplitPlan
 from fspyre.machine.formats import FORMATS
@@ -304,6 +305,11 @@ class Region:
     # tried instead when the slots do not fit.
     slots: int = 1
     parts: tuple[Region, ...] = ()
+    runs: Runs = "every"  # the iterations of its innermost loop the copy runs in (its readers')
+    # A peeled tail's copy is laid out at the main tile's extents (``tile``, when they differ
+    # from ``dims``) like the tail's other per-tile buffers (docs/tiling.md, "Tails"), so what
+    # its readers write may take its LX slot in place, as in the main body.
+    tile: tuple[Dim, ...] = ()
 
 
 def _regions(tree: LoopTree) -> list[Region]:
@@ -316,9 +322,10 @@ def _regions(tree: LoopTree) -> list[Region]:
             written_at[node.op.store.buffer] = order[node.name]
     found: dict[tuple, list[tuple[tuple[int, ...], str, int]]] = {}
     counts: dict[tuple[int, ...], int] = {}  # loop path -> count
+    runs: dict[str, Runs] = {}
+    tiles: dict[tuple, tuple[Dim, ...]] = {}  # a tail region's main-tile extents
+    nodes = {n.name: n for n in op_nodes(tree)}
     for path, node in _op_paths(tree.body, (), counts):
-        if node.peeled:
-            continue  # a peeled tail reads its own remainder, once
         for ld in node.op.loads:
             buf = table[ld.buffer]
             if buf.scope != "full":
@@ -329,8 +336,20 @@ def _regions(tree: LoopTree) -> list[Region]:
             names = free_names(ld.index)
             moving = [k for k, level in enumerate(node.tiling) if any(s.dim in names for s in level)]
             depth = (moving[-1] + 1) if moving else 0
+            if node.peeled and node.guarded:
+                # a tail run in its loop's last iteration reads its own remainder there: the
+                # copy is shared by the tail's ops only, made in that iteration (before the
+                # loop it would hold LX through every iteration)
+                depth = len(node.tiling)
             steps = tuple(tuple(s for s in level if s.dim in names) for level in node.tiling[:depth])
             key = (ld.buffer, ld.index, walked, steps, path[:depth])
+            runs[node.name] = node.runs
+            origin = nodes.get(node.origin)
+            if origin is not None:
+                tile = _walked_dims(ld.index, buf.type, _sizes(origin.op))
+                if tile is not None and tile != walked and all(
+                        t.name == w.name and t.size >= w.size for t, w in zip(tile, walked, strict=True)):
+                    tiles[key] = tile
             # a guarded op runs once per iteration of the loops outside its innermost one
             found.setdefault(key, []).append((path, node.name, len(node.tiling) - node.guarded))
     regions: list[Region] = []
@@ -341,14 +360,18 @@ def _regions(tree: LoopTree) -> list[Region]:
         anchor = outer + (min(p[len(outer)] for p, _, _ in uses if p[:len(outer)] == outer),)
         if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
             return None  # written at or after the place the copy would go
+        readers = tuple(dict.fromkeys(name for _, name, _ in uses))
+        # a copy at a guarded tail's level (its last level moves nothing) runs when its readers do
+        guard = runs[readers[0]] if steps and not steps[-1] else "every"
         return Region(name=fresh_name(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
                        stick=elems_per_stick(table[buffer].type.dtype), steps=steps, anchor=anchor,
-                       readers=tuple(dict.fromkeys(name for _, name, _ in uses)), slots=slots, parts=parts)
+                       readers=readers, slots=slots, parts=parts, runs=guard,
+                       tile=tiles.get((buffer, index, walked, steps, outer), ()))
 
     # the same regions walked by sibling loops (same steps, different loops at some level)
     siblings: dict[tuple, list[tuple[int, ...]]] = {}
     for buffer, index, walked, steps, outer in found:
-        if steps:
+        if steps and steps[-1]:  # (not a guarded tail's copy: made in the one iteration its readers run)
             siblings.setdefault((buffer, index, walked, steps), []).append(outer)
     across = {k: outers for k, outers in siblings.items() if len(outers) > 1}
     for (buffer, index, walked, steps, outer), uses in found.items():
@@ -406,8 +429,10 @@ def _sizes(op: Op) -> dict[str, int]:
 
 def _walked_dims(index: sympy.Expr, btype: TensorType, sizes: Mapping[str, int]) -> tuple[Dim, ...] | None:
     """The per-tile extent of each buffer dim ``index`` walks with one iteration variable (in
-    buffer order), or None when the index is not of that form (the copy would need it)."""
-    vars_ = dim_vars(index, btype, sizes)
+    buffer order), or None when the index is not of that form (the copy would need it). A
+    constant term is where a peeled tail's remainder starts (docs/tiling.md, "Tails"): the
+    copy loads through the whole index, so the walk is the index without it."""
+    vars_ = dim_vars(sympy.expand(index).as_coeff_Add()[1], btype, sizes)
     if vars_ is None or any(v is not None and v.name not in sizes for v in vars_):
         return None
     return tuple(Dim(v.name, sizes[v.name]) for v in vars_ if v is not None)
@@ -424,7 +449,7 @@ def _rewrite(tree: LoopTree, regions: Sequence[Region], hints: Mapping[str, Froz
     copies: dict[tuple[int, ...], list[OpNode]] = {}
     added: dict[str, list[TreeBuffer]] = {}
     for r in regions:
-        ttype = TensorType(dims=r.dims, dtype=table[r.buffer].type.dtype)
+        ttype = TensorType(dims=r.tile or r.dims, dtype=table[r.buffer].type.dtype)
         local = ttype.contiguous_index()
         if r.slots > 1:
             # kept across loops: a full-scope twin of the buffer, addressed like it, which the
@@ -438,7 +463,7 @@ def _rewrite(tree: LoopTree, regions: Sequence[Region], hints: Mapping[str, Froz
         copy = Pointwise(name=cname, fn="copy", operands=(Load(buffer=r.buffer, index=r.index),),
                          ranges=slots + r.dims, store=Store(buffer=r.name, index=local),
                          hints=(scope_of[cname],) if cname in scope_of else ())
-        copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps))
+        copies.setdefault(r.anchor, []).append(OpNode(op=copy, tiling=r.steps, runs=r.runs))
         added.setdefault(r.buffer, []).append(TreeBuffer(name=r.name, type=ttype,
                                                          scope="full" if r.slots > 1 else "tile"))
         for reader in r.readers:

@@ -133,13 +133,19 @@ def divide_work(tree: LoopTree, machine: Machine, options: SplitOptions = SplitO
         accesses = analysis.ops[node.name].tensors
         hint = _merged_hint(node.op, scopes) if options.use_hints else {}
         replicates = _replicates(node.op, table)
+        # A peeled tail divides like the op it copies (docs/tiling.md, "Tails"): divided on its
+        # own, the remainder's shape can pick other slices for its pointwise ops than for its
+        # reductions, and the per-tile buffers between them would leave LX.
+        origin = plans.get(node.origin) if node.peeled and not hint and options.distribute else None
+        follow = None if origin is None else tuple(origin.splits.items())
         shape = _division_shape(node.op, accesses, hint, replicates)
-        key = None if shape is None else (shape, budget, machine.span_limit, options.distribute, options.whole)
+        key = None if shape is None else (shape, budget, machine.span_limit, options.distribute, options.whole,
+                                          follow)
         split = _DIVIDED.get(key) if key is not None else None
         if split is None:
             said = len(notes), len(warnings)
             split = _divide_op(node.op, accesses, budget, machine.span_limit, hint, options.distribute,
-                               notes, warnings, replicates, options.whole)
+                               notes, warnings, replicates, options.whole, dict(follow or ()))
             if key is not None and (len(notes), len(warnings)) == said:
                 _remember(_DIVIDED, key, split)
         plans[node.name] = split
@@ -263,7 +269,9 @@ def _replicates(op: Op, table: Mapping[str, TreeBuffer]) -> bool:
 
 def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint: Mapping[str, object],
                distribute: bool, notes: list[str], warnings: list[str], replicates: bool = False,
-               whole: frozenset[str] = frozenset()) -> OpSplit:
+               whole: frozenset[str] = frozenset(), follow: Mapping[str, int] | None = None) -> OpSplit:
+    """``follow``: the splits of the op a peeled tail copies, taken as far as the tail's
+    (smaller) extents go, in place of a division of its own."""
     dims = op_dims(op)
     names = [d.name for d in dims]
     size = {d.name: d.size for d in dims}
@@ -293,6 +301,9 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
 
     if hint:
         split = _apply_hint(op, hint, adjusted, blocked, reduction, committed, budget, notes, warnings)
+    elif follow:
+        # the origin's division fits the origin's larger tile, so its spans fit here too
+        split = {n: min(k, adjusted[n]) for n, k in follow.items() if n in adjusted and k > 1 and n not in blocked}
     elif distribute:
         split = _distribute(names, adjusted, blocked, reduction, committed, budget)
     else:
