@@ -45,7 +45,7 @@ import sympy
 from fspyre.errors import ExecutionError, FspyreError, FspyreWarning, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Reduction, iteration_dims
-from fspyre.ir.program import LoopSpec, Program, op_specs
+from fspyre.ir.program import KernelArg, LoopSpec, Program, op_specs
 from fspyre.ir.symbolic import (
     Assumption,
     SymbolicDim,
@@ -664,7 +664,19 @@ def instantiate(program: Program, sizes: Mapping[str, int]) -> Program:
     except FspyreError as err:
         raise ExecutionError(f"run: the program at {_sizes(env)}: {err}") from None
     body = _one_tile_in_place(concrete.body, 0)
-    return concrete if body is concrete.body else dataclasses.replace(concrete, body=body)
+    args = tuple(_unit_dims_unstrided(a) for a in concrete.kernel_args)
+    if body is concrete.body and all(a is b for a, b in zip(args, concrete.kernel_args)):
+        return concrete
+    return dataclasses.replace(concrete, body=body, kernel_args=args)
+
+
+def _unit_dims_unstrided(arg: KernelArg) -> KernelArg:
+    """``arg`` with its layout written as a concrete compile writes it: a host dim the sizes
+    leave one element (``|S| = 1`` where the witnesses had ``|S| >= 2``) has no stride."""
+    from fspyre.machine.layout import strides_without_unit_dims
+
+    strides = strides_without_unit_dims(arg.host_shape, arg.stride_map)
+    return arg if strides == tuple(arg.stride_map) else dataclasses.replace(arg, stride_map=strides)
 
 
 def _one_tile_in_place(body: tuple, depth: int) -> tuple:
