@@ -391,14 +391,15 @@ def stick_basis(graph: Graph, machine: Any, s: sympy.Symbol) -> tuple[tuple[symp
     """What a number of a whole-form program may depend on: ``1``, ``|S|`` and, per buffer
     whose stick (last) dim has a size ``e`` in ``|S|``, its stick count ``ceiling(e/E)`` (``E``
     elements a stick in the buffer's device format); and the least ``|S|`` at which every dim
-    that follows ``|S|`` has two elements (a one-element dim is laid out without a stride)."""
+    that follows ``|S|`` has an element (one-element dims run too: ``instantiate`` writes their
+    kernel-argument strides as the stick layout does)."""
     basis: dict[sympy.Expr, None] = {sympy.Integer(1): None, s: None}
     least = 1
     for b in graph.buffers:
         for d in b.type.dims:
             if not isinstance(d.size, int):
                 a, c = sympy.expand(d.size).coeff(s), d.size.xreplace({s: 0})
-                least = max(least, -(-(2 - int(c)) // int(a)))
+                least = max(least, -(-(1 - int(c)) // int(a)))
         last = b.type.dims[-1].size if b.type.dims else 1
         if not isinstance(last, int):
             per = FORMATS[machine.device_format(b.type.dtype)].elems_per_stick
@@ -528,7 +529,7 @@ def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int,
     s = d.symbol
     if d.form == "whole":
         out = [Assumption(dim=d.name, kind="at_least", value=least,
-                          reason="every dim that follows it has at least two elements")]
+                          reason="every dim that follows it has an element")]
     else:
         if d.form == "tile":
             unit = d.fixed
