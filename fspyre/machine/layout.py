@@ -114,6 +114,15 @@ def stick_layout(host_size: Sequence[int], elems_per_stick: int, dim_order: Sequ
     return _stick_layout(host, order, int(elems_per_stick))
 
 
+def strides_without_unit_dims(host_size: Sequence[int], stride_map: Sequence[int]) -> tuple[int, ...]:
+    """``stride_map`` of a default-order stick layout of ``host_size`` with -1 at each device dim
+    whose host dim has one element, as ``stick_layout`` writes it (rule 3). A layout fitted over
+    sizes >= 2 (a symbolic program's) carries the stride such a dim has at every larger size; at
+    size 1 that stride is never stepped, so the two layouts place every element alike."""
+    dmap = _dim_map(tuple(range(len(host_size))))
+    return tuple(-1 if h != -1 and host_size[h] == 1 else int(st) for h, st in zip(dmap, stride_map))
+
+
 # Cached: the stages ask for the layout of every buffer of every tree they are given (a tiling
 # search's candidates and keep_resident's trials ask for the same few shapes thousands of
 # times); a layout is a pure function of these integers and immutable. A refusal raises anew.

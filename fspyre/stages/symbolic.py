@@ -45,7 +45,7 @@ import sympy
 from fspyre.errors import ExecutionError, FspyreError, FspyreWarning, TilingError
 from fspyre.ir.frozen import FrozenMap
 from fspyre.ir.graph import Graph, HintScope, Reduction, iteration_dims
-from fspyre.ir.program import LoopSpec, Program, op_specs
+from fspyre.ir.program import KernelArg, LoopSpec, Program, op_specs
 from fspyre.ir.symbolic import (
     Assumption,
     SymbolicDim,
@@ -391,14 +391,15 @@ def stick_basis(graph: Graph, machine: Any, s: sympy.Symbol) -> tuple[tuple[symp
     """What a number of a whole-form program may depend on: ``1``, ``|S|`` and, per buffer
     whose stick (last) dim has a size ``e`` in ``|S|``, its stick count ``ceiling(e/E)`` (``E``
     elements a stick in the buffer's device format); and the least ``|S|`` at which every dim
-    that follows ``|S|`` has two elements (a one-element dim is laid out without a stride)."""
+    that follows ``|S|`` has an element (one-element dims run too: ``instantiate`` writes their
+    kernel-argument strides as the stick layout does)."""
     basis: dict[sympy.Expr, None] = {sympy.Integer(1): None, s: None}
     least = 1
     for b in graph.buffers:
         for d in b.type.dims:
             if not isinstance(d.size, int):
                 a, c = sympy.expand(d.size).coeff(s), d.size.xreplace({s: 0})
-                least = max(least, -(-(2 - int(c)) // int(a)))
+                least = max(least, -(-(1 - int(c)) // int(a)))
         last = b.type.dims[-1].size if b.type.dims else 1
         if not isinstance(last, int):
             per = FORMATS[machine.device_format(b.type.dtype)].elems_per_stick
@@ -528,7 +529,7 @@ def _assumptions(d: SymbolicDim, program: Program, machine: Any, modulus: int,
     s = d.symbol
     if d.form == "whole":
         out = [Assumption(dim=d.name, kind="at_least", value=least,
-                          reason="every dim that follows it has at least two elements")]
+                          reason="every dim that follows it has an element")]
     else:
         if d.form == "tile":
             unit = d.fixed
@@ -664,7 +665,19 @@ def instantiate(program: Program, sizes: Mapping[str, int]) -> Program:
     except FspyreError as err:
         raise ExecutionError(f"run: the program at {_sizes(env)}: {err}") from None
     body = _one_tile_in_place(concrete.body, 0)
-    return concrete if body is concrete.body else dataclasses.replace(concrete, body=body)
+    args = tuple(_unit_dims_unstrided(a) for a in concrete.kernel_args)
+    if body is concrete.body and all(a is b for a, b in zip(args, concrete.kernel_args)):
+        return concrete
+    return dataclasses.replace(concrete, body=body, kernel_args=args)
+
+
+def _unit_dims_unstrided(arg: KernelArg) -> KernelArg:
+    """``arg`` with its layout written as a concrete compile writes it: a host dim the sizes
+    leave one element (``|S| = 1`` where the witnesses had ``|S| >= 2``) has no stride."""
+    from fspyre.machine.layout import strides_without_unit_dims
+
+    strides = strides_without_unit_dims(arg.host_shape, arg.stride_map)
+    return arg if strides == tuple(arg.stride_map) else dataclasses.replace(arg, stride_map=strides)
 
 
 def _one_tile_in_place(body: tuple, depth: int) -> tuple:
