@@ -32,7 +32,6 @@ cores used), and the HBM ratio of 1,000 rows hinted into 3 row tiles (a peeled t
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -54,7 +53,7 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages import tiling_search as ts
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
-from fspyre.testing.transformer import transformer_stack
+from fspyre.testing.transformer import layer_norm_matmul, transformer_stack
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LIMIT = 1000
@@ -171,19 +170,6 @@ def odd_rows(rows: int = 4093, cols: int = 256) -> Graph:
     g.dim("N", cols)
     x = g.input("x", ["S", "N"], "float16")
     g.output("y", g.mul(g.add(x, g.input("b", ["S", "N"], "float16")), x))
-    return g.build()
-
-
-def layer_norm_matmul(rows: int, hint: int | None = None) -> Graph:
-    """layernorm -> matmul in bf16, [rows, 1536] @ [1536, 1031], optionally hinted T:hint."""
-    g = fspyre.GraphBuilder("layer_norm_matmul")
-    g.dim("T", rows), g.dim("D", 1536), g.dim("N", 1031)
-    x, w = g.input("x", ["T", "D"], "bfloat16"), g.input("w", ["D", "N"], "bfloat16")
-    gamma = g.input("gamma", ["D"], "bfloat16")
-    with g.hint(slices={"T": hint}) if hint else contextlib.nullcontext():
-        xc = g.sub(x, g.mean(x, ["D"], keepdim=True))
-        var = g.mean(g.mul(xc, xc), ["D"], keepdim=True)
-        g.output("out", g.matmul(g.mul(g.mul(xc, g.rsqrt(g.add(var, 1e-5))), gamma), w, "D"))
     return g.build()
 
 

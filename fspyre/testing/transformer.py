@@ -54,6 +54,21 @@ def transformer_stack(blocks: int = 1, *, seq: int = 128, model: int = 256, head
     return g.build()
 
 
+def layer_norm_matmul(rows: int, hinted_count: int | None = None) -> Graph:
+    """LayerNorm feeding a matmul, bf16 [rows, 1536] @ [1536, 1031], optionally hinted T:count:
+    at a row count that is a product of two primes (2,047 = 23 x 89) only tailed counts tile it
+    well (the search's benchmark and its test)."""
+    g = GraphBuilder("layer_norm_matmul")
+    g.dim("T", rows), g.dim("D", 1536), g.dim("N", 1031)
+    x, w = g.input("x", ["T", "D"], "bfloat16"), g.input("w", ["D", "N"], "bfloat16")
+    gamma = g.input("gamma", ["D"], "bfloat16")
+    with g.hint(slices={"T": hinted_count}) if hinted_count else contextlib.nullcontext():
+        xc = g.sub(x, g.mean(x, ["D"], keepdim=True))
+        var = g.mean(g.mul(xc, xc), ["D"], keepdim=True)
+        g.output("out", g.matmul(g.mul(g.mul(xc, g.rsqrt(g.add(var, 1e-5))), gamma), w, "D"))
+    return g.build()
+
+
 def tiny_llama_lm(layers: int = 1):
     """A tiny ``LlamaForCausalLM`` with random weights (seed 0; hidden 64, two heads, vocabulary
     64), eager attention, in eval mode: generation's test and benchmark model. Needs

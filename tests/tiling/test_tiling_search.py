@@ -5,8 +5,6 @@ from the traffic report of the program that was emitted."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +22,7 @@ from fspyre.stages import tiling_search
 from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling, segment_bound
 from fspyre.testing import examples, inputs_for, programs
 from fspyre.testing.machines import core_counts, lx_capacities
-from fspyre.testing.transformer import transformer_stack
+from fspyre.testing.transformer import layer_norm_matmul, transformer_stack
 
 SMALL_LX = spyre(cores=4, lx_bytes=64 * 1024)
 
@@ -323,19 +321,6 @@ def test_the_stages_caches_change_no_program():
         assert cold.program == comp.program and cold.stages["tiling_plan"] == comp.stages["tiling_plan"]
 
 
-def norm_matmul(rows: int, hinted_count: int | None) -> fspyre.Graph:
-    """layernorm -> matmul, bf16 [rows, 1536] @ [1536, 1031], optionally hinted T:count."""
-    g = fspyre.GraphBuilder("norm_matmul")
-    g.dim("T", rows), g.dim("D", 1536), g.dim("N", 1031)
-    x, w = g.input("x", ["T", "D"], "bfloat16"), g.input("w", ["D", "N"], "bfloat16")
-    gamma = g.input("gamma", ["D"], "bfloat16")
-    with g.hint(slices={"T": hinted_count}) if hinted_count else contextlib.nullcontext():
-        xc = g.sub(x, g.mean(x, ["D"], keepdim=True))
-        var = g.mean(g.mul(xc, xc), ["D"], keepdim=True)
-        g.output("out", g.matmul(g.mul(g.mul(xc, g.rsqrt(g.add(var, 1e-5))), gamma), w, "D"))
-    return g.build()
-
-
 @pytest.mark.parametrize(("rows", "hinted_count"), [(2047, 8)])
 def test_rows_a_product_of_two_primes_take_tailed_counts(rows, hinted_count):
     """2,047 rows (23 x 89) divide only into tiles of 89 or 23 rows; auto chose T:23 at
@@ -343,8 +328,8 @@ def test_rows_a_product_of_two_primes_take_tailed_counts(rows, hinted_count):
     tailed counts were offered only to a dim with no divisor. 4,087 (61 x 67): T:67 at
     1,285.8 us against T:16 at 692.6 us."""
     machine = spyre(cores=16, lx_bytes=256 * 1024)
-    auto = estimate(norm_matmul(rows, None), machine, "auto")
-    assert auto <= estimate(norm_matmul(rows, hinted_count), machine, "hints") * (1 + 1e-9)
+    auto = estimate(layer_norm_matmul(rows), machine, "auto")
+    assert auto <= estimate(layer_norm_matmul(rows, hinted_count), machine, "hints") * (1 + 1e-9)
 
 
 @pytest.mark.parametrize(("rows", "cols", "dtype", "cores", "count"),
