@@ -19,6 +19,7 @@ from fractions import Fraction
 import numpy as np
 import sympy
 
+from fspyre.errors import ExecutionError
 from fspyre.ir.program import KernelArg, OpSpec, Program, op_fn
 from fspyre.ir.report import KernelEstimate, OpTraffic, TrafficReport
 from fspyre.machine.cost_model import (
@@ -267,7 +268,15 @@ _SHAPES_MAX = 1 << 14
 
 
 def traffic_report(program: Program) -> TrafficReport:
-    """The program carries every size the report needs, so no machine is passed."""
+    """The program carries every size the report needs, so no machine is passed. A symbolic
+    program's bytes and times are expressions in its sizes: the report is of one size, so it is
+    refused with the call that gives it (``instantiate``), not estimated at a guess."""
+    if program.symbolic is not None:
+        record = program.symbolic
+        sizes = {d.name: n for d, n in zip(record.dims, record.witnesses[0])}
+        raise ExecutionError(
+            f"traffic_report: program {program.name} is symbolic in {', '.join(d.name for d in record.dims)}; "
+            f"report it at one size: traffic_report(fspyre.stages.symbolic.instantiate(program, {sizes}))")
     ops, _ = program_timeline(program)
     out: list[OpTraffic] = []
     kernels: dict[int, list[tuple[OpTraffic, _OpBytes]]] = {}

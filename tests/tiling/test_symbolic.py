@@ -567,3 +567,14 @@ def test_whole_form_bundle_computes_stick_counts_from_the_size(probabilities):
         got = fspyre.run(probabilities, inputs)
         ref, bounds = evaluate_with_bounds(probabilities.graph, inputs, MACHINE)
         assert compare(specialize(probabilities.graph, {"L": n}), got, ref, bounds).equal
+
+
+def test_the_traffic_report_of_a_symbolic_program_is_refused_with_the_call_that_gives_it(compiled):
+    # its bytes are expressions in S: the report is of one size (a raw sympy TypeError before)
+    from fspyre.machine.report import traffic_report
+
+    with pytest.raises(ExecutionError, match=r"symbolic in S; report it at one size: .*instantiate"):
+        traffic_report(compiled.program)
+    at = instantiate(compiled.program, {"S": 256})
+    report = traffic_report(at)
+    assert report.hbm_bytes > 0 and report.time_ns > 0
