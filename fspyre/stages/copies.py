@@ -75,16 +75,18 @@ def aligned(tree: LoopTree, chosen: Trial, unchanged: Trial, machine: Machine,
     if not parts:
         return None
     best = chosen
-    whole = _aligned_trial(tree, chosen, {k: v for part in parts for k, v in part.items()}, machine, options)
+    everything = {k: v for part in parts for k, v in part.items()}
+    whole = _aligned_trial(tree, chosen, everything, machine, options)
     if whole is not None and judge.estimate(whole) < judge.estimate(best):
         best = whole
     if len(parts) > 1:
         step = chosen
         kept: dict[str, FrozenMap[str, int]] = {}
         for part in parts:
-            trial = _aligned_trial(tree, chosen, {**kept, **part}, machine, options)
+            proposal = {**kept, **part}
+            trial = whole if proposal == everything else _aligned_trial(tree, chosen, proposal, machine, options)
             if trial is not None and judge.estimate(trial) < judge.estimate(step):
-                step, kept = trial, {**kept, **part}
+                step, kept = trial, proposal
         if judge.estimate(step) < judge.estimate(best):
             best = step
     return None if best is chosen else best
