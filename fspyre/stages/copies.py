@@ -65,12 +65,14 @@ def aligned(tree: LoopTree, chosen: Trial, unchanged: Trial, machine: Machine,
     splits its contraction dim -- and the copies the reader reads follow it. Judged by the
     estimate like the copies (a reader that splits its reduction writes partial sums, whose
     result leaves LX); None when it does not improve, or a reader cannot take the slices.
-    The readers of unrelated intermediates are independent parts (``_follow``): besides all
-    of them together, the parts are added one at a time in program order, each kept if it
-    improves on those kept, and the better of the two is taken, so a reader that loses by
-    its new division (a matmul splitting its contraction over every core) does not keep
-    another from a division that wins (a mean reading its square's slices) nor ride along
-    with it."""
+    The readers of unrelated intermediates are independent parts (``_follow``), so a reader
+    that loses by its new division (a matmul splitting its contraction over every core) must
+    not keep another from a division that wins (a mean reading its square's slices), nor ride
+    along with it: besides all of them together, each kernel takes its parts one at a time in
+    program order, kept where they make that kernel faster, and the faster of the two results
+    is taken. Every kernel takes its next part in the same trial, so the trials are as many as
+    the most parts one kernel has, not as the parts (42 in a 4-layer Llama's untiled program,
+    each trial a division and an allocation of the whole program)."""
     parts = _follow(chosen, {n for n, s in unchanged.split.ops.items() if s.hinted})
     if not parts:
         return None
@@ -80,16 +82,43 @@ def aligned(tree: LoopTree, chosen: Trial, unchanged: Trial, machine: Machine,
     if whole is not None and judge.estimate(whole) < judge.estimate(best):
         best = whole
     if len(parts) > 1:
-        step = chosen
-        kept: dict[str, FrozenMap[str, int]] = {}
-        for part in parts:
-            proposal = {**kept, **part}
-            trial = whole if proposal == everything else _aligned_trial(tree, chosen, proposal, machine, options)
-            if trial is not None and judge.estimate(trial) < judge.estimate(step):
-                step, kept = trial, proposal
-        if judge.estimate(step) < judge.estimate(best):
+        step = _by_kernel(tree, chosen, parts, everything, whole, machine, options, judge)
+        if step is not None and judge.estimate(step) < judge.estimate(best):
             best = step
     return None if best is chosen else best
+
+
+def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, FrozenMap[str, int]]],
+               everything: Mapping[str, FrozenMap[str, int]], whole: Trial | None, machine: Machine,
+               options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
+    """``chosen`` with the parts each kernel keeps when it takes them one at a time, in
+    program order, keeping those that make it faster (the kernels of a trial are those of
+    ``chosen``: divisions change no kernel boundary). None when it keeps none."""
+    kernel_of = {o.name: o.kernel for o in judge.report(chosen).ops}
+    queues: dict[int, list[Mapping[str, FrozenMap[str, int]]]] = {}
+    for part in parts:
+        queues.setdefault(kernel_of[next(iter(part))], []).append(part)
+    times = {k.index: k.time_ns for k in judge.report(chosen).kernels}
+    kept: dict[str, FrozenMap[str, int]] = {}
+    last: Trial | None = None
+    for depth in range(max(len(q) for q in queues.values())):
+        tried = {k: q[depth] for k, q in queues.items() if depth < len(q)}
+        proposal = {**kept, **{name: split for part in tried.values() for name, split in part.items()}}
+        trial = whole if proposal == everything else _aligned_trial(tree, chosen, proposal, machine, options)
+        if trial is None:
+            continue  # refused together: none of this round's parts is kept
+        now = {k.index: k.time_ns for k in judge.report(trial).kernels}
+        faster = [k for k in tried if now[k] < times[k]]
+        for k in faster:
+            kept.update(tried[k])
+            times[k] = now[k]
+        if len(faster) == len(tried):
+            last = trial
+        elif faster:
+            last = None
+    if not kept:
+        return None
+    return last if last is not None else _aligned_trial(tree, chosen, kept, machine, options)
 
 
 def _aligned_trial(tree: LoopTree, chosen: Trial, proposal: Mapping[str, FrozenMap[str, int]], machine: Machine,
