@@ -20,8 +20,9 @@ least-score plan of the whole space exactly; that plan is compiled whole. Nothin
 pruned. Graphs: the gallery (examples/*.py, hints removed) at its default sizes and at
 benchmarks/tiling.py's large ones, and graphs where fit and time disagree (a norm feeding a
 large matmul, softmax on a 4-core 64 KiB machine, three outputs sharing an exp, a softmax over
-50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB). `none` and the hints
-are printed beside: auto must not be estimated slower than either.
+50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, a silu MLP on 3 cores
+whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and 1,147
+rows). `none` and the hints are printed beside: auto must not be estimated slower than either.
 
 Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
 cores used), and the HBM ratio of 1,000 rows hinted into 3 row tiles (a peeled tail) beside 999.
