@@ -20,8 +20,9 @@ least-score plan of the whole space exactly; that plan is compiled whole. Nothin
 pruned. Graphs: the gallery (examples/*.py, hints removed) at its default sizes and at
 benchmarks/tiling.py's large ones, and graphs where fit and time disagree (a norm feeding a
 large matmul, softmax on a 4-core 64 KiB machine, three outputs sharing an exp, a softmax over
-50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB). `none` and the hints
-are printed beside: auto must not be estimated slower than either.
+50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, a silu MLP on 3 cores
+whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and 1,147
+rows). `none` and the hints are printed beside: auto must not be estimated slower than either.
 
 Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
 cores used), and the HBM ratio of 1,000 rows hinted into 3 row tiles (a peeled tail) beside 999.
@@ -53,7 +54,7 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages import tiling_search as ts
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
-from fspyre.testing.transformer import layer_norm_matmul, transformer_stack
+from fspyre.testing.transformer import layer_norm_matmul, rms_norm_matmul, silu_mlp, transformer_stack
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LIMIT = 1000
@@ -213,6 +214,13 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
                 layer_norm_matmul(2047), spyre(cores=16, lx_bytes=256 * 1024)))
     out.append(("exp(-x[333, 4096]), 8 cores 32 KiB", exp_neg(333, 4096), exp_neg(333, 4096),
                 spyre(cores=8, lx_bytes=32 * 1024)))
+    # a dim that fits only past three spilling counts (F:8 of the MLP's hidden dim), and
+    # groups whose whole program met keep_resident's bundled trials (hinted T:4)
+    out.append(("silu MLP fp32 257x320x1280, 3 cores 64 KiB", silu_mlp(), silu_mlp(),
+                spyre(cores=3, lx_bytes=64 * 1024)))
+    for rows in (1003, 1147):
+        out.append((f"rmsnorm -> matmul, {rows:,} rows, 8 cores 128 KiB", rms_norm_matmul(rows, 4),
+                    rms_norm_matmul(rows), spyre(cores=8, lx_bytes=128 * 1024)))
     return out
 
 

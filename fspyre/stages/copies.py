@@ -57,17 +57,74 @@ def chosen_copies(tree: LoopTree, unchanged: Trial, machine: Machine, options: R
 
 # -- readers that take their producer's slices ------------------------------------------------
 def aligned(tree: LoopTree, chosen: Trial, unchanged: Trial, machine: Machine,
-             options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
+            options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
     """``chosen`` with every intermediate its allocation left in HBM because a reader slices
     it differently from its writer (each op is divided on its own, so a matmul moved onto a
     copy's dim and the gelu after it split their tiles differently) read where it lives: the
     reader takes the writer's slices of the buffer -- a matmul reading its operand's slices
     splits its contraction dim -- and the copies the reader reads follow it. Judged by the
     estimate like the copies (a reader that splits its reduction writes partial sums, whose
-    result leaves LX); None when it does not improve, or a reader cannot take the slices."""
-    proposal = _follow(chosen, {n for n, s in unchanged.split.ops.items() if s.hinted})
-    if not proposal:
+    result leaves LX); None when it does not improve, or a reader cannot take the slices.
+    The readers of unrelated intermediates are independent parts (``_follow``), so a reader
+    that loses by its new division (a matmul splitting its contraction over every core) must
+    not keep another from a division that wins (a mean reading its square's slices), nor ride
+    along with it: besides all of them together, each kernel takes its parts one at a time in
+    program order, kept where they make that kernel faster, and the faster of the two results
+    is taken. Every kernel takes its next part in the same trial, so the trials are as many as
+    the most parts one kernel has, not as the parts (42 in a 4-layer Llama's untiled program,
+    each trial a division and an allocation of the whole program)."""
+    parts = _follow(chosen, {n for n, s in unchanged.split.ops.items() if s.hinted})
+    if not parts:
         return None
+    best = chosen
+    everything = {k: v for part in parts for k, v in part.items()}
+    whole = _aligned_trial(tree, chosen, everything, machine, options)
+    if whole is not None and judge.estimate(whole) < judge.estimate(best):
+        best = whole
+    if len(parts) > 1:
+        step = _by_kernel(tree, chosen, parts, everything, whole, machine, options, judge)
+        if step is not None and judge.estimate(step) < judge.estimate(best):
+            best = step
+    return None if best is chosen else best
+
+
+def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, FrozenMap[str, int]]],
+               everything: Mapping[str, FrozenMap[str, int]], whole: Trial | None, machine: Machine,
+               options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
+    """``chosen`` with the parts each kernel keeps when it takes them one at a time, in
+    program order, keeping those that make it faster (the kernels of a trial are those of
+    ``chosen``: divisions change no kernel boundary). None when it keeps none."""
+    kernel_of = {o.name: o.kernel for o in judge.report(chosen).ops}
+    queues: dict[int, list[Mapping[str, FrozenMap[str, int]]]] = {}
+    for part in parts:
+        queues.setdefault(kernel_of[next(iter(part))], []).append(part)
+    times = {k.index: k.time_ns for k in judge.report(chosen).kernels}
+    kept: dict[str, FrozenMap[str, int]] = {}
+    last: Trial | None = None
+    for depth in range(max(len(q) for q in queues.values())):
+        tried = {k: q[depth] for k, q in queues.items() if depth < len(q)}
+        proposal = {**kept, **{name: split for part in tried.values() for name, split in part.items()}}
+        trial = whole if proposal == everything else _aligned_trial(tree, chosen, proposal, machine, options)
+        if trial is None:
+            continue  # refused together: none of this round's parts is kept
+        now = {k.index: k.time_ns for k in judge.report(trial).kernels}
+        faster = [k for k in tried if now[k] < times[k]]
+        for k in faster:
+            kept.update(tried[k])
+            times[k] = now[k]
+        if len(faster) == len(tried):
+            last = trial
+        elif faster:
+            last = None
+    if not kept:
+        return None
+    return last if last is not None else _aligned_trial(tree, chosen, kept, machine, options)
+
+
+def _aligned_trial(tree: LoopTree, chosen: Trial, proposal: Mapping[str, FrozenMap[str, int]], machine: Machine,
+                   options: ResidencyOptions) -> Trial | None:
+    """``chosen`` with the readers and copies of ``proposal`` divided as it says; None when
+    the division refuses it or cannot honour a hint as written."""
     hints = {**chosen.hints, **proposal}
     rewritten = _rewrite(tree, chosen.regions, hints)
     try:
@@ -77,15 +134,15 @@ def aligned(tree: LoopTree, chosen: Trial, unchanged: Trial, machine: Machine,
     if set(split.warnings) - set(chosen.split.warnings):
         return None  # a hint of ours the division could not honour as written
     alloc = allocate(rewritten, split, machine, options.allocation)
-    done = Trial(tree=rewritten, split=split, allocation=alloc, regions=chosen.regions,
-                      hints=FrozenMap(hints))
-    return done if judge.estimate(done) < judge.estimate(chosen) else None
+    return Trial(tree=rewritten, split=split, allocation=alloc, regions=chosen.regions, hints=FrozenMap(hints))
 
 
-def _follow(c: Trial, fixed: set[str]) -> dict[str, FrozenMap[str, int]]:
+def _follow(c: Trial, fixed: set[str]) -> list[dict[str, FrozenMap[str, int]]]:
     """The work_div of each reader (in program order, so a chain follows its head) that reads
     an HBM intermediate with slices other than its writer's, and of the copies it reads; ops
-    in ``fixed`` (the user's hints) keep theirs."""
+    in ``fixed`` (the user's hints) keep theirs. In independent parts, in program order: a
+    reader is in the part of its writer when the writer's division is itself proposed (it
+    follows the new one), and readers of one copy are in one part (the copy follows them)."""
     table = c.tree.buffer_table()
     io = set(c.tree.inputs) | {o.buffer for o in c.tree.outputs}
     nodes = op_nodes(c.tree)
@@ -95,6 +152,13 @@ def _follow(c: Trial, fixed: set[str]) -> dict[str, FrozenMap[str, int]]:
     copies = {r.name for r in c.regions}
     splits = {n: dict(s.splits) for n, s in c.split.ops.items()}
     out: dict[str, FrozenMap[str, int]] = {}
+    part: dict[str, str] = {}  # proposed op -> an op of its part (union-find)
+
+    def head(name: str) -> str:
+        while part[name] != name:
+            name = part[name]
+        return name
+
     replicated = {r.name for r in c.regions if r.replicas > 1}
     for node in nodes:
         if (node.name in fixed or node.name in {f"{r}_copy" for r in copies}
@@ -115,12 +179,20 @@ def _follow(c: Trial, fixed: set[str]) -> dict[str, FrozenMap[str, int]]:
                 continue
             splits[node.name] = mapped
             out[node.name] = FrozenMap(mapped)
+            part[node.name] = head(w.name) if w.name in out else node.name
             for other in node.op.loads:
                 if other.buffer in copy_of:
                     copy = copy_of[other.buffer]
                     out[copy] = FrozenMap((d, mapped.get(d, 1)) for d in splits[copy])
+                    if copy in part:
+                        part[head(copy)] = head(node.name)
+                    else:
+                        part[copy] = head(node.name)
             break
-    return out
+    parts: dict[str, dict[str, FrozenMap[str, int]]] = {}
+    for name, split in out.items():  # in program order: a part is where its first op is
+        parts.setdefault(head(name), {})[name] = split
+    return list(parts.values())
 
 
 def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int], r: OpNode,
@@ -373,7 +445,14 @@ def _regions(tree: LoopTree) -> list[Region]:
     for buffer, index, walked, steps, outer in found:
         if steps and steps[-1]:  # (not a guarded tail's copy: made in the one iteration its readers run)
             siblings.setdefault((buffer, index, walked, steps), []).append(outer)
-    across = {k: outers for k, outers in siblings.items() if len(outers) > 1}
+    # Not across loops with a peeled tail: the slots hold the main tiles only, so the copy
+    # would not cover its dim (the tail reads its remainder on its own), which divide_work
+    # refuses -- and with it every copy of the trial (rmsnorm -> matmul over 1,147 rows in two
+    # loops of 383-row tiles kept no copy at all). Each loop's own re-reads are copied instead.
+    tailed = {(n.origin, p.dim) for n in op_nodes(tree) for p in n.peeled}
+    across = {k: outers for k, outers in siblings.items() if len(outers) > 1 and not any(
+        (name, st.dim) in tailed for outer in outers for _, name, _ in found[(*k, outer)]
+        for level in k[3] for st in level)}
     for (buffer, index, walked, steps, outer), uses in found.items():
         if (buffer, index, walked, steps) in across:
             continue

@@ -306,9 +306,12 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     producer chain (the seed's max-producers group) of at most twice that: judging a whole
     model's chain (in a transformer every op feeds the next) costs a dozen compiles of the
     model, for groups the window's segments cover.
-    The consumer untiled on its own is always an option, at no change and without a compile.
-    Segments are judged in the order of ``best[j]`` plus the segment's lower bound
-    (``_bound``), and one whose bound cannot beat the best found for ``i`` is not judged; nor
+    The consumer untiled on its own is always an option, at no change and without a compile;
+    so, where it can pay, is the last tiled group before it with the untiled ops after it
+    through the consumer, compiled together (``_with_epilogue``): in the whole program those
+    ops run in the group's loop's last iteration, one kernel. Segments are judged in the
+    order of ``best[j]`` plus the segment's lower bound (``_bound``), and one whose bound
+    cannot beat the best found for ``i`` is not judged; nor
     are the rest once ``patience`` judged in a row did not improve it (the bound ranks the
     segments that can gain; one further down that order rarely gains where those before it
     did not), nor one that ends at an op that costs nothing untiled in the hinted
@@ -316,7 +319,11 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     consumer's best."""
     n = len(run)
     best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
-    back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
+    back: list[tuple[int, tuple[GroupSearch, ...], tuple[Alternative, ...]] | None] = [None] * (n + 1)
+    # the last tiled group run[j:k] on the best path to i, the ops after it untiled: (j, k, levels);
+    # and the judged tiled segment ending at i of least cost, on the best path or not
+    last: list[_Head | None] = [None] * (n + 1)
+    tiled_at: list[_Head | None] = [None] * (n + 1)
     chains = _chain_starts(ctx, run)
     for i in range(1, n + 1):
         starts = _fusable_starts(ctx, run, i - 1, ctx.options.window)
@@ -326,7 +333,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         # whole program; an untiled segment changes nothing (its ops are no group)
         bounds = {j: _bound(ctx, run[j:i]) - _in_place(ctx, run[j:i])[0] for j in starts}
         order = sorted(starts, key=lambda j: (best[j][0] + bounds[j], -j))
-        found: tuple[int, GroupSearch] | None = None
+        found: tuple[int, tuple[GroupSearch, ...]] | None = None
         alternatives: list[Alternative] = []
         consumer = run[i - 1]
         if consumer in ctx.untiled and best[i - 1] != _REFUSED:
@@ -334,8 +341,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             # hinted program, whose figures it is given without a compile
             t, b = ctx.untiled[consumer]
             alone = Candidate(levels=(), verdict="fits", time_ns=t, hbm_bytes=b, reason=IN_CONTEXT)
-            best[i], found = best[i - 1], (i - 1, GroupSearch(consumer=consumer, ops=(consumer,),
-                                                              candidates=(alone,), chosen=0))
+            best[i], found = best[i - 1], (i - 1, (_untiled_record(consumer, alone),))
             alternatives.append(Alternative(ops=(consumer,), bound_ns=best[i - 1][0], choice=alone,
                                             change_ns=best[i - 1][0]))
         # An op that costs nothing untiled in the hinted program (it moves no HBM byte and
@@ -348,6 +354,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         # best: the op then joins a group that pays, instead of starting one of its own.
         free = found is not None and _costs_nothing(ctx, consumer)
         idle = 0  # segments judged in a row that did not improve best[i]
+        tiled_cost = _REFUSED
         gained: set[int] = set()  # starts of the segments that improved best[i] when judged
         for j in order:
             members = tuple(run[j:i])
@@ -361,8 +368,10 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             record = _solve(ctx, members)
             cost = _add(best[j], record.choice, _in_place(ctx, members))
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
+            if record.choice.levels and (tiled_at[i] is None or cost < tiled_cost):
+                tiled_at[i], tiled_cost = (j, i, record.choice.levels, cost), cost
             if found is None or cost < best[i]:
-                best[i], found = cost, (j, record)
+                best[i], found = cost, (j, (record,))
                 idle = 0
                 gained.add(j)
             elif j < i - 1 and _costs_nothing(ctx, run[j]):
@@ -372,16 +381,88 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             else:
                 idle += 1
         assert found is not None  # the consumer alone is always a segment, judged when not free
+        j, chosen = found
+        last[i] = (j, i, chosen[0].choice.levels, best[i]) if chosen[0].choice.levels else last[j]
+        # The last tiled group before this consumer with the untiled ops after it, the
+        # consumer among them: in the whole program the untiled ops that read the group's
+        # results run in its loop's last iteration ("Kernel boundaries"), one kernel, whose
+        # compute may hide their memory time -- which the sum of the group's score and their
+        # own kernels in the hinted program does not see (layernorm -> matmul bf16 over 1,003
+        # rows on 16 cores: the norm T:16 with the matmul untiled is 152.0 us, scored as if
+        # 169.3). Judged as one segment whose tiled group is its head.
+        # The head is the best path's last tiled group, and the best tiled segment ending just
+        # before the consumer where that is another (it may lose alone and win with its readers).
+        for head in dict.fromkeys(h for h in (last[i - 1], tiled_at[i - 1]) if h is not None):
+            ext = _with_epilogue(ctx, run, i, head, best, bounds)
+            if ext is None:
+                continue
+            cost, headed, alternative = ext
+            alternatives.append(alternative)
+            if cost < best[i]:
+                best[i], found, last[i] = cost, (head[0], headed), head
         back[i] = (*found, tuple(alternatives))
     records: list[GroupSearch] = []
     i = n
     while i > 0:
         entry = back[i]
         assert entry is not None
-        j, record, weighed = entry
-        records.append(replace(record, alternatives=weighed))
+        j, chosen, weighed = entry
+        records.append(replace(chosen[-1], alternatives=weighed))
+        records.extend(reversed(chosen[:-1]))
         i = j
     return records[::-1]
+
+
+def _untiled_record(op: str, cand: Candidate) -> GroupSearch:
+    return GroupSearch(consumer=op, ops=(op,), candidates=(cand,), chosen=0)
+
+
+# a tiled group run[j:k] at levels, and the cost of the run up to k with it: (j, k, levels, cost)
+_Head = tuple[int, int, tuple[Level, ...], _Cost]
+
+
+def _with_epilogue(ctx: _Search, run: Sequence[str], i: int, head: _Head,
+                   best: Sequence[_Cost], bounds: Mapping[int, float]
+                   ) -> tuple[_Cost, tuple[GroupSearch, ...], Alternative] | None:
+    """The segment ``run[j:i]`` whose group is the tiled ``run[j:k]`` of ``head`` and whose
+    other ops run untiled after it: its cost, its records (the group's, then each untiled
+    op's) and the alternative weighed; None when it is not weighed -- it is longer than a
+    chain may be, the consumer reads nothing the segment writes (it would not join the
+    loop), the untiled ops cost nothing in the hinted program, the group has a matmul or
+    its readers none (below), or it is screened by its lower bound."""
+    j, k, levels, through = head
+    members = tuple(run[j:i])
+    if i - j > 2 * ctx.options.window or k >= i:
+        return None
+    written = {ctx.ops[m].store.buffer for m in members[:-1]}
+    if not any(ld.buffer in written for ld in ctx.ops[run[i - 1]].loads):
+        return None
+    # A kernel's time is max(memory, compute) and only a matmul computes: the case weighed is
+    # a group of memory time alone (no matmul) whose readers include a matmul, under whose
+    # compute the loop's memory time hides. (A group with a matmul of its own hiding its
+    # readers' memory is not weighed: on the S=2048, D=4096 block that took 8 more compiles
+    # and changed no plan.)
+    def computes(names: Sequence[str]) -> bool:
+        return any(isinstance(op, Reduction) and op.fn == "matmul" for op in (ctx.ops[m] for m in names))
+
+    if _in_place(ctx, run[k:i]) == (0.0, 0) or computes(run[j:k]) or not computes(run[k:i]):
+        return None
+    reach = best[j][0] + (bounds[j] if j in bounds else _bound(ctx, members) - _in_place(ctx, members)[0])
+    # and not when hiding every untiled op's time entirely under the loop would not beat the
+    # best found (a rule of thumb: the group's own estimate may change with its readers beside it)
+    hidden = through[0] - _in_place(ctx, run[k:i])[0]
+    if max(reach, hidden) >= best[i][0]:
+        ctx.tally["screened"] += 1
+        return None
+    cand = _solve_headed(ctx, members, k - j, levels)
+    cost = _add(best[j], cand, _in_place(ctx, members))
+    tail = ", ".join(run[k:i])
+    group = GroupSearch(consumer=run[k - 1], ops=tuple(run[j:k]), chosen=0, candidates=(
+        replace(cand, reason=f"{cand.reason + '; ' if cand.reason else ''}judged with {tail} untiled after it"),))
+    untiled = tuple(_untiled_record(op, Candidate(levels=(), verdict="fits", time_ns=ctx.untiled.get(op, (0.0, 0))[0],
+                                                  hbm_bytes=ctx.untiled.get(op, (0.0, 0))[1], reason=IN_CONTEXT))
+                    for op in run[k:i])
+    return cost, (group, *untiled), Alternative(ops=members, bound_ns=reach, choice=group.choice, change_ns=cost[0])
 
 
 def _costs_nothing(ctx: _Search, op: str) -> bool:
@@ -516,6 +597,29 @@ def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     else:
         ctx.tally["reused"] += 1
     return _renamed(hit, names)
+
+
+def _solve_headed(ctx: _Search, members: Sequence[str], tiled: int, levels: tuple[Level, ...]) -> Candidate:
+    """``members`` judged with their first ``tiled`` ops one group at ``levels`` and the rest
+    untiled after it, memoised by structure like ``_solve``."""
+    sub = _subgraph(ctx, members)
+    canon, names = _canonical(sub)
+    to_canon = {real: c for c, real in names.items()}
+    at = tuple(replace(lv, dims=tuple(to_canon[d] for d in lv.dims)) for lv in levels)
+    key = ("headed", tiled, at, _structure(canon))
+    hit = ctx.memo.get(key)
+    if hit is None:
+        local = _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
+                        buffers=canon.buffer_table(), readers=_readers(canon),
+                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally,
+                        verify=ctx.verify)
+        ops = [op.name for op in canon.ops]
+        cand = _judge(local, ops, at, canon, tiled=tiled)
+        hit = ctx.memo[key] = GroupSearch(consumer=ops[tiled - 1], ops=tuple(ops[:tiled]), candidates=(cand,),
+                                          chosen=0)
+    else:
+        ctx.tally["reused"] += 1
+    return _renamed(hit, names).choice
 
 
 _CANON = re.compile(r"(?<![A-Za-z0-9])_[bod]\d+_")
@@ -672,10 +776,15 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # Each other dim alone: shrinking stops at the first dim with a count that fits, so the
     # whole-stick columns of a pointwise x[R, C] (every row in each tile, a stick-wide tile
     # for all cores) were never weighed against its row tiles (7-52 % faster at 4,093 x 256
-    # on 32 cores). From the coarsest count until one fits, then finer while it improves.
+    # on 32 cores). From the coarsest count until one fits, then finer while it improves;
+    # after 3 counts that spill, the coarsest of the rest that fits, by binary search, as the
+    # first dim walks every count to its first fit: y = silu(x @ w1 + b1) on 3 cores and
+    # 64 KiB spills at F:2 to F:5 and wins at F:8 (46.4 us against 84.1 untiled). Spilling
+    # estimates need not fall on the way (each finer F tile reads x again: 83.1, 85.4,
+    # 87.8 us), so they do not gate the leap as they do the online dims'.
     for d, _ in dims:
         if d != first and d not in chosen and counts[d]:
-            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d))
+            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
@@ -707,7 +816,7 @@ def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequen
         counts = _counts(ctx, ops, dim, size)
         for base in ({}, dict(chosen)) if chosen else ({},):
             outer = levels(base)
-            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim), leap=True)
+            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim), leap="falling")
 
 
 def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, ...]:
@@ -722,13 +831,21 @@ _MISSES = 3
 _ACCUMULATION_MISSES = 1
 
 
+# Whether a count walk (``_coarse_to_fine``) that met ``limit`` counts that do not fit leaps
+# to the coarsest of the rest that fits: never; only while the spilling estimates fell count
+# by count (an online softmax's reduction dim); or whenever something spilled.
+Leap = Literal["never", "falling", "spilled"]
+
+
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
-                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: bool = False) -> None:
+                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: Leap = "never") -> None:
     """Judge the counts from the coarsest up until one fits, then finer while the estimate
     improves. After ``limit`` counts that do not fit, give up (the counts of a large dim
-    that never fits would each be compiled), or with ``leap`` find the coarsest of the rest
-    that fits by binary search (finer tiles need less LX) and go on from there: the online
-    softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and 13."""
+    that never fits would each be compiled), or, as ``leap`` says, find the coarsest of the
+    rest that fits by binary search (finer tiles need less LX) and go on from there: the
+    online softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and
+    13; the hidden dim of a silu MLP's first matmul, bias and silu on 3 cores and 64 KiB
+    fits from 8 tiles, its 5th count, after 2, 3, 4 and 5 spilled."""
     best_rank = None
     misses = 0
     refusals: set[str] = set()
@@ -750,15 +867,16 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
             if misses < limit:
                 k += 1
                 continue
-            # leap only while finer tiles spilled less: estimates that rose again (the
-            # attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
-            if not leap or best_rank is not None or len(refusals) == misses or spills != sorted(spills, reverse=True):
+            # "falling" leaps only while finer tiles spilled less: estimates that rose again
+            # (the attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
+            if (leap == "never" or best_rank is not None or len(refusals) == misses
+                    or (leap == "falling" and spills != sorted(spills, reverse=True))):
                 break
             rest = counts[k + 1:]
             found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
             if found is None:
                 break
-            k, leap = k + 1 + found, False
+            k, leap = k + 1 + found, "never"
             continue
         rank = _rank(cand)
         if best_rank is not None and rank >= best_rank:
@@ -910,10 +1028,14 @@ class _Judge:
         return self._memo[key]
 
 
-def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None) -> Candidate:
+def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None,
+           tiled: int | None = None) -> Candidate:
+    """``members`` compiled as one group at ``levels`` (or only their first ``tiled``, the
+    rest untiled after it)."""
     ctx.tally["compiled"] += 1
     sub = _subgraph(ctx, members) if sub is None else sub
-    plan = TilingPlan(order=tuple(members), groups=(Group(ops=tuple(members), levels=levels),) if levels else ())
+    group = tuple(members[:tiled])
+    plan = TilingPlan(order=tuple(members), groups=(Group(ops=group, levels=levels),) if levels else ())
     try:
         # a level over a reduction dim that ops of the group read the result of: loop fission
         plan = split_at_tiled_reductions(sub, plan, ctx.options.online)

@@ -69,6 +69,32 @@ def layer_norm_matmul(rows: int, hinted_count: int | None = None) -> Graph:
     return g.build()
 
 
+def rms_norm_matmul(rows: int, hinted_count: int | None = None) -> Graph:
+    """RMSNorm feeding a matmul, fp16 [rows, 1024] @ [1024, 2048], optionally hinted T:count
+    (the search's benchmark and its test: at 1,003 and 1,147 rows the search's groups met
+    keep_resident's bundled trials, docs/tiling.md "Why auto missed a plan")."""
+    g = GraphBuilder("rms_norm_matmul")
+    g.dim("T", rows), g.dim("D", 1024), g.dim("N", 2048)
+    x, w = g.input("x", ["T", "D"], "float16"), g.input("w", ["D", "N"], "float16")
+    gamma = g.input("gamma", ["D"], "float16")
+    with g.hint(slices={"T": hinted_count}) if hinted_count else contextlib.nullcontext():
+        r = g.rsqrt(g.add(g.mean(g.mul(x, x), ["D"], keepdim=True), 1e-6))
+        g.output("out", g.matmul(g.mul(g.mul(x, r), gamma), w, "D"))
+    return g.build()
+
+
+def silu_mlp(tokens: int = 257, model: int = 320, hidden: int = 1280) -> Graph:
+    """y = silu(x @ w1 + b1) @ w2 in float32 (the search's benchmark and its test: on 3 cores
+    and 64 KiB the first matmul, bias and silu fit only from 8 tiles of the hidden dim)."""
+    g = GraphBuilder("silu_mlp")
+    g.dim("S", tokens), g.dim("D", model), g.dim("F", hidden)
+    x = g.input("x", ["S", "D"], "float32")
+    w1, w2 = g.input("w1", ["D", "F"], "float32"), g.input("w2", ["F", "D"], "float32")
+    a = g.silu(g.add(g.matmul(x, w1, "D"), g.input("b1", ["F"], "float32")))
+    g.output("y", g.matmul(a, w2, "F"))
+    return g.build()
+
+
 def tiny_llama_lm(layers: int = 1):
     """A tiny ``LlamaForCausalLM`` with random weights (seed 0; hidden 64, two heads, vocabulary
     64), eager attention, in eval mode: generation's test and benchmark model. Needs

@@ -13,11 +13,13 @@ from test_tiling_properties import GRAPHS, agree, reassociates
 
 import fspyre
 from fspyre.ir.looptree import Loop, op_nodes
+from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.memcheck import check_memory
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import spyre
 from fspyre.testing import examples, inputs_for
 from fspyre.testing.hints import legal_hint_nests
+from fspyre.testing.transformer import rms_norm_matmul
 
 
 def softmax(rows: int, cols: int, tiles: int) -> fspyre.Graph:
@@ -428,3 +430,53 @@ def test_two_cores_replicate_too():
         assert split[name].cores == 2 and dict(split[name].splits)[f"{name[:-5]}_cores"] == 2
     inputs = inputs_for(graph, 1)
     assert np.array_equal(fspyre.run(with_copy, inputs)["y"], fspyre.run(without, inputs)["y"])
+
+
+def _norm_matmul_in_two_loops(rows: int, first: int, second: int, gap: int) -> tuple[fspyre.Graph, TilingPlan]:
+    """RMSNorm -> matmul over ``rows`` fp16 rows: the square and its mean tiled T:first, the
+    ``gap`` ops after them untiled, the rest (scaling and the matmul) tiled T:second."""
+    graph = rms_norm_matmul(rows)
+    names = tuple(op.name for op in graph.ops)
+
+    def level(count: int) -> tuple[Level, ...]:
+        return (Level(count=count, dims=("T",), source="test"),)
+
+    return graph, TilingPlan(order=names, groups=(Group(ops=names[:2], levels=level(first)),
+                                                  Group(ops=names[2 + gap:], levels=level(second))))
+
+
+def test_one_reader_whose_division_loses_does_not_keep_another_from_one_that_wins():
+    """1,003 rows, the square and its mean T:2 (one tile and a tail, run in the matmul loop's
+    first iteration), the rest T:4: the mean reading its square's slices keeps the square in
+    LX (it wins), the matmul reading its operand's slices splits its contraction over every
+    core (it loses). Judged together they lost and the square went through HBM: 285.5 us,
+    where the search had judged the two groups at 245.9 us in all; each judged on its own
+    the winning one is kept: 246.3 us."""
+    graph, plan = _norm_matmul_in_two_loops(1003, 2, 4, 1)
+    machine = spyre(cores=8, lx_bytes=128 * 1024)
+    comp = fspyre.compile(graph, machine, tiling=plan)
+    placed = comp.stages["allocation"].buffers
+    assert placed["buf0"].memory == "lx" and placed["buf0_peeled"].memory == "lx"
+    splits = comp.stages["split_plan"].ops
+    assert not any(k > 1 for d, k in splits["buf6"].splits.items() if d == "D")  # the matmul kept its own
+    assert traffic_report(comp.program).time_ns < 250_000
+    assert check_memory(comp.program).clean
+    report = fspyre.check(graph, machine=machine, comp=comp)
+    assert report.equal, str(report)
+
+
+def test_loops_with_a_peeled_tail_copy_their_own_re_reads():
+    """1,147 rows in two loops of T:3 (383-row tiles and a tail of 381) that both read x: a
+    copy kept across the loops holds their main tiles only, so its op did not cover T, and
+    divide_work refused the trial -- and with it every copy: x was read twice per tile by the
+    square. Each loop now copies its own re-reads."""
+    graph, plan = _norm_matmul_in_two_loops(1147, 3, 3, 2)
+    machine = spyre(cores=8, lx_bytes=128 * 1024)
+    comp = fspyre.compile(graph, machine, tiling=plan)
+    copies = [n for n in op_nodes(comp.stages["resident_tree"]) if n.op.fn == "copy"]
+    assert any(n.op.operands[0].buffer == "x" for n in copies)
+    square = next(o for o in traffic_report(comp.program).ops if o.name == "buf0")
+    assert square.hbm_read == 0  # it reads x from the copy
+    assert check_memory(comp.program).clean
+    report = fspyre.check(graph, machine=machine, comp=comp)
+    assert report.equal, str(report)
