@@ -264,7 +264,7 @@ def enumerate_best(graph: Graph, machine: Machine) -> tuple[float, int, str]:
     ctx = ts._Search(graph=graph, machine=machine, options=ts.SearchOptions(), ops=graph.op_table(),
                      buffers=graph.buffer_table(), readers=ts._readers(graph),
                      outputs=frozenset(o.buffer for o in graph.outputs),
-                     untiled=ts._alone(base.report if base else None))
+                     untiled=ts._alone(base, graph))
     names = [op.name for op in graph.ops]
     n = len(names)
     spans = {(a, b): options(ctx, tuple(names[a:b])) for a in range(n) for b in range(a + 1, n + 1)}
