@@ -375,7 +375,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
-            record = _solve(ctx, members)
+            record = _in_context(_solve(ctx, members), _in_place(ctx, members))
             cost = _add(best[j], record.choice, _in_place(ctx, members))
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
             if found is None or cost < best[i]:
@@ -399,6 +399,22 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         records.append(replace(record, alternatives=weighed))
         i = j
     return records[::-1]
+
+
+def _in_context(record: GroupSearch, untiled: tuple[float, int]) -> GroupSearch:
+    """``record`` choosing the candidate that changes the run's time most against its ops
+    untiled in the hinted program (``untiled``). The candidate fastest alone may be the
+    untiled one, but untiled the segment is no group and changes nothing, while a tiling a
+    little slower alone may still beat what its ops cost in the whole program: the softmax
+    x[1021, 1000] on 12 cores and 2 MiB LX ran [sub, exp, sum, div] untiled at 43.2 us alone
+    and tiled R:2 at 43.2 us too (more iterations: ranked second), where those ops cost 77.4
+    us in the hinted program (sub's result spills there). Ties keep the record's choice."""
+    zero: _Cost = (0.0, 0, 0)
+    best, at = _add(zero, record.choice, untiled), record.chosen
+    for k, cand in enumerate(record.candidates):
+        if cand.levels and (cost := _add(zero, cand, untiled)) < best:
+            best, at = cost, k
+    return record if at == record.chosen else replace(record, chosen=at)
 
 
 def _costs_nothing(ctx: _Search, op: str) -> bool:
