@@ -164,12 +164,40 @@ def _searched(ctx: _Search, hinted: TilingPlan, base: _Compiled | None) -> Place
     """The search over the runs of unhinted ops and the program of its plan; None when that
     program is refused and the candidates were not verified (``ctx.verify``)."""
     graph, machine, options = ctx.graph, ctx.machine, ctx.options
+    records = _records(ctx, hinted)
+    plan = _plan(ctx, hinted, records)
+    note = ""
+    chosen = base
+    if plan is not hinted:
+        # Each group was judged alone; together they share LX and copies differently. The
+        # whole program must not be estimated slower than leaving those ops untiled.
+        mine = _compiled(options, machine, graph, plan)
+        if mine is None and not ctx.verify:
+            return None
+        chosen = mine
+        if base is not None and mine is not None:
+            records, plan, chosen, note = _corrected(ctx, hinted, base, records, plan, mine)
+        if base is not None and (chosen is None or _whole(base.report) < _whole(chosen.report)):
+            note = (f"the searched groups together are estimated at "
+                    f"{'a refusal' if chosen is None else f'{chosen.report.time_ns / 1000:.2f} us'}, the hinted "
+                    f"plan alone at {base.report.time_ns / 1000:.2f} us: kept the hinted plan")
+            plan, chosen = hinted, base
+    search = TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note,
+                          compiled=ctx.tally["compiled"], reused=ctx.tally["reused"], screened=ctx.tally["screened"],
+                          rechecked=ctx.tally["rechecked"])
+    if chosen is None:
+        return Placed(search=search)
+    return Placed(search=search, tree=chosen.tree, placed=chosen.placed)
+
+
+def _records(ctx: _Search, hinted: TilingPlan) -> list[GroupSearch]:
+    """The search over each run of unhinted ops (between the hinted groups)."""
     in_group = {name for g in hinted.groups for name in g.ops}
     records: list[GroupSearch] = []
     run: list[str] = []
     # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
     # and not at all when it ends within a second).
-    with tqdm(total=len(hinted.order), desc=f"tiling search {graph.name}", unit="op", delay=1.0, leave=False,
+    with tqdm(total=len(hinted.order), desc=f"tiling search {ctx.graph.name}", unit="op", delay=1.0, leave=False,
               disable=None) as progress:
         for name in hinted.order + ("",):  # "" closes the last run
             if name and name not in in_group:
@@ -178,34 +206,109 @@ def _searched(ctx: _Search, hinted: TilingPlan, base: _Compiled | None) -> Place
             records.extend(_search_run(ctx, run))
             progress.update(len(run) + bool(name))
             run = []
+    return records
+
+
+def _plan(ctx: _Search, hinted: TilingPlan, records: Sequence[GroupSearch]) -> TilingPlan:
+    """The hinted plan with the tiled groups of ``records`` (``hinted`` itself when none is)."""
+    tiled = tuple(Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)
+    if not tiled:
+        return hinted
     # a searched accumulation's readers run after its loop (loop fission), as _judge compiled them
-    searched = split_at_tiled_reductions(graph, TilingPlan(order=hinted.order, groups=tuple(
-        Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)), options.online)
-    found = searched.groups
+    searched = split_at_tiled_reductions(ctx.graph, TilingPlan(order=hinted.order, groups=tiled), ctx.options.online)
     position = {name: i for i, name in enumerate(searched.order)}
-    groups = sorted(hinted.groups + found, key=lambda g: position[g.ops[0]])
+    groups = sorted(hinted.groups + searched.groups, key=lambda g: position[g.ops[0]])
     # loop fission may run a pass's ops in another order than the graph's: take its order
-    plan = TilingPlan(order=searched.order, groups=tuple(groups), warnings=hinted.warnings,
+    return TilingPlan(order=searched.order, groups=tuple(groups), warnings=hinted.warnings,
                       notes=hinted.notes + searched.notes)
-    note = ""
-    chosen = base
-    if found:
-        # Each group was judged alone; together they share LX and copies differently. The
-        # whole program must not be estimated slower than leaving those ops untiled.
-        mine = _compiled(options, machine, graph, plan)
-        if mine is None and not ctx.verify:
-            return None
-        chosen = mine
-        if base is not None and (mine is None or _whole(base.report) < _whole(mine.report)):
-            note = (f"the searched groups together are estimated at "
-                    f"{'a refusal' if mine is None else f'{mine.report.time_ns / 1000:.2f} us'}, the hinted plan "
-                    f"alone at {base.report.time_ns / 1000:.2f} us: kept the hinted plan")
-            plan, chosen = hinted, base
-    search = TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note,
-                          compiled=ctx.tally["compiled"], reused=ctx.tally["reused"], screened=ctx.tally["screened"])
-    if chosen is None:
-        return Placed(search=search)
-    return Placed(search=search, tree=chosen.tree, placed=chosen.placed)
+
+
+# How far the whole program's estimate may exceed what the search's groups claim (the hinted
+# program's estimate plus each group's change against its ops there) before the groups are
+# weighed again in the whole program: the claims add changes judged one group at a time, and
+# groups share LX and copies differently together.
+_AGREE = 0.01
+
+
+def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[GroupSearch], plan: TilingPlan,
+               mine: _Compiled) -> tuple[list[GroupSearch], TilingPlan, _Compiled, str]:
+    """The records, plan and compiled program after weighing the groups in the whole program,
+    and a note saying what changed; nothing changes while the whole program is estimated
+    within ``_AGREE`` of what the groups claim and not slower than the hinted plan.
+
+    A group's claim is its estimate alone against its ops untiled in the hinted program. When
+    the whole program does not bear the claims out:
+    1. (the dynamic program) the search runs again crediting each segment with its candidate
+       of least change against its ops in the hinted program, where the first pass took the
+       candidate fastest alone (``_in_context``): untiled, a segment is no group and changes
+       nothing, so a tiling that ties with it alone is never credited with what its ops cost
+       more in the whole program (a softmax whose sub spills in the hinted program). The
+       judgements are the memo's; its plan costs one whole compile, kept when faster.
+    2. The groups are left out one at a time, from the largest part of its claim that is
+       context (its ops cost more in the hinted program than untiled alone: the part the whole
+       program may not bear out) down, each staying out when the whole program is then
+       estimated faster, until the whole program agrees with the claims left: at most one
+       whole compile per tiled group."""
+    notes: list[str] = []
+    if (_disagrees(ctx, base, records, mine) and not ctx.in_context and ctx.options.fuse == "max-producers"
+            and ctx.options.strategy == "dp"):
+        again = _records(replace(ctx, in_context=True), hinted)
+        plan2 = _plan(ctx, hinted, again)
+        if plan2.groups != plan.groups:
+            mine2: _Compiled | None = base
+            if plan2 is not hinted:
+                ctx.tally["rechecked"] += 1
+                mine2 = _compiled(ctx.options, ctx.machine, ctx.graph, plan2)
+            if mine2 is not None and _whole(mine2.report) < _whole(mine.report):
+                notes.append(f"the groups credited in context: {mine.report.time_ns / 1000:.2f} -> "
+                             f"{mine2.report.time_ns / 1000:.2f} us")
+                records, plan, mine = again, plan2, mine2
+    claims = _claims(ctx, records)
+    context: dict[int, float] = {}
+    for k in claims:
+        r = records[k]
+        in_place = _in_place(ctx, r.ops)[0]
+        alone = next((c.time_ns for c in r.candidates if not c.levels and c.verdict != "refused"), in_place)
+        context[k] = in_place - alone
+    kept = set(claims)
+    left: list[str] = []
+    for k in sorted(claims, key=lambda k: (-context[k], claims[k])):
+        if not _disagrees(ctx, base, [records[i] for i in kept], mine):
+            break
+        trial_plan = _plan(ctx, hinted, [r for i, r in enumerate(records) if i in kept and i != k])
+        trial: _Compiled | None = base
+        if trial_plan is not hinted:
+            ctx.tally["rechecked"] += 1
+            trial = _compiled(ctx.options, ctx.machine, ctx.graph, trial_plan)
+        if trial is not None and _whole(trial.report) < _whole(mine.report):
+            left.append(f"{_short(records[k].ops)} {_levels_text(records[k].choice.levels)} "
+                        f"({mine.report.time_ns / 1000:.2f} -> {trial.report.time_ns / 1000:.2f} us)")
+            kept.discard(k)
+            plan, mine = trial_plan, trial
+    if left:
+        notes.append(f"left out {'; '.join(left)}")
+    note = f"the whole program did not bear out the groups' claims; {'; '.join(notes)}" if notes else ""
+    return records, plan, mine, note
+
+
+def _claims(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, float]:
+    """index -> what each tiled record claims to change against its ops in the hinted program."""
+    return {k: r.choice.time_ns - _in_place(ctx, r.ops)[0] for k, r in enumerate(records) if r.choice.levels}
+
+
+def _disagrees(ctx: _Search, base: _Compiled, records: Sequence[GroupSearch], mine: _Compiled) -> bool:
+    """Whether the whole program ``mine`` is estimated slower than the hinted one, or slower by
+    more than ``_AGREE`` than the hinted one changed by every claim of ``records``."""
+    predicted = base.report.time_ns + sum(_claims(ctx, records).values())
+    return _whole(mine.report) > _whole(base.report) or mine.report.time_ns > predicted * (1 + _AGREE)
+
+
+def _short(ops: Sequence[str]) -> str:
+    return ops[0] if len(ops) == 1 else f"{ops[0]}..{ops[-1]}"
+
+
+def _levels_text(levels: Sequence[Level]) -> str:
+    return " x ".join(f"{'/'.join(lv.dims)}:{lv.count}" for lv in levels)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,6 +384,9 @@ class _Search:
     # verify each candidate's program, division and allocation: only when the program of the
     # plan found without it was refused
     verify: bool = False
+    # credit each DP segment with its candidate of least change in the hinted program
+    # (``_in_context``): the second pass, when the whole program disagrees with the first
+    in_context: bool = False
 
 
 def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -375,7 +481,9 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
-            record = _in_context(_solve(ctx, members), _in_place(ctx, members))
+            record = _solve(ctx, members)
+            if ctx.in_context:
+                record = _in_context(record, _in_place(ctx, members))
             cost = _add(best[j], record.choice, _in_place(ctx, members))
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
             if found is None or cost < best[i]:
