@@ -5,6 +5,8 @@ from the traffic report of the program that was emitted."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -330,6 +332,32 @@ def test_a_segment_is_worth_its_best_tiling_against_its_ops_in_the_hinted_progra
     assert better < estimate(graph, machine, "none") * 0.7
     comp = checked(graph, machine)
     assert traffic_report(comp.program).time_ns <= better * (1 + 1e-9)
+
+
+def rmsnorm_matmul(rows: int, count: int | None = None) -> fspyre.Graph:
+    g = fspyre.GraphBuilder("rmsnorm_matmul")
+    g.dim("T", rows), g.dim("D", 1024), g.dim("N", 2048)
+    x, w = g.input("x", ["T", "D"], "float16"), g.input("w", ["D", "N"], "float16")
+    gamma = g.input("gamma", ["D"], "float16")
+    with g.hint(slices={"T": count}) if count else contextlib.nullcontext():
+        y = g.mul(g.mul(x, g.rsqrt(g.add(g.mean(g.mul(x, x), ["D"], keepdim=True), 1e-6))), gamma)
+        g.output("out", g.matmul(y, w, "D"))
+    return g.build()
+
+
+@pytest.mark.parametrize("rows", [1003, 1147])
+def test_a_group_gives_way_to_its_runner_up_when_the_whole_program_disagrees(rows):
+    # fp16 D=1024 N=2048 on 8 cores, 128 KiB LX. The DP's groups [x*x, mean] and [rsqrt ..
+    # matmul] each beat the chain alone, but together they were estimated 285.5 us (1,003 rows)
+    # and 345.4 us (1,147) against the hinted T:4 over the whole chain, 265.6 and 296.2 us. The
+    # whole chain is the runner-up the DP weighed for the matmul.
+    machine = spyre(cores=8, lx_bytes=128 * 1024)
+    hinted = estimate(rmsnorm_matmul(rows, 4), machine, "hints")
+    comp = checked(rmsnorm_matmul(rows), machine)
+    assert traffic_report(comp.program).time_ns <= hinted * (1 + 1e-9)
+    search = comp.stages["tiling_search"]
+    assert search.rechecked >= 1 and "for buf3..buf6" in search.note
+    assert [g.ops for g in comp.stages["tiling_plan"].groups] == [tuple(f"buf{k}" for k in range(7))]
 
 
 @settings(max_examples=examples(30), deadline=None)
