@@ -354,6 +354,10 @@ def test_a_segment_is_worth_its_best_tiling_against_its_ops_in_the_hinted_progra
     assert better < estimate(graph, machine, "none") * 0.7
     comp = checked(graph, machine)
     assert traffic_report(comp.program).time_ns <= better * (1 + 1e-9)
+    # found by the correction's second DP pass, which the record says
+    search = comp.stages["tiling_search"]
+    assert search.rechecked == 1 and "credited in context (98.69 -> 58.81 us)" in search.note
+    assert "1 whole-program recheck" in pretty(search)
 
 
 def rmsnorm_matmul(rows: int, count: int | None = None, cols: int = 2048) -> fspyre.Graph:
