@@ -28,6 +28,9 @@ tiling"):
 - The choice is the candidate with the lowest estimated time among all judged, HBM bytes as
   tie-break, then fewer iterations: the untiled candidate is always judged, so a group is
   never slower (estimated) than leaving it untiled.
+- The whole program under the plan found is compiled; when it disagrees with what the groups
+  claim (each judged alone), the groups are weighed again in it (``_corrected``), and the
+  hinted plan is kept when it is estimated faster still.
 """
 
 from __future__ import annotations
