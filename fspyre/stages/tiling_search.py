@@ -278,36 +278,66 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
         if (found := better(again)) is not None:
             (plan, mine), records, current = found, again, list(again)
             notes[-1] = f"the groups credited in context ({notes[-1]})"
-    for r in [r for r in current if r.choice.levels]:
-        if not _disagrees(ctx, base, current, mine) or r not in current:
+    # Steps 2 and 3 take the groups by kind (the same segment structure and tiling: the same
+    # group of each repeated block), one whole compile per kind.
+    for kind in dict.fromkeys(_kinds(ctx, current).values()):
+        if not _disagrees(ctx, base, current, mine):
+            break
+        swaps: list[tuple[GroupSearch, Alternative]] = []
+        for k, key in _kinds(ctx, current).items():
+            if key == kind:
+                r = current[k]
+                tiled = [a for a in r.alternatives if a.choice is not None and a.choice.levels and a.ops != r.ops
+                         and a.choice.verdict != "refused"]
+                if tiled:
+                    swaps.append((r, min(tiled, key=lambda a: a.change_ns)))
+        if not swaps:
             continue
-        tiled = [a for a in r.alternatives if a.choice is not None and a.choice.levels and a.ops != r.ops
-                 and a.choice.verdict != "refused"]
-        if not tiled:
-            continue
-        alt = min(tiled, key=lambda a: a.change_ns)
-        assert alt.choice is not None
-        swap = GroupSearch(consumer=r.consumer, ops=alt.ops, candidates=(alt.choice,), chosen=0)
-        trial_records = [g for g in current if not set(g.ops) & set(alt.ops)] + [swap]
+        taken = {o for _, alt in swaps for o in alt.ops}
+        trial_records = [g for g in current if not set(g.ops) & taken] + [
+            GroupSearch(consumer=r.consumer, ops=alt.ops, candidates=(alt.choice,), chosen=0)
+            for r, alt in swaps if alt.choice is not None]
         if (found := better(trial_records)) is not None:
             (plan, mine), current = found, trial_records
-            notes[-1] = f"{_short(alt.ops)} {_levels_text(alt.choice.levels)} for {_short(r.ops)} ({notes[-1]})"
+            r, alt = swaps[0]
+            assert alt.choice is not None
+            notes[-1] = (f"{_short(alt.ops)} {_levels_text(alt.choice.levels)} for {_short(r.ops)}"
+                         f"{f' and {len(swaps) - 1} alike' if len(swaps) > 1 else ''} ({notes[-1]})")
     claims = _claims(ctx, current)
-    context: dict[int, float] = {}
-    for k in claims:
+    kinds = _kinds(ctx, current)
+    context: dict[tuple, float] = {}
+    gain: dict[tuple, float] = {}
+    for k, kind in kinds.items():
         in_place = _in_place(ctx, current[k].ops)[0]
         alone = next((c.time_ns for c in current[k].candidates if not c.levels and c.verdict != "refused"), in_place)
-        context[k] = in_place - alone
+        context[kind] = max(context.get(kind, -math.inf), in_place - alone)
+        gain[kind] = gain.get(kind, 0.0) + claims[k]
     kept = set(claims)
-    for k in sorted(claims, key=lambda k: (-context[k], claims[k])):
+    for kind in sorted(context, key=lambda kind: (-context[kind], gain[kind])):
         if not _disagrees(ctx, base, [current[i] for i in kept], mine):
             break
-        if (found := better([g for i, g in enumerate(current) if i in kept and i != k])) is not None:
+        out = {k for k in kept if kinds[k] == kind}
+        if (found := better([g for i, g in enumerate(current) if i in kept - out])) is not None:
             (plan, mine) = found
-            kept.discard(k)
-            notes[-1] = f"left out {_short(current[k].ops)} {_levels_text(current[k].choice.levels)} ({notes[-1]})"
+            kept -= out
+            first = current[min(out)]
+            notes[-1] = (f"left out {_short(first.ops)} {_levels_text(first.choice.levels)}"
+                         f"{f' and {len(out) - 1} alike' if len(out) > 1 else ''} ({notes[-1]})")
     note = f"the whole program did not bear out the groups' claims: {'; '.join(notes)}" if notes else ""
     return records, plan, mine, note
+
+
+def _kinds(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, tuple]:
+    """index -> the kind of each tiled record: its segment's structure (``_structure``) and its
+    levels on the segment's canonical dims, the same for the same group of each repeated block."""
+    out: dict[int, tuple] = {}
+    for k, r in enumerate(records):
+        if r.choice.levels:
+            canon, names = _canonical(_subgraph(ctx, r.ops))
+            dims = {real: c for c, real in names.items()}
+            out[k] = (_structure(canon), tuple((lv.count, tuple(dims.get(d, d) for d in lv.dims))
+                                               for lv in r.choice.levels))
+    return out
 
 
 def _claims(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, float]:
