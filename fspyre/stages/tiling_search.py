@@ -252,10 +252,12 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
        tiled segment of least change besides it), which replaces every group it overlaps:
        rmsnorm -> matmul over 1,147 rows (8 cores, 128 KiB LX) took [x*x, mean] T:3 and
        [rsqrt .. matmul] T:3, 345.4 us together, where the runner-up for the matmul, the whole
-       chain T:3, gives 283.2 us. At most one whole compile per tiled group.
+       chain T:3, gives 283.2 us.
     3. The groups are left out one at a time, from the largest part of its claim that is
        context (its ops cost more in the hinted program than untiled alone: the part the whole
-       program may not bear out) down. At most one whole compile per tiled group."""
+       program may not bear out) down.
+    Steps 2 and 3 take the groups by kind (``_kinds``: the same group of each repeated block
+    together), at most one whole compile per kind each."""
     notes: list[str] = []
 
     def better(trial_records: list[GroupSearch]) -> tuple[TilingPlan, _Compiled] | None:
