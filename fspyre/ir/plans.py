@@ -342,6 +342,7 @@ class TilingSearch:
     compiled: int = 0  # candidates judged by compiling them
     reused: int = 0  # segments whose judgement a structurally equal segment gave
     screened: int = 0  # segments not judged: their lower bound could not beat the best found
+    rechecked: int = 0  # whole-program compiles weighing the groups again in context (``_corrected``)
 
     def __repr__(self) -> str:
         judged = sum(len(g.candidates) for g in self.groups)

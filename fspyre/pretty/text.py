@@ -200,7 +200,8 @@ def _candidate_levels(levels: Sequence[Level]) -> str:
 def _tiling_search(s: TilingSearch, detailed: bool) -> Doc:
     tiled = sum(1 for g in s.groups if g.choice.levels)
     out: list[Doc] = [text(f"tiling search ({s.fuse}): {_plural(len(s.groups), 'group')} searched, {tiled} tiled; "
-                           f"{s.compiled} candidates compiled, {s.reused} segments reused, {s.screened} screened")]
+                           f"{s.compiled} candidates compiled, {s.reused} segments reused, {s.screened} screened"
+                           + (f", {_plural(s.rechecked, 'whole-program recheck')}" if s.rechecked else ""))]
     for i, g in enumerate(s.groups):
         head = text(f"group {i} (consumer {g.consumer}): {_listing(g.ops)}  -> {_candidate_levels(g.choice.levels)}")
         shown = g.candidates if detailed else (g.choice,)

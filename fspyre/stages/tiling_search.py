@@ -28,6 +28,9 @@ tiling"):
 - The choice is the candidate with the lowest estimated time among all judged, HBM bytes as
   tie-break, then fewer iterations: the untiled candidate is always judged, so a group is
   never slower (estimated) than leaving it untiled.
+- The whole program under the plan found is compiled; when it disagrees with what the groups
+  claim (each judged alone), the groups are weighed again in it (``_corrected``), and the
+  hinted plan is kept when it is estimated faster still.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from fspyre.ir.graph import (
     sym,
 )
 from fspyre.ir.kinds import FUSE_MODES, FuseMode
-from fspyre.ir.looptree import LoopTree
+from fspyre.ir.looptree import LoopTree, op_nodes
 from fspyre.ir.plans import Alternative, Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.layout import stick_layout
@@ -149,7 +152,7 @@ def search_placed(graph: Graph, machine: Machine, options: SearchOptions = Searc
     base = _compiled(options, machine, graph, hinted)
     ctx = _Search(graph=graph, machine=machine, options=options, ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
-                  outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base.report if base else None))
+                  outputs=frozenset(o.buffer for o in graph.outputs), untiled=_alone(base, graph))
     # Candidates' programs are not verified (``_judge``): the program of the plan found is,
     # and when it is refused the search runs again verifying every candidate, as a candidate
     # the verifier refuses must not be chosen.
@@ -164,12 +167,40 @@ def _searched(ctx: _Search, hinted: TilingPlan, base: _Compiled | None) -> Place
     """The search over the runs of unhinted ops and the program of its plan; None when that
     program is refused and the candidates were not verified (``ctx.verify``)."""
     graph, machine, options = ctx.graph, ctx.machine, ctx.options
+    records = _records(ctx, hinted)
+    plan = _plan(ctx, hinted, records)
+    note = ""
+    chosen = base
+    if plan is not hinted:
+        # Each group was judged alone; together they share LX and copies differently. The
+        # whole program must not be estimated slower than leaving those ops untiled.
+        mine = _compiled(options, machine, graph, plan)
+        if mine is None and not ctx.verify:
+            return None
+        chosen = mine
+        if base is not None and mine is not None:
+            records, plan, chosen, note = _corrected(ctx, hinted, base, records, plan, mine)
+        if base is not None and (chosen is None or _whole(base.report) < _whole(chosen.report)):
+            note = (f"the searched groups together are estimated at "
+                    f"{'a refusal' if chosen is None else f'{chosen.report.time_ns / 1000:.2f} us'}, the hinted "
+                    f"plan alone at {base.report.time_ns / 1000:.2f} us: kept the hinted plan")
+            plan, chosen = hinted, base
+    search = TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note,
+                          compiled=ctx.tally["compiled"], reused=ctx.tally["reused"], screened=ctx.tally["screened"],
+                          rechecked=ctx.tally["rechecked"])
+    if chosen is None:
+        return Placed(search=search)
+    return Placed(search=search, tree=chosen.tree, placed=chosen.placed)
+
+
+def _records(ctx: _Search, hinted: TilingPlan) -> list[GroupSearch]:
+    """The search over each run of unhinted ops (between the hinted groups)."""
     in_group = {name for g in hinted.groups for name in g.ops}
     records: list[GroupSearch] = []
     run: list[str] = []
     # A search of tens of seconds shows its progress on a terminal (not under a pipe or a test,
     # and not at all when it ends within a second).
-    with tqdm(total=len(hinted.order), desc=f"tiling search {graph.name}", unit="op", delay=1.0, leave=False,
+    with tqdm(total=len(hinted.order), desc=f"tiling search {ctx.graph.name}", unit="op", delay=1.0, leave=False,
               disable=None) as progress:
         for name in hinted.order + ("",):  # "" closes the last run
             if name and name not in in_group:
@@ -178,34 +209,157 @@ def _searched(ctx: _Search, hinted: TilingPlan, base: _Compiled | None) -> Place
             records.extend(_search_run(ctx, run))
             progress.update(len(run) + bool(name))
             run = []
+    return records
+
+
+def _plan(ctx: _Search, hinted: TilingPlan, records: Sequence[GroupSearch]) -> TilingPlan:
+    """The hinted plan with the tiled groups of ``records`` (``hinted`` itself when none is)."""
+    tiled = tuple(Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)
+    if not tiled:
+        return hinted
     # a searched accumulation's readers run after its loop (loop fission), as _judge compiled them
-    searched = split_at_tiled_reductions(graph, TilingPlan(order=hinted.order, groups=tuple(
-        Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)), options.online)
-    found = searched.groups
+    searched = split_at_tiled_reductions(ctx.graph, TilingPlan(order=hinted.order, groups=tiled), ctx.options.online)
     position = {name: i for i, name in enumerate(searched.order)}
-    groups = sorted(hinted.groups + found, key=lambda g: position[g.ops[0]])
+    groups = sorted(hinted.groups + searched.groups, key=lambda g: position[g.ops[0]])
     # loop fission may run a pass's ops in another order than the graph's: take its order
-    plan = TilingPlan(order=searched.order, groups=tuple(groups), warnings=hinted.warnings,
+    return TilingPlan(order=searched.order, groups=tuple(groups), warnings=hinted.warnings,
                       notes=hinted.notes + searched.notes)
-    note = ""
-    chosen = base
-    if found:
-        # Each group was judged alone; together they share LX and copies differently. The
-        # whole program must not be estimated slower than leaving those ops untiled.
-        mine = _compiled(options, machine, graph, plan)
-        if mine is None and not ctx.verify:
+
+
+# How far the whole program's estimate may exceed what the search's groups claim (the hinted
+# program's estimate plus each group's change against its ops there) before the groups are
+# weighed again in the whole program: the claims add changes judged one group at a time, and
+# groups share LX and copies differently together.
+_AGREE = 0.01
+
+
+def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[GroupSearch], plan: TilingPlan,
+               mine: _Compiled) -> tuple[list[GroupSearch], TilingPlan, _Compiled, str]:
+    """The records, plan and compiled program after weighing the groups in the whole program,
+    and a note saying what changed; nothing changes while the whole program is estimated
+    within ``_AGREE`` of what the groups claim and not slower than the hinted plan.
+
+    A group's claim is its estimate alone against its ops untiled in the hinted program. While
+    the whole program does not bear the claims out, each step below runs, and each plan it
+    tries is compiled whole and kept when estimated faster:
+    1. (the dynamic program) the search runs again crediting each segment with its candidate
+       of least change against its ops in the hinted program, where the first pass took the
+       candidate fastest alone (``_in_context``): untiled, a segment is no group and changes
+       nothing, so a tiling that ties with it alone is never credited with what its ops cost
+       more in the whole program (a softmax whose sub spills in the hinted program). The
+       judgements are the memo's; one whole compile.
+    2. Each tiled group in turn gives way to the runner-up the DP weighed for its consumer (the
+       tiled segment of least change besides it), which replaces every group it overlaps:
+       rmsnorm -> matmul over 1,147 rows (8 cores, 128 KiB LX) took [x*x, mean] T:3 and
+       [rsqrt .. matmul] T:3, 345.4 us together, where the runner-up for the matmul, the whole
+       chain T:3, gives 283.2 us.
+    3. The groups are left out one at a time, from the largest part of its claim that is
+       context (its ops cost more in the hinted program than untiled alone: the part the whole
+       program may not bear out) down.
+    Steps 2 and 3 take the groups by kind (``_kinds``: the same group of each repeated block
+    together), at most one whole compile per kind each."""
+    notes: list[str] = []
+
+    def better(trial_records: list[GroupSearch]) -> tuple[TilingPlan, _Compiled] | None:
+        trial_plan = _plan(ctx, hinted, trial_records)
+        if trial_plan.groups == plan.groups:
             return None
-        chosen = mine
-        if base is not None and (mine is None or _whole(base.report) < _whole(mine.report)):
-            note = (f"the searched groups together are estimated at "
-                    f"{'a refusal' if mine is None else f'{mine.report.time_ns / 1000:.2f} us'}, the hinted plan "
-                    f"alone at {base.report.time_ns / 1000:.2f} us: kept the hinted plan")
-            plan, chosen = hinted, base
-    search = TilingSearch(plan=plan, groups=tuple(records), fuse=options.fuse, note=note,
-                          compiled=ctx.tally["compiled"], reused=ctx.tally["reused"], screened=ctx.tally["screened"])
-    if chosen is None:
-        return Placed(search=search)
-    return Placed(search=search, tree=chosen.tree, placed=chosen.placed)
+        trial: _Compiled | None = base
+        if trial_plan is not hinted:
+            ctx.tally["rechecked"] += 1
+            trial = _compiled(ctx.options, ctx.machine, ctx.graph, trial_plan)
+        if trial is None or _whole(trial.report) >= _whole(mine.report):
+            return None
+        notes.append(f"{mine.report.time_ns / 1000:.2f} -> {trial.report.time_ns / 1000:.2f} us")
+        return trial_plan, trial
+
+    current = list(records)
+    if (_disagrees(ctx, base, current, mine) and not ctx.in_context and ctx.options.fuse == "max-producers"
+            and ctx.options.strategy == "dp"):
+        again = _records(replace(ctx, in_context=True), hinted)
+        if (found := better(again)) is not None:
+            (plan, mine), records, current = found, again, list(again)
+            notes[-1] = f"the groups credited in context ({notes[-1]})"
+    # Steps 2 and 3 take the groups by kind (the same segment structure and tiling: the same
+    # group of each repeated block), one whole compile per kind.
+    for kind in dict.fromkeys(_kinds(ctx, current).values()):
+        if not _disagrees(ctx, base, current, mine):
+            break
+        swaps: list[tuple[GroupSearch, Alternative]] = []
+        for k, key in _kinds(ctx, current).items():
+            if key == kind:
+                r = current[k]
+                tiled = [a for a in r.alternatives if a.choice is not None and a.choice.levels and a.ops != r.ops
+                         and a.choice.verdict != "refused"]
+                if tiled:
+                    swaps.append((r, min(tiled, key=lambda a: a.change_ns)))
+        if not swaps:
+            continue
+        taken = {o for _, alt in swaps for o in alt.ops}
+        trial_records = [g for g in current if not set(g.ops) & taken] + [
+            GroupSearch(consumer=r.consumer, ops=alt.ops, candidates=(alt.choice,), chosen=0)
+            for r, alt in swaps if alt.choice is not None]
+        if (found := better(trial_records)) is not None:
+            (plan, mine), current = found, trial_records
+            r, alt = swaps[0]
+            assert alt.choice is not None
+            notes[-1] = (f"{_short(alt.ops)} {_levels_text(alt.choice.levels)} for {_short(r.ops)}"
+                         f"{f' and {len(swaps) - 1} alike' if len(swaps) > 1 else ''} ({notes[-1]})")
+    claims = _claims(ctx, current)
+    kinds = _kinds(ctx, current)
+    context: dict[tuple, float] = {}
+    gain: dict[tuple, float] = {}
+    for k, kind in kinds.items():
+        in_place = _in_place(ctx, current[k].ops)[0]
+        alone = next((c.time_ns for c in current[k].candidates if not c.levels and c.verdict != "refused"), in_place)
+        context[kind] = max(context.get(kind, -math.inf), in_place - alone)
+        gain[kind] = gain.get(kind, 0.0) + claims[k]
+    kept = set(claims)
+    for kind in sorted(context, key=lambda kind: (-context[kind], gain[kind])):
+        if not _disagrees(ctx, base, [current[i] for i in kept], mine):
+            break
+        out = {k for k in kept if kinds[k] == kind}
+        if (found := better([g for i, g in enumerate(current) if i in kept - out])) is not None:
+            (plan, mine) = found
+            kept -= out
+            first = current[min(out)]
+            notes[-1] = (f"left out {_short(first.ops)} {_levels_text(first.choice.levels)}"
+                         f"{f' and {len(out) - 1} alike' if len(out) > 1 else ''} ({notes[-1]})")
+    note = f"the whole program did not bear out the groups' claims: {'; '.join(notes)}" if notes else ""
+    return records, plan, mine, note
+
+
+def _kinds(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, tuple]:
+    """index -> the kind of each tiled record: its segment's structure (``_structure``) and its
+    levels on the segment's canonical dims, the same for the same group of each repeated block."""
+    out: dict[int, tuple] = {}
+    for k, r in enumerate(records):
+        if r.choice.levels:
+            canon, names = _canonical(_subgraph(ctx, r.ops))
+            dims = {real: c for c, real in names.items()}
+            out[k] = (_structure(canon), tuple((lv.count, tuple(dims.get(d, d) for d in lv.dims))
+                                               for lv in r.choice.levels))
+    return out
+
+
+def _claims(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, float]:
+    """index -> what each tiled record claims to change against its ops in the hinted program."""
+    return {k: r.choice.time_ns - _in_place(ctx, r.ops)[0] for k, r in enumerate(records) if r.choice.levels}
+
+
+def _disagrees(ctx: _Search, base: _Compiled, records: Sequence[GroupSearch], mine: _Compiled) -> bool:
+    """Whether the whole program ``mine`` is estimated slower than the hinted one, or slower by
+    more than ``_AGREE`` than the hinted one changed by every claim of ``records``."""
+    predicted = base.report.time_ns + sum(_claims(ctx, records).values())
+    return _whole(mine.report) > _whole(base.report) or mine.report.time_ns > predicted * (1 + _AGREE)
+
+
+def _short(ops: Sequence[str]) -> str:
+    return ops[0] if len(ops) == 1 else f"{ops[0]}..{ops[-1]}"
+
+
+def _levels_text(levels: Sequence[Level]) -> str:
+    return " x ".join(f"{'/'.join(lv.dims)}:{lv.count}" for lv in levels)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,17 +387,34 @@ def _whole(report: TrafficReport) -> tuple[float, int]:
     return round(report.time_ns, 6), report.hbm_bytes
 
 
-def _alone(report: TrafficReport | None) -> dict[str, tuple[float, int]]:
-    """op -> (estimated time, HBM bytes) of each op that is a kernel of its own in ``report``:
-    what an op left untiled costs in the program as a whole, where the allocator may keep its
-    operands in LX across kernels."""
-    if report is None:
+def _alone(base: _Compiled | None, graph: Graph) -> dict[str, tuple[float, int]]:
+    """op -> (estimated time, HBM bytes) of each op that is a kernel of its own in the program
+    ``base`` (the hinted plan's): what an op left untiled costs in the program as a whole,
+    where the allocator may keep its operands in LX across kernels. A kernel that only copies
+    a region into LX for its readers (``keep_resident``) is charged to the first graph op that
+    reads the copy: it exists for that op, and a group holding the op and the region's
+    producer does without it (c[2, 2] read twice by a matmul on 2 cores with 128 B of LX: the
+    matmul's 2.3 ns untiled were 7.0 ns with its copy, which the group that fuses the constant
+    into the matmul's tiles saves)."""
+    if base is None:
         return {}
+    report = base.report
     ops: dict[int, list[str]] = {}
     for o in report.ops:
         ops.setdefault(o.kernel, []).append(o.name)
     hbm = {o.name: o.hbm_read + o.hbm_write for o in report.ops}
-    return {names[0]: (k.time_ns, hbm[names[0]]) for k in report.kernels if len(names := ops[k.index]) == 1}
+    out = {names[0]: (k.time_ns, hbm[names[0]]) for k in report.kernels if len(names := ops[k.index]) == 1}
+    nodes = op_nodes(base.placed.tree)
+    graph_ops = {op.name for op in graph.ops}
+    for node in nodes:
+        if node.op.fn != "copy" or node.name in graph_ops or node.name not in out:
+            continue
+        reader = next((n.name for n in nodes if n.name in graph_ops
+                       and any(ld.buffer == node.op.store.buffer for ld in n.op.loads)), None)
+        if reader in out:
+            t, b = out.pop(node.name)
+            out[reader] = (out[reader][0] + t, out[reader][1] + b)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,6 +435,9 @@ class _Search:
     # verify each candidate's program, division and allocation: only when the program of the
     # plan found without it was refused
     verify: bool = False
+    # credit each DP segment with its candidate of least change in the hinted program
+    # (``_in_context``): the second pass, when the whole program disagrees with the first
+    in_context: bool = False
 
 
 def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -332,7 +506,14 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         # a segment's cost is what its tiling changes against running its ops untiled in the
         # whole program; an untiled segment changes nothing (its ops are no group)
         bounds = {j: _bound(ctx, run[j:i]) - _in_place(ctx, run[j:i])[0] for j in starts}
-        order = sorted(starts, key=lambda j: (best[j][0] + bounds[j], -j))
+        rank = {j: best[j][0] + bounds[j] for j in starts}
+        # a segment starting at an op that costs nothing is weighed after the one starting at
+        # the next op, whose verdict the rule below needs (its bound may rank it first: it
+        # reads fewer inputs)
+        for j in sorted(starts, reverse=True):
+            if j < i - 1 and _costs_nothing(ctx, run[j]) and j + 1 in rank:
+                rank[j] = max(rank[j], rank[j + 1])
+        order = sorted(starts, key=lambda j: (rank[j], -j))
         found: tuple[int, tuple[GroupSearch, ...]] | None = None
         alternatives: list[Alternative] = []
         consumer = run[i - 1]
@@ -366,6 +547,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
             record = _solve(ctx, members)
+            if ctx.in_context:
+                record = _in_context(record, _in_place(ctx, members))
             cost = _add(best[j], record.choice, _in_place(ctx, members))
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
             if record.choice.levels and (tiled_at[i] is None or cost < tiled_cost):
@@ -375,9 +558,16 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 idle = 0
                 gained.add(j)
             elif j < i - 1 and _costs_nothing(ctx, run[j]):
-                # the group that paid, grown by an op that costs nothing, gains nothing more:
-                # the segments left rank below both by their bound
-                idle = ctx.options.patience
+                if j - 1 in rank and _costs_nothing(ctx, run[j - 1]):
+                    # a run of ops that cost nothing joins whole: cut inside it, the segment
+                    # reads from HBM what the run keeps in LX (x -> abs -> +1 -> pow beside
+                    # sin(x), tanh and a matmul over E: only the segment from abs, reading x
+                    # alone, gains, 825 ns against 1,557 from pow on)
+                    gained.add(j)
+                else:
+                    # the group that paid, grown by an op that costs nothing, gains nothing more:
+                    # the segments left rank below both by their bound
+                    idle = ctx.options.patience
             else:
                 idle += 1
         assert found is not None  # the consumer alone is always a segment, judged when not free
@@ -463,6 +653,22 @@ def _with_epilogue(ctx: _Search, run: Sequence[str], i: int, head: _Head,
                                                   hbm_bytes=ctx.untiled.get(op, (0.0, 0))[1], reason=IN_CONTEXT))
                     for op in run[k:i])
     return cost, (group, *untiled), Alternative(ops=members, bound_ns=reach, choice=group.choice, change_ns=cost[0])
+
+
+def _in_context(record: GroupSearch, untiled: tuple[float, int]) -> GroupSearch:
+    """``record`` choosing the candidate that changes the run's time most against its ops
+    untiled in the hinted program (``untiled``). The candidate fastest alone may be the
+    untiled one, but untiled the segment is no group and changes nothing, while a tiling a
+    little slower alone may still beat what its ops cost in the whole program: the softmax
+    x[1021, 1000] on 12 cores and 2 MiB LX ran [sub, exp, sum, div] untiled at 43.2 us alone
+    and tiled R:2 at 43.2 us too (more iterations: ranked second), where those ops cost 77.4
+    us in the hinted program (sub's result spills there). Ties keep the record's choice."""
+    zero: _Cost = (0.0, 0, 0)
+    best, at = _add(zero, record.choice, untiled), record.chosen
+    for k, cand in enumerate(record.candidates):
+        if cand.levels and (cost := _add(zero, cand, untiled)) < best:
+            best, at = cost, k
+    return record if at == record.chosen else replace(record, chosen=at)
 
 
 def _costs_nothing(ctx: _Search, op: str) -> bool:
