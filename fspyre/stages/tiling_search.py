@@ -302,9 +302,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     contiguous segments: ``best[i]`` is the least cost of ``run[:i]``, the minimum over the
     segments ``run[j:i]`` of ``best[j]`` plus what the segment's best tiling (``_solve``)
     changes against running its ops untiled in the whole program. A segment is a consumer with
-    producers before it (``_fusable``) and its siblings, ops that read an intermediate the
-    consumer reads and the segment writes (``_fusable_starts``), at most ``window`` ops
-    long, or a consumer's whole
+    producers before it (``_fusable``) and sibling branches, outputs of an intermediate the
+    segment writes (``_fusable_starts``), at most ``window`` ops long, or a consumer's whole
     producer chain (the seed's max-producers group) of at most twice that: judging a whole
     model's chain (in a transformer every op feeds the next) costs a dozen compiles of the
     model, for groups the window's segments cover.
@@ -315,16 +314,13 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     segments that can gain; one further down that order rarely gains where those before it
     did not), nor one that ends at an op that costs nothing untiled in the hinted
     program, nor one that starts at such an op unless the segment without it improved the
-    consumer's best, nor one holding siblings whose bound promises no more than the segment
-    without its consumer did."""
+    consumer's best."""
     n = len(run)
     best: list[_Cost] = [(0.0, 0, 0)] + [_REFUSED] * n
     back: list[tuple[int, GroupSearch, tuple[Alternative, ...]] | None] = [None] * (n + 1)
     chains = _chain_starts(ctx, run)
-    promised: dict[int, float] = {}  # start j -> the bound of run[j:i - 1] (against its ops in place)
     for i in range(1, n + 1):
-        starts, producers = _fusable_starts(ctx, run, i - 1, ctx.options.window)
-        siblings = starts[producers:]
+        starts = _fusable_starts(ctx, run, i - 1, ctx.options.window)
         if chains.get(i) is not None and chains[i] not in starts and i - chains[i] <= 2 * ctx.options.window:
             starts.append(chains[i])
         # a segment's cost is what its tiling changes against running its ops untiled in the
@@ -351,14 +347,6 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         # against 843 ns untiled, which the rule had screened; test_tiling_search's property) --
         # but only where the group without it was judged for this consumer and improved its
         # best: the op then joins a group that pays, instead of starting one of its own.
-        # A segment holding siblings, [e, y1, y2] for y_k = f_k(e), is judged only where its
-        # bound promises more than the bound of [e, y1] did: the consumer joining must be able
-        # to gain something (e's write and re-reads left out of HBM), or the group is [e, y1]
-        # and y2 untiled at best. [e, y1] alone may gain nothing where [e, y1, y2, y3] gains a
-        # third (e no longer written), so what [e, y1] was judged at does not decide it. Without
-        # the rule the S=2048 block judged its norm's last mul with the q and k (and v)
-        # projections, compute bound with no bound gain: 101 candidates against 95.
-        flat = {j for j in siblings if round(bounds[j], 6) >= round(promised.get(j, math.inf), 6)}
         free = found is not None and _costs_nothing(ctx, consumer)
         idle = 0  # segments judged in a row that did not improve best[i]
         gained: set[int] = set()  # starts of the segments that improved best[i] when judged
@@ -367,8 +355,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             reach = best[j][0] + bounds[j]
             # a bound that only ties the best found cannot lower the estimated time
             if found is not None and (free or reach >= best[i][0] or idle >= ctx.options.patience
-                                      or (j < i - 1 and _costs_nothing(ctx, run[j]) and j + 1 not in gained)
-                                      or j in flat):
+                                      or (j < i - 1 and _costs_nothing(ctx, run[j]) and j + 1 not in gained)):
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
@@ -387,7 +374,6 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 idle += 1
         assert found is not None  # the consumer alone is always a segment, judged when not free
         back[i] = (*found, tuple(alternatives))
-        promised = bounds
     records: list[GroupSearch] = []
     i = n
     while i > 0:
@@ -421,27 +407,26 @@ def _in_place(ctx: _Search, members: Sequence[str]) -> tuple[float, int]:
     return t, b
 
 
-def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> tuple[list[int], int]:
-    """The starts j of the segments ``run[j:i+1]`` of at most ``window`` ops that are the
-    consumer ``run[i]``, producers before it and its siblings, nearest first, and how many of
-    them lead the list as producer chains (every op writes something a later op of the
-    segment reads, as ``_fusable`` grows a group).
+def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> list[int]:
+    """The starts j of the segments ``run[j:i+1]`` of at most ``window`` ops ending at the
+    consumer ``run[i]`` in which every other op writes something a later op of the segment
+    reads (a producer) or writes a result no op reads (a graph output: a *sibling* branch),
+    and whose ops are connected through the intermediates the segment writes, nearest first.
+    Without siblings these are the producer chains ``_fusable`` grows.
 
-    A sibling reads an intermediate the consumer reads, and the segment writes it: [e, y1,
-    y2, y3] for y_k = f_k(e), where one loop reads e's tile from LX for all three (and writes
-    e nowhere when no op outside reads it); no y is a producer of the next, so a producer
-    chain never holds them together. An op that only shares a buffer written outside the
-    segment is not a sibling by it (such a group saves none of that buffer's HBM traffic),
-    and an op that is neither (the v projection before the q-k product of an attention)
-    ends the walk: the group it would join does not read what the op writes nor what the
-    consumer reads, and every longer segment holds it. A union-find over the segment's ops,
-    joining an op to the readers of what it writes, tells a segment whose siblings are not
-    yet connected to the rest (their intermediate's writer is further back). At most
-    ``window`` ops: linear in the run for a bounded window."""
+    Siblings: outputs y_k = g_k(e) of one intermediate e, in program order [e, y1, y2, y3]
+    (or branches [e, y1, z1, y2, z2] with z_k = h_k(y_k)). One loop reads e's tile from LX
+    for all of them and writes e nowhere; no y is a producer of the next, so a producer chain
+    never holds two of them. A branch whose result an op after the segment reads (the v
+    projection before the q-k product of an attention, the gate's silu before the up
+    projection of a SwiGLU) ends the walk back from the consumer: its reader's group is where
+    it can stay in LX, and every longer segment holds it. Ops that share only a buffer
+    written outside the segment are not connected by it (such a group saves none of that
+    buffer's HBM traffic). A union-find over the segment's ops, joining an op to the readers
+    of what it writes, tells a segment whose branches are not yet connected to the rest
+    (their intermediate's writer is further back). At most ``window`` ops: linear in the run
+    for a bounded window."""
     starts = [i]
-    chains = 1  # how many starts lead as producer chains
-    chain = True  # every op of run[j + 1:i] writes something a later op of the segment reads
-    shared = {ld.buffer for ld in ctx.ops[run[i]].loads}  # what a sibling of the consumer reads
     parent = list(range(window))  # union-find over the segment's ops, by distance from i
 
     def root(k: int) -> int:
@@ -454,21 +439,18 @@ def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> tu
     parts = 0  # unconnected parts of run[j:i+1]
     for j in range(i, max(i - window, -1), -1):
         op, k = ctx.ops[run[j]], i - j
-        loads = {ld.buffer for ld in op.loads}
         feeds = op.store.buffer in waiting
-        if j < i and not feeds and shared.isdisjoint(loads):
+        if j < i and not feeds and ctx.readers.get(op.store.buffer):
             break
-        chain = chain and (j == i or feeds)
         parts += 1
         for r in {root(m) for m in waiting.pop(op.store.buffer, ())}:
             parent[r] = k
             parts -= 1
-        for b in loads:
+        for b in {ld.buffer for ld in op.loads}:
             waiting.setdefault(b, []).append(k)
         if j < i and parts == 1:
             starts.append(j)
-            chains += chain
-    return starts, chains
+    return starts
 
 
 def _chain_starts(ctx: _Search, run: Sequence[str]) -> dict[int, int]:
