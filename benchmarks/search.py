@@ -20,9 +20,9 @@ least-score plan of the whole space exactly; that plan is compiled whole. Nothin
 pruned. Graphs: the gallery (examples/*.py, hints removed) at its default sizes and at
 benchmarks/tiling.py's large ones, and graphs where fit and time disagree (a norm feeding a
 large matmul, softmax on a 4-core 64 KiB machine, three or four outputs sharing an exp or a
-sigmoid, on the default machine and on small ones, a softmax over 50,257 columns as the front
-end emits it, odd sizes on 8 cores and 64 KiB). `none` and the hints are printed beside: auto
-must not be estimated slower than either.
+sigmoid, directly or each through a neg, on the default machine and on small ones, a softmax
+over 50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB). `none` and
+the hints are printed beside: auto must not be estimated slower than either.
 
 Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
 cores used), and the HBM ratio of 1,000 rows hinted into 3 row tiles (a peeled tail) beside 999.
@@ -154,14 +154,17 @@ def softmax(rows: int, cols: int, name: str = "softmax", cast: bool = False) -> 
     return g.build()
 
 
-def shared_exp(rows: int = 2048, cols: int = 2048, dtype: str = "float16", fn: str = "exp", outputs: int = 3) -> Graph:
-    """e = fn(x) read by ``outputs`` siblings, each a graph output (no sibling reads another)."""
+def shared_exp(rows: int = 2048, cols: int = 2048, dtype: str = "float16", fn: str = "exp", outputs: int = 3,
+               branch: bool = False) -> Graph:
+    """e = fn(x) read by ``outputs`` siblings, each a graph output (no sibling reads another),
+    with ``branch`` each through a neg."""
     g = fspyre.GraphBuilder("shared_exp")
     g.dim("S", rows)
     g.dim("N", cols)
     e = getattr(g, fn)(g.input("x", ["S", "N"], dtype))
     for k, op in enumerate(("mul", "add", "sub", "maximum")[:outputs]):
-        g.output("abcd"[k], getattr(g, op)(e, g.input("pqrs"[k], ["S", "N"], dtype)))
+        y = getattr(g, op)(e, g.input("pqrs"[k], ["S", "N"], dtype))
+        g.output("abcd"[k], g.neg(y) if branch else y)
     return g.build()
 
 
@@ -208,6 +211,8 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
               shared_exp(1023, 1500, fn="sigmoid"), spyre(cores=8, lx_bytes=64 * 1024)),
              ("four outputs share exp bf16 [640, 2050], 32 cores 32 KiB",
               shared_exp(640, 2050, "bfloat16", outputs=4), spyre(cores=32, lx_bytes=32 * 1024)),
+             ("three outputs share sigmoid, each through a neg, 8 cores 64 KiB",
+              shared_exp(1023, 1500, fn="sigmoid", branch=True), spyre(cores=8, lx_bytes=64 * 1024)),
              ("softmax over 50,257 columns (fp32 casts)", softmax(64, 50257, "vocab", cast=True), spyre()),
              ("x[4093, 256], 8 cores 64 KiB", odd_rows(), spyre(cores=8, lx_bytes=64 * 1024))]
     out = [(n, g, g, m) for n, g, m in cases]
