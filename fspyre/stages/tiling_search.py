@@ -705,10 +705,13 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # Each other dim alone: shrinking stops at the first dim with a count that fits, so the
     # whole-stick columns of a pointwise x[R, C] (every row in each tile, a stick-wide tile
     # for all cores) were never weighed against its row tiles (7-52 % faster at 4,093 x 256
-    # on 32 cores). From the coarsest count until one fits, then finer while it improves.
+    # on 32 cores). From the coarsest count until one fits, then finer while it improves;
+    # after 3 counts that spill less and less, on to the coarsest that fits by binary search
+    # (a sigmoid read by three outputs through a neg each, [1023, 1500] on 64 KiB: N:2, 3, 4
+    # spill and N:12 fits, 200.8 us against the rows' S:16 at 216.7).
     for d, _ in dims:
         if d != first and d not in chosen and counts[d]:
-            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d))
+            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap=True)
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
