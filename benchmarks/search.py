@@ -19,11 +19,12 @@ over its tiled groups of what the group changes against its ops untiled in the h
 least-score plan of the whole space exactly; that plan is compiled whole. Nothing else is
 pruned. Graphs: the gallery (examples/*.py, hints removed) at its default sizes and at
 benchmarks/tiling.py's large ones, and graphs where fit and time disagree (a norm feeding a
-large matmul, softmax on a 4-core 64 KiB machine, three outputs sharing an exp, a softmax over
- 50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, a silu MLP on 3 cores
-whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and 1,147
-rows, and a softmax on 12 cores with 2 MiB LX, where the groups judged alone do not add up in
-the whole program). The enumeration's score is a sum over groups, as the search's is, so
+large matmul, softmax on a 4-core 64 KiB machine, three or four outputs sharing an exp or a
+sigmoid, directly or each through a neg, on the default machine and on small ones, a softmax
+over 50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, a silu MLP on 3
+cores whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and
+1,147 rows, and a softmax on 12 cores with 2 MiB LX, where the groups judged alone do not add up
+in the whole program). The enumeration's score is a sum over groups, as the search's is, so
 where the whole program's correction finds a plan that sum misses auto's gap is negative.
 `none` and the hints are printed beside: auto must not be estimated slower than either.
 
@@ -157,14 +158,17 @@ def softmax(rows: int, cols: int, name: str = "softmax", cast: bool = False) -> 
     return g.build()
 
 
-def shared_exp(rows: int = 2048, cols: int = 2048) -> Graph:
+def shared_exp(rows: int = 2048, cols: int = 2048, dtype: str = "float16", fn: str = "exp", outputs: int = 3,
+               branch: bool = False) -> Graph:
+    """e = fn(x) read by ``outputs`` siblings, each a graph output (no sibling reads another),
+    with ``branch`` each through a neg."""
     g = fspyre.GraphBuilder("shared_exp")
     g.dim("S", rows)
     g.dim("N", cols)
-    e = g.exp(g.input("x", ["S", "N"], "float16"))
-    g.output("a", g.mul(e, g.input("p", ["S", "N"], "float16")))
-    g.output("b", g.add(e, g.input("q", ["S", "N"], "float16")))
-    g.output("c", g.sub(e, g.input("r", ["S", "N"], "float16")))
+    e = getattr(g, fn)(g.input("x", ["S", "N"], dtype))
+    for k, op in enumerate(("mul", "add", "sub", "maximum")[:outputs]):
+        y = getattr(g, op)(e, g.input("pqrs"[k], ["S", "N"], dtype))
+        g.output("abcd"[k], g.neg(y) if branch else y)
     return g.build()
 
 
@@ -207,6 +211,12 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
     cases = [("rmsnorm -> matmul 4096^3", norm_matmul(), spyre()),
              ("softmax 2048x2048, 4 cores 64 KiB", softmax(2048, 2048), small),
              ("three outputs share exp", shared_exp(), spyre()),
+             ("three outputs share sigmoid [1023, 1500], 8 cores 64 KiB",
+              shared_exp(1023, 1500, fn="sigmoid"), spyre(cores=8, lx_bytes=64 * 1024)),
+             ("four outputs share exp bf16 [640, 2050], 32 cores 32 KiB",
+              shared_exp(640, 2050, "bfloat16", outputs=4), spyre(cores=32, lx_bytes=32 * 1024)),
+             ("three outputs share sigmoid, each through a neg, 8 cores 64 KiB",
+              shared_exp(1023, 1500, fn="sigmoid", branch=True), spyre(cores=8, lx_bytes=64 * 1024)),
              ("softmax over 50,257 columns (fp32 casts)", softmax(64, 50257, "vocab", cast=True), spyre()),
              ("x[4093, 256], 8 cores 64 KiB", odd_rows(), spyre(cores=8, lx_bytes=64 * 1024))]
     out = [(n, g, g, m) for n, g, m in cases]

@@ -476,7 +476,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     contiguous segments: ``best[i]`` is the least cost of ``run[:i]``, the minimum over the
     segments ``run[j:i]`` of ``best[j]`` plus what the segment's best tiling (``_solve``)
     changes against running its ops untiled in the whole program. A segment is a consumer with
-    producers before it (``_fusable``), at most ``window`` ops long, or a consumer's whole
+    producers before it (``_fusable``) and sibling branches, outputs of an intermediate the
+    segment writes (``_fusable_starts``), at most ``window`` ops long, or a consumer's whole
     producer chain (the seed's max-producers group) of at most twice that: judging a whole
     model's chain (in a transformer every op feeds the next) costs a dozen compiles of the
     model, for groups the window's segments cover.
@@ -694,16 +695,48 @@ def _in_place(ctx: _Search, members: Sequence[str]) -> tuple[float, int]:
 
 
 def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> list[int]:
-    """The starts j of the segments ``run[j:i+1]`` of at most ``window`` ops that are the
-    consumer ``run[i]`` and producers before it, as ``_fusable`` grows them."""
+    """The starts j of the segments ``run[j:i+1]`` of at most ``window`` ops ending at the
+    consumer ``run[i]`` in which every other op writes something a later op of the segment
+    reads (a producer) or writes a result no op reads (a graph output: a *sibling* branch),
+    and whose ops are connected through the intermediates the segment writes, nearest first.
+    Without siblings these are the producer chains ``_fusable`` grows.
+
+    Siblings: outputs y_k = g_k(e) of one intermediate e, in program order [e, y1, y2, y3]
+    (or branches [e, y1, z1, y2, z2] with z_k = h_k(y_k)). One loop reads e's tile from LX
+    for all of them and writes e nowhere; no y is a producer of the next, so a producer chain
+    never holds two of them. A branch whose result an op after the segment reads (the v
+    projection before the q-k product of an attention, the gate's silu before the up
+    projection of a SwiGLU) ends the walk back from the consumer: its reader's group is where
+    it can stay in LX, and every longer segment holds it. Ops that share only a buffer
+    written outside the segment are not connected by it (such a group saves none of that
+    buffer's HBM traffic). A union-find over the segment's ops, joining an op to the readers
+    of what it writes, tells a segment whose branches are not yet connected to the rest
+    (their intermediate's writer is further back). At most ``window`` ops: linear in the run
+    for a bounded window."""
     starts = [i]
-    reads = {ld.buffer for ld in ctx.ops[run[i]].loads}
-    for j in range(i - 1, max(i - window, -1), -1):
-        op = ctx.ops[run[j]]
-        if op.store.buffer not in reads:
+    parent = list(range(window))  # union-find over the segment's ops, by distance from i
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    waiting: dict[str, list[int]] = {}  # buffer -> the segment's ops that read it
+    parts = 0  # unconnected parts of run[j:i+1]
+    for j in range(i, max(i - window, -1), -1):
+        op, k = ctx.ops[run[j]], i - j
+        feeds = op.store.buffer in waiting
+        if j < i and not feeds and ctx.readers.get(op.store.buffer):
             break
-        starts.append(j)
-        reads |= {ld.buffer for ld in op.loads}
+        parts += 1
+        for r in {root(m) for m in waiting.pop(op.store.buffer, ())}:
+            parent[r] = k
+            parts -= 1
+        for b in {ld.buffer for ld in op.loads}:
+            waiting.setdefault(b, []).append(k)
+        if j < i and parts == 1:
+            starts.append(j)
     return starts
 
 
@@ -987,7 +1020,9 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # first dim walks every count to its first fit: y = silu(x @ w1 + b1) on 3 cores and
     # 64 KiB spills at F:2 to F:5 and wins at F:8 (46.4 us against 84.1 untiled). Spilling
     # estimates need not fall on the way (each finer F tile reads x again: 83.1, 85.4,
-    # 87.8 us), so they do not gate the leap as they do the online dims'.
+    # 87.8 us), so they do not gate the leap as they do the online dims'. (A sigmoid read by
+    # three outputs through a neg each, [1023, 1500] on 64 KiB: N:2, 3, 4 spill and N:12
+    # fits, 200.8 us against the rows' S:16 at 216.7.)
     for d, _ in dims:
         if d != first and d not in chosen and counts[d]:
             _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")

@@ -499,3 +499,115 @@ def test_a_norm_loop_whose_matmul_reader_joins_it_is_scored_with_it(graph, machi
                                                  levels=(Level(count=count, dims=("T",), source="test"),)),))
     comp = checked(graph, machine)
     assert traffic_report(comp.program).time_ns <= estimate(graph, machine, plan) * (1 + 1e-9)
+
+
+# -- sibling consumers of one intermediate -----------------------------------------------------
+def shared(rows: int, cols: int, dtype: str, fn: str, outputs: int, chain: int = 0,
+           branch: bool = False) -> fspyre.Graph:
+    """e = fn(x) (after ``chain`` producers), read by ``outputs`` siblings o_k = e op p_k (or
+    with ``branch`` o_k = neg(e op p_k)): no sibling reads another, so a producer chain never
+    holds two of them."""
+    g = fspyre.GraphBuilder("shared")
+    g.dim("R", rows), g.dim("C", cols)
+    x = g.input("x", ["R", "C"], dtype)
+    for k in range(chain):
+        x = g.mul(x, g.input(f"w{k}", ["R", "C"], dtype))
+    e = getattr(g, fn)(x)
+    for k, op in enumerate(["mul", "add", "sub", "maximum"][:outputs]):
+        y = getattr(g, op)(e, g.input(f"p{k}", ["R", "C"], dtype))
+        g.output(f"o{k}", g.neg(y) if branch else y)
+    return g.build()
+
+
+def one_group(graph: fspyre.Graph, dim: str, count: int) -> TilingPlan:
+    ops = tuple(op.name for op in graph.ops)
+    return TilingPlan(order=ops, groups=(Group(ops=ops, levels=(Level(count=count, dims=(dim,), source="test"),)),))
+
+
+@pytest.mark.parametrize(("graph", "machine", "dim", "count"), [
+    # the audit's graphs: auto left them untiled at 302.6 us against 200.8 (+50.7 %), and at 311.9
+    # against 224.3 (+39.1 %): the DP's segments were a consumer and its producers
+    (shared(1023, 1500, "float16", "sigmoid", 3), spyre(cores=8, lx_bytes=64 * 1024), "R", 10),
+    (shared(640, 2050, "bfloat16", "exp", 4), spyre(cores=32, lx_bytes=32 * 1024), "C", 3),
+    # the shared intermediate behind a producer chain of its own
+    (shared(512, 1024, "float16", "tanh", 3, chain=2), spyre(cores=8, lx_bytes=64 * 1024), "R", 8),
+    # branches of two ops each: [e, y1, z1, y2, z2, y3, z3], auto 281.7 us against 216.7
+    (shared(1023, 1500, "float16", "sigmoid", 3, branch=True), spyre(cores=8, lx_bytes=64 * 1024), "R", 16),
+], ids=["sigmoid-by-3", "exp-by-4", "tanh-chain-by-3", "sigmoid-by-3-branches"])
+def test_siblings_sharing_an_intermediate_join_its_group(graph, machine, dim, count):
+    comp = checked(graph, machine)
+    assert traffic_report(comp.program).time_ns <= estimate(graph, machine, one_group(graph, dim, count)) * (1 + 1e-9)
+    ops = tuple(op.name for op in graph.ops)
+    assert any(g.ops == ops for g in comp.stages["tiling_plan"].groups)
+
+
+_SIBLINGS = ("mul", "add", "sub", "maximum", "neg", "sum", "amax")
+
+
+@st.composite
+def sibling_graphs(draw) -> fspyre.Graph:
+    """x (through up to two producers) -> e = fn(x), read by 2 to 4 siblings that are graph
+    outputs: pointwise with an input of their own, unary, or a row reduction of e; a
+    pointwise one sometimes through a neg (a branch of two ops)."""
+    rows = draw(st.one_of(st.sampled_from([1, 63, 64, 65, 128, 129, 192]), st.integers(1, 256)))
+    cols = draw(st.one_of(st.sampled_from([1, 32, 64, 65, 128, 192, 256]), st.integers(1, 256)))
+    dtype = draw(st.sampled_from(["float16", "bfloat16", "float32"]))
+    g = fspyre.GraphBuilder("siblings")
+    g.dim("R", rows), g.dim("C", cols)
+    x = g.input("x", ["R", "C"], dtype)
+    for k in range(draw(st.integers(0, 2))):
+        x = g.mul(x, g.input(f"w{k}", ["R", "C"], dtype)) if draw(st.booleans()) else g.neg(x)
+    e = getattr(g, draw(st.sampled_from(["exp", "sigmoid", "tanh", "neg", "abs"])))(x)
+    for k, fn in enumerate(draw(st.lists(st.sampled_from(_SIBLINGS), min_size=2, max_size=4))):
+        if fn in ("sum", "amax"):
+            y = getattr(g, fn)(e, ["C"], keepdim=True)
+        elif fn == "neg":
+            y = g.neg(e)
+        else:
+            y = getattr(g, fn)(e, g.input(f"p{k}", ["R", "C"], dtype))
+            y = g.neg(y) if draw(st.booleans()) else y
+        g.output(f"o{k}", y)
+    return g.build()
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(graph=sibling_graphs(), cores=core_counts(), lx=lx_capacities())
+def test_siblings_are_weighed_with_their_intermediate_on_random_machines(graph, cores, lx):
+    """The segment of e's writer (and its producers) with every sibling is weighed for the
+    last sibling, judged or screened by its bound, when it is at most the window long; the
+    plan runs equal to untiled with a clean memory check and is estimated no slower than
+    untiled or that segment as one group at the tiling the search judged best for it. (Not
+    asserted here: no slower than greedy, which the DP's additivity can break by a fraction
+    of a percent on these graphs: the strict xfail below.)"""
+    machine = spyre(cores=cores, lx_bytes=lx)
+    comp = checked(graph, machine)
+    auto = traffic_report(comp.program).time_ns
+    assert auto <= estimate(graph, machine, "none") * (1 + 1e-9)
+    ops = tuple(op.name for op in graph.ops)
+    if len(ops) > SearchOptions().window:
+        return
+    (whole,) = [a for a in comp.stages["tiling_search"].groups[-1].alternatives if a.ops == ops]
+    if whole.choice is not None and whole.choice.levels:
+        plan = TilingPlan(order=ops, groups=(Group(ops=ops, levels=whole.choice.levels),))
+        assert auto <= estimate(graph, machine, plan) * (1 + 1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="the DP's additivity: each segment is judged alone and its "
+                   "change against the hinted program is summed (docs/tiling.md, 'Automatic tiling')")
+def test_a_sibling_group_is_not_chosen_over_a_faster_plan_by_the_dp_s_additivity():
+    """exp(x * w) read by three outputs (one through a neg), x[129, 237] fp16, 6 cores, 9,088 B
+    of LX: the DP takes all six ops R:3, 6,649.8 ns whole (summed change -1,615.1), over the
+    producer chain C:2 with the amax and the last mul untiled, 6,625.4 ns whole, which greedy
+    finds; judged alone that chain's group costs 4,280.1 ns, in the whole program 4,187.9
+    (summed change -1,519.8 against -1,639.5). Found by the property above at
+    HYPOTHESIS_PROFILE=explore --hypothesis-seed=21; in 300 other draws the DP was never
+    slower than greedy and 14 times faster (10.6 % on average)."""
+    g = fspyre.GraphBuilder("siblings")
+    g.dim("R", 129), g.dim("C", 237)
+    e = g.exp(g.mul(g.input("x", ["R", "C"], "float16"), g.input("w0", ["R", "C"], "float16")))
+    g.output("o0", g.neg(g.mul(e, g.input("p0", ["R", "C"], "float16"))))
+    g.output("o1", g.amax(e, ["C"], keepdim=True))
+    g.output("o2", g.mul(e, g.input("p2", ["R", "C"], "float16")))
+    graph, machine = g.build(), spyre(cores=6, lx_bytes=9088)
+    greedy = search_tiling(graph, machine, SearchOptions(strategy="greedy")).plan
+    assert estimate(graph, machine, "auto") <= estimate(graph, machine, greedy) * (1 + 1e-9)
