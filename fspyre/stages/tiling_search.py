@@ -672,10 +672,15 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # Each other dim alone: shrinking stops at the first dim with a count that fits, so the
     # whole-stick columns of a pointwise x[R, C] (every row in each tile, a stick-wide tile
     # for all cores) were never weighed against its row tiles (7-52 % faster at 4,093 x 256
-    # on 32 cores). From the coarsest count until one fits, then finer while it improves.
+    # on 32 cores). From the coarsest count until one fits, then finer while it improves;
+    # after 3 counts that spill, the coarsest of the rest that fits, by binary search, as the
+    # first dim walks every count to its first fit: y = silu(x @ w1 + b1) on 3 cores and
+    # 64 KiB spills at F:2 to F:5 and wins at F:8 (46.4 us against 84.1 untiled). Spilling
+    # estimates need not fall on the way (each finer F tile reads x again: 83.1, 85.4,
+    # 87.8 us), so they do not gate the leap as they do the online dims'.
     for d, _ in dims:
         if d != first and d not in chosen and counts[d]:
-            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d))
+            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
@@ -707,7 +712,7 @@ def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequen
         counts = _counts(ctx, ops, dim, size)
         for base in ({}, dict(chosen)) if chosen else ({},):
             outer = levels(base)
-            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim), leap=True)
+            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim), leap="falling")
 
 
 def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, ...]:
@@ -722,13 +727,21 @@ _MISSES = 3
 _ACCUMULATION_MISSES = 1
 
 
+# Whether a count walk (``_coarse_to_fine``) that met ``limit`` counts that do not fit leaps
+# to the coarsest of the rest that fits: never; only while the spilling estimates fell count
+# by count (an online softmax's reduction dim); or whenever something spilled.
+Leap = Literal["never", "falling", "spilled"]
+
+
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
-                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: bool = False) -> None:
+                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: Leap = "never") -> None:
     """Judge the counts from the coarsest up until one fits, then finer while the estimate
     improves. After ``limit`` counts that do not fit, give up (the counts of a large dim
-    that never fits would each be compiled), or with ``leap`` find the coarsest of the rest
-    that fits by binary search (finer tiles need less LX) and go on from there: the online
-    softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and 13."""
+    that never fits would each be compiled), or, as ``leap`` says, find the coarsest of the
+    rest that fits by binary search (finer tiles need less LX) and go on from there: the
+    online softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and
+    13; the hidden dim of a silu MLP's first matmul, bias and silu on 3 cores and 64 KiB
+    fits from 8 tiles, its 5th count, after 2, 3, 4 and 5 spilled."""
     best_rank = None
     misses = 0
     refusals: set[str] = set()
@@ -750,15 +763,16 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
             if misses < limit:
                 k += 1
                 continue
-            # leap only while finer tiles spilled less: estimates that rose again (the
-            # attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
-            if not leap or best_rank is not None or len(refusals) == misses or spills != sorted(spills, reverse=True):
+            # "falling" leaps only while finer tiles spilled less: estimates that rose again
+            # (the attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
+            if (leap == "never" or best_rank is not None or len(refusals) == misses
+                    or (leap == "falling" and spills != sorted(spills, reverse=True))):
                 break
             rest = counts[k + 1:]
             found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
             if found is None:
                 break
-            k, leap = k + 1 + found, False
+            k, leap = k + 1 + found, "never"
             continue
         rank = _rank(cand)
         if best_rank is not None and rank >= best_rank:
