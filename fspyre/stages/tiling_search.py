@@ -662,13 +662,11 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # with its compute (one kernel), which separate untiled kernels cannot.
     first = next((d for d, _ in dims if counts[d]), None)
     if first is not None:
-        best_rank = min(t.rank for t in judge.tried)
+        walk: _Walk | None = _Walk(min(t.rank for t in judge.tried))
         for c in (c for c in counts[first] if c > chosen.get(first, 1)):
-            trial = {**chosen, first: c}
-            rank = _rank(judge(members, levels(trial)))
-            if rank >= best_rank:
+            walk = _walked(walk, _rank(judge(members, levels({**chosen, first: c}))))
+            if walk is None:
                 break
-            best_rank = rank
     # Each other dim alone: shrinking stops at the first dim with a count that fits, so the
     # whole-stick columns of a pointwise x[R, C] (every row in each tile, a stick-wide tile
     # for all cores) were never weighed against its row tiles (7-52 % faster at 4,093 x 256
@@ -678,9 +676,19 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # 64 KiB spills at F:2 to F:5 and wins at F:8 (46.4 us against 84.1 untiled). Spilling
     # estimates need not fall on the way (each finer F tile reads x again: 83.1, 85.4,
     # 87.8 us), so they do not gate the leap as they do the online dims'.
+    # A dim the shrink tiled only under the finest counts of dims before it that never fit
+    # is walked alone too, every count until one fits as the shrink walks its first dim: a
+    # dim that never fits does not pin the others, and fitting is not monotone (no binary
+    # search). GQA attention fp16 S=197 on 16 cores and 128 KiB: no count of its kv-head or
+    # query-head dim fits, S fits under both at their finest (S:7, 21.0 us); alone S:2 to S:8
+    # spill (the key reduction split across cores), S:13 fits at 9.59 us against 12.22
+    # untiled, S:16 spills again.
     for d, _ in dims:
-        if d != first and d not in chosen and counts[d]:
-            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")
+        if d != first and counts[d]:
+            if d in chosen:
+                _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), limit=len(counts[d]))
+            else:
+                _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
@@ -720,11 +728,31 @@ def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, .
 
 
 _MISSES = 3
-# An accumulation's counts are given up at the first that does not fit: its accumulator keeps
-# the size of the reduction's result at every count, and it spilled at the coarsest count in
-# 290 of the 292 accumulation candidates of the S=2048, D=4096 transformer block (each a
-# compile) -- where the coarsest fits, the finer counts are judged while they improve.
-_ACCUMULATION_MISSES = 1
+
+
+# A walk to finer counts goes on past counts that tie its best (the same estimated time and
+# HBM bytes, more iterations), past at most this many in a row: a tie is no sign that finer tiles
+# cannot pay. y = x * sigmoid(x), fp32 x[10007, 64] on 13 cores and 64 KiB ties at R:4 and R:5
+# (65.94 us, x read by both ops from HBM) and wins at R:8 (51.09 us: x's LX copy fits).
+_TIES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """A walk to finer counts: the best rank judged so far and the ties to it in a row since."""
+
+    best: tuple[int, float, int, int]
+    ties: int = 0
+
+
+def _walked(walk: _Walk | None, rank: tuple[int, float, int, int]) -> _Walk | None:
+    """The walk after judging a count of rank ``rank``; None: stop (the count is worse than
+    the best, or the last of ``_TIES`` ties in a row)."""
+    if walk is None or rank < walk.best:
+        return _Walk(rank)
+    if rank[:3] == walk.best[:3] and walk.ties < _TIES:
+        return replace(walk, ties=walk.ties + 1)
+    return None
 
 
 # Whether a count walk (``_coarse_to_fine``) that met ``limit`` counts that do not fit leaps
@@ -742,7 +770,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
     online softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and
     13; the hidden dim of a silu MLP's first matmul, bias and silu on 3 cores and 64 KiB
     fits from 8 tiles, its 5th count, after 2, 3, 4 and 5 spilled."""
-    best_rank = None
+    walk: _Walk | None = None
     misses = 0
     refusals: set[str] = set()
     spills: list[float] = []  # the estimates of the counts that spilled, coarsest first
@@ -765,7 +793,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
                 continue
             # "falling" leaps only while finer tiles spilled less: estimates that rose again
             # (the attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
-            if (leap == "never" or best_rank is not None or len(refusals) == misses
+            if (leap == "never" or walk is not None or len(refusals) == misses
                     or (leap == "falling" and spills != sorted(spills, reverse=True))):
                 break
             rest = counts[k + 1:]
@@ -774,10 +802,9 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
                 break
             k, leap = k + 1 + found, "never"
             continue
-        rank = _rank(cand)
-        if best_rank is not None and rank >= best_rank:
+        walk = _walked(walk, _rank(cand))
+        if walk is None:
             break
-        best_rank = rank
         k += 1
 
 
@@ -790,10 +817,21 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     finish (the cast, the bias add writing y) run in the loop's first and last iterations
     (``fspyre.stages.guards.guard_boundaries``). Loop fission puts the readers of the sum
     after the loop. Counts from the coarsest up until one fits, then finer while the estimate
-    improves."""
+    improves.
+    The walk is given up at the coarsest count when what spilled there is an accumulator (the
+    result of a reduction over the dim): it keeps its size at every count (it spilled at the
+    coarsest count in 290 of the 292 accumulation candidates of the S=2048, D=4096 transformer
+    block, each a compile). Any other miss depends on the count and is walked past as a
+    dim's are: x + fc2(gelu(fc1(LayerNorm(x)))) fp32 [3, 37, 96], F=300 on 5 cores and 64 KiB
+    spills at F:2 (two ops slice the hidden activation differently) and fits from F:3."""
     for dim, size in _accumulation_dims(ops):
-        _coarse_to_fine(judge, members, _counts(ctx, ops, dim, size), partial(_innermost, (), dim),
-                        _ACCUMULATION_MISSES)
+        counts = _counts(ctx, ops, dim, size)
+        at = partial(_innermost, (), dim)
+        accumulators = {op.store.buffer for op in ops if isinstance(op, Reduction)
+                        and any(d.name == dim for d in op.reduction_ranges)}
+        if counts and _spilled(judge(members, at(counts[0]))) in accumulators:
+            continue
+        _coarse_to_fine(judge, members, counts, at)
 
 
 def _accumulation_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
@@ -924,6 +962,14 @@ class _Judge:
         return self._memo[key]
 
 
+_IN_HBM = " in HBM"  # a spilling candidate's reason: the first intermediate left in HBM, then why
+
+
+def _spilled(cand: Candidate) -> str | None:
+    """The intermediate a spilling candidate's reason names first (``_judge``)."""
+    return cand.reason.split(_IN_HBM, 1)[0] if cand.verdict == "spills" else None
+
+
 def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None) -> Candidate:
     ctx.tally["compiled"] += 1
     sub = _subgraph(ctx, members) if sub is None else sub
@@ -945,7 +991,7 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
     reason = ""
     if spilled:
         placement = alloc.buffers[spilled[0]]
-        reason = f"{spilled[0]} in HBM" + (f" ({placement.reason})" if placement.reason else "")
+        reason = f"{spilled[0]}{_IN_HBM}" + (f" ({placement.reason})" if placement.reason else "")
     return Candidate(levels=levels, verdict="spills" if spilled else "fits", reason=reason,
                      time_ns=report.time_ns, hbm_bytes=report.hbm_bytes)
 
