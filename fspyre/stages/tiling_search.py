@@ -444,7 +444,6 @@ def _bound(ctx: _Search, members: Sequence[str]) -> float:
     written: set[str] = set()
     read: dict[str, int] = {}
     wrote = 0
-    macs = 0
     for name in members:
         op = ctx.ops[name]
         for ld in op.loads:
@@ -454,11 +453,17 @@ def _bound(ctx: _Search, members: Sequence[str]) -> float:
         written.add(buf)
         if buf in ctx.outputs or any(r not in inside for r in ctx.readers.get(buf, ())):
             wrote += _device_bytes(ctx, buf)
-        if isinstance(op, Reduction) and op.fn == "matmul":
-            macs += math.prod(int(d.size) for d in iteration_dims(op))
     r = sum(read.values())
     memory = (r + wrote) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, wrote)
-    return max(memory, macs / (MACS_PER_NS_PER_CORE * ctx.machine.cores))
+    return max(memory, _compute_floor(ctx, members))
+
+
+def _compute_floor(ctx: _Search, members: Sequence[str]) -> float:
+    """A lower bound on the compute time of ``members``: their matmuls' MACs at the peak rate
+    of every core."""
+    macs = sum(math.prod(int(d.size) for d in iteration_dims(op)) for op in (ctx.ops[m] for m in members)
+               if isinstance(op, Reduction) and op.fn == "matmul")
+    return macs / (MACS_PER_NS_PER_CORE * ctx.machine.cores)
 
 
 def segment_bound(graph: Graph, machine: Machine, ops: Sequence[str]) -> float:
@@ -662,9 +667,10 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # with its compute (one kernel), which separate untiled kernels cannot.
     first = next((d for d, _ in dims if counts[d]), None)
     if first is not None:
-        walk: _Walk | None = _Walk(min(t.rank for t in judge.tried))
+        floor = judge.floor(members)
+        walk: _Walk | None = _Walk(min(t.rank for t in judge.tried), floor=floor)
         for c in (c for c in counts[first] if c > chosen.get(first, 1)):
-            walk = _walked(walk, _rank(judge(members, levels({**chosen, first: c}))))
+            walk = _walked(walk, _rank(judge(members, levels({**chosen, first: c}))), floor)
             if walk is None:
                 break
     # Each other dim alone: shrinking stops at the first dim with a count that fits, so the
@@ -728,29 +734,37 @@ def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, .
 
 
 _MISSES = 3
+# The misses after which an accumulation's walk gives up (``_try_accumulation``): 2, where a
+# dim's takes 3: a third gave the S=2048, D=4096 block the same plan and estimate for more compiles.
+_ACCUMULATION_MISSES = 2
 
 
 # A walk to finer counts goes on past counts that tie its best (the same estimated time and
 # HBM bytes, more iterations), past at most this many in a row: a tie is no sign that finer tiles
 # cannot pay. y = x * sigmoid(x), fp32 x[10007, 64] on 13 cores and 64 KiB ties at R:4 and R:5
-# (65.94 us, x read by both ops from HBM) and wins at R:8 (51.09 us: x's LX copy fits).
+# (65.94 us, x read by both ops from HBM) and wins at R:8 (51.09 us: x's LX copy fits). Only
+# where the tie's HBM bytes take longer than the group's least compute (``_compute_floor``):
+# finer tiles save bytes (an operand's copy fits), not MACs, and the matmul groups of the
+# S=2048, D=4096 transformer block tie at their compute (9 compiles, none of them a gain).
 _TIES = 2
 
 
 @dataclass(frozen=True, slots=True)
 class _Walk:
-    """A walk to finer counts: the best rank judged so far and the ties to it in a row since."""
+    """A walk to finer counts: the best rank judged so far, the ties to it in a row since,
+    and the group's least compute time (ns)."""
 
     best: tuple[int, float, int, int]
     ties: int = 0
+    floor: float = 0.0
 
 
-def _walked(walk: _Walk | None, rank: tuple[int, float, int, int]) -> _Walk | None:
+def _walked(walk: _Walk | None, rank: tuple[int, float, int, int], floor: float) -> _Walk | None:
     """The walk after judging a count of rank ``rank``; None: stop (the count is worse than
-    the best, or the last of ``_TIES`` ties in a row)."""
+    the best, a tie at the group's compute, or the last of ``_TIES`` ties in a row)."""
     if walk is None or rank < walk.best:
-        return _Walk(rank)
-    if rank[:3] == walk.best[:3] and walk.ties < _TIES:
+        return _Walk(rank, floor=floor)
+    if rank[:3] == walk.best[:3] and walk.ties < _TIES and rank[2] / HBM_BYTES_PER_NS > floor:
         return replace(walk, ties=walk.ties + 1)
     return None
 
@@ -802,7 +816,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
                 break
             k, leap = k + 1 + found, "never"
             continue
-        walk = _walked(walk, _rank(cand))
+        walk = _walked(walk, _rank(cand), judge.floor(members))
         if walk is None:
             break
         k += 1
@@ -819,19 +833,21 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     after the loop. Counts from the coarsest up until one fits, then finer while the estimate
     improves.
     The walk is given up at the coarsest count when what spilled there is an accumulator (the
-    result of a reduction over the dim): it keeps its size at every count (it spilled at the
-    coarsest count in 290 of the 292 accumulation candidates of the S=2048, D=4096 transformer
-    block, each a compile). Any other miss depends on the count and is walked past as a
-    dim's are: x + fc2(gelu(fc1(LayerNorm(x)))) fp32 [3, 37, 96], F=300 on 5 cores and 64 KiB
-    spills at F:2 (two ops slice the hidden activation differently) and fits from F:3."""
+    result of a reduction over the dim, its partials or its peeled part): it keeps its size
+    at every count (6 of the 15 accumulation walks of the S=2048, D=4096 transformer block).
+    Any other miss may depend on the count and is walked past, up to
+    ``_ACCUMULATION_MISSES``: x + fc2(gelu(fc1(LayerNorm(x)))) fp32 [3, 37, 96], F=300 on 5
+    cores and 64 KiB spills at F:2 (two ops slice the hidden activation differently) and fits
+    from F:3."""
     for dim, size in _accumulation_dims(ops):
         counts = _counts(ctx, ops, dim, size)
         at = partial(_innermost, (), dim)
         accumulators = {op.store.buffer for op in ops if isinstance(op, Reduction)
                         and any(d.name == dim for d in op.reduction_ranges)}
-        if counts and _spilled(judge(members, at(counts[0]))) in accumulators:
+        spilled = _spilled(judge(members, at(counts[0]))) if counts else None
+        if spilled is not None and any(spilled == a or spilled.startswith(f"{a}_") for a in accumulators):
             continue
-        _coarse_to_fine(judge, members, counts, at)
+        _coarse_to_fine(judge, members, counts, at, _ACCUMULATION_MISSES)
 
 
 def _accumulation_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
@@ -949,6 +965,10 @@ class _Judge:
         self._memo: dict[tuple, Candidate] = {}
         # one subgraph per membership: the stages verify a graph once, the same object again not
         self._subgraphs: dict[tuple[str, ...], Graph] = {}
+
+    def floor(self, members: Sequence[str]) -> float:
+        """The least compute time of ``members`` (``_compute_floor``)."""
+        return _compute_floor(self.ctx, members)
 
     def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
         key = (tuple(members), levels)
