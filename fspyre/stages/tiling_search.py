@@ -611,7 +611,9 @@ def _search_group(ctx: _Search, members: list[str]) -> GroupSearch:
         return _grow_producers(ctx, members)
     while True:
         record = _solve(ctx, members)
-        if record.choice.verdict == "fits" or len(members) == 1:
+        # the best candidate may spill where a slower one fits: a producer is left out only
+        # when no tiling of the group fits
+        if any(c.verdict == "fits" for c in record.candidates) or len(members) == 1:
             return record
         members = members[1:]  # nothing fits with every producer: leave the farthest out
 
