@@ -21,7 +21,8 @@ tiling"):
   small for the cores make work division split a reduction, and its partials leave LX); if
   no count of a dim fits, that dim keeps its finest and the next dim is tried. Then every
   tiled dim grows back, by binary search, to the largest tile that still fits. Last, the
-  outermost dim is refined to finer counts while the estimate keeps improving: a smaller
+  outermost dim is refined to finer counts while the estimate keeps improving (past up to
+  2 ties in a row, ``_TIES``): a smaller
   tile can leave LX room for copies of re-read operands, and even a group that fits
   untiled may gain from one loop nest, whose memory time the cost model overlaps with its
   compute (one kernel).
