@@ -188,6 +188,26 @@ def exp_neg(rows: int, cols: int) -> Graph:
     return g.build()
 
 
+def silu(rows: int, cols: int, dtype: str = "float32") -> Graph:
+    g = fspyre.GraphBuilder("silu")
+    g.dim("R", rows), g.dim("C", cols)
+    x = g.input("x", ["R", "C"], dtype)
+    g.output("y", g.mul(x, g.sigmoid(x)))
+    return g.build()
+
+
+def gqa(groups: int = 2, heads: int = 4, seq: int = 197, embed: int = 64) -> Graph:
+    """Grouped-query attention: ``heads`` query heads per kv head, fp16."""
+    g = fspyre.GraphBuilder("gqa")
+    g.dim("G", groups), g.dim("R", heads), g.dim("S", seq), g.dim("T", seq), g.dim("E", embed)
+    q = g.input("q", ["G", "R", "S", "E"], "float16")
+    k, v = g.input("k", ["G", "T", "E"], "float16"), g.input("v", ["G", "T", "E"], "float16")
+    s = g.mul(g.matmul(q, k, "E"), embed ** -0.5)
+    e = g.exp(g.sub(s, g.amax(s, ["T"], keepdim=True)))
+    g.output("o", g.matmul(g.div(e, g.sum(e, ["T"], keepdim=True)), v, "T"))
+    return g.build()
+
+
 def gallery() -> list[tuple[str, Graph, Graph, Machine]]:
     """The gallery (examples/*.py) at its default sizes and at benchmarks/tiling.py's large ones."""
     from tiling import LARGE
@@ -238,6 +258,11 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
     # tiling_search._corrected): a softmax whose sub spills untiled, and odd rows hinted T:4
     out.append(("softmax 1021x1000, 12 cores 2 MiB", softmax(1021, 1000), softmax(1021, 1000),
                 spyre(cores=12, lx_bytes=2 << 20)))
+    # counts past a tie (R:4 and R:5 tie, R:8 wins) and a dim alone that the shrink had tiled
+    # only under two dims that never fit (S:13 fits alone, S:16 does not)
+    out.append(("x * sigmoid(x) fp32 [10007, 64], 13 cores 64 KiB", silu(10007, 64), silu(10007, 64),
+                spyre(cores=13, lx_bytes=64 * 1024)))
+    out.append(("GQA attention fp16 S=197, 16 cores 128 KiB", gqa(), gqa(), spyre(cores=16, lx_bytes=128 * 1024)))
     return out
 
 

@@ -21,7 +21,8 @@ tiling"):
   small for the cores make work division split a reduction, and its partials leave LX); if
   no count of a dim fits, that dim keeps its finest and the next dim is tried. Then every
   tiled dim grows back, by binary search, to the largest tile that still fits. Last, the
-  outermost dim is refined to finer counts while the estimate keeps improving: a smaller
+  outermost dim is refined to finer counts while the estimate keeps improving (past up to
+  2 ties in a row, ``_TIES``): a smaller
   tile can leave LX room for copies of re-read operands, and even a group that fits
   untiled may gain from one loop nest, whose memory time the cost model overlaps with its
   compute (one kernel).
@@ -504,6 +505,13 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         starts = _fusable_starts(ctx, run, i - 1, ctx.options.window)
         if chains.get(i) is not None and chains[i] not in starts and i - chains[i] <= 2 * ctx.options.window:
             starts.append(chains[i])
+            # and the chain's longest tail a level can tile, when the window cuts it: a
+            # captured GQA attention's 11-op chain has its two repeat_interleave copies,
+            # which do not iterate the query heads, and its 9 ops after them tiled over the
+            # heads are 2.41 us against 2.84 for the 8 the window gives (3 cores, 32 KiB)
+            shared = _shared_start(ctx, run, chains[i], i)
+            if shared not in starts:
+                starts.append(shared)
         # a segment's cost is what its tiling changes against running its ops untiled in the
         # whole program; an untiled segment changes nothing (its ops are no group)
         bounds = {j: _bound(ctx, run[j:i]) - _in_place(ctx, run[j:i])[0] for j in starts}
@@ -740,6 +748,20 @@ def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> li
     return starts
 
 
+def _shared_start(ctx: _Search, run: Sequence[str], start: int, end: int) -> int:
+    """The start of the longest suffix of ``run[start:end]`` whose ops all iterate an output
+    dim of its last op (a segment a level can tile)."""
+    dims = {(d.name, d.size) for d in ctx.ops[run[end - 1]].ranges if d.size > 1}
+    j = end - 1
+    while j > start:
+        have = {(d.name, d.size) for d in ctx.ops[run[j - 1]].ranges}
+        if not dims & have:
+            break
+        dims &= have
+        j -= 1
+    return j
+
+
 def _chain_starts(ctx: _Search, run: Sequence[str]) -> dict[int, int]:
     """end -> start of the seed's max-producers groups: from the last op back, each consumer
     with every contiguous producer before it (linear in the run)."""
@@ -764,7 +786,6 @@ def _bound(ctx: _Search, members: Sequence[str]) -> float:
     written: set[str] = set()
     read: dict[str, int] = {}
     wrote = 0
-    macs = 0
     for name in members:
         op = ctx.ops[name]
         for ld in op.loads:
@@ -774,11 +795,17 @@ def _bound(ctx: _Search, members: Sequence[str]) -> float:
         written.add(buf)
         if buf in ctx.outputs or any(r not in inside for r in ctx.readers.get(buf, ())):
             wrote += _device_bytes(ctx, buf)
-        if isinstance(op, Reduction) and op.fn == "matmul":
-            macs += math.prod(int(d.size) for d in iteration_dims(op))
     r = sum(read.values())
     memory = (r + wrote) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, wrote)
-    return max(memory, macs / (MACS_PER_NS_PER_CORE * ctx.machine.cores))
+    return max(memory, _compute_floor(ctx, members))
+
+
+def _compute_floor(ctx: _Search, members: Sequence[str]) -> float:
+    """A lower bound on the compute time of ``members``: their matmuls' MACs at the peak rate
+    of every core."""
+    macs = sum(math.prod(int(d.size) for d in iteration_dims(op)) for op in (ctx.ops[m] for m in members)
+               if isinstance(op, Reduction) and op.fn == "matmul")
+    return macs / (MACS_PER_NS_PER_CORE * ctx.machine.cores)
 
 
 def segment_bound(graph: Graph, machine: Machine, ops: Sequence[str]) -> float:
@@ -949,7 +976,9 @@ def _search_group(ctx: _Search, members: list[str]) -> GroupSearch:
         return _grow_producers(ctx, members)
     while True:
         record = _solve(ctx, members)
-        if record.choice.verdict == "fits" or len(members) == 1:
+        # the best candidate may spill where a slower one fits: a producer is left out only
+        # when no tiling of the group fits
+        if any(c.verdict == "fits" for c in record.candidates) or len(members) == 1:
             return record
         members = members[1:]  # nothing fits with every producer: leave the farthest out
 
@@ -1005,13 +1034,12 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # with its compute (one kernel), which separate untiled kernels cannot.
     first = next((d for d, _ in dims if counts[d]), None)
     if first is not None:
-        best_rank = min(t.rank for t in judge.tried)
+        floor = judge.floor(members)
+        walk: _Walk | None = _Walk(min(t.rank for t in judge.tried), floor=floor)
         for c in (c for c in counts[first] if c > chosen.get(first, 1)):
-            trial = {**chosen, first: c}
-            rank = _rank(judge(members, levels(trial)))
-            if rank >= best_rank:
+            walk = _walked(walk, _rank(judge(members, levels({**chosen, first: c}))), floor)
+            if walk is None:
                 break
-            best_rank = rank
     # Each other dim alone: shrinking stops at the first dim with a count that fits, so the
     # whole-stick columns of a pointwise x[R, C] (every row in each tile, a stick-wide tile
     # for all cores) were never weighed against its row tiles (7-52 % faster at 4,093 x 256
@@ -1023,9 +1051,20 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # 87.8 us), so they do not gate the leap as they do the online dims'. (A sigmoid read by
     # three outputs through a neg each, [1023, 1500] on 64 KiB: N:2, 3, 4 spill and N:12
     # fits, 200.8 us against the rows' S:16 at 216.7.)
+    # A dim the shrink tiled only under the finest counts of dims before it that never fit
+    # is walked alone too, count by count until one fits (up to 6 misses): a dim that never
+    # fits does not pin the others, and fitting is not monotone (no binary search). Walking
+    # every count cost the captured LayerNorm-MLP 215 candidates, 6 misses 193, for the
+    # same plan (88 on main). GQA attention fp16 S=197 on 16 cores and 128 KiB: no count of its kv-head or
+    # query-head dim fits, S fits under both at their finest (S:7, 21.0 us); alone S:2 to S:8
+    # spill (the key reduction split across cores), S:13 fits at 9.59 us against 12.22
+    # untiled, S:16 spills again.
     for d, _ in dims:
-        if d != first and d not in chosen and counts[d]:
-            _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")
+        if d != first and counts[d]:
+            if d in chosen:
+                _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), limit=2 * _MISSES)
+            else:
+                _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
@@ -1065,11 +1104,39 @@ def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, .
 
 
 _MISSES = 3
-# An accumulation's counts are given up at the first that does not fit: its accumulator keeps
-# the size of the reduction's result at every count, and it spilled at the coarsest count in
-# 290 of the 292 accumulation candidates of the S=2048, D=4096 transformer block (each a
-# compile) -- where the coarsest fits, the finer counts are judged while they improve.
-_ACCUMULATION_MISSES = 1
+# The misses after which an accumulation's walk gives up (``_try_accumulation``): 2, where a
+# dim's takes 3: a third gave the S=2048, D=4096 block the same plan and estimate for more compiles.
+_ACCUMULATION_MISSES = 2
+
+
+# A walk to finer counts goes on past counts that tie its best (the same estimated time and
+# HBM bytes, more iterations), past at most this many in a row: a tie is no sign that finer tiles
+# cannot pay. y = x * sigmoid(x), fp32 x[10007, 64] on 13 cores and 64 KiB ties at R:4 and R:5
+# (65.94 us, x read by both ops from HBM) and wins at R:8 (51.09 us: x's LX copy fits). Only
+# where the tie's HBM bytes take longer than the group's least compute (``_compute_floor``):
+# finer tiles save bytes (an operand's copy fits), not MACs, and the matmul groups of the
+# S=2048, D=4096 transformer block tie at their compute (9 compiles, none of them a gain).
+_TIES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """A walk to finer counts: the best rank judged so far, the ties to it in a row since,
+    and the group's least compute time (ns)."""
+
+    best: tuple[int, float, int, int]
+    ties: int = 0
+    floor: float = 0.0
+
+
+def _walked(walk: _Walk | None, rank: tuple[int, float, int, int], floor: float) -> _Walk | None:
+    """The walk after judging a count of rank ``rank``; None: stop (the count is worse than
+    the best, a tie at the group's compute, or the last of ``_TIES`` ties in a row)."""
+    if walk is None or rank < walk.best:
+        return _Walk(rank, floor=floor)
+    if rank[:3] == walk.best[:3] and walk.ties < _TIES and rank[2] / HBM_BYTES_PER_NS > floor:
+        return replace(walk, ties=walk.ties + 1)
+    return None
 
 
 # Whether a count walk (``_coarse_to_fine``) that met ``limit`` counts that do not fit leaps
@@ -1087,7 +1154,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
     online softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and
     13; the hidden dim of a silu MLP's first matmul, bias and silu on 3 cores and 64 KiB
     fits from 8 tiles, its 5th count, after 2, 3, 4 and 5 spilled."""
-    best_rank = None
+    walk: _Walk | None = None
     misses = 0
     refusals: set[str] = set()
     spills: list[float] = []  # the estimates of the counts that spilled, coarsest first
@@ -1110,7 +1177,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
                 continue
             # "falling" leaps only while finer tiles spilled less: estimates that rose again
             # (the attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
-            if (leap == "never" or best_rank is not None or len(refusals) == misses
+            if (leap == "never" or walk is not None or len(refusals) == misses
                     or (leap == "falling" and spills != sorted(spills, reverse=True))):
                 break
             rest = counts[k + 1:]
@@ -1119,10 +1186,9 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
                 break
             k, leap = k + 1 + found, "never"
             continue
-        rank = _rank(cand)
-        if best_rank is not None and rank >= best_rank:
+        walk = _walked(walk, _rank(cand), judge.floor(members))
+        if walk is None:
             break
-        best_rank = rank
         k += 1
 
 
@@ -1135,10 +1201,23 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     finish (the cast, the bias add writing y) run in the loop's first and last iterations
     (``fspyre.stages.guards.guard_boundaries``). Loop fission puts the readers of the sum
     after the loop. Counts from the coarsest up until one fits, then finer while the estimate
-    improves."""
+    improves.
+    The walk is given up at the coarsest count when what spilled there is an accumulator (the
+    result of a reduction over the dim, its partials or its peeled part): it keeps its size
+    at every count (6 of the 15 accumulation walks of the S=2048, D=4096 transformer block).
+    Any other miss may depend on the count and is walked past, up to
+    ``_ACCUMULATION_MISSES``: x + fc2(gelu(fc1(LayerNorm(x)))) fp32 [3, 37, 96], F=300 on 5
+    cores and 64 KiB spills at F:2 (two ops slice the hidden activation differently) and fits
+    from F:3."""
     for dim, size in _accumulation_dims(ops):
-        _coarse_to_fine(judge, members, _counts(ctx, ops, dim, size), partial(_innermost, (), dim),
-                        _ACCUMULATION_MISSES)
+        counts = _counts(ctx, ops, dim, size)
+        at = partial(_innermost, (), dim)
+        accumulators = {op.store.buffer for op in ops if isinstance(op, Reduction)
+                        and any(d.name == dim for d in op.reduction_ranges)}
+        spilled = _spilled(judge(members, at(counts[0]))) if counts else None
+        if spilled is not None and any(spilled == a or spilled.startswith(f"{a}_") for a in accumulators):
+            continue
+        _coarse_to_fine(judge, members, counts, at, _ACCUMULATION_MISSES)
 
 
 def _accumulation_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
@@ -1257,6 +1336,10 @@ class _Judge:
         # one subgraph per membership: the stages verify a graph once, the same object again not
         self._subgraphs: dict[tuple[str, ...], Graph] = {}
 
+    def floor(self, members: Sequence[str]) -> float:
+        """The least compute time of ``members`` (``_compute_floor``)."""
+        return _compute_floor(self.ctx, members)
+
     def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
         key = (tuple(members), levels)
         if key not in self._memo:
@@ -1267,6 +1350,14 @@ class _Judge:
             self._memo[key] = cand
             self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
         return self._memo[key]
+
+
+_IN_HBM = " in HBM"  # a spilling candidate's reason: the first intermediate left in HBM, then why
+
+
+def _spilled(cand: Candidate) -> str | None:
+    """The intermediate a spilling candidate's reason names first (``_judge``)."""
+    return cand.reason.split(_IN_HBM, 1)[0] if cand.verdict == "spills" else None
 
 
 def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None,
@@ -1294,7 +1385,7 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
     reason = ""
     if spilled:
         placement = alloc.buffers[spilled[0]]
-        reason = f"{spilled[0]} in HBM" + (f" ({placement.reason})" if placement.reason else "")
+        reason = f"{spilled[0]}{_IN_HBM}" + (f" ({placement.reason})" if placement.reason else "")
     return Candidate(levels=levels, verdict="spills" if spilled else "fits", reason=reason,
                      time_ns=report.time_ns, hbm_bytes=report.hbm_bytes)
 
