@@ -228,14 +228,17 @@ def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduce
                 hints.update(proposal)
                 kept.append(r)
                 continue
-        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
+        # a peeled tail's reader divides like its origin (capped at the remainder, which no
+        # dim of the region is), so it slices the copy as its origin does under the new division
+        readers = [n for n in r.readers if n not in r.tails]
+        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in readers]
         wanted = [w for w in found if w is not None]
         if len(wanted) != len(found):
             continue
         common = {d: k for d, k in wanted[0].items() if d in names}
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
             continue
-        proposal = {**{n: FrozenMap(w) for n, w in zip(r.readers, wanted) if w != dict(split.ops[n].splits)},
+        proposal = {**{n: FrozenMap(w) for n, w in zip(readers, wanted) if w != dict(split.ops[n].splits)},
                     # a size-1 dim is not iterated: a work_div on it would be a warning about a
                     # scope the user never wrote
                     f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}

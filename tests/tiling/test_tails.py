@@ -440,13 +440,16 @@ def hbm_bytes(graph, machine) -> int:
     return traffic_report(fspyre.compile(graph, machine, tiling="hints").program).hbm_bytes
 
 
-@pytest.mark.parametrize("kind, rows, count, cols, dtype, cores, lx", [
+@pytest.mark.parametrize("kind, rows, count, cols, hidden, dtype, cores, lx", [
     # the issue-21 audit's reproducers: the tail re-read w1 and w2 (HBM ratio 2.000 against
     # 1.146 for 132 rows) and rmsnorm's gamma (1.000333 against 1.0 for 1,512 rows)
-    ("mlp", 130, 3, 384, "float32", 32, None),
-    ("rmsnorm", 1500, 24, 896, "float32", 7, 96 * 1024),
+    ("mlp", 130, 3, 384, 768, "float32", 32, None),
+    ("rmsnorm", 1500, 24, 896, 0, "float32", 7, 96 * 1024),
+    # the tail's matmul runs on fewer cores than its origin: it follows its origin's division
+    # onto the copy (HBM ratio 2.867 while the tail's division blocked the copy; 1.0 now)
+    ("linear", 5, 3, 64, 64, "float32", 8, None),
 ])
-def test_a_tail_reads_the_loops_hoisted_copies(kind, rows, count, cols, dtype, cores, lx):
+def test_a_tail_reads_the_loops_hoisted_copies(kind, rows, count, cols, hidden, dtype, cores, lx):
     """Issue 21: a peeled tail reads the loop-invariant inputs (weights, biases, gamma) through
     the copies the loop hoists before it, as the main tile does, so the tailed loop moves the
     untailed loop's HBM bytes per row: its bytes are those of the loop's whole tiles plus the
@@ -454,13 +457,13 @@ def test_a_tail_reads_the_loops_hoisted_copies(kind, rows, count, cols, dtype, c
     machine = fspyre.machine.spyre(cores=cores, lx_bytes=lx)
     tile = -(-rows // count)
     whole, tail = divmod(rows, tile)
-    graph = with_weights(kind, rows, cols, dtype, count)
+    graph = with_weights(kind, rows, cols, dtype, count, hidden)
     comp = fspyre.compile(graph, machine, tiling="hints")
     assert tails(comp.stages["loop_tree"])
     assert_tail_reads_the_copies(kind, comp)
     tailed = traffic_report(comp.program).hbm_bytes
-    fewer = hbm_bytes(with_weights(kind, whole * tile, cols, dtype, whole), machine)
-    more = hbm_bytes(with_weights(kind, (whole + 1) * tile, cols, dtype, whole + 1), machine)
+    fewer = hbm_bytes(with_weights(kind, whole * tile, cols, dtype, whole, hidden), machine)
+    more = hbm_bytes(with_weights(kind, (whole + 1) * tile, cols, dtype, whole + 1, hidden), machine)
     assert tailed * tile == fewer * tile + tail * (more - fewer)
     report = fspyre.check(graph, seed=rows, machine=machine, comp=comp)
     assert report.equal and report.memory is not None and report.memory.clean
