@@ -300,14 +300,17 @@ def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduce
                 hints.update(proposal)
                 kept.append(r)
                 continue
-        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in r.readers]
+        # a peeled tail's reader divides like its origin (capped at the remainder, which no
+        # dim of the region is), so it slices the copy as its origin does under the new division
+        readers = [n for n in r.readers if n not in r.tails]
+        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in readers]
         wanted = [w for w in found if w is not None]
         if len(wanted) != len(found):
             continue
         common = {d: k for d, k in wanted[0].items() if d in names}
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
             continue
-        proposal = {**{n: FrozenMap(w) for n, w in zip(r.readers, wanted) if w != dict(split.ops[n].splits)},
+        proposal = {**{n: FrozenMap(w) for n, w in zip(readers, wanted) if w != dict(split.ops[n].splits)},
                     # a size-1 dim is not iterated: a work_div on it would be a warning about a
                     # scope the user never wrote
                     f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}
@@ -323,15 +326,22 @@ def _replicate(r: Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     """The region as a replicated copy, and the work_div of the copy and of its readers (kept
     as they are), when every reader splits only dims the region does not have -- so each of
     its cores reads the whole region: the weights of a token-split matmul, k and v of a
-    query-split attention -- all readers split alike, and no split dim is reduced. None
-    otherwise."""
+    query-split attention -- all readers split alike (a peeled tail's readers on the same or
+    fewer cores), and no split dim is reduced. None otherwise."""
     names = {d.name for d in r.dims}
-    first = split.ops[r.readers[0]]
-    if r.slots > 1 or first.cores < 2 or any(split.ops[n].splits != first.splits for n in r.readers):
+    main = [n for n in r.readers if n not in r.tails]
+    first = split.ops[main[0]] if main else None
+    if first is None or r.slots > 1 or first.cores < 2 or any(split.ops[n].splits != first.splits for n in main):
         return None  # (a region kept across loops is sliced like its readers, one slot per iteration)
-    if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers)) for d, k in first.splits.items()):
+    if any(k > 1 and (d in names or any(d in reduced[n] for n in r.readers))
+           for n in r.readers for d, k in split.ops[n].splits.items()):
         return None
-    hints = {n: FrozenMap(first.splits) for n in r.readers}
+    # A peeled tail divides like its origin with each split capped at the remainder
+    # (docs/tiling.md, "Tails"), so it may run on fewer of the cores: each of those holds the
+    # whole region too. It keeps following its origin (no hint of its own).
+    if any(split.ops[n].cores > first.cores for n in r.tails):
+        return None
+    hints = {n: FrozenMap(first.splits) for n in main}
     hints[f"{r.name}_copy"] = FrozenMap([(f"{r.name}_cores", first.cores)]
                                         + [(d.name, 1) for d in r.dims if d.size > 1])
     return replace(r, replicas=first.cores), hints
@@ -382,6 +392,9 @@ class Region:
     # from ``dims``) like the tail's other per-tile buffers (docs/tiling.md, "Tails"), so what
     # its readers write may take its LX slot in place, as in the main body.
     tile: tuple[Dim, ...] = ()
+    # the readers that are a peeled tail's copies of another reader (a loop-invariant region
+    # the tail reads through the loop's copy, as the op it copies does)
+    tails: tuple[str, ...] = ()
 
 
 def _regions(tree: LoopTree) -> list[Region]:
@@ -408,10 +421,12 @@ def _regions(tree: LoopTree) -> list[Region]:
             names = free_names(ld.index)
             moving = [k for k, level in enumerate(node.tiling) if any(s.dim in names for s in level)]
             depth = (moving[-1] + 1) if moving else 0
-            if node.peeled and node.guarded:
-                # a tail run in its loop's last iteration reads its own remainder there: the
-                # copy is shared by the tail's ops only, made in that iteration (before the
-                # loop it would hold LX through every iteration)
+            if node.peeled and node.guarded and names & {p.dim for p in node.peeled}:
+                # a tail run in its loop's last iteration that reads its own remainder there:
+                # the copy is shared by the tail's ops only, made in that iteration (before the
+                # loop it would hold LX through every iteration). A region no peeled dim
+                # walks (a matmul's weights, a norm's gamma) is the one the main tile reads:
+                # its key is the main body's, so the tail reads the loop's copy of it.
                 depth = len(node.tiling)
             steps = tuple(tuple(s for s in level if s.dim in names) for level in node.tiling[:depth])
             key = (ld.buffer, ld.index, walked, steps, path[:depth])
@@ -433,12 +448,13 @@ def _regions(tree: LoopTree) -> list[Region]:
         if buffer in written_at and not written_at[buffer] < _first_op_at(tree.body, anchor, order):
             return None  # written at or after the place the copy would go
         readers = tuple(dict.fromkeys(name for _, name, _ in uses))
+        tails = tuple(n for n in readers if nodes[n].origin in readers)
         # a copy at a guarded tail's level (its last level moves nothing) runs when its readers do
         guard = runs[readers[0]] if steps and not steps[-1] else "every"
         return Region(name=fresh_name(f"{buffer}_lx", taken), buffer=buffer, index=index, dims=walked,
                        stick=elems_per_stick(table[buffer].type.dtype), steps=steps, anchor=anchor,
                        readers=readers, slots=slots, parts=parts, runs=guard,
-                       tile=tiles.get((buffer, index, walked, steps, outer), ()))
+                       tile=tiles.get((buffer, index, walked, steps, outer), ()), tails=tails)
 
     # the same regions walked by sibling loops (same steps, different loops at some level)
     siblings: dict[tuple, list[tuple[int, ...]]] = {}
