@@ -432,10 +432,29 @@ def _chain_starts(ctx: _Search, run: Sequence[str]) -> dict[int, int]:
     return out
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Floor:
+    """What no tiling of a segment as one group is estimated below, from shapes alone: a time
+    (ns) and HBM bytes (``_floor``)."""
+
+    time_ns: float
+    hbm_bytes: int
+
+    def reached(self, cand: Candidate) -> bool:
+        """Whether ``cand`` is estimated at the floor in time and bytes, in at most 2
+        iterations (untiled, or one level of 2): no candidate ranks before it."""
+        return (cand.verdict != "refused" and cand.time_ns <= self.time_ns * (1 + 1e-9)
+                and cand.hbm_bytes <= self.hbm_bytes and cand.iterations <= 2)
+
+
 def _bound(ctx: _Search, members: Sequence[str]) -> float:
-    """A lower bound on the estimated time of any tiling of ``members`` as one group, from
-    their shapes alone: every input they read whole is read from HBM at least once and every
-    output written once (at their device size),
+    return _floor(ctx, members).time_ns
+
+
+def _floor(ctx: _Search, members: Sequence[str]) -> Floor:
+    """A lower bound on the estimated time and HBM bytes of any tiling of ``members`` as one
+    group, from their shapes alone: every input they read whole is read from HBM at least
+    once and every output written once (at their device size) -- those are its bytes --,
     at the fitted bandwidth with the read/write turnaround of at least min(reads, writes); and
     a matmul's MACs at the peak rate of every core. The traffic report charges each kernel
     max(memory, compute) and sums them, so its time is at least max(total memory, total
@@ -458,16 +477,22 @@ def _bound(ctx: _Search, members: Sequence[str]) -> float:
             macs += math.prod(int(d.size) for d in iteration_dims(op))
     r = sum(read.values())
     memory = (r + wrote) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, wrote)
-    return max(memory, macs / (MACS_PER_NS_PER_CORE * ctx.machine.cores))
+    return Floor(time_ns=max(memory, macs / (MACS_PER_NS_PER_CORE * ctx.machine.cores)), hbm_bytes=r + wrote)
 
 
 def segment_bound(graph: Graph, machine: Machine, ops: Sequence[str]) -> float:
     """The lower bound (ns) the search screens the segment ``ops`` of ``graph`` with
     (``_bound``): no tiling of them as one group is estimated faster."""
+    return segment_floor(graph, machine, ops).time_ns
+
+
+def segment_floor(graph: Graph, machine: Machine, ops: Sequence[str]) -> Floor:
+    """The floor (``_floor``) of the segment ``ops`` of ``graph``: no tiling of them as one
+    group is estimated faster or moves fewer HBM bytes."""
     ctx = _Search(graph=graph, machine=machine, options=SearchOptions(), ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
                   outputs=frozenset(o.buffer for o in graph.outputs))
-    return _bound(ctx, ops)
+    return _floor(ctx, ops)
 
 
 def _device_bytes(ctx: _Search, buffer: str) -> int:
@@ -627,7 +652,19 @@ def _grow_producers(ctx: _Search, members: list[str]) -> GroupSearch:
 
 # -- shrink and grow ----------------------------------------------------------------------------
 def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
-    judge = _Judge(ctx)
+    judge = _Judge(ctx, _floor(ctx, members))
+    try:
+        _walk(ctx, judge, members)
+    except _Unbeatable:
+        pass  # a candidate at the floor: nothing judged after it could rank before it
+    best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
+    return GroupSearch(consumer=members[-1], ops=tuple(members),
+                       candidates=tuple(c.candidate for c in judge.tried), chosen=best)
+
+
+def _walk(ctx: _Search, judge: _Judge, members: Sequence[str]) -> None:
+    """Shrink, grow back, refine, then each other dim alone, the online and the accumulation
+    tries: the candidates ``judge`` records (``_fit`` picks the best of them)."""
     ops = [ctx.ops[m] for m in members]
     dims = _tileable_dims(ops)
     counts = {d: _counts(ctx, ops, d, size) for d, size in dims}
@@ -639,10 +676,7 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     def fits(at: Mapping[str, int]) -> bool:
         return judge(members, levels(at)).verdict == "fits"
 
-    fitted = fits(chosen)
-    if fitted and _at_bound(ctx, ops, judge.tried[0].candidate):
-        return GroupSearch(consumer=members[-1], ops=tuple(members), candidates=(judge.tried[0].candidate,), chosen=0)
-    if not fitted:
+    if not fits(chosen):
         for d, _ in dims:  # shrink
             options = counts[d]
             if not options:
@@ -678,22 +712,10 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
             _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d))
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
-    best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
-    return GroupSearch(consumer=members[-1], ops=tuple(members),
-                       candidates=tuple(c.candidate for c in judge.tried), chosen=best)
 
 
 def _alone_on(levels: Callable[[Mapping[str, int]], tuple[Level, ...]], dim: str, count: int) -> tuple[Level, ...]:
     return levels({dim: count})
-
-
-def _at_bound(ctx: _Search, ops: Sequence[Op], cand: Candidate) -> bool:
-    """Whether no tiling can beat ``cand``: the group has no matmul (its bound is memory
-    alone) and ``cand`` is estimated at the bound, so it moves only the compulsory bytes and
-    no candidate has fewer bytes either."""
-    if any(isinstance(op, Reduction) and op.fn == "matmul" for op in ops):
-        return False
-    return cand.time_ns <= _bound(ctx, [op.name for op in ops]) * (1 + 1e-9)
 
 
 def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op], chosen: Mapping[str, int],
@@ -887,12 +909,22 @@ class _Tried:
     rank: tuple[int, float, int, int]
 
 
+class _Unbeatable(Exception):
+    """Raised by a ``_Judge`` given a floor when a candidate reaches it: the walks stop."""
+
+
 class _Judge:
     """Compiles candidates of one group and remembers each verdict (a search's scratch state,
-    local to one ``_fit`` call)."""
+    local to one ``_fit`` call). Given the group's ``floor`` (``_floor``), it raises
+    ``_Unbeatable`` once a candidate is estimated at the floor's time with the floor's HBM
+    bytes in at most 2 iterations: every candidate is estimated at least the floor's time
+    with at least its bytes (the property tests), and a tiled one runs at least 2
+    iterations, so none judged after it can rank before it (``_rank``: on a tie, the first
+    judged is kept)."""
 
-    def __init__(self, ctx: _Search) -> None:
+    def __init__(self, ctx: _Search, floor: Floor | None = None) -> None:
         self.ctx = ctx
+        self.floor = floor
         self.tried: list[_Tried] = []
         self._memo: dict[tuple, Candidate] = {}
         # one subgraph per membership: the stages verify a graph once, the same object again not
@@ -907,6 +939,8 @@ class _Judge:
             cand = _judge(self.ctx, members, levels, sub)
             self._memo[key] = cand
             self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
+            if self.floor is not None and self.floor.reached(cand):
+                raise _Unbeatable
         return self._memo[key]
 
 
