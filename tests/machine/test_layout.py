@@ -1,5 +1,5 @@
 """The stick layout's coordinate forms: the rule that skips the check against the host digits
-(``_walks_whole``) holds wherever it skips it."""
+(``_walks_box``) holds wherever it skips it."""
 
 from __future__ import annotations
 
@@ -15,25 +15,46 @@ SHAPES = st.lists(st.one_of(st.integers(1, 5), st.integers(1, 300)), min_size=1,
 EPS = st.sampled_from([32, 64, 128])
 
 
-def walk(shape: list[int]) -> tuple[sympy.Expr, dict[sympy.Symbol, int]]:
-    """The row-major offset of ``shape`` with one var per dim, and the vars' ranges."""
+def walk(shape: list[int], corner: list[int] | None = None,
+         extents: list[int] | None = None) -> tuple[sympy.Expr, dict[sympy.Symbol, int]]:
+    """The row-major offset of a box of ``shape`` (whole by default) with one var per dim, and
+    the vars' ranges."""
+    corner = corner or [0] * len(shape)
+    extents = extents or list(shape)
+    strides = row_major_strides(tuple(shape))
     syms = [sympy.Symbol(f"v{k}", integer=True, nonnegative=True) for k in range(len(shape))]
-    index = sum((st * v for v, st, n in zip(syms, row_major_strides(tuple(shape)), shape) if n > 1), sympy.S.Zero)
-    return index, {v: n for v, n in zip(syms, shape)}
+    index = sum((st * v for v, st, n in zip(syms, strides, shape) if n > 1), sympy.S.Zero)
+    index += sum(o * st for o, st in zip(corner, strides))
+    return index, {v: e for v, e in zip(syms, extents)}
 
 
-@settings(max_examples=examples(200), deadline=None)
-@given(shape=SHAPES, eps=EPS)
-def test_a_whole_row_major_walk_of_the_default_layout_is_the_stick_rule_unchecked(shape, eps):
+@st.composite
+def boxes(draw, eps: int) -> tuple[list[int], list[int], list[int]]:
+    """A shape and a box of it whose corner starts at a whole stick of the last dim."""
+    shape = draw(SHAPES)
+    corner, extents = [], []
+    for k, n in enumerate(shape):
+        if k == len(shape) - 1:
+            o = eps * draw(st.integers(0, (n - 1) // eps))
+        else:
+            o = draw(st.integers(0, n - 1))
+        corner.append(o)
+        extents.append(draw(st.integers(1, n - o)))
+    return shape, corner, extents
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(eps=EPS, data=st.data())
+def test_a_row_major_walk_of_a_box_of_the_default_layout_is_the_stick_rule_unchecked(eps, data):
+    shape, corner, extents = data.draw(boxes(eps)) if data.draw(st.booleans()) else (data.draw(SHAPES), None, None)
     layout = L.stick_layout(shape, eps)
-    index, ranges = walk(shape)
-    if index == 0:
-        return  # a one-element tensor: no var, the check runs (and is trivial)
-    assert L._walks_whole(layout, index, ranges)
+    index, ranges = walk(shape, corner, extents)
+    assume(index.free_symbols)  # a fixed element: no var to check
+    assert L._walks_box(layout, index, ranges)
     rule = L.stick_coordinates(layout, index, ranges)
     # what the skipped check would have said, on its sweeps and sample points
     assert L._matches_digits(rule, layout, index, ranges)
-    key = tuple(sorted(ranges.items(), key=lambda p: p[0].name))
+    key = tuple(sorted(((s, n) for s, n in ranges.items() if s in index.free_symbols), key=lambda p: p[0].name))
     assert L.device_coordinates(layout, index, ranges) == rule == L._device_coordinates.__wrapped__(layout, index, key)
 
 
@@ -43,15 +64,19 @@ def test_any_other_walk_is_checked(shape, eps, data):
     layout = L.stick_layout(shape, eps)
     index, ranges = walk(shape)
     live = [v for v, n in ranges.items() if n > 1]
-    kind = data.draw(st.sampled_from(["swapped", "part", "offset", "layout"]))
+    kind = data.draw(st.sampled_from(["swapped", "overflow", "mid-stick", "layout"]))
     if kind == "swapped":  # a transposed read: two dims' strides exchanged
         a, b = live[:2]
         assume(ranges[a] != ranges[b])  # of equal sizes, it is the same walk with its vars renamed
         index = index.xreplace({a: b, b: a})
-    elif kind == "part":  # a var over part of its dim
-        ranges = {**ranges, live[0]: ranges[live[0]] - 1}
-    elif kind == "offset":
-        index = index + 1
+    elif kind == "overflow":  # the whole range of a dim from a corner past its start
+        k = data.draw(st.sampled_from(range(len(live))))
+        index = index + row_major_strides(tuple(shape))[int(live[k].name[1:])]
+    elif kind == "mid-stick":  # a corner inside a stick of the last dim
+        assume(shape[-1] > 1)
+        o = data.draw(st.integers(1, shape[-1] - 1).filter(lambda o: o % eps))
+        index = index + o
+        ranges = {**ranges, live[-1]: shape[-1] - o}
     else:  # another dim sticked
         layout = L.stick_layout(shape, eps, dim_order=list(range(len(shape)))[::-1])
-    assert not L._walks_whole(layout, index, ranges)
+    assert not L._walks_box(layout, index, ranges)
