@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fspyre.errors import (
@@ -156,28 +154,9 @@ _TRUSTED_LIMIT = 256
 _LOCK = threading.Lock()
 
 
-# The verifiers whose artifacts the code running in a ``vouched`` scope takes as they are
-# (context-local: a scope on one thread vouches for nothing on another).
-_VOUCHED: ContextVar[frozenset[Callable[..., Any]]] = ContextVar("vouched", default=frozenset())
-
-
-@contextmanager
-def vouched(*verifiers: Callable[..., Any]) -> Iterator[None]:
-    """Within the scope, ``verified`` takes the artifacts of ``verifiers`` without running them:
-    for a caller that makes many artifacts only to judge them and verifies the one it hands on
-    (the tiling search's candidates)."""
-    token = _VOUCHED.set(_VOUCHED.get() | frozenset(verifiers))
-    try:
-        yield
-    finally:
-        _VOUCHED.reset(token)
-
-
 def verified(verifier: Callable[..., Any], *artifacts: Any) -> Any:
     """The first artifact, after ``verifier(*artifacts)`` passed on these very objects (now or
-    before, while remembered), or as it is inside a scope that ``vouched`` for the verifier."""
-    if verifier in _VOUCHED.get():
-        return artifacts[0]
+    before, while remembered)."""
     key = (id(verifier), *map(id, artifacts))
     with _LOCK:
         known = _TRUSTED.get(key)

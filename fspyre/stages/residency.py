@@ -40,7 +40,6 @@ in ``fspyre.stages.hoisting`` and the first/last-iteration guards in
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 from fspyre.errors import TilingError
@@ -51,11 +50,10 @@ from fspyre.ir.program import Program
 from fspyre.ir.report import TrafficReport
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import AllocationOptions, allocate, verify_allocation
-from fspyre.stages.arguments import require, require_tree, vouched
+from fspyre.stages.arguments import require, require_tree
 from fspyre.stages.copies import aligned, chosen_copies
 from fspyre.stages.guards import guard_boundaries
 from fspyre.stages.hoisting import hoist_invariants
-from fspyre.stages.loop_tree import verify_loop_tree
 from fspyre.stages.pins import pinned
 from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
 from fspyre.stages.trials import Trial, TrialJudge
@@ -69,9 +67,8 @@ class ResidencyOptions:
     enabled: bool = True  # copy re-read HBM regions into LX and run loop-invariant ops once
     split: SplitOptions = SplitOptions()  # the work division the copies are judged under
     allocation: AllocationOptions = AllocationOptions()  # the allocation the copies are judged under
-    # confirm the chosen trial's division and allocation with their verifiers, and verify each
-    # tree the stage makes; a tiling search judging candidates skips both (the program of the
-    # plan it hands on is compiled with them)
+    # confirm the chosen trial's division and allocation with their verifiers; a tiling search
+    # judging candidates skips it (the program of the plan it hands on is compiled with it)
     verify: bool = True
 
     def __post_init__(self) -> None:
@@ -106,16 +103,6 @@ def _require(tree: object, machine: object, options: object, where: str) -> None
 
 def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:
     _require(tree, machine, options, "place_copies")
-    # A tiling search's candidate (``verify`` off): the trees the stage makes from the verified
-    # ``tree`` (hoisted, pinned, guarded, with copies) are not verified again by each stage
-    # that meets them (7 % of the S=2048 transformer block's auto compile); the search compiles
-    # the plan it hands on with ``verify`` on, and again verifying every candidate when that
-    # plan's program is refused.
-    with nullcontext() if options.verify else vouched(verify_loop_tree):
-        return _placed(tree, machine, options)
-
-
-def _placed(tree: LoopTree, machine: Machine, options: ResidencyOptions) -> Residency:
     if options.enabled:
         tree = hoist_invariants(tree)
     split = divide_work(tree, machine, options.split)

@@ -428,35 +428,3 @@ def test_two_cores_replicate_too():
         assert split[name].cores == 2 and dict(split[name].splits)[f"{name[:-5]}_cores"] == 2
     inputs = inputs_for(graph, 1)
     assert np.array_equal(fspyre.run(with_copy, inputs)["y"], fspyre.run(without, inputs)["y"])
-
-
-def test_a_search_candidates_trees_are_not_verified_again_but_the_tree_it_is_given_is(monkeypatch):
-    """place_copies with ``verify`` off (a tiling search judging a candidate) verifies the tree
-    it is given and none it makes from it; with ``verify`` on, every tree it makes too."""
-    from dataclasses import replace
-
-    import pytest
-
-    import fspyre.stages.loop_tree as lt
-    from fspyre.errors import TilingError
-    from fspyre.ir.graph import Output
-    from fspyre.stages.residency import ResidencyOptions, place_copies
-    from fspyre.stages.tiling_plan import TilingOptions, plan_tiling
-
-    graph = softmax(512, 1024, 4)
-    machine = spyre(cores=4)
-    seen: list[str] = []
-    real = lt._verify_coverage
-    monkeypatch.setattr(lt, "_verify_coverage", lambda tree: (seen.append(tree.name), real(tree))[1])
-
-    def placed(verify: bool):
-        tree = lt.tile(graph, plan_tiling(graph, TilingOptions(mode="hints")))  # verified here
-        seen.clear()
-        return place_copies(tree, machine, ResidencyOptions(verify=verify)).tree
-
-    assert any(n.op.fn == "copy" for n in op_nodes(placed(False))) and seen == []
-    assert any(n.op.fn == "copy" for n in op_nodes(placed(True))) and seen
-    tree = lt.tile(graph, plan_tiling(graph, TilingOptions(mode="hints")))
-    unwritten = replace(tree, outputs=(*tree.outputs, Output(name="z", buffer="z")))
-    with pytest.raises(TilingError, match="output z"):
-        place_copies(unwritten, machine, ResidencyOptions(verify=False))
