@@ -219,7 +219,7 @@ def _walks_box(layout: StickLayout, index: sympy.Expr, ranges: Mapping[sympy.Sym
     its device dim alone and the stick var in floor(v / eps) and Mod(v, eps); the corner's
     digits are peeled positionally. Most accesses of a tiled program are such (per-tile
     buffers, whole tensors, a tail's remainder), and the sweeps of the check cost a tiling
-    search 13 % of its time (tested against the check: tests/machine/test_layout.py)."""
+    search 13 % of its time (tested against the check: tests/machine/test_coordinate_forms.py)."""
     host = layout.host_size
     eps = layout.elems_per_stick
     if not host or layout != stick_layout(host, eps):
