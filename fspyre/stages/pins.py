@@ -60,29 +60,41 @@ class _Pin:
     split: FrozenMap[str, int]  # the writer's work division, which the copy must repeat
 
 
-def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin]:
-    """Top-level writers of an HBM buffer that later top-level ops read, storing it whole with
-    its own contiguous index (so the LX buffer and the copy share the writer's iteration).
-    Readers inside loops keep reading the HBM buffer: a loop advances through it, and an LX
-    buffer never advances."""
+def pin_sites(tree: LoopTree) -> list[OpNode]:
+    """Top-level writers of a full buffer that later top-level ops read, storing it whole with
+    its own contiguous index (so an LX buffer and the copy would share the writer's
+    iteration), last first: the writers a pin could take, wherever the allocator puts their
+    buffers. Readers inside loops keep reading the HBM buffer: a loop advances through it, and
+    an LX buffer never advances."""
     table = tree.buffer_table()
-    taken = {b.name for b in tree.buffers} | {n.name for n in op_nodes(tree)}
     # an accumulator is written again after its fill (by its combine, inside the loop): a pin
     # of the fill would hand later readers the identity instead of the sum
     writes = Counter(n.op.store.buffer for n in op_nodes(tree))
     read_later: set[str] = set()
-    pins: list[_Pin] = []
+    sites: list[OpNode] = []
     for node in reversed(tree.body):
         if not isinstance(node, OpNode):
             continue
         b = node.op.store.buffer
-        if (b in read_later and writes[b] == 1 and allocation.buffers[b].memory == "hbm" and table[b].scope == "full"
+        if (b in read_later and writes[b] == 1 and table[b].scope == "full"
                 and node.op.store.index == table[b].type.contiguous_index()
                 and set(table[b].type.names) <= {d.name for d in node.op.ranges}):
+            sites.append(node)
+        read_later |= {ld.buffer for ld in node.op.loads}
+    return sites
+
+
+def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin]:
+    """The pin sites (``pin_sites``) whose buffer the allocation left in HBM."""
+    table = tree.buffer_table()
+    taken = {b.name for b in tree.buffers} | {n.name for n in op_nodes(tree)}
+    pins: list[_Pin] = []
+    for node in pin_sites(tree):
+        b = node.op.store.buffer
+        if allocation.buffers[b].memory == "hbm":
             pins.append(_Pin(name=fresh_name(f"{b}_pin", taken), buffer=b, writer=node.name,
                              split=FrozenMap((d, k) for d, k in split.ops[node.name].splits.items()
                                              if d in table[b].type.names)))
-        read_later |= {ld.buffer for ld in node.op.loads}
     return pins[::-1]
 
 

@@ -54,7 +54,7 @@ from fspyre.stages.arguments import require, require_tree
 from fspyre.stages.copies import aligned, chosen_copies
 from fspyre.stages.guards import guard_boundaries
 from fspyre.stages.hoisting import hoist_invariants
-from fspyre.stages.pins import pinned
+from fspyre.stages.pins import pin_sites, pinned
 from fspyre.stages.split_plan import SplitOptions, divide_work, verify_split_plan
 from fspyre.stages.trials import Trial, TrialJudge
 
@@ -103,15 +103,20 @@ def _require(tree: object, machine: object, options: object, where: str) -> None
 
 def place_copies(tree: LoopTree, machine: Machine, options: ResidencyOptions = ResidencyOptions()) -> Residency:
     _require(tree, machine, options, "place_copies")
+    guarded_first = False
     if options.enabled:
         tree = hoist_invariants(tree)
+        if not (options.allocation.lx_planning and pin_sites(tree)):
+            # no pin can be made (pins need the allocation, the guards go on after them): the
+            # guards go on now, and the tree is divided and allocated once, not twice
+            tree, guarded_first = guard_boundaries(tree), True
     split = divide_work(tree, machine, options.split)
     alloc = allocate(tree, split, machine, options.allocation)
     judge = TrialJudge(machine)
     unchanged = Trial(tree=tree, split=split, allocation=alloc)
-    if options.enabled and options.allocation.lx_planning:
+    if options.enabled and options.allocation.lx_planning and not guarded_first:
         unchanged = pinned(unchanged, machine, options, judge)
-    if options.enabled:
+    if options.enabled and not guarded_first:
         guarded = guard_boundaries(unchanged.tree)
         if guarded is not unchanged.tree:
             split = divide_work(guarded, machine, options.split)

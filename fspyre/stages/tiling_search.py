@@ -514,7 +514,10 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 starts.append(shared)
         # a segment's cost is what its tiling changes against running its ops untiled in the
         # whole program; an untiled segment changes nothing (its ops are no group)
-        bounds = {j: _bound(ctx, run[j:i]) - _in_place(ctx, run[j:i])[0] for j in starts}
+        in_place = {j: _in_place(ctx, run[j:i])[0] for j in starts}
+        bounds = {j: _bound(ctx, run[j:i]) - in_place[j] for j in starts}
+        # a gain below this share of what the segment's ops cost in place is not worth a judging
+        tol = {j: _GAIN_TOLERANCE * in_place[j] for j in starts}
         rank = {j: best[j][0] + bounds[j] for j in starts}
         # a segment starting at an op that costs nothing is weighed after the one starting at
         # the next op, whose verdict the rule below needs (its bound may rank it first: it
@@ -549,8 +552,9 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
         for j in order:
             members = tuple(run[j:i])
             reach = best[j][0] + bounds[j]
-            # a bound that only ties the best found cannot lower the estimated time
-            if found is not None and (free or reach >= best[i][0] or idle >= ctx.options.patience
+            # a bound that only ties the best found (or beats it by less than the tolerance)
+            # cannot lower the estimated time (by more than the tolerance)
+            if found is not None and (free or reach >= best[i][0] - tol[j] or idle >= ctx.options.patience
                                       or (j < i - 1 and _costs_nothing(ctx, run[j]) and j + 1 not in gained)):
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
@@ -680,6 +684,13 @@ def _in_context(record: GroupSearch, untiled: tuple[float, int]) -> GroupSearch:
     return record if at == record.chosen else replace(record, chosen=at)
 
 
+# The search does not judge a segment to gain less than this share of what its ops cost in
+# place (the cost model's own fit is 7-40 %): a producer that costs a few ns in place (the
+# RMSNorm's scale multiply before a projection: 69 ns beside the projection's 0.94 ms) makes the
+# segment with it promise that much more than the one without, which then had to be compiled.
+_GAIN_TOLERANCE = 1e-4
+
+
 def _costs_nothing(ctx: _Search, op: str) -> bool:
     return ctx.untiled.get(op) == (0.0, 0)
 
@@ -774,10 +785,28 @@ def _chain_starts(ctx: _Search, run: Sequence[str]) -> dict[int, int]:
     return out
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Floor:
+    """What no tiling of a segment as one group is estimated below, from shapes alone: a time
+    (ns) and HBM bytes (``_floor``)."""
+
+    time_ns: float
+    hbm_bytes: int
+
+    def reached(self, cand: Candidate) -> bool:
+        """Whether ``cand`` is estimated at the floor's time: no candidate is estimated faster
+        (one could tie it with fewer HBM bytes, which the walks no longer look for)."""
+        return cand.verdict != "refused" and cand.time_ns <= self.time_ns * (1 + 1e-9)
+
+
 def _bound(ctx: _Search, members: Sequence[str]) -> float:
-    """A lower bound on the estimated time of any tiling of ``members`` as one group, from
-    their shapes alone: every input they read whole is read from HBM at least once and every
-    output written once (at their device size),
+    return _floor(ctx, members).time_ns
+
+
+def _floor(ctx: _Search, members: Sequence[str]) -> Floor:
+    """A lower bound on the estimated time and HBM bytes of any tiling of ``members`` as one
+    group, from their shapes alone: every input they read whole is read from HBM at least
+    once and every output written once (at their device size) -- those are its bytes --,
     at the fitted bandwidth with the read/write turnaround of at least min(reads, writes); and
     a matmul's MACs at the peak rate of every core. The traffic report charges each kernel
     max(memory, compute) and sums them, so its time is at least max(total memory, total
@@ -797,7 +826,7 @@ def _bound(ctx: _Search, members: Sequence[str]) -> float:
             wrote += _device_bytes(ctx, buf)
     r = sum(read.values())
     memory = (r + wrote) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, wrote)
-    return max(memory, _compute_floor(ctx, members))
+    return Floor(time_ns=max(memory, _compute_floor(ctx, members)), hbm_bytes=r + wrote)
 
 
 def _compute_floor(ctx: _Search, members: Sequence[str]) -> float:
@@ -811,10 +840,16 @@ def _compute_floor(ctx: _Search, members: Sequence[str]) -> float:
 def segment_bound(graph: Graph, machine: Machine, ops: Sequence[str]) -> float:
     """The lower bound (ns) the search screens the segment ``ops`` of ``graph`` with
     (``_bound``): no tiling of them as one group is estimated faster."""
+    return segment_floor(graph, machine, ops).time_ns
+
+
+def segment_floor(graph: Graph, machine: Machine, ops: Sequence[str]) -> Floor:
+    """The floor (``_floor``) of the segment ``ops`` of ``graph``: no tiling of them as one
+    group is estimated faster or moves fewer HBM bytes."""
     ctx = _Search(graph=graph, machine=machine, options=SearchOptions(), ops=graph.op_table(),
                   buffers=graph.buffer_table(), readers=_readers(graph),
                   outputs=frozenset(o.buffer for o in graph.outputs))
-    return _bound(ctx, ops)
+    return _floor(ctx, ops)
 
 
 def _device_bytes(ctx: _Search, buffer: str) -> int:
@@ -999,7 +1034,19 @@ def _grow_producers(ctx: _Search, members: list[str]) -> GroupSearch:
 
 # -- shrink and grow ----------------------------------------------------------------------------
 def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
-    judge = _Judge(ctx)
+    judge = _Judge(ctx, _floor(ctx, members))
+    try:
+        _walk(ctx, judge, members)
+    except _Unbeatable:
+        pass  # a candidate at the floor's time: nothing judged after it is estimated faster
+    best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
+    return GroupSearch(consumer=members[-1], ops=tuple(members),
+                       candidates=tuple(c.candidate for c in judge.tried), chosen=best)
+
+
+def _walk(ctx: _Search, judge: _Judge, members: Sequence[str]) -> None:
+    """Shrink, grow back, refine, then each other dim alone, the online and the accumulation
+    tries: the candidates ``judge`` records (``_fit`` picks the best of them)."""
     ops = [ctx.ops[m] for m in members]
     dims = _tileable_dims(ops)
     counts = {d: _counts(ctx, ops, d, size) for d, size in dims}
@@ -1011,10 +1058,7 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     def fits(at: Mapping[str, int]) -> bool:
         return judge(members, levels(at)).verdict == "fits"
 
-    fitted = fits(chosen)
-    if fitted and _at_bound(ctx, ops, judge.tried[0].candidate):
-        return GroupSearch(consumer=members[-1], ops=tuple(members), candidates=(judge.tried[0].candidate,), chosen=0)
-    if not fitted:
+    if not fits(chosen):
         for d, _ in dims:  # shrink
             options = counts[d]
             if not options:
@@ -1034,7 +1078,7 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     # with its compute (one kernel), which separate untiled kernels cannot.
     first = next((d for d, _ in dims if counts[d]), None)
     if first is not None:
-        floor = judge.floor(members)
+        floor = judge.compute_floor(members)
         walk: _Walk | None = _Walk(min(t.rank for t in judge.tried), floor=floor)
         for c in (c for c in counts[first] if c > chosen.get(first, 1)):
             walk = _walked(walk, _rank(judge(members, levels({**chosen, first: c}))), floor)
@@ -1067,22 +1111,10 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
                 _coarse_to_fine(judge, members, counts[d], partial(_alone_on, levels, d), leap="spilled")
     _try_online(ctx, judge, members, ops, chosen, levels)
     _try_accumulation(ctx, judge, members, ops)
-    best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
-    return GroupSearch(consumer=members[-1], ops=tuple(members),
-                       candidates=tuple(c.candidate for c in judge.tried), chosen=best)
 
 
 def _alone_on(levels: Callable[[Mapping[str, int]], tuple[Level, ...]], dim: str, count: int) -> tuple[Level, ...]:
     return levels({dim: count})
-
-
-def _at_bound(ctx: _Search, ops: Sequence[Op], cand: Candidate) -> bool:
-    """Whether no tiling can beat ``cand``: the group has no matmul (its bound is memory
-    alone) and ``cand`` is estimated at the bound, so it moves only the compulsory bytes and
-    no candidate has fewer bytes either."""
-    if any(isinstance(op, Reduction) and op.fn == "matmul" for op in ops):
-        return False
-    return cand.time_ns <= _bound(ctx, [op.name for op in ops]) * (1 + 1e-9)
 
 
 def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequence[Op], chosen: Mapping[str, int],
@@ -1186,7 +1218,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
                 break
             k, leap = k + 1 + found, "never"
             continue
-        walk = _walked(walk, _rank(cand), judge.floor(members))
+        walk = _walked(walk, _rank(cand), judge.compute_floor(members))
         if walk is None:
             break
         k += 1
@@ -1325,18 +1357,30 @@ class _Tried:
     rank: tuple[int, float, int, int]
 
 
+class _Unbeatable(Exception):
+    """Raised by a ``_Judge`` given a floor when a candidate reaches it: the walks stop."""
+
+
 class _Judge:
     """Compiles candidates of one group and remembers each verdict (a search's scratch state,
-    local to one ``_fit`` call)."""
+    local to one ``_fit`` call). Given the group's ``floor`` (``_floor``), it raises
+    ``_Unbeatable`` once a candidate is estimated at the floor's time: every candidate is
+    estimated at least that (the property tests), so none judged after it is faster. At the
+    floor's time with the floor's HBM bytes (the attention's untiled segment of the S=2048
+    block) none ranks before it at all; a compute-bound one (a projection's F:6 at its MACs'
+    time) could only tie it with fewer bytes, which the walks then go on to look for no more
+    (the S=2048 block's F:8, same bytes; on the search benchmark's 26 graphs every plan kept
+    its estimate and HBM bytes)."""
 
-    def __init__(self, ctx: _Search) -> None:
+    def __init__(self, ctx: _Search, floor: Floor | None = None) -> None:
         self.ctx = ctx
+        self.floor = floor
         self.tried: list[_Tried] = []
         self._memo: dict[tuple, Candidate] = {}
         # one subgraph per membership: the stages verify a graph once, the same object again not
         self._subgraphs: dict[tuple[str, ...], Graph] = {}
 
-    def floor(self, members: Sequence[str]) -> float:
+    def compute_floor(self, members: Sequence[str]) -> float:
         """The least compute time of ``members`` (``_compute_floor``)."""
         return _compute_floor(self.ctx, members)
 
@@ -1349,6 +1393,8 @@ class _Judge:
             cand = _judge(self.ctx, members, levels, sub)
             self._memo[key] = cand
             self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
+            if self.floor is not None and self.floor.reached(cand):
+                raise _Unbeatable
         return self._memo[key]
 
 

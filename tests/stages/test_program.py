@@ -299,3 +299,22 @@ def test_refusals_name_the_op_and_what_it_is(kinds):
     add = next(s for s in op_specs(program) if s.op == "add")
     refused(edit_op(program, add.name, lambda s: replace(s, is_reduction=True)),
             r"program op 'add' is not a reduction, but is_reduction=True")
+
+
+def test_a_tile_advance_is_remembered_and_a_misaligned_one_refused_with_each_callers_names():
+    from fspyre.errors import TilingError
+    from fspyre.ir.looptree import TileStep
+    from fspyre.machine.layout import device_coordinates, stick_layout
+    from fspyre.stages.program import tile_advance
+
+    r, c = sympy.symbols("r c", integer=True, nonnegative=True)
+    layout = stick_layout((3, 100), 64)  # fp16 rows of 100: two sticks a row, the second padded
+    coords = device_coordinates(layout, 100 * r + c, {r: 3, c: 100})
+    aligned = ((TileStep(dim="r", extent=1),),)
+    assert tile_advance("x", "op0", layout, coords, (r, c), aligned, (3,), {"r": 3, "c": 100}) == (128,)
+    assert tile_advance("y", "op1", layout, coords, (r, c), aligned, (3,), {"r": 3, "c": 100}) == (128,)
+    # 50 columns a tile cross a stick boundary in one tile and not in the next
+    half = ((TileStep(dim="c", extent=50),),)
+    for name, op in (("x", "op0"), ("y", "op1")):  # the second from the cache, with its own names
+        with pytest.raises(TilingError, match=f"op {op}: tensor {name} cannot advance by one fixed address step"):
+            tile_advance(name, op, layout, coords, (r, c), half, (2,), {"r": 3, "c": 100})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from workloads import add_mul, softmax
 
@@ -21,8 +21,9 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.pretty import pretty
 from fspyre.stages import tiling_search
-from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling, segment_bound
+from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling, segment_bound, segment_floor
 from fspyre.testing import examples, inputs_for, programs
+from fspyre.testing.hints import legal_hint_nests
 from fspyre.testing.machines import core_counts, lx_capacities
 from fspyre.testing.transformer import layer_norm_matmul, rms_norm_matmul, silu_mlp, transformer_stack
 
@@ -273,14 +274,36 @@ def test_counts_are_the_whole_stick_divisors_and_the_tailed_counts(size, dtype):
 
 @settings(max_examples=examples(30), deadline=None)
 @given(prog=programs(max_ops=5), cores=core_counts(), lx=lx_capacities())
-def test_the_bound_is_below_every_judged_candidate(prog, cores, lx):
+def test_the_floor_is_below_every_judged_candidate(prog, cores, lx):
     machine = spyre(cores=cores, lx_bytes=lx)
     search = search_tiling(prog.graph, machine)
     for group in search.groups:
-        bound = segment_bound(prog.graph, machine, group.ops)
+        floor = segment_floor(prog.graph, machine, group.ops)
+        assert segment_bound(prog.graph, machine, group.ops) == floor.time_ns
         for cand in group.candidates:
             if cand.verdict != "refused" and cand.reason != tiling_search.IN_CONTEXT:
-                assert cand.time_ns >= bound * (1 - 1e-9), (group.ops, cand)
+                assert cand.time_ns >= floor.time_ns * (1 - 1e-9), (group.ops, cand)
+                assert cand.hbm_bytes >= floor.hbm_bytes, (group.ops, cand)
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(st.data(), core_counts(), lx_capacities())
+def test_no_tiling_of_a_graph_is_estimated_below_its_floor(data, cores, lx):
+    """The floor the search stops at (``_Judge``) holds for any tiling, not only the ones the
+    search judged: the whole graph under legal hints, compiled, is estimated at least the
+    floor of all its ops as one segment, in time and in HBM bytes."""
+    prog = data.draw(programs(max_ops=5), label="graph")
+    hinted = data.draw(legal_hint_nests(prog.graph), label="hints").apply(prog.graph)
+    machine = spyre(cores=cores, lx_bytes=lx)
+    try:
+        comp = fspyre.compile(hinted, machine, tiling="hints")
+    except fspyre.FspyreError:
+        assume(False)  # refusals belong to the tiling properties
+    report = traffic_report(comp.program)
+    floor = segment_floor(prog.graph, machine, [op.name for op in prog.graph.ops])
+    assert report.time_ns >= floor.time_ns * (1 - 1e-9), (report.time_ns, floor)
+    assert report.hbm_bytes >= floor.hbm_bytes, (report.hbm_bytes, floor)
 
 
 @settings(max_examples=examples(30), deadline=None)
