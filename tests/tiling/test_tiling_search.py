@@ -341,8 +341,8 @@ def test_a_segment_is_worth_its_best_tiling_against_its_ops_in_the_hinted_progra
     # softmax x[1021, 1000] fp16 on 12 cores, 2 MiB LX: the correction's second DP pass found
     # 58.8 us here (the hinted plan, untiled, was 96.2 us: sub's result spilled), as tiling only
     # amax R:2. Since keep_resident judges its reader divisions by parts, untiled is 58.8 us
-    # as well and the DP's plan is estimated so as a whole: the correction does not run (its
-    # mechanism is pinned on the graphs of the tests below).
+    # as well, the DP tiles nothing and the correction does not run (its mechanism is pinned
+    # on the graphs of the tests below).
     g = fspyre.GraphBuilder("softmax")
     g.dim("R", 1021), g.dim("C", 1000)
     x = g.input("x", ["R", "C"], "float16")
@@ -408,22 +408,35 @@ def test_a_hinted_rmsnorm_matmul_is_not_beaten_by_the_dp_s_groups(rows):
     (1147, "buf4..buf6 D:2 for buf5..buf6 (243.83 -> 200.01 us)")])
 def test_a_group_gives_way_to_its_runner_up_when_the_whole_program_disagrees(rows, note):
     # rmsnorm -> matmul fp16 D=1024 N=2048 on 12 cores, 2 MiB LX (found by a sweep of rows,
-    # cores and LX on the merged search): the DP took [*gamma, matmul] D:2 (buf5..buf6), and
-    # the whole program, 215.88 us over 1,003 rows (243.83 over 1,147), did not bear out its
-    # claim; the runner-up the DP weighed for the matmul, [x*r, *gamma, matmul] D:2, gives
-    # 177.56 us (200.01). Figures: the search's note on the merged code.
+    # cores and LX): the DP took [x*x .. rsqrt] T:2 and [*gamma, matmul] D:2 (buf5..buf6),
+    # 215.88 us as a whole over 1,003 rows (243.83 over 1,147), which did not bear out their
+    # claims; the runner-up the DP weighed for the matmul, [x*r, *gamma, matmul] D:2, gives
+    # 177.56 us (200.01). Figures: the search's note.
     corrected(rmsnorm_matmul(rows), spyre(cores=12, lx_bytes=2 << 20), note)
 
 
 def test_a_group_the_whole_program_does_not_bear_out_is_left_out():
     # A block S=128, D=256, F=688 on 4 cores, 128 KiB LX (found by a sweep of block sizes,
-    # cores and LX on the merged search): the DP tiled buf26 and its like in the MLP S:2, the
-    # whole program 34.30 us; no runner-up helps, and with those two groups left out (one
-    # whole compile: other groups stay) it is 32.73 us. Figures: the search's note.
+    # cores and LX): the DP tiled the MLP's gate and up projections
+    # (buf26, buf28: one kind) S:2, the whole program 34.30 us; the second pass and the
+    # runner-ups compile nothing new, and with both left out (one whole compile: other
+    # groups stay) it is 32.73 us. Figures: the note.
     comp = corrected(transformer_stack(1, seq=128, model=256, hidden=688), spyre(cores=4, lx_bytes=128 * 1024),
                      "left out buf26 S:2 and 1 alike (34.30 -> 32.73 us)")
     assert comp.stages["tiling_search"].rechecked == 1
     assert any(g.levels for g in comp.stages["tiling_plan"].groups)  # not the hinted plan
+
+
+def test_the_dp_credits_segments_in_context_when_the_whole_program_disagrees():
+    # A block S=192, D=384, F=1024 on 4 cores, 128 KiB LX (found by a sweep of block sizes,
+    # cores and LX): the DP's plan was 130.14 us as a whole; crediting
+    # each segment with its candidate of least change against its ops in the hinted program,
+    # the second pass's plan is 110.39 us, and leaving its [buf26 .. buf31] F:2 out 101.92 us.
+    # The records are the second pass's (so ``dp_plan`` is its 110.39 us). Figures: the note.
+    comp = corrected(transformer_stack(1, seq=192, model=384, hidden=1024), spyre(cores=4, lx_bytes=128 * 1024),
+                     "the groups credited in context (130.14 -> 110.39 us); "
+                     "left out buf26..buf31 F:2 (110.39 -> 101.92 us)")
+    assert comp.stages["tiling_search"].rechecked == 4  # whole compiles: the second pass's plan, then the trials
 
 
 def test_a_group_of_the_dp_s_plan_not_borne_out_on_a_wide_rmsnorm_is_not_chosen():
