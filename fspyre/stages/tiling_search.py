@@ -890,14 +890,20 @@ def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
     key = _structure(canon)
     hit = ctx.memo.get(key)
     if hit is None:
-        local = _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
-                        buffers=canon.buffer_table(), readers=_readers(canon),
-                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally,
-                        verify=ctx.verify)
+        local = _local(ctx, canon)
         hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops])
     else:
         ctx.tally["reused"] += 1
     return _renamed(hit, names)
+
+
+def _local(ctx: _Search, canon: Graph) -> _Search:
+    """The search of a segment's canonical subgraph, sharing ``ctx``'s memo, tally and
+    verification."""
+    return _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
+                   buffers=canon.buffer_table(), readers=_readers(canon),
+                   outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally,
+                   verify=ctx.verify)
 
 
 def _solve_headed(ctx: _Search, members: Sequence[str], tiled: int, levels: tuple[Level, ...]) -> Candidate:
@@ -910,10 +916,7 @@ def _solve_headed(ctx: _Search, members: Sequence[str], tiled: int, levels: tupl
     key = ("headed", tiled, at, _structure(canon))
     hit = ctx.memo.get(key)
     if hit is None:
-        local = _Search(graph=canon, machine=ctx.machine, options=ctx.options, ops=canon.op_table(),
-                        buffers=canon.buffer_table(), readers=_readers(canon),
-                        outputs=frozenset(o.buffer for o in canon.outputs), memo=ctx.memo, tally=ctx.tally,
-                        verify=ctx.verify)
+        local = _local(ctx, canon)
         ops = [op.name for op in canon.ops]
         cand = _judge(local, ops, at, canon, tiled=tiled)
         hit = ctx.memo[key] = GroupSearch(consumer=ops[tiled - 1], ops=tuple(ops[:tiled]), candidates=(cand,),
