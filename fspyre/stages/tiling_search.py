@@ -283,11 +283,12 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
             notes[-1] = f"the groups credited in context ({notes[-1]})"
     # Steps 2 and 3 take the groups by kind (the same segment structure and tiling: the same
     # group of each repeated block), one whole compile per kind.
-    for kind in dict.fromkeys(_kinds(ctx, current).values()):
+    seen: dict[tuple, tuple] = {}  # a group's kind, canonicalised once however often it is asked
+    for kind in dict.fromkeys(_kinds(ctx, current, seen).values()):
         if not _disagrees(ctx, base, current, mine):
             break
         swaps: list[tuple[GroupSearch, Alternative]] = []
-        for k, key in _kinds(ctx, current).items():
+        for k, key in _kinds(ctx, current, seen).items():
             if key == kind:
                 r = current[k]
                 tiled = [a for a in r.alternatives if a.choice is not None and a.choice.levels and a.ops != r.ops
@@ -307,7 +308,7 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
             notes[-1] = (f"{_short(alt.ops)} {_levels_text(alt.choice.levels)} for {_short(r.ops)}"
                          f"{f' and {len(swaps) - 1} alike' if len(swaps) > 1 else ''} ({notes[-1]})")
     claims = _claims(ctx, current)
-    kinds = _kinds(ctx, current)
+    kinds = _kinds(ctx, current, seen)
     context: dict[tuple, float] = {}
     gain: dict[tuple, float] = {}
     for k, kind in kinds.items():
@@ -330,16 +331,21 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
     return records, plan, mine, note
 
 
-def _kinds(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, tuple]:
+def _kinds(ctx: _Search, records: Sequence[GroupSearch], seen: dict[tuple, tuple]) -> dict[int, tuple]:
     """index -> the kind of each tiled record: its segment's structure (``_structure``) and its
-    levels on the segment's canonical dims, the same for the same group of each repeated block."""
+    levels on the segment's canonical dims, the same for the same group of each repeated block.
+    ``seen`` remembers each group's kind (by its ops and levels): the correction asks again per
+    kind, and canonicalising every group each time was quadratic in the groups."""
     out: dict[int, tuple] = {}
     for k, r in enumerate(records):
         if r.choice.levels:
-            canon, names = _canonical(_subgraph(ctx, r.ops))
-            dims = {real: c for c, real in names.items()}
-            out[k] = (_structure(canon), tuple((lv.count, tuple(dims.get(d, d) for d in lv.dims))
-                                               for lv in r.choice.levels))
+            key = (r.ops, r.choice.levels)
+            if key not in seen:
+                canon, names = _canonical(_subgraph(ctx, r.ops))
+                dims = {real: c for c, real in names.items()}
+                seen[key] = (_structure(canon), tuple((lv.count, tuple(dims.get(d, d) for d in lv.dims))
+                                                      for lv in r.choice.levels))
+            out[k] = seen[key]
     return out
 
 
