@@ -255,7 +255,7 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
         out.append((f"rmsnorm -> matmul, {rows:,} rows, 8 cores 128 KiB", rms_norm_matmul(rows, 4),
                     rms_norm_matmul(rows), spyre(cores=8, lx_bytes=128 * 1024)))
     # where the groups judged alone do not add up in the whole program (the correction in
-    # tiling_search._corrected): a softmax whose sub spills untiled, and odd rows hinted T:4
+    # plan_correction._corrected): a softmax whose sub spills untiled, and odd rows hinted T:4
     out.append(("softmax 1021x1000, 12 cores 2 MiB", softmax(1021, 1000), softmax(1021, 1000),
                 spyre(cores=12, lx_bytes=2 << 20)))
     # counts past a tie (R:4 and R:5 tie, R:8 wins) and a dim alone that the shrink had tiled

@@ -30,102 +30,60 @@ tiling"):
   tie-break, then fewer iterations: the untiled candidate is always judged, so a group is
   never slower (estimated) than leaving it untiled.
 - The whole program under the plan found is compiled; when it disagrees with what the groups
-  claim (each judged alone), the groups are weighed again in it (``_corrected``), and the
-  hinted plan is kept when it is estimated faster still.
+  claim (each judged alone), the groups are weighed again in it (``_corrected``, in
+  ``plan_correction``), and the hinted plan is kept when it is estimated faster still.
+
+The options and the state the search shares with that correction are in ``search_context``.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Literal, get_args
+from typing import Literal
 
 import sympy
 from tqdm import tqdm
 
-from fspyre.errors import FspyreError, TilingError
-from fspyre.ir.frozen import FrozenMap, require_fields
+from fspyre.errors import FspyreError
 from fspyre.ir.graph import (
     Buffer,
-    Dim,
     Graph,
-    HintScope,
     Load,
     Op,
-    Output,
     Reduction,
-    Scalar,
     Store,
-    TensorType,
     iteration_dims,
-    sym,
 )
-from fspyre.ir.kinds import FUSE_MODES, FuseMode
 from fspyre.ir.looptree import LoopTree, op_nodes
 from fspyre.ir.plans import Alternative, Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.layout import stick_layout
-from fspyre.machine.report import TrafficReport, traffic_report
+from fspyre.machine.report import traffic_report
 from fspyre.machine.rules import device_bytes, row_major_strides
 from fspyre.machine.spyre import HBM_BYTES_PER_NS, HBM_TURNAROUND_NS_PER_BYTE, MACS_PER_NS_PER_CORE, Machine
-from fspyre.stages.allocation import AllocationOptions
-from fspyre.stages.arguments import require, require_graph, verified
+from fspyre.stages.arguments import require, require_graph
 from fspyre.stages.loop_tree import elems_per_stick, tile
-from fspyre.stages.online_softmax import OnlineOptions, match_online
+from fspyre.stages.online_softmax import match_online
+from fspyre.stages.plan_correction import _corrected
 from fspyre.stages.program import verify_program
 from fspyre.stages.residency import Residency, ResidencyOptions, place_copies
-from fspyre.stages.split_plan import SplitOptions
+from fspyre.stages.search_context import (
+    SearchOptions,
+    _canonical,
+    _Compiled,
+    _compiled,
+    _in_place,
+    _plan,
+    _renamed,
+    _Search,
+    _structure,
+    _subgraph,
+    _whole,
+)
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
-
-# How the max-producers search chooses groups (``SearchOptions.strategy``).
-Strategy = Literal["dp", "greedy"]
-STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SearchOptions:
-    """``fuse``: which producers join a consumer's loop.
-
-    - "max-producers": every contiguous producer; tiles shrink until all of them fit, and
-      only when none fits is the farthest producer left out;
-    - "max-size": the consumer's own best tiling first; a producer joins only if that tiling
-      still fits with it;
-    - "only-patterns": only what must share a loop: a reduction with the ops that read its
-      result;
-    - "no-fuse": every op is a group of its own.
-    ``strategy`` (max-producers only): "dp" chooses the groups of each run together, by
-    dynamic programming over its contiguous segments of at most ``window`` ops (and each
-    consumer's whole producer chain) for the least estimated time of the run; "greedy" is the
-    seed's pass, one consumer at a time in reverse order, a producer left out only when no
-    tiling of the group fits.
-    ``residency``, ``online``, ``split`` and ``allocation`` are the options the downstream
-    stages will run with: each candidate is judged as it would be compiled."""
-
-    fuse: FuseMode = "max-producers"  # which producers join a consumer's loop (above)
-    strategy: Strategy = "dp"  # "dp": the time-first search over segments; "greedy": the seed's pass
-    window: int = 8  # the DP's longest segment of contiguous ops
-    patience: int = 2  # the DP stops weighing a consumer's segments after this many judged in a row gain nothing
-    residency: bool = True  # judge each candidate with keep_resident's LX copies, as compile will run it
-    online: OnlineOptions = OnlineOptions()  # the online-softmax rewrite the candidates are tiled with
-    split: SplitOptions = SplitOptions()  # the work division each candidate is judged under
-    allocation: AllocationOptions = AllocationOptions()  # the allocation each candidate is judged under
-
-    def __post_init__(self) -> None:
-        require_fields(self, TilingError)
-        if self.fuse not in FUSE_MODES:
-            raise TilingError(f"fuse={self.fuse!r}: use one of {', '.join(FUSE_MODES)}")
-        if self.strategy not in STRATEGIES:
-            raise TilingError(f"strategy={self.strategy!r}: use one of {', '.join(STRATEGIES)}")
-        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
-            raise TilingError(f"window={self.window!r}: the most ops of a segment the search weighs must be an "
-                              f"integer >= 1")
-        if not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 1:
-            raise TilingError(f"patience={self.patience!r}: the segments judged in a row without a gain before the "
-                              f"search stops weighing a consumer's segments must be an integer >= 1")
 
 
 def search_tiling(graph: Graph, machine: Machine, options: SearchOptions = SearchOptions()) -> TilingSearch:
@@ -180,7 +138,7 @@ def _searched(ctx: _Search, hinted: TilingPlan, base: _Compiled | None) -> Place
             return None
         chosen = mine
         if base is not None and mine is not None:
-            records, plan, chosen, note = _corrected(ctx, hinted, base, records, plan, mine)
+            records, plan, chosen, note = _corrected(ctx, hinted, base, records, plan, mine, _records)
         if base is not None and (chosen is None or _whole(base.report) < _whole(chosen.report)):
             note = (f"the searched groups together are estimated at "
                     f"{'a refusal' if chosen is None else f'{chosen.report.time_ns / 1000:.2f} us'}, the hinted "
@@ -213,187 +171,6 @@ def _records(ctx: _Search, hinted: TilingPlan) -> list[GroupSearch]:
     return records
 
 
-def _plan(ctx: _Search, hinted: TilingPlan, records: Sequence[GroupSearch]) -> TilingPlan:
-    """The hinted plan with the tiled groups of ``records`` (``hinted`` itself when none is)."""
-    tiled = tuple(Group(ops=r.ops, levels=r.choice.levels) for r in records if r.choice.levels)
-    if not tiled:
-        return hinted
-    # a searched accumulation's readers run after its loop (loop fission), as _judge compiled them
-    searched = split_at_tiled_reductions(ctx.graph, TilingPlan(order=hinted.order, groups=tiled), ctx.options.online)
-    position = {name: i for i, name in enumerate(searched.order)}
-    groups = sorted(hinted.groups + searched.groups, key=lambda g: position[g.ops[0]])
-    # loop fission may run a pass's ops in another order than the graph's: take its order
-    return TilingPlan(order=searched.order, groups=tuple(groups), warnings=hinted.warnings,
-                      notes=hinted.notes + searched.notes)
-
-
-# How far the whole program's estimate may exceed what the search's groups claim (the hinted
-# program's estimate plus each group's change against its ops there) before the groups are
-# weighed again in the whole program: the claims add changes judged one group at a time, and
-# groups share LX and copies differently together.
-_AGREE = 0.01
-
-
-def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[GroupSearch], plan: TilingPlan,
-               mine: _Compiled) -> tuple[list[GroupSearch], TilingPlan, _Compiled, str]:
-    """The records, plan and compiled program after weighing the groups in the whole program,
-    and a note saying what changed; nothing changes while the whole program is estimated
-    within ``_AGREE`` of what the groups claim and not slower than the hinted plan.
-
-    A group's claim is its estimate alone against its ops untiled in the hinted program. While
-    the whole program does not bear the claims out, each step below runs, and each plan it
-    tries is compiled whole and kept when estimated faster:
-    1. (the dynamic program) the search runs again crediting each segment with its candidate
-       of least change against its ops in the hinted program, where the first pass took the
-       candidate fastest alone (``_in_context``): untiled, a segment is no group and changes
-       nothing, so a tiling that ties with it alone is never credited with what its ops cost
-       more in the whole program (a softmax whose sub spills in the hinted program). The
-       judgements are the memo's; one whole compile.
-    2. Each tiled group in turn gives way to the runner-up the DP weighed for its consumer (the
-       tiled segment of least change besides it), which replaces every group it overlaps:
-       rmsnorm -> matmul over 1,147 rows (8 cores, 128 KiB LX) took [x*x, mean] T:3 and
-       [rsqrt .. matmul] T:3, 345.4 us together, where the runner-up for the matmul, the whole
-       chain T:3, gives 283.2 us.
-    3. The groups are left out one at a time, from the largest part of its claim that is
-       context (its ops cost more in the hinted program than untiled alone: the part the whole
-       program may not bear out) down.
-    Steps 2 and 3 take the groups by kind (``_kinds``: the same group of each repeated block
-    together), at most one whole compile per kind each."""
-    notes: list[str] = []
-
-    def better(trial_records: list[GroupSearch]) -> tuple[TilingPlan, _Compiled] | None:
-        trial_plan = _plan(ctx, hinted, trial_records)
-        if trial_plan.groups == plan.groups:
-            return None
-        trial: _Compiled | None = base
-        if trial_plan is not hinted:
-            ctx.tally["rechecked"] += 1
-            trial = _compiled(ctx.options, ctx.machine, ctx.graph, trial_plan)
-        if trial is None or _whole(trial.report) >= _whole(mine.report):
-            return None
-        notes.append(f"{mine.report.time_ns / 1000:.2f} -> {trial.report.time_ns / 1000:.2f} us")
-        return trial_plan, trial
-
-    current = list(records)
-    if (_disagrees(ctx, base, current, mine) and not ctx.in_context and ctx.options.fuse == "max-producers"
-            and ctx.options.strategy == "dp"):
-        again = _records(replace(ctx, in_context=True), hinted)
-        if (found := better(again)) is not None:
-            (plan, mine), records, current = found, again, list(again)
-            notes[-1] = f"the groups credited in context ({notes[-1]})"
-    # Steps 2 and 3 take the groups by kind (the same segment structure and tiling: the same
-    # group of each repeated block), one whole compile per kind.
-    seen: dict[tuple, tuple] = {}  # a group's kind, canonicalised once however often it is asked
-    for kind in dict.fromkeys(_kinds(ctx, current, seen).values()):
-        if not _disagrees(ctx, base, current, mine):
-            break
-        swaps: list[tuple[GroupSearch, Alternative]] = []
-        for k, key in _kinds(ctx, current, seen).items():
-            if key == kind:
-                r = current[k]
-                tiled = [a for a in r.alternatives if a.choice is not None and a.choice.levels and a.ops != r.ops
-                         and a.choice.verdict != "refused"]
-                if tiled:
-                    swaps.append((r, min(tiled, key=lambda a: a.change_ns)))
-        if not swaps:
-            continue
-        taken = {o for _, alt in swaps for o in alt.ops}
-        trial_records = [g for g in current if not set(g.ops) & taken] + [
-            GroupSearch(consumer=r.consumer, ops=alt.ops, candidates=(alt.choice,), chosen=0)
-            for r, alt in swaps if alt.choice is not None]
-        if (found := better(trial_records)) is not None:
-            (plan, mine), current = found, trial_records
-            r, alt = swaps[0]
-            assert alt.choice is not None
-            notes[-1] = (f"{_short(alt.ops)} {_levels_text(alt.choice.levels)} for {_short(r.ops)}"
-                         f"{f' and {len(swaps) - 1} alike' if len(swaps) > 1 else ''} ({notes[-1]})")
-    claims = _claims(ctx, current)
-    kinds = _kinds(ctx, current, seen)
-    context: dict[tuple, float] = {}
-    gain: dict[tuple, float] = {}
-    for k, kind in kinds.items():
-        in_place = _in_place(ctx, current[k].ops)[0]
-        alone = next((c.time_ns for c in current[k].candidates if not c.levels and c.verdict != "refused"), in_place)
-        context[kind] = max(context.get(kind, -math.inf), in_place - alone)
-        gain[kind] = gain.get(kind, 0.0) + claims[k]
-    kept = set(claims)
-    for kind in sorted(context, key=lambda kind: (-context[kind], gain[kind])):
-        if not _disagrees(ctx, base, [current[i] for i in kept], mine):
-            break
-        out = {k for k in kept if kinds[k] == kind}
-        if (found := better([g for i, g in enumerate(current) if i in kept - out])) is not None:
-            (plan, mine) = found
-            kept -= out
-            first = current[min(out)]
-            notes[-1] = (f"left out {_short(first.ops)} {_levels_text(first.choice.levels)}"
-                         f"{f' and {len(out) - 1} alike' if len(out) > 1 else ''} ({notes[-1]})")
-    note = f"the whole program did not bear out the groups' claims: {'; '.join(notes)}" if notes else ""
-    return records, plan, mine, note
-
-
-def _kinds(ctx: _Search, records: Sequence[GroupSearch], seen: dict[tuple, tuple]) -> dict[int, tuple]:
-    """index -> the kind of each tiled record: its segment's structure (``_structure``) and its
-    levels on the segment's canonical dims, the same for the same group of each repeated block.
-    ``seen`` remembers each group's kind (by its ops and levels): the correction asks again per
-    kind, and canonicalising every group each time was quadratic in the groups."""
-    out: dict[int, tuple] = {}
-    for k, r in enumerate(records):
-        if r.choice.levels:
-            key = (r.ops, r.choice.levels)
-            if key not in seen:
-                canon, names = _canonical(_subgraph(ctx, r.ops))
-                dims = {real: c for c, real in names.items()}
-                seen[key] = (_structure(canon), tuple((lv.count, tuple(dims.get(d, d) for d in lv.dims))
-                                                      for lv in r.choice.levels))
-            out[k] = seen[key]
-    return out
-
-
-def _claims(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, float]:
-    """index -> what each tiled record claims to change against its ops in the hinted program."""
-    return {k: r.choice.time_ns - _in_place(ctx, r.ops)[0] for k, r in enumerate(records) if r.choice.levels}
-
-
-def _disagrees(ctx: _Search, base: _Compiled, records: Sequence[GroupSearch], mine: _Compiled) -> bool:
-    """Whether the whole program ``mine`` is estimated slower than the hinted one, or slower by
-    more than ``_AGREE`` than the hinted one changed by every claim of ``records``."""
-    predicted = base.report.time_ns + sum(_claims(ctx, records).values())
-    return _whole(mine.report) > _whole(base.report) or mine.report.time_ns > predicted * (1 + _AGREE)
-
-
-def _short(ops: Sequence[str]) -> str:
-    return ops[0] if len(ops) == 1 else f"{ops[0]}..{ops[-1]}"
-
-
-def _levels_text(levels: Sequence[Level]) -> str:
-    return " x ".join(f"{'/'.join(lv.dims)}:{lv.count}" for lv in levels)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Compiled:
-    tree: LoopTree
-    placed: Residency
-    report: TrafficReport
-
-
-def _compiled(options: SearchOptions, machine: Machine, graph: Graph, plan: TilingPlan) -> _Compiled | None:
-    """The whole graph compiled under ``plan`` as the pipeline compiles it (None: refused)."""
-    try:
-        tree = tile(graph, plan, options.online)
-        placed = place_copies(tree, machine, ResidencyOptions(
-            enabled=options.residency, split=options.split, allocation=options.allocation))
-        # the program compile would hand on: a plan whose program its verifier refuses is refused
-        # (remembered as verified: the pipeline's check of the program handed on is then free)
-        verified(verify_program, placed.program)
-    except FspyreError:
-        return None
-    return _Compiled(tree=tree, placed=placed, report=placed.report or traffic_report(placed.program))
-
-
-def _whole(report: TrafficReport) -> tuple[float, int]:
-    return round(report.time_ns, 6), report.hbm_bytes
-
-
 def _alone(base: _Compiled | None, graph: Graph) -> dict[str, tuple[float, int]]:
     """op -> (estimated time, HBM bytes) of each op that is a kernel of its own in the program
     ``base`` (the hinted plan's): what an op left untiled costs in the program as a whole,
@@ -422,29 +199,6 @@ def _alone(base: _Compiled | None, graph: Graph) -> dict[str, tuple[float, int]]
             t, b = out.pop(node.name)
             out[reader] = (out[reader][0] + t, out[reader][1] + b)
     return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Search:
-    graph: Graph
-    machine: Machine
-    options: SearchOptions
-    ops: Mapping[str, Op]
-    buffers: Mapping[str, Buffer]
-    readers: Mapping[str, tuple[str, ...]]
-    outputs: frozenset[str]
-    # The judgements of one search_tiling call, by structural key (``_structure``): a segment
-    # repeated elsewhere in the graph (the next transformer block) is solved once.
-    memo: dict[tuple, GroupSearch] = field(default_factory=dict)
-    # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
-    untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
-    tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused
-    # verify each candidate's program, division and allocation: only when the program of the
-    # plan found without it was refused
-    verify: bool = False
-    # credit each DP segment with its candidate of least change in the hinted program
-    # (``_in_context``): the second pass, when the whole program disagrees with the first
-    in_context: bool = False
 
 
 def _readers(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -710,15 +464,6 @@ def _add(prefix: _Cost, cand: Candidate, untiled: tuple[float, int]) -> _Cost:
             prefix[2] + cand.iterations)
 
 
-def _in_place(ctx: _Search, members: Sequence[str]) -> tuple[float, int]:
-    """What ``members`` cost untiled in the hinted program as a whole."""
-    t, b = 0.0, 0
-    for m in members:
-        mt, mb = ctx.untiled.get(m, (0.0, 0))
-        t, b = t + mt, b + mb
-    return t, b
-
-
 def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> list[int]:
     """The starts j of the segments ``run[j:i+1]`` of at most ``window`` ops ending at the
     consumer ``run[i]`` in which every other op writes something a later op of the segment
@@ -930,72 +675,6 @@ def _solve_headed(ctx: _Search, members: Sequence[str], tiled: int, levels: tupl
     else:
         ctx.tally["reused"] += 1
     return _renamed(hit, names).choice
-
-
-_CANON = re.compile(r"(?<![A-Za-z0-9])_[bod]\d+_")
-
-
-def _canonical(sub: Graph) -> tuple[Graph, dict[str, str]]:
-    """``sub`` with its buffers named ``_b0_, _b1_, ...``, its ops ``_o0_, ...`` and its dims
-    ``_d0_, ...`` in order of appearance (a captured model names dims after its layers'
-    parameters), and the map back to the real names."""
-    rename = {b.name: f"_b{k}_" for k, b in enumerate(sub.buffers)}
-    ops = {op.name: f"_o{k}_" for k, op in enumerate(sub.ops)}
-    dims: dict[str, str] = {}
-    for b in sub.buffers:
-        for d in b.type.dims:
-            dims.setdefault(d.name, f"_d{len(dims)}_")
-    for op in sub.ops:
-        for d in iteration_dims(op):
-            dims.setdefault(d.name, f"_d{len(dims)}_")
-    symbols = {sym(n): sym(c) for n, c in dims.items()}
-
-    def dim(d: Dim) -> Dim:
-        return Dim(dims[d.name], d.size)
-
-    def btype(t: TensorType) -> TensorType:
-        return replace(t, dims=tuple(dim(d) for d in t.dims))
-
-    def operand(o: Load | Scalar) -> Load | Scalar:
-        return replace(o, buffer=rename[o.buffer], index=o.index.xreplace(symbols)) if isinstance(o, Load) else o
-
-    def op_of(op: Op) -> Op:
-        store = replace(op.store, buffer=rename[op.store.buffer], index=op.store.index.xreplace(symbols))
-        new = replace(op, name=ops[op.name], store=store, ranges=tuple(dim(d) for d in op.ranges),
-                      operands=tuple(operand(o) for o in op.operands))  # type: ignore[misc]
-        if isinstance(new, Reduction):
-            new = replace(new, reduction_ranges=tuple(dim(d) for d in new.reduction_ranges))
-        return new
-
-    def scope(h: HintScope) -> HintScope:
-        return replace(h, slices=FrozenMap({dims.get(k, k): v for k, v in h.slices.items()}),
-                       work_div=FrozenMap({dims.get(k, k): v for k, v in h.work_div.items()}))
-
-    canon = Graph(name=sub.name, buffers=tuple(Buffer(name=rename[b.name], type=btype(b.type)) for b in sub.buffers),
-                  inputs=tuple(rename[n] for n in sub.inputs), ops=tuple(op_of(op) for op in sub.ops),
-                  outputs=tuple(Output(name=rename[o.buffer], buffer=rename[o.buffer]) for o in sub.outputs),
-                  hints=tuple(scope(h) for h in sub.hints))
-    back = {v: k for k, v in rename.items()} | {v: k for k, v in ops.items()} | {v: k for k, v in dims.items()}
-    return canon, back
-
-
-def _structure(canon: Graph) -> tuple:
-    """What a judgement depends on: the ops (kinds, fns, shapes, index expressions, hint
-    scopes), the buffers' types, which are inputs and outputs; the machine and options are
-    those of the whole search."""
-    return (canon.buffers, canon.inputs, canon.ops, canon.outputs, canon.hints)
-
-
-def _renamed(record: GroupSearch, names: Mapping[str, str]) -> GroupSearch:
-    def real(text: str) -> str:
-        return _CANON.sub(lambda m: names.get(m.group(0), m.group(0)), text)
-
-    def candidate(c: Candidate) -> Candidate:
-        levels = tuple(replace(lv, dims=tuple(names.get(d, d) for d in lv.dims)) for lv in c.levels)
-        return replace(c, levels=levels, reason=real(c.reason))
-
-    return replace(record, consumer=names[record.consumer], ops=tuple(names[o] for o in record.ops),
-                   candidates=tuple(candidate(c) for c in record.candidates))
 
 
 def _fusable(ctx: _Search, run: Sequence[str], i: int) -> list[str]:
@@ -1443,27 +1122,3 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
         reason = f"{spilled[0]}{_IN_HBM}" + (f" ({placement.reason})" if placement.reason else "")
     return Candidate(levels=levels, verdict="spills" if spilled else "fits", reason=reason,
                      time_ns=report.time_ns, hbm_bytes=report.hbm_bytes)
-
-
-def _subgraph(ctx: _Search, members: Sequence[str]) -> Graph:
-    """The group's ops as a graph of their own: what they read from outside is an input, what
-    they write that is read outside (or is a graph output) is an output."""
-    inside = set(members)
-    written: set[str] = set()
-    inputs: list[str] = []
-    outputs: list[str] = []
-    for name in members:
-        op = ctx.ops[name]
-        for ld in op.loads:
-            if ld.buffer not in written and ld.buffer not in inputs:
-                inputs.append(ld.buffer)
-        written.add(op.store.buffer)
-        buf = op.store.buffer
-        if buf in ctx.outputs or any(r not in inside for r in ctx.readers.get(buf, ())):
-            outputs.append(buf)
-    names = inputs + [ctx.ops[m].store.buffer for m in members]
-    return Graph(
-        name=ctx.graph.name, buffers=tuple(ctx.buffers[n] for n in names), inputs=tuple(inputs),
-        ops=tuple(ctx.ops[m] for m in members), outputs=tuple(Output(name=b, buffer=b) for b in outputs),
-        hints=ctx.graph.hints,
-    )

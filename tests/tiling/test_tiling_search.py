@@ -14,6 +14,7 @@ from workloads import add_mul, softmax
 
 import fspyre
 from fspyre.errors import TilingError
+from fspyre.ir.kinds import FUSE_MODES
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.ir.serialize import dumps, loads
 from fspyre.machine.memcheck import check_memory
@@ -22,7 +23,7 @@ from fspyre.machine.spyre import Machine, spyre
 from fspyre.pretty import pretty
 from fspyre.stages import tiling_search
 from fspyre.stages.tiling_plan import split_at_tiled_reductions
-from fspyre.stages.tiling_search import FUSE_MODES, SearchOptions, search_tiling, segment_bound, segment_floor
+from fspyre.stages.tiling_search import SearchOptions, search_tiling, segment_bound, segment_floor
 from fspyre.testing import examples, inputs_for, programs
 from fspyre.testing.hints import legal_hint_nests
 from fspyre.testing.machines import core_counts, lx_capacities
@@ -79,7 +80,9 @@ def test_a_plan_whose_program_the_verifier_refuses_is_searched_again_verifying_e
     graph = add_mul(256, 1024, tiled=False)
     unverified = search_tiling(graph, SMALL_LX)
     assert any(g.choice.levels for g in unverified.groups)  # the row tiling, as the first test finds
+    # the candidates' verifier (tiling_search) and the whole plan's (search_context)
     monkeypatch.setattr(tiling_search, "verify_program", refuse_loops)
+    monkeypatch.setattr("fspyre.stages.search_context.verify_program", refuse_loops)
     search = search_tiling(graph, SMALL_LX)
     assert not search.plan.groups and not any(g.choice.levels for g in search.groups)
     assert all(c.verdict == "refused" for g in search.groups for c in g.candidates if c.levels)
