@@ -21,6 +21,7 @@ from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffe
 from fspyre.ir.plans import OpSplit, SplitPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.indexing import free_names
+from fspyre.machine.report import TrafficReport
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import allocate
@@ -92,9 +93,12 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
                everything: Mapping[str, FrozenMap[str, int]], whole: Trial | None, machine: Machine,
                options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
     """``chosen`` with the parts each kernel keeps when it takes them one at a time, in
-    program order, keeping those that make it faster (the kernels of a trial are those of
-    ``chosen``: divisions change no kernel boundary). None when it keeps none."""
+    program order, keeping those that make it faster. None when it keeps none. A trial whose
+    divisions change the kernels' boundaries (a reader that now splits a reduction ends its
+    kernel elsewhere) has no kernel to compare with ``chosen``'s: none of its parts is kept
+    (all of them together are judged by ``aligned``)."""
     kernel_of = {o.name: o.kernel for o in judge.report(chosen).ops}
+    members = _kernel_members(judge.report(chosen))
     queues: dict[int, list[Mapping[str, FrozenMap[str, int]]]] = {}
     for part in parts:
         queues.setdefault(kernel_of[next(iter(part))], []).append(part)
@@ -105,8 +109,8 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
         tried = {k: q[depth] for k, q in queues.items() if depth < len(q)}
         proposal = {**kept, **{name: split for part in tried.values() for name, split in part.items()}}
         trial = whole if proposal == everything else _aligned_trial(tree, chosen, proposal, machine, options)
-        if trial is None:
-            continue  # refused together: none of this round's parts is kept
+        if trial is None or _kernel_members(judge.report(trial)) != members:
+            continue  # refused together, or other kernels: none of this round's parts is kept
         now = {k.index: k.time_ns for k in judge.report(trial).kernels}
         faster = [k for k in tried if now[k] < times[k]]
         for k in faster:
@@ -119,6 +123,14 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
     if not kept:
         return None
     return last if last is not None else _aligned_trial(tree, chosen, kept, machine, options)
+
+
+def _kernel_members(report: TrafficReport) -> dict[int, frozenset[str]]:
+    """kernel index -> the ops it runs."""
+    out: dict[int, set[str]] = {}
+    for o in report.ops:
+        out.setdefault(o.kernel, set()).add(o.name)
+    return {k: frozenset(names) for k, names in out.items()}
 
 
 def _aligned_trial(tree: LoopTree, chosen: Trial, proposal: Mapping[str, FrozenMap[str, int]], machine: Machine,

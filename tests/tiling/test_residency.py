@@ -480,3 +480,43 @@ def test_loops_with_a_peeled_tail_copy_their_own_re_reads():
     assert check_memory(comp.program).clean
     report = fspyre.check(graph, machine=machine, comp=comp)
     assert report.equal, str(report)
+
+
+def test_a_reader_division_that_moves_a_kernel_boundary_keeps_none_of_its_parts():
+    """A residual add, an RMSNorm and a SwiGLU MLP (fp32 T=65 D=128 F=352) in one group over
+    the hidden dim F (11 accumulation steps), 10 cores, 96 KiB: the readers that take their
+    producer's slices, one kernel at a time, gave a trial whose kernels are not those of the
+    plan it came from (a reader splitting a reduction ends its kernel elsewhere), and the
+    kernel-by-kernel comparison raised a raw KeyError (an independent audit's enumeration hit
+    it). Such a trial keeps none of its parts; the program runs equal and memory-clean."""
+    import torch
+
+    from fspyre.frontend import from_torch
+    from fspyre.stages.online_softmax import OnlineOptions
+    from fspyre.stages.tiling_plan import split_at_tiled_reductions
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(128))
+            self.gate = torch.nn.Linear(128, 352, bias=False)
+            self.up = torch.nn.Linear(128, 352, bias=False)
+            self.down = torch.nn.Linear(352, 128, bias=False)
+
+        def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+            h = x + r
+            n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+            return h + self.down(torch.nn.functional.silu(self.gate(n)) * self.up(n))
+
+    torch.manual_seed(0)
+    graph = from_torch(Block().eval(), (torch.randn(1, 65, 128), torch.randn(1, 65, 128)))
+    ops = tuple(op.name for op in graph.ops)
+    gate = next(op for op in graph.ops if op.fn == "matmul").ranges[-1]
+    hidden = gate.name
+    assert gate.size == 352
+    plan = split_at_tiled_reductions(graph, TilingPlan(order=ops, groups=(
+        Group(ops=ops, levels=(Level(count=11, dims=(hidden,), source="test"),)),)), OnlineOptions())
+    machine = spyre(cores=10, lx_bytes=96 * 1024)
+    comp = fspyre.compile(graph, machine, tiling=plan)
+    report = fspyre.check(graph, machine=machine, comp=comp)
+    assert report.equal and report.safe, str(report)
