@@ -844,13 +844,15 @@ def _floor(ctx: _Search, members: Sequence[str]) -> Floor:
 
 
 def _store_bytes(ctx: _Search, op: Op) -> int:
-    """The least HBM bytes ``op``'s store writes: its buffer's device bytes, or for a region
-    of a buffer several ops write (``store_region``), the region's elements unpadded."""
+    """The least HBM bytes ``op``'s store writes: its buffer's device bytes, or where it
+    writes a region of the buffer short of the whole axis (``store_region``: a piece of a
+    concatenation), the region's elements unpadded."""
     btype = ctx.buffers[op.store.buffer].type
-    if all(r.name == d.name and r.size == d.size for r, d in zip(op.ranges, btype.dims)) or store_region(
-            op, btype.dims) is None:
-        return _device_bytes(ctx, op.store.buffer)
-    return math.prod(int(r.size) for r in op.ranges) * FORMATS[ctx.machine.device_format(btype.dtype)].nbytes
+    sizes, whole = [r.size for r in op.ranges], [d.size for d in btype.dims]
+    if (len(sizes) == len(whole) and all(isinstance(n, int) for n in sizes + whole)
+            and any(n < m for n, m in zip(sizes, whole)) and store_region(op, btype.dims) is not None):
+        return math.prod(sizes) * FORMATS[ctx.machine.device_format(btype.dtype)].nbytes
+    return _device_bytes(ctx, op.store.buffer)
 
 
 def _compute_floor(ctx: _Search, members: Sequence[str]) -> float:
