@@ -736,8 +736,9 @@ def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> li
     it can stay in LX, and every longer segment holds it. Ops that share only a buffer
     written outside the segment are not connected by it (such a group saves none of that
     buffer's HBM traffic). A union-find over the segment's ops, joining an op to the readers
-    of what it writes, tells a segment whose branches are not yet connected to the rest
-    (their intermediate's writer is further back). At most ``window`` ops: linear in the run
+    of what it writes (and to the other pieces of a concatenation it writes a piece of),
+    tells a segment whose branches are not yet connected to the rest (their intermediate's
+    writer is further back). At most ``window`` ops: linear in the run
     for a bounded window."""
     starts = [i]
     parent = list(range(window))  # union-find over the segment's ops, by distance from i
