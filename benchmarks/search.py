@@ -24,8 +24,9 @@ sigmoid, directly or each through a neg, on the default machine and on small one
 over 50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, a silu MLP on 3
 cores whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and
 1,147 rows, and a softmax on 12 cores with 2 MiB LX, where the groups judged alone do not add up
-in the whole program). The enumeration's score is a sum over groups, as the search's is, so
-where the whole program's correction finds a plan that sum misses auto's gap is negative.
+in the whole program, and a product reading a concatenation of two computed pieces). The
+enumeration's score is a sum over groups, as the search's is, so where the whole program's
+correction finds a plan that sum misses auto's gap is negative.
 `none` and the hints are printed beside: auto must not be estimated slower than either.
 
 Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
@@ -208,6 +209,16 @@ def gqa(groups: int = 2, heads: int = 4, seq: int = 197, embed: int = 64) -> Gra
     return g.build()
 
 
+def concat_product(rows: int = 2049) -> Graph:
+    """y = concat([exp(a), -b], columns) * w, fp16: the pieces' producers, a copy per piece,
+    and a product that reads the whole result."""
+    g = fspyre.GraphBuilder("concat_product")
+    g.dim("R", rows), g.dim("C1", 256), g.dim("C2", 192), g.dim("C", 448)
+    pieces = [g.exp(g.input("a", ["R", "C1"], "float16")), g.neg(g.input("b", ["R", "C2"], "float16"))]
+    g.output("y", g.mul(g.concat(pieces, 1, ["R", "C"]), g.input("w", ["R", "C"], "float16")))
+    return g.build()
+
+
 def gallery() -> list[tuple[str, Graph, Graph, Machine]]:
     """The gallery (examples/*.py) at its default sizes and at benchmarks/tiling.py's large ones."""
     from tiling import LARGE
@@ -263,6 +274,9 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
     out.append(("x * sigmoid(x) fp32 [10007, 64], 13 cores 64 KiB", silu(10007, 64), silu(10007, 64),
                 spyre(cores=13, lx_bytes=64 * 1024)))
     out.append(("GQA attention fp16 S=197, 16 cores 128 KiB", gqa(), gqa(), spyre(cores=16, lx_bytes=128 * 1024)))
+    # a concatenation's two pieces, one result only once both are written (a buffer of regions)
+    out.append(("concat([exp(a), -b]) * w fp16 [2049, 448], 4 cores 32 KiB", concat_product(), concat_product(),
+                spyre(cores=4, lx_bytes=32 * 1024)))
     return out
 
 

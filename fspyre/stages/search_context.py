@@ -165,9 +165,12 @@ def _in_place(ctx: _Search, members: Sequence[str]) -> tuple[float, int]:
 
 def _subgraph(ctx: _Search, members: Sequence[str]) -> Graph:
     """The group's ops as a graph of their own: what they read from outside is an input, what
-    they write that is read outside (or is a graph output) is an output."""
+    they write that is read outside (or is a graph output) is an output. A buffer several of
+    them write (the regions of a concatenation) is one buffer and one output: listed once per
+    writer, the subgraph was refused ("duplicate buffer names") and no segment holding two
+    pieces of a concatenation was ever weighed."""
     inside = set(members)
-    written: set[str] = set()
+    written: dict[str, None] = {}  # in order of their first writer
     inputs: list[str] = []
     outputs: list[str] = []
     for name in members:
@@ -175,11 +178,13 @@ def _subgraph(ctx: _Search, members: Sequence[str]) -> Graph:
         for ld in op.loads:
             if ld.buffer not in written and ld.buffer not in inputs:
                 inputs.append(ld.buffer)
-        written.add(op.store.buffer)
         buf = op.store.buffer
+        if buf in written:
+            continue
+        written[buf] = None
         if buf in ctx.outputs or any(r not in inside for r in ctx.readers.get(buf, ())):
             outputs.append(buf)
-    names = inputs + [ctx.ops[m].store.buffer for m in members]
+    names = inputs + list(written)
     return Graph(
         name=ctx.graph.name, buffers=tuple(ctx.buffers[n] for n in names), inputs=tuple(inputs),
         ops=tuple(ctx.ops[m] for m in members), outputs=tuple(Output(name=b, buffer=b) for b in outputs),
