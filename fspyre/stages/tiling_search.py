@@ -67,7 +67,6 @@ from fspyre.ir.graph import (
 from fspyre.ir.kinds import FUSE_MODES, FuseMode
 from fspyre.ir.looptree import LoopTree, op_nodes
 from fspyre.ir.plans import Alternative, Candidate, Group, GroupSearch, Level, TilingPlan, TilingSearch
-from fspyre.ir.report import KernelEstimate
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.layout import stick_layout
 from fspyre.machine.report import TrafficReport, traffic_report
@@ -292,8 +291,7 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
         for k, key in _kinds(ctx, current, seen).items():
             if key == kind:
                 r = current[k]
-                tiled = [a for a in r.alternatives if a.choice is not None and a.choice.levels and a.ops != r.ops
-                         and a.choice.verdict != "refused"]
+                tiled = _runner_ups(ctx, r)
                 if tiled:
                     swaps.append((r, min(tiled, key=lambda a: a.change_ns)))
         if not swaps:
@@ -330,6 +328,30 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
                          f"{f' and {len(out) - 1} alike' if len(out) > 1 else ''} ({notes[-1]})")
     note = f"the whole program did not bear out the groups' claims: {'; '.join(notes)}" if notes else ""
     return records, plan, mine, note
+
+
+def _runner_ups(ctx: _Search, record: GroupSearch) -> list[Alternative]:
+    """The tiled segments besides ``record``'s group that the DP weighed for its consumer, and
+    the one it screened with the least bound when that bound beats their best change: judged
+    now (from the memo when it was solved elsewhere). The screening trusted the claims the
+    whole program has just not borne out: logsumexp fp16 x[129, 3000] on 8 cores and 64 KiB
+    took [amax .. sum] C:2 (claimed -28.26 us, 12.29 us as a whole), which screened
+    [sub, exp, sum] by its bound (-27.86); judged, R:2 claims -27.82 and is 11.33 us as a
+    whole with the amax untiled. (The claim was off by the amax's share of the read/write
+    turnaround of the untiled sub's and exp's writes: docs/tiling.md, "Why auto missed a
+    plan".)"""
+    tiled = [a for a in record.alternatives if a.choice is not None and a.choice.levels and a.ops != record.ops
+             and a.choice.verdict != "refused"]
+    best = min((a.change_ns for a in tiled), default=math.inf)
+    screened = [a for a in record.alternatives if a.choice is None and a.ops != record.ops and a.bound_ns < best]
+    if screened:
+        alt = min(screened, key=lambda a: (a.bound_ns, -len(a.ops)))
+        choice = _solve(ctx, alt.ops).choice
+        if choice.levels and choice.verdict != "refused":
+            in_place = _in_place(ctx, alt.ops)
+            before = alt.bound_ns - (_bound(ctx, alt.ops) - in_place[0])  # the run's best change before it
+            tiled.append(replace(alt, choice=choice, change_ns=_add((before, 0, 0), choice, in_place)[0]))
+    return tiled
 
 
 def _kinds(ctx: _Search, records: Sequence[GroupSearch], seen: dict[tuple, tuple]) -> dict[int, tuple]:
@@ -411,8 +433,7 @@ def _alone(base: _Compiled | None, graph: Graph) -> dict[str, tuple[float, int]]
     for o in report.ops:
         ops.setdefault(o.kernel, []).append(o.name)
     hbm = {o.name: o.hbm_read + o.hbm_write for o in report.ops}
-    out = {names[0]: (_marginal_ns(report, k), hbm[names[0]])
-           for k in report.kernels if len(names := ops[k.index]) == 1}
+    out = {names[0]: (k.time_ns, hbm[names[0]]) for k in report.kernels if len(names := ops[k.index]) == 1}
     nodes = op_nodes(base.placed.tree)
     graph_ops = {op.name for op in graph.ops}
     for node in nodes:
@@ -424,28 +445,6 @@ def _alone(base: _Compiled | None, graph: Graph) -> dict[str, tuple[float, int]]
             t, b = out.pop(node.name)
             out[reader] = (out[reader][0] + t, out[reader][1] + b)
     return out
-
-
-def _marginal_ns(report: TrafficReport, kernel: KernelEstimate) -> float:
-    """``kernel``'s time in ``report`` with the read/write turnaround charged to the bytes
-    that cause it. The report charges the program's turnaround, ``c min(R, W)``, to every
-    kernel by its share of the bytes, so a kernel that only reads is charged for the writes
-    of others: what an op costs in place then falls when another group stops writing, which
-    a segment's score (its candidate alone against its ops in place) credits to any segment
-    holding that op. Charged by the program's lesser side (its writes, as a rule), an op's
-    cost is what removing its bytes saves, the sum over kernels is unchanged where memory
-    bound, and a candidate compiled alone (whose lesser side is its writes too) is charged
-    the same way: logsumexp fp16 x[129, 3000] on 8 cores and 64 KiB, whose untiled sub and
-    exp write 1.55 MB to HBM, charged the amax that only reads x 1.50 of its 6.67 us, so
-    [amax .. sum] C:2 scored 0.4 us better than [sub, exp, sum] R:2 with the amax untiled,
-    which is 1.0 us faster as a whole (docs/tiling.md, "Why auto missed a plan")."""
-    reads = sum(k.hbm_read for k in report.kernels)
-    writes = sum(k.hbm_write for k in report.kernels)
-    if not reads + writes:
-        return kernel.time_ns
-    shared = HBM_TURNAROUND_NS_PER_BYTE * min(reads, writes) / (reads + writes) * (kernel.hbm_read + kernel.hbm_write)
-    own = HBM_TURNAROUND_NS_PER_BYTE * (kernel.hbm_write if writes <= reads else kernel.hbm_read)
-    return max(kernel.memory_ns - shared + own, kernel.compute_ns) + kernel.split_ns
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
