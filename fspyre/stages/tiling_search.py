@@ -250,7 +250,8 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
        more in the whole program (a softmax whose sub spills in the hinted program). The
        judgements are the memo's; one whole compile.
     2. Each tiled group in turn gives way to the runner-up the DP weighed for its consumer (the
-       tiled segment of least change besides it), which replaces every group it overlaps:
+       tiled segment of least change besides it, or the one it screened with the least bound,
+       judged then: ``_runner_ups``), which replaces every group it overlaps:
        rmsnorm -> matmul over 1,147 rows (8 cores, 128 KiB LX) took [x*x, mean] T:3 and
        [rsqrt .. matmul] T:3, 345.4 us together, where the runner-up for the matmul, the whole
        chain T:3, gives 283.2 us.
