@@ -250,8 +250,9 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
        more in the whole program (a softmax whose sub spills in the hinted program). The
        judgements are the memo's; one whole compile.
     2. Each tiled group in turn gives way to the runner-up the DP weighed for its consumer (the
-       tiled segment of least change besides it, or the one it screened with the least bound,
-       judged then: ``_runner_ups``), which replaces every group it overlaps:
+       tiled segment of least change besides it; when it judged none, the segment inside the
+       group it screened with the least bound, judged then: ``_runner_ups``), which replaces
+       every group it overlaps:
        rmsnorm -> matmul over 1,147 rows (8 cores, 128 KiB LX) took [x*x, mean] T:3 and
        [rsqrt .. matmul] T:3, 345.4 us together, where the runner-up for the matmul, the whole
        chain T:3, gives 283.2 us.
@@ -332,21 +333,22 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
 
 
 def _runner_ups(ctx: _Search, record: GroupSearch) -> list[Alternative]:
-    """The tiled segments besides ``record``'s group that the DP weighed for its consumer, and
-    the one it screened with the least bound when that bound beats their best change: judged
-    now (from the memo when it was solved elsewhere). The screening trusted the claims the
-    whole program has just not borne out: logsumexp fp16 x[129, 3000] on 8 cores and 64 KiB
-    took [amax .. sum] C:2 (claimed -28.26 us, 12.29 us as a whole), which screened
-    [sub, exp, sum] by its bound (-27.86); judged, R:2 claims -27.82 and is 11.33 us as a
-    whole with the amax untiled. (The claim was off by the amax's share of the read/write
-    turnaround of the untiled sub's and exp's writes: docs/tiling.md, "Why auto missed a
-    plan".)"""
+    """The tiled segments besides ``record``'s group that the DP weighed for its consumer; when
+    it judged none, the segment inside the group (its consumer and the ops nearest it) that it
+    screened with the least bound, judged now (from the memo when solved elsewhere). The
+    screening trusted the claims the whole program has just not borne out: logsumexp fp16
+    x[129, 3000] on 8 cores and 64 KiB took [amax .. sum] C:2 (claimed -28.26 us, 12.29 us as
+    a whole), which screened [sub, exp, sum] by its bound (-27.86); judged, R:2 claims -27.82
+    and is 11.33 us as a whole with the amax untiled (the claims were off by the amax's share
+    of the untiled sub's and exp's read/write turnaround: docs/tiling.md, "Why auto missed a
+    plan"). Only inside the group: a longer segment swapped in for a block's lone projection
+    S:2 (S=128, D=256, F=688, 4 cores, 128 KiB) led the correction to a plan slower than the
+    hinted one, where leaving groups out finds 32.73 us against 33.00."""
     tiled = [a for a in record.alternatives if a.choice is not None and a.choice.levels and a.ops != record.ops
              and a.choice.verdict != "refused"]
-    best = min((a.change_ns for a in tiled), default=math.inf)
-    screened = [a for a in record.alternatives if a.choice is None and a.ops != record.ops and a.bound_ns < best]
-    if screened:
-        alt = min(screened, key=lambda a: (a.bound_ns, -len(a.ops)))
+    inside = [a for a in record.alternatives if a.choice is None and set(a.ops) < set(record.ops)]
+    if inside and not tiled:
+        alt = min(inside, key=lambda a: (a.bound_ns, -len(a.ops)))
         choice = _solve(ctx, alt.ops).choice
         if choice.levels and choice.verdict != "refused":
             in_place = _in_place(ctx, alt.ops)
