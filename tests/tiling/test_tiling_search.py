@@ -712,7 +712,7 @@ def test_a_screened_segment_is_a_runner_up_when_the_whole_program_disagrees(rows
     # turnaround: 12.29 us as a whole against 11.33 for [sub, exp, sum] R:2 with the amax
     # untiled (+8.5 %; over 2,000 columns 8.73 against 8.02 us, +8.7 %; over 6,000 on 128 KiB
     # 22.56 against 21.67, +4.1 %). The correction had no runner-up to swap in; it now judges
-    # the screened segment of least bound.
+    # the segment inside the group that the DP screened with the least bound.
     graph = logsumexp(rows, cols)
     ops = tuple(op.name for op in graph.ops)
     rows_r2 = split_at_tiled_reductions(graph, TilingPlan(order=ops, groups=(
