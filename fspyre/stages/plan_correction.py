@@ -30,7 +30,8 @@ _AGREE = 0.01
 
 
 def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[GroupSearch], plan: TilingPlan,
-               mine: _Compiled, search: Callable[[_Search, TilingPlan], list[GroupSearch]]
+               mine: _Compiled, search: Callable[[_Search, TilingPlan], list[GroupSearch]],
+               runner_ups: Callable[[_Search, GroupSearch], list[Alternative]]
                ) -> tuple[list[GroupSearch], TilingPlan, _Compiled, str]:
     """The records, plan and compiled program after weighing the groups in the whole program,
     and a note saying what changed; nothing changes while the whole program is estimated
@@ -46,7 +47,9 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
        more in the whole program (a softmax whose sub spills in the hinted program). The
        judgements are the memo's; one whole compile.
     2. Each tiled group in turn gives way to the runner-up the DP weighed for its consumer (the
-       tiled segment of least change besides it), which replaces every group it overlaps:
+       tiled segment of least change besides it; when it judged none, the segment inside the
+       group it screened with the least bound, judged then: ``runner_ups``, the search's
+       ``_runner_ups``), which replaces every group it overlaps:
        rmsnorm -> matmul over 1,147 rows (8 cores, 128 KiB LX) took [x*x, mean] T:3 and
        [rsqrt .. matmul] T:3, 345.4 us together, where the runner-up for the matmul, the whole
        chain T:3, gives 283.2 us.
@@ -87,8 +90,7 @@ def _corrected(ctx: _Search, hinted: TilingPlan, base: _Compiled, records: list[
         for k, key in _kinds(ctx, current, seen).items():
             if key == kind:
                 r = current[k]
-                tiled = [a for a in r.alternatives if a.choice is not None and a.choice.levels and a.ops != r.ops
-                         and a.choice.verdict != "refused"]
+                tiled = runner_ups(ctx, r)
                 if tiled:
                     swaps.append((r, min(tiled, key=lambda a: a.change_ns)))
         if not swaps:
