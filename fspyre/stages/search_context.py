@@ -106,6 +106,8 @@ class _Search:
     memo: dict[tuple, GroupSearch] = field(default_factory=dict)
     # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
     untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    # (in_context, run) -> the DP's runner-up plans of the run: (cost above the plan chosen, records)
+    runner_ups: dict[tuple, tuple[tuple[float, tuple[GroupSearch, ...]], ...]] = field(default_factory=dict)
     tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused
     # verify each candidate's program, division and allocation: only when the program of the
     # plan found without it was refused

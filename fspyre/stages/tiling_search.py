@@ -68,7 +68,7 @@ from fspyre.machine.spyre import HBM_BYTES_PER_NS, HBM_TURNAROUND_NS_PER_BYTE, M
 from fspyre.stages.arguments import require, require_graph
 from fspyre.stages.loop_tree import elems_per_stick, tile
 from fspyre.stages.online_softmax import match_online
-from fspyre.stages.plan_correction import _corrected
+from fspyre.stages.plan_correction import _RUNNER_UPS, _corrected
 from fspyre.stages.program import verify_program
 from fspyre.stages.residency import Residency, ResidencyOptions, place_copies
 from fspyre.stages.search_context import (
@@ -289,6 +289,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     last: list[_Head | None] = [None] * (n + 1)
     tiled_at: list[_Head | None] = [None] * (n + 1)
     chains = _chain_starts(ctx, run)
+    # the options weighed at the run's last consumer: (cost, start, records of the segment)
+    ends: list[tuple[_Cost, int, tuple[GroupSearch, ...]]] = []
     for i in range(1, n + 1):
         starts = _fusable_starts(ctx, run, i - 1, ctx.options.window)
         if chains.get(i) is not None and chains[i] not in starts and i - chains[i] <= 2 * ctx.options.window:
@@ -323,6 +325,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             t, b = ctx.untiled[consumer]
             alone = Candidate(levels=(), verdict="fits", time_ns=t, hbm_bytes=b, reason=IN_CONTEXT)
             best[i], found = best[i - 1], (i - 1, (_untiled_record(consumer, alone),))
+            if i == n:
+                ends.append((best[i], *found))
             alternatives.append(Alternative(ops=(consumer,), bound_ns=best[i - 1][0], choice=alone,
                                             change_ns=best[i - 1][0]))
         # An op that costs nothing untiled in the hinted program (it moves no HBM byte and
@@ -352,6 +356,8 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 record = _in_context(record, _in_place(ctx, members))
             cost = _add(best[j], record.choice, _in_place(ctx, members))
             alternatives.append(Alternative(ops=members, bound_ns=reach, choice=record.choice, change_ns=cost[0]))
+            if i == n:
+                ends.append((cost, j, (record,)))
             if record.choice.levels and (tiled_at[i] is None or cost < tiled_cost):
                 tiled_at[i], tiled_cost = (j, i, record.choice.levels, cost), cost
             if found is None or cost < best[i]:
@@ -389,19 +395,43 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 continue
             cost, headed, alternative = ext
             alternatives.append(alternative)
+            if i == n:
+                ends.append((cost, head[0], headed))
             if cost < best[i]:
                 best[i], found, last[i] = cost, (head[0], headed), head
         back[i] = (*found, tuple(alternatives))
-    records: list[GroupSearch] = []
-    i = n
-    while i > 0:
-        entry = back[i]
-        assert entry is not None
-        j, chosen, weighed = entry
-        records.append(replace(chosen[-1], alternatives=weighed))
-        records.extend(reversed(chosen[:-1]))
-        i = j
-    return records[::-1]
+
+    def path(i: int) -> list[GroupSearch]:
+        """The records of the best path to ``i``."""
+        records: list[GroupSearch] = []
+        while i > 0:
+            entry = back[i]
+            assert entry is not None
+            j, chosen, weighed = entry
+            records.append(replace(chosen[-1], alternatives=weighed))
+            records.extend(reversed(chosen[:-1]))
+            i = j
+        return records[::-1]
+
+    records = path(n)
+    # The runner-ups: the best plans of the run that end in another segment than the one
+    # chosen, by cost, for the correction to compile whole (``plan_correction``).
+    tiled = {(r.ops, r.choice.levels) for r in records if r.choice.levels}
+    seen = {frozenset(tiled)}
+    runner_ups: list[tuple[float, tuple[GroupSearch, ...]]] = []
+    for cost, j, last_records in sorted(ends, key=lambda e: e[0]):
+        if cost == _REFUSED or len(runner_ups) == _RUNNER_UPS:
+            break
+        plan = [*path(j), *last_records]
+        key = frozenset((r.ops, r.choice.levels) for r in plan if r.choice.levels)
+        if key not in seen:
+            seen.add(key)
+            runner_ups.append((cost[0] - best[n][0], tuple(plan)))
+    if n:
+        ctx.runner_ups[(ctx.in_context, tuple(run))] = tuple(runner_ups)
+    return records
+
+
 
 
 def _untiled_record(op: str, cand: Candidate) -> GroupSearch:
@@ -816,8 +846,22 @@ def _walk(ctx: _Search, judge: _Judge, members: Sequence[str]) -> None:
     if first is not None:
         floor = judge.compute_floor(members)
         walk: _Walk | None = _Walk(min(t.rank for t in judge.tried), floor=floor)
+        rereads = 0
         for c in (c for c in counts[first] if c > chosen.get(first, 1)):
-            walk = _walked(walk, _rank(judge(members, levels({**chosen, first: c}))), floor)
+            cand = judge(members, levels({**chosen, first: c}))
+            went = _walked(walk, _rank(cand), floor)
+            # Where the group fits untiled, a count that re-reads an operand (more HBM bytes
+            # than the group's floor) small enough for the machine's LX may lose where a finer
+            # one, leaving LX room for the operand's copy, wins: past _REREADS such counts the
+            # walk goes on. The gelu MLP fp16 S=333 D=512 F=2048 on 32 cores: untiled 43.2 us,
+            # S:2 70.4 (both weights, 4 MiB, re-read per tile), S:3 34.7 (both copied into LX
+            # once). (The S=2048, D=4096 block's projections re-read 90 MB: not walked past.)
+            lx = ctx.machine.cores * ctx.machine.lx_bytes
+            if (went is None and not chosen and rereads < _REREADS and cand.verdict != "refused"
+                    and judge.floor is not None and 0 < (cand.hbm_bytes - judge.floor.hbm_bytes) / (c - 1) <= lx):
+                rereads += 1
+                continue
+            walk = went
             if walk is None:
                 break
     # Each other dim alone: shrinking stops at the first dim with a count that fits, so the
@@ -858,13 +902,15 @@ def _try_online(ctx: _Search, judge: _Judge, members: Sequence[str], ops: Sequen
     """Judge tiling the reduction dim of a softmax in the group (an online softmax: its max,
     sum and value product carried across the tiles), innermost, alone and under the output
     tiling found: it reads k and v of an attention once where query tiles re-read them.
-    Counts from the coarsest up until one fits (leaping by binary search after 3 that do not),
+    Counts from the coarsest up until one fits (leaping by binary search after 3 that do not,
+    whatever their estimates: a leap once taken only while finer tiles spilled less never
+    reached the fit at N:25 of the softmax over 50,257 columns, whose spilling estimates rise),
     then finer while the estimate improves."""
     for dim, size in _online_dims(ctx, ops):
         counts = _counts(ctx, ops, dim, size)
         for base in ({}, dict(chosen)) if chosen else ({},):
             outer = levels(base)
-            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim), leap="falling")
+            _coarse_to_fine(judge, members, counts, partial(_innermost, outer, dim), leap="spilled")
 
 
 def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, ...]:
@@ -872,6 +918,9 @@ def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, .
 
 
 _MISSES = 3
+# The counts of the outermost dim's refinement that lose and re-read an operand past which it
+# goes on (``_walk``).
+_REREADS = 1
 # The misses after which an accumulation's walk gives up (``_try_accumulation``): 2, where a
 # dim's takes 3: a third gave the S=2048, D=4096 block the same plan and estimate for more compiles.
 _ACCUMULATION_MISSES = 2
@@ -908,9 +957,8 @@ def _walked(walk: _Walk | None, rank: tuple[int, float, int, int], floor: float)
 
 
 # Whether a count walk (``_coarse_to_fine``) that met ``limit`` counts that do not fit leaps
-# to the coarsest of the rest that fits: never; only while the spilling estimates fell count
-# by count (an online softmax's reduction dim); or whenever something spilled.
-Leap = Literal["never", "falling", "spilled"]
+# to the coarsest of the rest that fits: never, or whenever something spilled.
+Leap = Literal["never", "spilled"]
 
 
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
@@ -919,18 +967,17 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
     improves. After ``limit`` counts that do not fit, give up (the counts of a large dim
     that never fits would each be compiled), or, as ``leap`` says, find the coarsest of the
     rest that fits by binary search (finer tiles need less LX) and go on from there: the
-    online softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and
-    13; the hidden dim of a silu MLP's first matmul, bias and silu on 3 cores and 64 KiB
-    fits from 8 tiles, its 5th count, after 2, 3, 4 and 5 spilled."""
+    online softmax over 50,257 columns with fp32 casts on 32 cores fits from 25 tiles, after
+    2, 4 and 7 spilled at rising estimates (1,149, 1,339 and 1,462 us: the cast result sliced
+    differently by its readers) and 8, 13 and 16 too; the hidden dim of a silu MLP's first
+    matmul, bias and silu on 3 cores and 64 KiB fits from 8 tiles, its 5th count, after 2, 3,
+    4 and 5 spilled."""
     walk: _Walk | None = None
     misses = 0
     refusals: set[str] = set()
-    spills: list[float] = []  # the estimates of the counts that spilled, coarsest first
     k = 0
     while k < len(counts):
         cand = judge(members, levels(counts[k]))
-        if cand.verdict == "spills":
-            spills.append(cand.time_ns)
         if cand.verdict != "fits":
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
             # fit, and spilling estimates need not fall as the tiles shrink -- but a refusal
@@ -943,10 +990,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
             if misses < limit:
                 k += 1
                 continue
-            # "falling" leaps only while finer tiles spilled less: estimates that rose again
-            # (the attention's key dim: 4.6, 3.4, then 6.0 ms) are not closing in on a fit
-            if (leap == "never" or walk is not None or len(refusals) == misses
-                    or (leap == "falling" and spills != sorted(spills, reverse=True))):
+            if leap == "never" or walk is not None or len(refusals) == misses:
                 break
             rest = counts[k + 1:]
             found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
