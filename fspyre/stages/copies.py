@@ -92,8 +92,9 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
                everything: Mapping[str, FrozenMap[str, int]], whole: Trial | None, machine: Machine,
                options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
     """``chosen`` with the parts each kernel keeps when it takes them one at a time, in
-    program order, keeping those that make it faster (the kernels of a trial are those of
-    ``chosen``: divisions change no kernel boundary). None when it keeps none."""
+    program order, keeping those that make it faster. None when it keeps none. A kernel is
+    known by its ops: divisions change no kernel boundary, but a trial may withdraw a copy
+    (``_aligned_trial``), and a copy that was a kernel of its own renumbers those after it."""
     kernel_of = {o.name: o.kernel for o in judge.report(chosen).ops}
     queues: dict[int, list[Mapping[str, FrozenMap[str, int]]]] = {}
     for part in parts:
@@ -107,7 +108,10 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
         trial = whole if proposal == everything else _aligned_trial(tree, chosen, proposal, machine, options)
         if trial is None:
             continue  # refused together: none of this round's parts is kept
-        now = {k.index: k.time_ns for k in judge.report(trial).kernels}
+        report = judge.report(trial)
+        at = {o.name: o.kernel for o in report.ops}
+        took = {k.index: k.time_ns for k in report.kernels}
+        now = {k: took[at[next(iter(part))]] for k, part in tried.items()}
         faster = [k for k in tried if now[k] < times[k]]
         for k in faster:
             kept.update(tried[k])
@@ -124,17 +128,26 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
 def _aligned_trial(tree: LoopTree, chosen: Trial, proposal: Mapping[str, FrozenMap[str, int]], machine: Machine,
                    options: ResidencyOptions) -> Trial | None:
     """``chosen`` with the readers and copies of ``proposal`` divided as it says; None when
-    the division refuses it or cannot honour a hint as written."""
+    the division refuses it or cannot honour a hint as written. A copy the new division
+    leaves in HBM is withdrawn, as ``_copies`` withdraws one: its readers would read back
+    from HBM what it just wrote there, so it only adds traffic (a copy follows one reader,
+    and another reader may still slice it the old way)."""
     hints = {**chosen.hints, **proposal}
-    rewritten = _rewrite(tree, chosen.regions, hints)
-    try:
-        split = divide_work(rewritten, machine, options.split)
-    except FspyreError:
-        return None  # a reader cannot be divided that way (a blocked dim, a second reduction dim)
-    if set(split.warnings) - set(chosen.split.warnings):
-        return None  # a hint of ours the division could not honour as written
-    alloc = allocate(rewritten, split, machine, options.allocation)
-    return Trial(tree=rewritten, split=split, allocation=alloc, regions=chosen.regions, hints=FrozenMap(hints))
+    regions = chosen.regions
+    while True:
+        rewritten = _rewrite(tree, regions, hints)
+        try:
+            split = divide_work(rewritten, machine, options.split)
+        except FspyreError:
+            return None  # a reader cannot be divided that way (a blocked dim, a second reduction dim)
+        if set(split.warnings) - set(chosen.split.warnings):
+            return None  # a hint of ours the division could not honour as written
+        alloc = allocate(rewritten, split, machine, options.allocation)
+        spilled = {f"{r.name}_copy" for r in regions if alloc.buffers[r.name].memory != "lx"}
+        if not spilled:
+            return Trial(tree=rewritten, split=split, allocation=alloc, regions=regions, hints=FrozenMap(hints))
+        regions = tuple(r for r in regions if f"{r.name}_copy" not in spilled)
+        hints = {n: h for n, h in hints.items() if n not in spilled}
 
 
 def _follow(c: Trial, fixed: set[str]) -> list[dict[str, FrozenMap[str, int]]]:
