@@ -26,7 +26,7 @@ from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import allocate
 from fspyre.stages.guards import guard_boundaries
 from fspyre.stages.loop_tree import dim_vars, elems_per_stick
-from fspyre.stages.split_plan import divide_work
+from fspyre.stages.split_plan import divide_work, splittable_reduction
 from fspyre.stages.trials import Trial, TrialJudge, better, fresh_name
 
 if TYPE_CHECKING:
@@ -39,17 +39,19 @@ def chosen_copies(tree: LoopTree, unchanged: Trial, machine: Machine, options: R
     if not regions:
         return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
+    # the reduction dims an op may not split across cores (a variance's): no reader moves onto them
+    unsplit = {n.name: reduced[n.name] - splittable_reduction(n.op, reduced[n.name]) for n in op_nodes(tree)}
     table = tree.buffer_table()
     replicas = {r.name: rep[0] for r in regions if (rep := _replicate(r, unchanged.split, reduced)) is not None}
     # a replica larger than a core's LX is copied by slices from the start (a trial would spill it)
     too_large = {n for n, r in replicas.items() if _never_fits(r, table[r.buffer].type.dtype, machine)}
-    found = _copies(tree, unchanged, regions, machine, options, reduced, too_large, judge)
+    found = _copies(tree, unchanged, regions, machine, options, reduced, unsplit, too_large, judge)
     replicated = set(replicas)
     if not replicated - too_large:
         return found or unchanged  # no replica was tried: the plan without them is the one judged
     # Replicas keep their readers' work division, which may keep other copies' readers from
     # moving theirs: judge the plan without replicas too, and take the faster.
-    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated, judge)
+    sliced = _copies(tree, unchanged, regions, machine, options, reduced, unsplit, replicated, judge)
     if found is None or sliced is None:
         return found or sliced or unchanged
     return found if judge.estimate(found) <= judge.estimate(sliced) else sliced
@@ -219,6 +221,7 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
     if wvars is None or rvars is None:
         return None
     wsizes, rsizes = _sizes(w.op), _sizes(r.op)
+    reduced = {d.name for d in r.op.reduction_ranges}
     out: dict[str, int] = {}
     for wv, rv in zip(wvars, rvars):
         if wv is None or wsplit.get(wv.name, 1) == 1:
@@ -226,6 +229,8 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
         k = wsplit[wv.name]
         if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
             return None
+        if rv.name in reduced and rv.name not in splittable_reduction(r.op, reduced):
+            return None  # a variance read in slices of the dim it reduces: its partials cannot be combined
         size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
         if k > -(-size // reps_) or slice_extents(size, k, weps_) != slice_extents(size, k, reps_):
             return None
@@ -236,13 +241,14 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
 
 
 def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Machine,
-            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str],
+            options: ResidencyOptions, reduced: Mapping[str, set[str]], unsplit: Mapping[str, set[str]],
+            whole: set[str],
             judge: TrialJudge) -> Trial | None:
     """The rewrite with the copies of ``regions`` that fit LX and pay off (regions named in
     ``whole`` are not replicated), judged by the real stages; None when none do."""
     split = unchanged.split
     whole = set(whole)  # grows with the replicas that do not fit: copied by slices instead
-    hints, regions = _align(regions, split, machine, reduced, whole)
+    hints, regions = _align(regions, split, machine, reduced, unsplit, whole)
     tries = 0
     table = tree.buffer_table()
     while regions:
@@ -264,7 +270,7 @@ def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Ma
             regions = [replace(r, replicas=1) if r.name in whole else r
                        for r in regions if r not in spilled or r.replicas > 1]
             regions += [part for r in spilled for part in r.parts]
-            hints, regions = _align(regions, split, machine, reduced, whole)
+            hints, regions = _align(regions, split, machine, reduced, unsplit, whole)
             continue
         done = Trial(tree=rewritten, split=new_split, allocation=new_alloc, regions=tuple(regions),
                           hints=FrozenMap(hints))
@@ -276,7 +282,7 @@ def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Ma
         # out of LX. Give up the largest and judge the rest again.
         tries += 1
         regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
-        hints, regions = _align(regions, split, machine, reduced, whole)
+        hints, regions = _align(regions, split, machine, reduced, unsplit, whole)
     return None
 
 
@@ -297,6 +303,7 @@ def _region_bytes(r: Region) -> int:
 
 
 def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduced: Mapping[str, set[str]],
+           unsplit: Mapping[str, set[str]],
            no_replicas: set[str]) -> tuple[dict[str, FrozenMap[str, int]], list[Region]]:
     """work_div for each copy (and readers that must change) so the copy writes, on every
     core, exactly the slice that core's readers read. A reader splitting a dim the copy does
@@ -316,7 +323,8 @@ def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduce
         # a peeled tail's reader divides like its origin (capped at the remainder, which no
         # dim of the region is), so it slices the copy as its origin does under the new division
         readers = [n for n in r.readers if n not in r.tails]
-        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in readers]
+        found = [_reader_split(split.ops[n], reduced[n], unsplit[n], names, r, machine)
+                 for n in readers]
         wanted = [w for w in found if w is not None]
         if len(wanted) != len(found):
             continue
@@ -360,11 +368,13 @@ def _replicate(r: Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     return replace(r, replicas=first.cores), hints
 
 
-def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: Region,
+def _reader_split(split: OpSplit, reduced: set[str], unsplit: set[str], names: Sequence[str], r: Region,
                   machine: Machine) -> dict[str, int] | None:
     if all(k == 1 or d in names for d, k in split.splits.items()):
         return dict(split.splits)
     for d in sorted(r.dims, key=lambda d: d.name in reduced):  # output dims first: no partial sums
+        if d.name in unsplit:
+            continue  # (divide_work would refuse the hint, and with it every copy of the trial)
         # whole sticks on both sides: the reader's stick dims and the copy's last dim
         elems = max(split.stick_elems.get(d.name, 1), r.stick if d == r.dims[-1] else 1)
         if d.size % elems:
