@@ -26,6 +26,7 @@ from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import allocate
 from fspyre.stages.guards import guard_boundaries
 from fspyre.stages.loop_tree import dim_vars, elems_per_stick
+from fspyre.stages.pins import pin_buffers, unpinned
 from fspyre.stages.split_plan import divide_work, splittable_reduction
 from fspyre.stages.trials import Trial, TrialJudge, better, fresh_name
 
@@ -130,12 +131,14 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
 def _aligned_trial(tree: LoopTree, chosen: Trial, proposal: Mapping[str, FrozenMap[str, int]], machine: Machine,
                    options: ResidencyOptions) -> Trial | None:
     """``chosen`` with the readers and copies of ``proposal`` divided as it says; None when
-    the division refuses it or cannot honour a hint as written. A copy the new division
-    leaves in HBM is withdrawn, as ``_copies`` withdraws one: its readers would read back
-    from HBM what it just wrote there, so it only adds traffic (a copy follows one reader,
-    and another reader may still slice it the old way)."""
+    the division refuses it or cannot honour a hint as written. A copy or a pin the new
+    division leaves in HBM is withdrawn, as ``_copies`` and ``pinned`` withdraw one: its
+    readers would read back from HBM what it just wrote there, so it only adds traffic (a
+    copy follows one reader, and another reader may still slice it the old way; a pin's
+    writer that splits its reduction leaves its result on one core)."""
     hints = {**chosen.hints, **proposal}
     regions = chosen.regions
+    pins = pin_buffers(tree)
     while True:
         rewritten = _rewrite(tree, regions, hints)
         try:
@@ -146,10 +149,13 @@ def _aligned_trial(tree: LoopTree, chosen: Trial, proposal: Mapping[str, FrozenM
             return None  # a hint of ours the division could not honour as written
         alloc = allocate(rewritten, split, machine, options.allocation)
         spilled = {f"{r.name}_copy" for r in regions if alloc.buffers[r.name].memory != "lx"}
-        if not spilled:
+        unpin = {p for p in pins if alloc.buffers[p].memory != "lx"}
+        if not spilled and not unpin:
             return Trial(tree=rewritten, split=split, allocation=alloc, regions=regions, hints=FrozenMap(hints))
         regions = tuple(r for r in regions if f"{r.name}_copy" not in spilled)
         hints = {n: h for n, h in hints.items() if n not in spilled}
+        if unpin:
+            tree, pins = unpinned(tree, unpin), pins - unpin
 
 
 def _follow(c: Trial, fixed: set[str]) -> list[dict[str, FrozenMap[str, int]]]:
@@ -488,10 +494,18 @@ def _regions(tree: LoopTree) -> list[Region]:
     # would not cover its dim (the tail reads its remainder on its own), which divide_work
     # refuses -- and with it every copy of the trial (rmsnorm -> matmul over 1,147 rows in two
     # loops of 383-row tiles kept no copy at all). Each loop's own re-reads are copied instead.
+    # Nor where a peeled tail reads its own remainder (sibling loops after the main loop, each
+    # over the tail's rows): the slots would be a full-scope twin of the buffer whose copy
+    # covers the remainder only, which verify_loop_tree refuses -- and with it every copy of
+    # the trial (softmax over 97 rows R:13 x C:2 on 4 cores, 8 KiB, kept no copy at all).
     tailed = {(n.origin, p.dim) for n in op_nodes(tree) for p in n.peeled}
-    across = {k: outers for k, outers in siblings.items() if len(outers) > 1 and not any(
-        (name, st.dim) in tailed for outer in outers for _, name, _ in found[(*k, outer)]
-        for level in k[3] for st in level)}
+
+    def tail_walks(k: tuple, outers: list[tuple[int, ...]]) -> bool:
+        readers = [nodes[name] for outer in outers for _, name, _ in found[(*k, outer)]]
+        return any((n.name, st.dim) in tailed for n in readers for level in k[3] for st in level) or any(
+            {p.dim for p in n.peeled} & free_names(k[1]) for n in readers)
+
+    across = {k: outers for k, outers in siblings.items() if len(outers) > 1 and not tail_walks(k, outers)}
     for (buffer, index, walked, steps, outer), uses in found.items():
         if (buffer, index, walked, steps) in across:
             continue
