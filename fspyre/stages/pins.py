@@ -95,7 +95,7 @@ def pin_buffers(tree: LoopTree) -> set[str]:
 def unpinned(tree: LoopTree, names: set[str]) -> LoopTree:
     """``tree`` without the pins ``names``: the writer writes the HBM buffer again and the
     readers read it there, as before ``_pin``."""
-    outs = {n.op.operands[0].buffer: n for n in tree.body
+    outs = {n.op.loads[0].buffer: n for n in tree.body
             if isinstance(n, OpNode) and n.name in {f"{p}_out" for p in names}}
     back = {p: out.op.store.buffer for p, out in outs.items()}
     scopes = {h for out in outs.values() for h in out.op.hints}
