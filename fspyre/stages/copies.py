@@ -337,10 +337,15 @@ def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduce
         common = {d: k for d, k in wanted[0].items() if d in names}
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
             continue
+        # The copy counts its last dim in sticks, which its readers may count in elements (x[I, S=1]
+        # read I:7 is copied into a [I] buffer of 4 sticks): a count past the copy's units is the
+        # division's to cap, with a warning about a scope the user never wrote; it is capped here.
+        units = {d.name: -(-d.size // r.stick) if d == r.dims[-1] else d.size for d in r.dims}
         proposal = {**{n: FrozenMap(w) for n, w in zip(readers, wanted) if w != dict(split.ops[n].splits)},
                     # a size-1 dim is not iterated: a work_div on it would be a warning about a
                     # scope the user never wrote
-                    f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}
+                    f"{r.name}_copy": FrozenMap((d.name, min(common.get(d.name, 1), units[d.name]))
+                                                for d in r.dims if d.size > 1)}
         if any(n in hints and hints[n] != h for n, h in proposal.items()):
             continue
         hints.update(proposal)

@@ -6,6 +6,8 @@ float reduction reassociated)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -620,7 +622,8 @@ def test_keep_resident_builds_no_tree_the_stages_refuse(data, cores):
     """keep_resident judges each rewrite (copies, replicas, slots, readers taking their
     producer's slices) by dividing its work; a rewrite the division or the loop-tree verifier
     refuses is dropped with every copy judged beside it, so a rule that builds one loses
-    good copies without a word. Over random graphs under random hint nests, none is built."""
+    good copies without a word. Over random graphs under random hint nests, none is built, and
+    no warning names an op it adds."""
     graph = data.draw(GRAPHS, label="graph")
     hinted = data.draw(legal_hint_nests(graph), label="hints").apply(graph)
     refused: list[str] = []
@@ -636,7 +639,32 @@ def test_keep_resident_builds_no_tree_the_stages_refuse(data, cores):
                 raise
         patch.setattr(copies_module, "divide_work", divide)
         try:
-            fspyre.compile(hinted, machine, tiling="hints")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", fspyre.FspyreWarning)
+                comp = fspyre.compile(hinted, machine, tiling="hints")
         except fspyre.FspyreError:
             assume(False)  # refusals of the hints belong to the tiling properties
     assert not refused, refused[0]
+    # nor does it warn about a work division the user never wrote (its copies' and pins')
+    tiled = {n.name for n in op_nodes(comp.stages["loop_tree"])}
+    added = {n.name for n in op_nodes(comp.stages["resident_tree"])} - tiled
+    assert not [str(w.message) for w in caught if any(f"op {n}:" in str(w.message) for n in added)]
+
+
+def test_a_copy_counts_its_stick_dim_in_sticks_and_warns_about_no_scope():
+    """x[I=200, S=1] bf16 read twice by x + x on 7 cores: the reader splits I:7 in elements (S
+    is x's stick dim), and its copy, a [I] buffer, has I as its stick dim: 4 sticks. Its hint
+    asked I:7, which the division split into 4 with a warning about a work_div the user never
+    wrote. The hint is capped at the copy's sticks: the same program, no warning."""
+    g = fspyre.GraphBuilder("stick_dim_copy")
+    g.dim("I", 200), g.dim("S", 1)
+    x = g.input("x0", ["I", "S"], "bfloat16")
+    g.output("y", g.add(x, x))
+    graph, machine = g.build(), spyre(cores=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fspyre.FspyreWarning)
+        comp = fspyre.compile(graph, machine, tiling="none")
+    assert comp.stages["allocation"].buffers["x0_lx"].memory == "lx"
+    assert dict(comp.stages["split_plan"].ops["x0_lx_copy"].splits) == {"I": 4}
+    report = fspyre.check(graph, machine=machine, comp=comp)
+    assert report.equal and report.memory is not None and report.memory.clean, str(report)
