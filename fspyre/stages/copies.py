@@ -21,13 +21,13 @@ from fspyre.ir.looptree import Loop, LoopTree, Node, OpNode, TileStep, TreeBuffe
 from fspyre.ir.plans import OpSplit, SplitPlan
 from fspyre.machine.formats import FORMATS
 from fspyre.machine.indexing import free_names
-from fspyre.machine.report import TrafficReport
 from fspyre.machine.rules import slice_extents
 from fspyre.machine.spyre import Machine
 from fspyre.stages.allocation import allocate
 from fspyre.stages.guards import guard_boundaries
 from fspyre.stages.loop_tree import dim_vars, elems_per_stick
-from fspyre.stages.split_plan import divide_work
+from fspyre.stages.pins import pin_buffers, unpinned
+from fspyre.stages.split_plan import divide_work, splittable_reduction
 from fspyre.stages.trials import Trial, TrialJudge, better, fresh_name
 
 if TYPE_CHECKING:
@@ -40,17 +40,19 @@ def chosen_copies(tree: LoopTree, unchanged: Trial, machine: Machine, options: R
     if not regions:
         return unchanged
     reduced = {n.name: {d.name for d in n.op.reduction_ranges} for n in op_nodes(tree)}
+    # the reduction dims an op may not split across cores (a variance's): no reader moves onto them
+    unsplit = {n.name: reduced[n.name] - splittable_reduction(n.op, reduced[n.name]) for n in op_nodes(tree)}
     table = tree.buffer_table()
     replicas = {r.name: rep[0] for r in regions if (rep := _replicate(r, unchanged.split, reduced)) is not None}
     # a replica larger than a core's LX is copied by slices from the start (a trial would spill it)
     too_large = {n for n, r in replicas.items() if _never_fits(r, table[r.buffer].type.dtype, machine)}
-    found = _copies(tree, unchanged, regions, machine, options, reduced, too_large, judge)
+    found = _copies(tree, unchanged, regions, machine, options, reduced, unsplit, too_large, judge)
     replicated = set(replicas)
     if not replicated - too_large:
         return found or unchanged  # no replica was tried: the plan without them is the one judged
     # Replicas keep their readers' work division, which may keep other copies' readers from
     # moving theirs: judge the plan without replicas too, and take the faster.
-    sliced = _copies(tree, unchanged, regions, machine, options, reduced, replicated, judge)
+    sliced = _copies(tree, unchanged, regions, machine, options, reduced, unsplit, replicated, judge)
     if found is None or sliced is None:
         return found or sliced or unchanged
     return found if judge.estimate(found) <= judge.estimate(sliced) else sliced
@@ -93,12 +95,10 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
                everything: Mapping[str, FrozenMap[str, int]], whole: Trial | None, machine: Machine,
                options: ResidencyOptions, judge: TrialJudge) -> Trial | None:
     """``chosen`` with the parts each kernel keeps when it takes them one at a time, in
-    program order, keeping those that make it faster. None when it keeps none. A trial whose
-    divisions change the kernels' boundaries (a reader that now splits a reduction ends its
-    kernel elsewhere) has no kernel to compare with ``chosen``'s: none of its parts is kept
-    (all of them together are judged by ``aligned``)."""
+    program order, keeping those that make it faster. None when it keeps none. A kernel is
+    known by its ops: divisions change no kernel boundary, but a trial may withdraw a copy
+    (``_aligned_trial``), and a copy that was a kernel of its own renumbers those after it."""
     kernel_of = {o.name: o.kernel for o in judge.report(chosen).ops}
-    members = _kernel_members(judge.report(chosen))
     queues: dict[int, list[Mapping[str, FrozenMap[str, int]]]] = {}
     for part in parts:
         queues.setdefault(kernel_of[next(iter(part))], []).append(part)
@@ -109,9 +109,12 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
         tried = {k: q[depth] for k, q in queues.items() if depth < len(q)}
         proposal = {**kept, **{name: split for part in tried.values() for name, split in part.items()}}
         trial = whole if proposal == everything else _aligned_trial(tree, chosen, proposal, machine, options)
-        if trial is None or _kernel_members(judge.report(trial)) != members:
-            continue  # refused together, or other kernels: none of this round's parts is kept
-        now = {k.index: k.time_ns for k in judge.report(trial).kernels}
+        if trial is None:
+            continue  # refused together: none of this round's parts is kept
+        report = judge.report(trial)
+        at = {o.name: o.kernel for o in report.ops}
+        took = {k.index: k.time_ns for k in report.kernels}
+        now = {k: took[at[next(iter(part))]] for k, part in tried.items()}
         faster = [k for k in tried if now[k] < times[k]]
         for k in faster:
             kept.update(tried[k])
@@ -125,28 +128,34 @@ def _by_kernel(tree: LoopTree, chosen: Trial, parts: Sequence[Mapping[str, Froze
     return last if last is not None else _aligned_trial(tree, chosen, kept, machine, options)
 
 
-def _kernel_members(report: TrafficReport) -> dict[int, frozenset[str]]:
-    """kernel index -> the ops it runs."""
-    out: dict[int, set[str]] = {}
-    for o in report.ops:
-        out.setdefault(o.kernel, set()).add(o.name)
-    return {k: frozenset(names) for k, names in out.items()}
-
-
 def _aligned_trial(tree: LoopTree, chosen: Trial, proposal: Mapping[str, FrozenMap[str, int]], machine: Machine,
                    options: ResidencyOptions) -> Trial | None:
     """``chosen`` with the readers and copies of ``proposal`` divided as it says; None when
-    the division refuses it or cannot honour a hint as written."""
+    the division refuses it or cannot honour a hint as written. A copy or a pin the new
+    division leaves in HBM is withdrawn, as ``_copies`` and ``pinned`` withdraw one: its
+    readers would read back from HBM what it just wrote there, so it only adds traffic (a
+    copy follows one reader, and another reader may still slice it the old way; a pin's
+    writer that splits its reduction leaves its result on one core)."""
     hints = {**chosen.hints, **proposal}
-    rewritten = _rewrite(tree, chosen.regions, hints)
-    try:
-        split = divide_work(rewritten, machine, options.split)
-    except FspyreError:
-        return None  # a reader cannot be divided that way (a blocked dim, a second reduction dim)
-    if set(split.warnings) - set(chosen.split.warnings):
-        return None  # a hint of ours the division could not honour as written
-    alloc = allocate(rewritten, split, machine, options.allocation)
-    return Trial(tree=rewritten, split=split, allocation=alloc, regions=chosen.regions, hints=FrozenMap(hints))
+    regions = chosen.regions
+    pins = pin_buffers(tree)
+    while True:
+        rewritten = _rewrite(tree, regions, hints)
+        try:
+            split = divide_work(rewritten, machine, options.split)
+        except FspyreError:
+            return None  # a reader cannot be divided that way (a blocked dim, a second reduction dim)
+        if set(split.warnings) - set(chosen.split.warnings):
+            return None  # a hint of ours the division could not honour as written
+        alloc = allocate(rewritten, split, machine, options.allocation)
+        spilled = {f"{r.name}_copy" for r in regions if alloc.buffers[r.name].memory != "lx"}
+        unpin = {p for p in pins if alloc.buffers[p].memory != "lx"}
+        if not spilled and not unpin:
+            return Trial(tree=rewritten, split=split, allocation=alloc, regions=regions, hints=FrozenMap(hints))
+        regions = tuple(r for r in regions if f"{r.name}_copy" not in spilled)
+        hints = {n: h for n, h in hints.items() if n not in spilled}
+        if unpin:
+            tree, pins = unpinned(tree, unpin), pins - unpin
 
 
 def _follow(c: Trial, fixed: set[str]) -> list[dict[str, FrozenMap[str, int]]]:
@@ -218,6 +227,7 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
     if wvars is None or rvars is None:
         return None
     wsizes, rsizes = _sizes(w.op), _sizes(r.op)
+    reduced = {d.name for d in r.op.reduction_ranges}
     out: dict[str, int] = {}
     for wv, rv in zip(wvars, rvars):
         if wv is None or wsplit.get(wv.name, 1) == 1:
@@ -225,6 +235,8 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
         k = wsplit[wv.name]
         if rv is None or rsizes[rv.name] != wsizes[wv.name] or rv.name in out:
             return None
+        if rv.name in reduced and rv.name not in splittable_reduction(r.op, reduced):
+            return None  # a variance read in slices of the dim it reduces: its partials cannot be combined
         size, weps_, reps_ = wsizes[wv.name], weps.get(wv.name, 1), reps.get(rv.name, 1)
         if k > -(-size // reps_) or slice_extents(size, k, weps_) != slice_extents(size, k, reps_):
             return None
@@ -235,13 +247,14 @@ def _mapped_split(w: OpNode, wsplit: Mapping[str, int], weps: Mapping[str, int],
 
 
 def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Machine,
-            options: ResidencyOptions, reduced: Mapping[str, set[str]], whole: set[str],
+            options: ResidencyOptions, reduced: Mapping[str, set[str]], unsplit: Mapping[str, set[str]],
+            whole: set[str],
             judge: TrialJudge) -> Trial | None:
     """The rewrite with the copies of ``regions`` that fit LX and pay off (regions named in
     ``whole`` are not replicated), judged by the real stages; None when none do."""
     split = unchanged.split
     whole = set(whole)  # grows with the replicas that do not fit: copied by slices instead
-    hints, regions = _align(regions, split, machine, reduced, whole)
+    hints, regions = _align(regions, split, machine, reduced, unsplit, whole)
     tries = 0
     table = tree.buffer_table()
     while regions:
@@ -263,7 +276,7 @@ def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Ma
             regions = [replace(r, replicas=1) if r.name in whole else r
                        for r in regions if r not in spilled or r.replicas > 1]
             regions += [part for r in spilled for part in r.parts]
-            hints, regions = _align(regions, split, machine, reduced, whole)
+            hints, regions = _align(regions, split, machine, reduced, unsplit, whole)
             continue
         done = Trial(tree=rewritten, split=new_split, allocation=new_alloc, regions=tuple(regions),
                           hints=FrozenMap(hints))
@@ -275,7 +288,7 @@ def _copies(tree: LoopTree, unchanged: Trial, regions: list[Region], machine: Ma
         # out of LX. Give up the largest and judge the rest again.
         tries += 1
         regions = [r for r in regions if r is not max(regions, key=_region_bytes)]
-        hints, regions = _align(regions, split, machine, reduced, whole)
+        hints, regions = _align(regions, split, machine, reduced, unsplit, whole)
     return None
 
 
@@ -296,6 +309,7 @@ def _region_bytes(r: Region) -> int:
 
 
 def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduced: Mapping[str, set[str]],
+           unsplit: Mapping[str, set[str]],
            no_replicas: set[str]) -> tuple[dict[str, FrozenMap[str, int]], list[Region]]:
     """work_div for each copy (and readers that must change) so the copy writes, on every
     core, exactly the slice that core's readers read. A reader splitting a dim the copy does
@@ -315,17 +329,23 @@ def _align(regions: Sequence[Region], split: SplitPlan, machine: Machine, reduce
         # a peeled tail's reader divides like its origin (capped at the remainder, which no
         # dim of the region is), so it slices the copy as its origin does under the new division
         readers = [n for n in r.readers if n not in r.tails]
-        found = [_reader_split(split.ops[n], reduced[n], names, r, machine) for n in readers]
+        found = [_reader_split(split.ops[n], reduced[n], unsplit[n], names, r, machine)
+                 for n in readers]
         wanted = [w for w in found if w is not None]
         if len(wanted) != len(found):
             continue
         common = {d: k for d, k in wanted[0].items() if d in names}
         if any({d: k for d, k in w.items() if d in names} != common for w in wanted):
             continue
+        # The copy counts its last dim in sticks, which its readers may count in elements (x[I, S=1]
+        # read I:7 is copied into a [I] buffer of 4 sticks): a count past the copy's units is the
+        # division's to cap, with a warning about a scope the user never wrote; it is capped here.
+        units = {d.name: -(-d.size // r.stick) if d == r.dims[-1] else d.size for d in r.dims}
         proposal = {**{n: FrozenMap(w) for n, w in zip(readers, wanted) if w != dict(split.ops[n].splits)},
                     # a size-1 dim is not iterated: a work_div on it would be a warning about a
                     # scope the user never wrote
-                    f"{r.name}_copy": FrozenMap((d.name, common.get(d.name, 1)) for d in r.dims if d.size > 1)}
+                    f"{r.name}_copy": FrozenMap((d.name, min(common.get(d.name, 1), units[d.name]))
+                                                for d in r.dims if d.size > 1)}
         if any(n in hints and hints[n] != h for n, h in proposal.items()):
             continue
         hints.update(proposal)
@@ -359,11 +379,13 @@ def _replicate(r: Region, split: SplitPlan, reduced: Mapping[str, set[str]]
     return replace(r, replicas=first.cores), hints
 
 
-def _reader_split(split: OpSplit, reduced: set[str], names: Sequence[str], r: Region,
+def _reader_split(split: OpSplit, reduced: set[str], unsplit: set[str], names: Sequence[str], r: Region,
                   machine: Machine) -> dict[str, int] | None:
     if all(k == 1 or d in names for d, k in split.splits.items()):
         return dict(split.splits)
     for d in sorted(r.dims, key=lambda d: d.name in reduced):  # output dims first: no partial sums
+        if d.name in unsplit:
+            continue  # (divide_work would refuse the hint, and with it every copy of the trial)
         # whole sticks on both sides: the reader's stick dims and the copy's last dim
         elems = max(split.stick_elems.get(d.name, 1), r.stick if d == r.dims[-1] else 1)
         if d.size % elems:
@@ -477,10 +499,18 @@ def _regions(tree: LoopTree) -> list[Region]:
     # would not cover its dim (the tail reads its remainder on its own), which divide_work
     # refuses -- and with it every copy of the trial (rmsnorm -> matmul over 1,147 rows in two
     # loops of 383-row tiles kept no copy at all). Each loop's own re-reads are copied instead.
+    # Nor where a peeled tail reads its own remainder (sibling loops after the main loop, each
+    # over the tail's rows): the slots would be a full-scope twin of the buffer whose copy
+    # covers the remainder only, which verify_loop_tree refuses -- and with it every copy of
+    # the trial (softmax over 97 rows R:13 x C:2 on 4 cores, 8 KiB, kept no copy at all).
     tailed = {(n.origin, p.dim) for n in op_nodes(tree) for p in n.peeled}
-    across = {k: outers for k, outers in siblings.items() if len(outers) > 1 and not any(
-        (name, st.dim) in tailed for outer in outers for _, name, _ in found[(*k, outer)]
-        for level in k[3] for st in level)}
+
+    def tail_walks(k: tuple, outers: list[tuple[int, ...]]) -> bool:
+        readers = [nodes[name] for outer in outers for _, name, _ in found[(*k, outer)]]
+        return any((n.name, st.dim) in tailed for n in readers for level in k[3] for st in level) or any(
+            {p.dim for p in n.peeled} & free_names(k[1]) for n in readers)
+
+    across = {k: outers for k, outers in siblings.items() if len(outers) > 1 and not tail_walks(k, outers)}
     for (buffer, index, walked, steps, outer), uses in found.items():
         if (buffer, index, walked, steps) in across:
             continue

@@ -84,6 +84,38 @@ def pin_sites(tree: LoopTree) -> list[OpNode]:
     return sites
 
 
+def pin_buffers(tree: LoopTree) -> set[str]:
+    """The pins of ``tree`` (``_pin``): the LX buffers a top-level op writes for the later
+    top-level readers, each copied to its HBM buffer by the op ``<pin>_out``."""
+    top = [n for n in tree.body if isinstance(n, OpNode)]
+    copies = {n.name: n.op.loads[0].buffer for n in top if n.op.fn == "copy"}
+    return {n.op.store.buffer for n in top if copies.get(f"{n.op.store.buffer}_out") == n.op.store.buffer}
+
+
+def unpinned(tree: LoopTree, names: set[str]) -> LoopTree:
+    """``tree`` without the pins ``names``: the writer writes the HBM buffer again and the
+    readers read it there, as before ``_pin``."""
+    outs = {n.op.loads[0].buffer: n for n in tree.body
+            if isinstance(n, OpNode) and n.name in {f"{p}_out" for p in names}}
+    back = {p: out.op.store.buffer for p, out in outs.items()}
+    scopes = {h for out in outs.values() for h in out.op.hints}
+    body: list[Node] = []
+    for node in tree.body:
+        if not isinstance(node, OpNode):
+            body.append(node)
+            continue
+        if node.name in {out.name for out in outs.values()}:
+            continue
+        op = node.op
+        operands: Any = tuple(Load(buffer=back[o.buffer], index=o.index) if isinstance(o, Load) and o.buffer in back
+                              else o for o in op.operands)
+        store = Store(buffer=back[op.store.buffer], index=op.store.index) if op.store.buffer in back else op.store
+        body.append(node if operands == op.operands and store == op.store
+                    else replace(node, op=replace(op, operands=operands, store=store)))
+    return replace(tree, body=tuple(body), buffers=tuple(b for b in tree.buffers if b.name not in back),
+                   hints=tuple(h for h in tree.hints if h.id not in scopes))
+
+
 def _pins(tree: LoopTree, split: SplitPlan, allocation: Allocation) -> list[_Pin]:
     """The pin sites (``pin_sites``) whose buffer the allocation left in HBM."""
     table = tree.buffer_table()

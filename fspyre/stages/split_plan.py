@@ -267,6 +267,13 @@ def _replicates(op: Op, table: Mapping[str, TreeBuffer]) -> bool:
     return isinstance(op, Pointwise) and op.fn == "copy" and table[op.store.buffer].scope == "tile"
 
 
+def splittable_reduction(op: Op, dims: set[str] | frozenset[str]) -> set[str]:
+    """Those of ``dims`` (the op's reduction dims) the op may split across cores: each core's
+    partial result is combined after (a sum, a max, a matmul's partial sums), except a
+    variance's, whose partial variances cannot be combined."""
+    return set() if isinstance(op, Reduction) and op.fn == "var" else set(dims)
+
+
 def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint: Mapping[str, object],
                distribute: bool, notes: list[str], warnings: list[str], replicates: bool = False,
                whole: frozenset[str] = frozenset(), follow: Mapping[str, int] | None = None) -> OpSplit:
@@ -290,9 +297,8 @@ def _divide_op(op: Op, accesses: Sequence[Access], budget: int, limit: int, hint
         # the anchor's iteration space holds only vars some index uses
         if n not in used and not (replicates and n in hint):
             blocked[n] = "no tensor index uses it: every core would read the same elements"
-    if isinstance(op, Reduction) and op.fn == "var":
-        for n in reduction:
-            blocked[n] = "partial variances cannot be combined across cores"
+    for n in reduction - splittable_reduction(op, reduction):
+        blocked[n] = "partial variances cannot be combined across cores"
     for n in whole & set(names):
         blocked[n] = "its size is symbolic: each core takes all of it, at every size"
 
