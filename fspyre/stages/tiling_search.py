@@ -294,9 +294,10 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
             # captured GQA attention's 11-op chain has its two repeat_interleave copies,
             # which do not iterate the query heads, and its 9 ops after them tiled over the
             # heads are 2.41 us against 2.84 for the 8 the window gives (3 cores, 32 KiB)
-            shared = _shared_start(ctx, run, chains[i], i)
-            if shared not in starts:
-                starts.append(shared)
+            # Each tail whose ops share more of the consumer's output dims than the longer
+            # tail: the chain without its leading ops that do not iterate a dim the rest share
+            # (a causal mask's gt(mask[S, T]) before the attention of H heads, 10 ops)
+            starts.extend(j for j in _shared_starts(ctx, run, chains[i], i) if j not in starts)
         # a segment's cost is what its tiling changes against running its ops untiled in the
         # whole program; an untiled segment changes nothing (its ops are no group)
         in_place = {j: _in_place(ctx, run[j:i])[0] for j in starts}
@@ -541,18 +542,24 @@ def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> li
     return starts
 
 
-def _shared_start(ctx: _Search, run: Sequence[str], start: int, end: int) -> int:
-    """The start of the longest suffix of ``run[start:end]`` whose ops all iterate an output
-    dim of its last op (a segment a level can tile)."""
+def _shared_starts(ctx: _Search, run: Sequence[str], start: int, end: int) -> list[int]:
+    """The starts of the longest suffixes of ``run[start:end]`` whose ops all iterate a set of
+    output dims of its last op, one for each set those suffixes share, longest suffix last:
+    the segments a level can tile, and each without the leading ops that do not iterate a dim
+    the ops after them share (at most one start per output dim of the last op)."""
     dims = {(d.name, d.size) for d in ctx.ops[run[end - 1]].ranges if d.size > 1}
+    out = []
     j = end - 1
     while j > start:
         have = {(d.name, d.size) for d in ctx.ops[run[j - 1]].ranges}
         if not dims & have:
             break
+        if not dims <= have:
+            out.append(j)
         dims &= have
         j -= 1
-    return j
+    out.append(j)
+    return out
 
 
 def _chain_starts(ctx: _Search, run: Sequence[str]) -> dict[int, int]:
