@@ -19,7 +19,7 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages.online_softmax import OnlineOptions
 from fspyre.stages.tiling_plan import split_at_tiled_reductions
-from fspyre.stages.tiling_search import _accumulation_dims
+from fspyre.stages.tiling_search import _accumulation_dims, _tileable_dims
 
 
 def auto_estimate(graph: fspyre.Graph, machine: Machine) -> float:
@@ -153,7 +153,25 @@ def test_the_chain_without_its_leading_ops_that_lack_a_shared_dim_is_a_segment()
     assert graph.ops[0].fn == "gt" and len(names) == 10
     plan = TilingPlan(order=names, groups=(Group(ops=names[1:], levels=(Level(count=3, dims=("T",), source="test"),)),))
     plan = split_at_tiled_reductions(graph, plan, OnlineOptions())
-    assert auto_estimate(graph, machine) <= estimate(graph, machine, plan) * (1 + 1e-9)
+    # and every op over the heads and rows, the gt loop-invariant (hoisted): 8.06 us
+    levels = (Level(count=4, dims=("H",), source="test"), Level(count=2, dims=("S",), source="test"))
+    hoisted = TilingPlan(order=names, groups=(Group(ops=names, levels=levels),))
+    best = min(estimate(graph, machine, plan), estimate(graph, machine, hoisted))
+    assert auto_estimate(graph, machine) <= best * (1 + 1e-9)
+
+
+def test_a_dim_some_ops_do_not_iterate_is_tileable_when_they_are_loop_invariant():
+    """The heads of a causal-masked attention are tileable with hoisting: the mask's gt does not
+    iterate them and reads only the mask. Not without it, nor when an op reduces over the dim
+    (the level would split its reduction)."""
+    ops = list(causal_attention(4, 64, 32, "float16").ops)
+    assert ("H", 4) not in _tileable_dims(ops)
+    assert ("H", 4) in _tileable_dims(ops, hoist=True)
+    g = fspyre.GraphBuilder("reduced")
+    g.dim("H", 4), g.dim("S", 64)
+    x = g.input("x", ["H", "S"], "float16")
+    g.output("y", g.mul(x, g.sum(x, ["H"], keepdim=True)))
+    assert _tileable_dims(list(g.build().ops), hoist=True) == [("S", 64)]
 
 
 @pytest.mark.parametrize(("heads", "seq", "embed", "dtype", "cores", "lx_kib", "additive"), [
