@@ -104,6 +104,9 @@ class _Search:
     # The judgements of one search_tiling call, by structural key (``_structure``): a segment
     # repeated elsewhere in the graph (the next transformer block) is solved once.
     memo: dict[tuple, GroupSearch] = field(default_factory=dict)
+    # (op, buffer, index) -> whether the load reads the whole buffer (``_whole_load``): the
+    # bounds of the segments ending at each op ask it of the same loads again and again
+    wholes: dict[tuple, bool] = field(default_factory=dict)
     # op -> (time, HBM bytes) it costs untiled in the hinted program as a whole (``_alone``)
     untiled: Mapping[str, tuple[float, int]] = field(default_factory=dict)
     tally: Counter[str] = field(default_factory=Counter)  # compiled / screened / reused

@@ -593,6 +593,12 @@ def _floor(ctx: _Search, members: Sequence[str]) -> Floor:
     a matmul's MACs at the peak rate of every core. The traffic report charges each kernel
     max(memory, compute) and sums them, so its time is at least max(total memory, total
     compute); the fitted derates the report may add only add time."""
+    return _floor_of(ctx, members, *_compulsory(ctx, members))
+
+
+def _compulsory(ctx: _Search, members: Sequence[str]) -> tuple[int, int]:
+    """(bytes read, bytes written) that any tiling of ``members`` as one group moves from and
+    to HBM (``_floor``)."""
     inside = set(members)
     written: set[str] = set()
     read: dict[str, int] = {}
@@ -600,7 +606,7 @@ def _floor(ctx: _Search, members: Sequence[str]) -> Floor:
     for name in members:
         op = ctx.ops[name]
         for ld in op.loads:
-            if ld.buffer not in written and ld.buffer not in read and _whole_load(op, ld, ctx.buffers[ld.buffer]):
+            if ld.buffer not in written and ld.buffer not in read and _reads_whole(ctx, op, ld):
                 read[ld.buffer] = _device_bytes(ctx, ld.buffer)
         buf = op.store.buffer
         written.add(buf)
@@ -608,9 +614,13 @@ def _floor(ctx: _Search, members: Sequence[str]) -> Floor:
             # a piece of a concatenation writes its region, not the whole buffer: counted whole,
             # the floor of [copy] was above its own untiled estimate (25.3 against 19.1 us)
             wrote[buf] = min(_device_bytes(ctx, buf), wrote.get(buf, 0) + _store_bytes(ctx, op))
-    r, w = sum(read.values()), sum(wrote.values())
-    memory = (r + w) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(r, w)
-    return Floor(time_ns=max(memory, _compute_floor(ctx, members)), hbm_bytes=r + w)
+    return sum(read.values()), sum(wrote.values())
+
+
+def _floor_of(ctx: _Search, members: Sequence[str], reads: int, writes: int) -> Floor:
+    """The floor of ``members`` moving at least ``reads`` and ``writes`` bytes of HBM."""
+    memory = (reads + writes) / HBM_BYTES_PER_NS + HBM_TURNAROUND_NS_PER_BYTE * min(reads, writes)
+    return Floor(time_ns=max(memory, _compute_floor(ctx, members)), hbm_bytes=reads + writes)
 
 
 def _store_bytes(ctx: _Search, op: Op) -> int:
@@ -654,6 +664,14 @@ def _device_bytes(ctx: _Search, buffer: str) -> int:
     btype = ctx.buffers[buffer].type
     fmt = FORMATS[ctx.machine.device_format(btype.dtype)]
     return device_bytes(stick_layout(btype.shape, fmt.elems_per_stick).device_size, fmt.nbytes)
+
+
+def _reads_whole(ctx: _Search, op: Op, load: Load) -> bool:
+    key = (op.name, load.buffer, load.index)
+    hit = ctx.wholes.get(key)
+    if hit is None:
+        hit = ctx.wholes[key] = _whole_load(op, load, ctx.buffers[load.buffer])
+    return hit
 
 
 def _whole_load(op: Op, load: Load, buffer: Buffer) -> bool:
@@ -969,20 +987,83 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     improves.
     The walk is given up at the coarsest count when what spilled there is an accumulator (the
     result of a reduction over the dim, its partials or its peeled part): it keeps its size
-    at every count (6 of the 15 accumulation walks of the S=2048, D=4096 transformer block).
+    at every count. So it is when the shapes alone say the accumulator or its partial is in
+    HBM at every count (``_accumulator_leaves_lx``), and then the coarsest count is not judged
+    either where one round trip of it (``_accumulation_floor``) keeps every count from
+    beating the best found.
     Any other miss may depend on the count and is walked past, up to
     ``_ACCUMULATION_MISSES``: x + fc2(gelu(fc1(LayerNorm(x)))) fp32 [3, 37, 96], F=300 on 5
     cores and 64 KiB spills at F:2 (two ops slice the hidden activation differently) and fits
     from F:3."""
     for dim, size in _accumulation_dims(ops):
         counts = _counts(ctx, ops, dim, size)
+        if not counts:
+            continue
+        reductions = [op for op in ops if isinstance(op, Reduction) and any(d.name == dim for d in op.reduction_ranges)]
+        # Sums and matmuls whose accumulator or partial is in HBM at every count, which then
+        # makes a round trip every tile: where that traffic keeps every count from beating the
+        # best found, none is judged; else the walk stops at the coarsest count, as it does
+        # when what spilled there is an accumulator
+        leaving = [op for op in reductions if op.fn in ("sum", "matmul") and _accumulator_leaves_lx(ctx.machine, op)]
+        best = min((t.candidate.time_ns for t in judge.tried if t.candidate.verdict != "refused"), default=math.inf)
+        if leaving and _accumulation_floor(ctx, members, leaving).time_ns >= best:
+            continue
         at = partial(_innermost, (), dim)
-        accumulators = {op.store.buffer for op in ops if isinstance(op, Reduction)
-                        and any(d.name == dim for d in op.reduction_ranges)}
-        spilled = _spilled(judge(members, at(counts[0]))) if counts else None
-        if spilled is not None and any(spilled == a or spilled.startswith(f"{a}_") for a in accumulators):
+        accumulators = {op.store.buffer for op in reductions}
+        spilled = _spilled(judge(members, at(counts[0])))
+        if leaving or spilled is not None and any(spilled == a or spilled.startswith(f"{a}_") for a in accumulators):
             continue
         _coarse_to_fine(judge, members, counts, at, _ACCUMULATION_MISSES)
+
+
+# Bytes of an element of a tiled reduction's accumulator and of its partial: float32 or int32
+# (``fspyre.stages.loop_tree``, "Tiled reductions").
+_ACCUMULATOR_BYTES = 4
+
+
+def _accumulator_leaves_lx(machine: Machine, op: Reduction) -> bool:
+    """Whether ``op`` tiled over a reduction dim as the group's one level (as
+    ``_try_accumulation`` judges it) keeps its accumulator or its partial in HBM at every
+    count, from shapes alone. Both hold the reduction's whole output at 4 bytes an element
+    whatever the count, and both are live at once (the accumulator from its fill before the
+    loop to its finish after it, the partial from the partial op to the combine): in LX they
+    take at least their elements' bytes over the cores together, so when that exceeds every
+    core's LX one of them is in HBM (property-tested against compiled accumulations,
+    tests/tiling/test_count_walks.py)."""
+    return 2 * _ACCUMULATOR_BYTES * _elements(op) > machine.lx_bytes * machine.cores
+
+
+def _elements(op: Op) -> int:
+    return math.prod(int(d.size) for d in op.ranges)
+
+
+def _accumulation_floor(ctx: _Search, members: Sequence[str], leaving: Sequence[Reduction]) -> Floor:
+    """A lower bound on the estimated time and HBM bytes of ``members`` as one group tiled
+    over a reduction dim of ``leaving`` (reductions whose accumulator or partial is in HBM:
+    ``_accumulator_leaves_lx``), at any count: the segment's compulsory bytes (``_floor``)
+    and, for each of them, one round trip of its output at 4 bytes an element -- a partial in
+    HBM is written and read back by the combine in every tile, an accumulator in HBM is read
+    and written by it. (One tile at least: ``tile`` may round a count's tiles up to whole
+    sticks until the level makes no loop.)"""
+    trips = sum(_ACCUMULATOR_BYTES * _elements(op) for op in leaving)
+    reads, writes = _compulsory(ctx, members)
+    return _floor_of(ctx, members, reads + trips, writes + trips)
+
+
+def accumulation_floor(graph: Graph, machine: Machine, ops: Sequence[str], dim: str) -> Floor | None:
+    """The floor (``_accumulation_floor``) of the segment ``ops`` of ``graph`` as one group
+    tiled over the reduction dim ``dim`` alone, at any count; None when no sum or matmul over
+    ``dim`` keeps its accumulator or partial in HBM (the segment's floor, ``segment_floor``,
+    holds)."""
+    ctx = _Search(graph=graph, machine=machine, options=SearchOptions(), ops=graph.op_table(),
+                  buffers=graph.buffer_table(), readers=_readers(graph),
+                  outputs=frozenset(o.buffer for o in graph.outputs))
+    leaving = [op for op in (ctx.ops[name] for name in ops) if isinstance(op, Reduction)
+               and op.fn in ("sum", "matmul") and any(d.name == dim for d in op.reduction_ranges)
+               and _accumulator_leaves_lx(machine, op)]
+    if not leaving:
+        return None
+    return _accumulation_floor(ctx, ops, leaving)
 
 
 def _accumulation_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:

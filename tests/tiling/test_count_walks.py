@@ -8,16 +8,27 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import fspyre
+from fspyre.errors import FspyreError
 from fspyre.frontend import from_torch
+from fspyre.ir.graph import Reduction
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.memcheck import check_memory
 from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages.online_softmax import OnlineOptions
 from fspyre.stages.tiling_plan import split_at_tiled_reductions
-from fspyre.stages.tiling_search import _accumulation_dims
+from fspyre.stages.tiling_search import (
+    _accumulation_dims,
+    _accumulator_leaves_lx,
+    accumulation_floor,
+    segment_floor,
+)
+from fspyre.testing import examples
+from fspyre.testing.machines import core_counts, lx_capacities
 
 
 def auto_estimate(graph: fspyre.Graph, machine: Machine) -> float:
@@ -77,6 +88,107 @@ def test_the_accumulation_walk_goes_past_a_count_that_does_not_fit():
     machine = spyre(cores=5, lx_bytes=64 * 1024)
     (hidden,) = [d for d, size in _accumulation_dims(list(graph.ops)) if size == 300]
     assert auto_estimate(graph, machine) <= estimate(graph, machine, one_group(graph, hidden, 3)) * (1 + 1e-9)
+
+
+def accumulated(graph: fspyre.Graph, machine: Machine, ops: tuple[str, ...], dim: str, count: int
+                ) -> fspyre.Compilation:
+    """``ops`` of ``graph`` one group of ``count`` tiles over the reduction dim ``dim`` (the rest
+    untiled, loop fission after the tiled reduction, as the search compiles it)."""
+    names = tuple(op.name for op in graph.ops)
+    plan = split_at_tiled_reductions(graph, TilingPlan(order=names, groups=(
+        Group(ops=ops, levels=(Level(count=count, dims=(dim,), source="test"),)),)), OnlineOptions())
+    return fspyre.compile(graph, machine=machine, tiling=plan)
+
+
+def in_hbm(comp: fspyre.Compilation, reductions: list[Reduction]) -> list[bool]:
+    """Per reduction, whether its accumulator or its partial is in HBM."""
+    buffers = comp.stages["allocation"].buffers
+    out = []
+    for op in reductions:
+        made = [n for n in buffers if n.startswith((f"{op.store.buffer}_acc", f"{op.store.buffer}_part"))]
+        assert made, (op.name, list(buffers))  # the tiled reduction's accumulator and partial
+        out.append(any(buffers[n].memory == "hbm" for n in made))
+    return out
+
+
+def matmul_after_exp(rows: int, inner: int, cols: int) -> fspyre.Graph:
+    g = fspyre.GraphBuilder("exp_matmul")
+    g.dim("R", rows), g.dim("K", inner), g.dim("N", cols)
+    x, w = g.input("x", ["R", "K"], "float16"), g.input("w", ["K", "N"], "float16")
+    g.output("y", g.matmul(g.exp(x), w, "K"))
+    return g.build()
+
+
+def test_an_accumulator_too_large_for_every_core_s_lx_is_in_hbm_at_every_count():
+    """x[64, 256] -> exp -> matmul w[256, 64] on 2 cores with 4 KiB of LX each: the float32
+    accumulator and partial of y[64, 64] take 32 KiB together, so the search walks the
+    accumulation over K no further than its coarsest count (``_accumulator_leaves_lx``), and
+    judges none where one round trip of them keeps every count from beating the best found
+    (``accumulation_floor``); compiled, every count keeps one of them in HBM and is estimated
+    above that floor. With 64 KiB they fit, and the walk goes on."""
+    graph = matmul_after_exp(64, 256, 64)
+    (matmul,) = [op for op in graph.ops if isinstance(op, Reduction)]
+    ops = tuple(op.name for op in graph.ops)
+    small, large = spyre(cores=2, lx_bytes=4096), spyre(cores=2, lx_bytes=64 * 1024)
+    assert _accumulator_leaves_lx(small, matmul) and not _accumulator_leaves_lx(large, matmul)
+    floor = accumulation_floor(graph, small, ops, "K")
+    assert floor is not None and floor.time_ns > segment_floor(graph, small, ops).time_ns
+    for count in (2, 4):
+        comp = accumulated(graph, small, ops, "K", count)
+        assert in_hbm(comp, [matmul]) == [True]
+        assert traffic_report(comp.program).time_ns >= floor.time_ns
+    assert accumulation_floor(graph, large, ops, "K") is None
+    assert in_hbm(accumulated(graph, large, ops, "K", 2), [matmul]) == [False]
+
+
+@st.composite
+def accumulations(draw) -> fspyre.Graph:
+    """A producer of K (pointwise, or a matmul producing it) and a sum or matmul over K, with
+    an op after it reading the result or not."""
+    g = fspyre.GraphBuilder("accumulation")
+    rows, inner, cols = draw(st.integers(1, 96)), draw(st.sampled_from([64, 128, 192, 320])), draw(st.integers(1, 96))
+    dtype = draw(st.sampled_from(["float16", "float32"]))
+    g.dim("R", rows), g.dim("K", inner), g.dim("N", cols), g.dim("D", 64)
+    if draw(st.booleans()):
+        h = g.exp(g.input("x", ["R", "K"], dtype))
+    else:
+        h = g.matmul(g.input("x", ["R", "D"], dtype), g.input("v", ["D", "K"], dtype), "D")
+    if draw(st.booleans()):
+        y = g.sum(h, ["K"])
+    else:
+        y = g.matmul(h, g.input("w", ["K", "N"], dtype), "K")
+    g.output("y", g.neg(y) if draw(st.booleans()) else y)
+    return g.build()
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.data(), accumulations(), core_counts(), lx_capacities())
+def test_an_accumulation_the_search_cuts_short_keeps_its_accumulator_in_hbm_above_its_floor(data, graph, cores, lx):
+    """The screens of the accumulation walks: wherever ``_accumulator_leaves_lx`` says a sum or
+    matmul tiled over its reduction dim keeps its accumulator or partial in HBM at every count,
+    its group (the producer, the reduction, and the op after it or not), compiled over that
+    dim at any count, does, and is estimated at least ``accumulation_floor`` in time and HBM
+    bytes."""
+    machine = spyre(cores=cores, lx_bytes=lx)
+    names = tuple(op.name for op in graph.ops)
+    ops = names[:data.draw(st.integers(2, len(names)), label="ops")]
+    reductions = [op for op in graph.ops if op.name in ops and isinstance(op, Reduction)
+                  and any(d.name == "K" for d in op.reduction_ranges)]
+    size = reductions[0].reduction_ranges[0].size
+    assert _accumulation_dims([op for op in graph.ops if op.name in ops]) == [("K", size)]
+    assume(_accumulator_leaves_lx(machine, reductions[0]))
+    count = data.draw(st.integers(2, 12), label="count")
+    try:
+        comp = accumulated(graph, machine, ops, "K", count)
+    except FspyreError:
+        assume(False)  # a group the tiling refuses: nothing to judge
+    assert all(in_hbm(comp, reductions)), (count, [op.name for op in reductions])
+    floor = accumulation_floor(graph, machine, ops, "K")
+    assert floor is not None
+    report = traffic_report(comp.program)
+    assert report.time_ns >= floor.time_ns * (1 - 1e-9), (report.time_ns, floor)
+    assert report.hbm_bytes >= floor.hbm_bytes, (report.hbm_bytes, floor)
 
 
 def gqa() -> fspyre.Graph:
