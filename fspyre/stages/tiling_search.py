@@ -929,14 +929,18 @@ Leap = Literal["never", "falling", "spilled"]
 
 
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
-                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: Leap = "never") -> None:
+                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: Leap = "never",
+                    spare: frozenset[str] = frozenset()) -> None:
     """Judge the counts from the coarsest up until one fits, then finer while the estimate
     improves. After ``limit`` counts that do not fit, give up (the counts of a large dim
     that never fits would each be compiled), or, as ``leap`` says, find the coarsest of the
     rest that fits by binary search (finer tiles need less LX) and go on from there: the
     online softmax over 50,257 columns fits from 25 tiles, its 4th count after 2, 4, 7 and
     13; the hidden dim of a silu MLP's first matmul, bias and silu on 3 cores and 64 KiB
-    fits from 8 tiles, its 5th count, after 2, 3, 4 and 5 spilled."""
+    fits from 8 tiles, its 5th count, after 2, 3, 4 and 5 spilled. A count "fits" here when
+    every intermediate but those of ``spare`` gets LX (``_Judge.fits``): an accumulation's
+    accumulator and partials keep their size at every count, so whether they spill says
+    nothing of the counts to come."""
     walk: _Walk | None = None
     misses = 0
     refusals: set[str] = set()
@@ -946,7 +950,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
         cand = judge(members, levels(counts[k]))
         if cand.verdict == "spills":
             spills.append(cand.time_ns)
-        if cand.verdict != "fits":
+        if not judge.fits(members, levels(counts[k]), spare):
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
             # fit, and spilling estimates need not fall as the tiles shrink -- but a refusal
             # given word for word at two counts does not depend on the count
@@ -964,7 +968,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
                     or (leap == "falling" and spills != sorted(spills, reverse=True))):
                 break
             rest = counts[k + 1:]
-            found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
+            found = _first(rest, lambda c: judge.fits(members, levels(c), spare))
             if found is None:
                 break
             k, leap = k + 1 + found, "never"
@@ -1013,7 +1017,8 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
         spilled = _spilled(judge(members, at(counts[0])))
         if leaving or spilled is not None and any(spilled == a or spilled.startswith(f"{a}_") for a in accumulators):
             continue
-        _coarse_to_fine(judge, members, counts, at, _ACCUMULATION_MISSES)
+        _coarse_to_fine(judge, members, counts, at, _ACCUMULATION_MISSES, leap="spilled",
+                        spare=frozenset(accumulators))
 
 
 # Bytes of an element of a tiled reduction's accumulator and of its partial: float32 or int32
@@ -1190,7 +1195,7 @@ class _Judge:
         self.ctx = ctx
         self.floor = floor
         self.tried: list[_Tried] = []
-        self._memo: dict[tuple, Candidate] = {}
+        self._memo: dict[tuple, tuple[Candidate, tuple[str, ...]]] = {}
         # one subgraph per membership: the stages verify a graph once, the same object again not
         self._subgraphs: dict[tuple[str, ...], Graph] = {}
 
@@ -1199,17 +1204,26 @@ class _Judge:
         return _compute_floor(self.ctx, members)
 
     def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
+        return self.judged(members, levels)[0]
+
+    def judged(self, members: Sequence[str], levels: tuple[Level, ...]) -> tuple[Candidate, tuple[str, ...]]:
+        """The candidate and the intermediates it left in HBM (``_judged``)."""
         key = (tuple(members), levels)
         if key not in self._memo:
             sub = self._subgraphs.get(key[0])
             if sub is None:
                 sub = self._subgraphs[key[0]] = _subgraph(self.ctx, members)
-            cand = _judge(self.ctx, members, levels, sub)
-            self._memo[key] = cand
+            cand, spilled = self._memo[key] = _judged(self.ctx, members, levels, sub)
             self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
             if self.floor is not None and self.floor.reached(cand):
                 raise _Unbeatable
         return self._memo[key]
+
+    def fits(self, members: Sequence[str], levels: tuple[Level, ...], spare: frozenset[str] = frozenset()) -> bool:
+        """Whether ``members`` at ``levels`` compiled with every intermediate in LX but those
+        of ``spare`` (buffers, and the partials and peeled parts named after them: ``_of``)."""
+        cand, spilled = self.judged(members, levels)
+        return cand.verdict != "refused" and all(_of(name, spare) for name in spilled)
 
 
 _IN_HBM = " in HBM"  # a spilling candidate's reason: the first intermediate left in HBM, then why
@@ -1220,10 +1234,23 @@ def _spilled(cand: Candidate) -> str | None:
     return cand.reason.split(_IN_HBM, 1)[0] if cand.verdict == "spills" else None
 
 
+def _of(name: str, buffers: frozenset[str]) -> bool:
+    """Whether the intermediate ``name`` is one of ``buffers`` or a part named after one (a
+    tiled reduction's partial, its peeled part: ``<buffer>_...``)."""
+    return name in buffers or any(name.startswith(f"{b}_") for b in buffers)
+
+
 def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None,
            tiled: int | None = None) -> Candidate:
     """``members`` compiled as one group at ``levels`` (or only their first ``tiled``, the
     rest untiled after it)."""
+    return _judged(ctx, members, levels, sub, tiled)[0]
+
+
+def _judged(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None,
+            tiled: int | None = None) -> tuple[Candidate, tuple[str, ...]]:
+    """``_judge``'s candidate and the intermediates it left in HBM (the candidate's reason
+    names the first)."""
     ctx.tally["compiled"] += 1
     sub = _subgraph(ctx, members) if sub is None else sub
     group = tuple(members[:tiled])
@@ -1239,7 +1266,7 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
             verify_program(placed.program)  # a candidate compile would refuse is refused here
         report = placed.report or traffic_report(placed.program)
     except FspyreError as err:
-        return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
+        return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0]), ()
     kept = {o.buffer for o in sub.outputs} | set(sub.inputs)
     spilled = [b.name for b in tree.buffers if b.name not in kept and alloc.buffers[b.name].memory != "lx"]
     reason = ""
@@ -1247,4 +1274,4 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
         placement = alloc.buffers[spilled[0]]
         reason = f"{spilled[0]}{_IN_HBM}" + (f" ({placement.reason})" if placement.reason else "")
     return Candidate(levels=levels, verdict="spills" if spilled else "fits", reason=reason,
-                     time_ns=report.time_ns, hbm_bytes=report.hbm_bytes)
+                     time_ns=report.time_ns, hbm_bytes=report.hbm_bytes), tuple(spilled)
