@@ -887,8 +887,9 @@ def _innermost(outer: tuple[Level, ...], dim: str, count: int) -> tuple[Level, .
 
 
 _MISSES = 3
-# The misses after which an accumulation's walk gives up (``_try_accumulation``): 2, where a
-# dim's takes 3: a third gave the S=2048, D=4096 block the same plan and estimate for more compiles.
+# The misses after which an accumulation's walk leaps to the coarsest count that fits
+# (``_try_accumulation``): 2, where a dim's takes 3 (it gave up there before the leap: a third
+# gave the S=2048, D=4096 block the same plan and estimate for more compiles).
 _ACCUMULATION_MISSES = 2
 
 
