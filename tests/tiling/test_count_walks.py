@@ -143,8 +143,9 @@ def test_an_accumulator_too_large_for_every_core_s_lx_is_in_hbm_at_every_count()
 
 @st.composite
 def accumulations(draw) -> fspyre.Graph:
-    """A producer of K (pointwise, or a matmul producing it) and a sum or matmul over K, with
-    an op after it reading the result or not."""
+    """A producer of K (pointwise, or a matmul producing it) and a sum or matmul over K (or a
+    softmax over K and the value product, an online softmax), with an op after it reading the
+    result or not."""
     g = fspyre.GraphBuilder("accumulation")
     rows, inner, cols = draw(st.integers(1, 96)), draw(st.sampled_from([64, 128, 192, 320])), draw(st.integers(1, 96))
     dtype = draw(st.sampled_from(["float16", "float32"]))
@@ -153,10 +154,14 @@ def accumulations(draw) -> fspyre.Graph:
         h = g.exp(g.input("x", ["R", "K"], dtype))
     else:
         h = g.matmul(g.input("x", ["R", "D"], dtype), g.input("v", ["D", "K"], dtype), "D")
-    if draw(st.booleans()):
+    kind = draw(st.sampled_from(["sum", "matmul", "attention"]))
+    if kind == "sum":
         y = g.sum(h, ["K"])
-    else:
+    elif kind == "matmul":
         y = g.matmul(h, g.input("w", ["K", "N"], dtype), "K")
+    else:  # softmax over K, then the value product: an online softmax when tiled over K
+        e = g.exp(g.sub(h, g.amax(h, ["K"], keepdim=True)))
+        y = g.matmul(g.div(e, g.sum(e, ["K"], keepdim=True)), g.input("w", ["K", "N"], dtype), "K")
     g.output("y", g.neg(y) if draw(st.booleans()) else y)
     return g.build()
 
@@ -173,11 +178,11 @@ def test_an_accumulation_the_search_cuts_short_keeps_its_accumulator_in_hbm_abov
     machine = spyre(cores=cores, lx_bytes=lx)
     names = tuple(op.name for op in graph.ops)
     ops = names[:data.draw(st.integers(2, len(names)), label="ops")]
-    reductions = [op for op in graph.ops if op.name in ops and isinstance(op, Reduction)
-                  and any(d.name == "K" for d in op.reduction_ranges)]
-    size = reductions[0].reduction_ranges[0].size
-    assert _accumulation_dims([op for op in graph.ops if op.name in ops]) == [("K", size)]
-    assume(_accumulator_leaves_lx(machine, reductions[0]))
+    group = [op for op in graph.ops if op.name in ops]
+    assume([d for d, _ in _accumulation_dims(group)] == ["K"])  # a prefix may end before the reduction
+    reductions = [op for op in group if isinstance(op, Reduction) and op.fn in ("sum", "matmul")
+                  and any(d.name == "K" for d in op.reduction_ranges) and _accumulator_leaves_lx(machine, op)]
+    assume(reductions)
     count = data.draw(st.integers(2, 12), label="count")
     try:
         comp = accumulated(graph, machine, ops, "K", count)
