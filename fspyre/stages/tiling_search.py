@@ -966,8 +966,9 @@ _MISSES = 3
 # The counts of the outermost dim's refinement that lose and re-read an operand past which it
 # goes on (``_walk``).
 _REREADS = 1
-# The misses after which an accumulation's walk gives up (``_try_accumulation``): 2, where a
-# dim's takes 3: a third gave the S=2048, D=4096 block the same plan and estimate for more compiles.
+# The misses after which an accumulation's walk leaps to the coarsest count that fits
+# (``_try_accumulation``): 2, where a dim's takes 3 (it gave up there before the leap: a third
+# gave the S=2048, D=4096 block the same plan and estimate for more compiles).
 _ACCUMULATION_MISSES = 2
 
 
@@ -1007,7 +1008,8 @@ Leap = Literal["never", "spilled"]
 
 
 def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int],
-                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: Leap = "never") -> None:
+                    levels: Callable[[int], tuple[Level, ...]], limit: int = _MISSES, leap: Leap = "never",
+                    spare: frozenset[str] = frozenset()) -> None:
     """Judge the counts from the coarsest up until one fits, then finer while the estimate
     improves. After ``limit`` counts that do not fit, give up (the counts of a large dim
     that never fits would each be compiled), or, as ``leap`` says, find the coarsest of the
@@ -1016,14 +1018,16 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
     2, 4 and 7 spilled at rising estimates (1,149, 1,339 and 1,462 us: the cast result sliced
     differently by its readers) and 8, 13 and 16 too; the hidden dim of a silu MLP's first
     matmul, bias and silu on 3 cores and 64 KiB fits from 8 tiles, its 5th count, after 2, 3,
-    4 and 5 spilled."""
+    4 and 5 spilled. A count "fits" here when every intermediate but those of ``spare`` gets
+    LX (``_Judge.fits``): an accumulation's accumulator and partials keep their size at every
+    count, so whether they spill says nothing of the counts to come."""
     walk: _Walk | None = None
     misses = 0
     refusals: set[str] = set()
     k = 0
     while k < len(counts):
         cand = judge(members, levels(counts[k]))
-        if cand.verdict != "fits":
+        if not judge.fits(members, levels(counts[k]), spare):
             # refused (tiles too small for whole sticks, ...) or spilling: a finer count may
             # fit, and spilling estimates need not fall as the tiles shrink -- but a refusal
             # given word for word at two counts does not depend on the count
@@ -1038,7 +1042,7 @@ def _coarse_to_fine(judge: _Judge, members: Sequence[str], counts: Sequence[int]
             if leap == "never" or walk is not None or len(refusals) == misses:
                 break
             rest = counts[k + 1:]
-            found = _first(rest, lambda c: judge(members, levels(c)).verdict == "fits")
+            found = _first(rest, lambda c: judge.fits(members, levels(c), spare))
             if found is None:
                 break
             k, leap = k + 1 + found, "never"
@@ -1059,16 +1063,22 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
     (``fspyre.stages.guards.guard_boundaries``). Loop fission puts the readers of the sum
     after the loop. Counts from the coarsest up until one fits, then finer while the estimate
     improves.
-    The walk is given up at the coarsest count when what spilled there is an accumulator (the
-    result of a reduction over the dim, its partials or its peeled part): it keeps its size
-    at every count. So it is when the shapes alone say the accumulator or its partial is in
-    HBM at every count (``_accumulator_leaves_lx``), and then the coarsest count is not judged
-    either where one round trip of it (``_accumulation_floor``) keeps every count from
-    beating the best found.
-    Any other miss may depend on the count and is walked past, up to
-    ``_ACCUMULATION_MISSES``: x + fc2(gelu(fc1(LayerNorm(x)))) fp32 [3, 37, 96], F=300 on 5
+    An accumulator (the result of a reduction over the dim, its partials or its peeled part)
+    keeps its size at every count, so one in HBM at the coarsest count is taken to stay
+    there: the walk is given up when one round trip of it (``_accumulation_floor``) keeps
+    every count from beating the best found -- as it is, before the coarsest count is judged,
+    when the shapes alone say the accumulator or its partial is in HBM at every count
+    (``_accumulator_leaves_lx``). An accumulator in HBM whose round trip is cheap does not end
+    the walk, nor make a count a miss (``_coarse_to_fine``'s ``spare``): the Frobenius norm
+    sum(x * x) of fp16 x[4096, 64] on 4 cores and 32 KiB keeps its partial sums in HBM at
+    every count, and R:8 (x * x in LX) takes 3.54 us against 16.99 untiled.
+    Any other miss may depend on the count: after ``_ACCUMULATION_MISSES`` the walk leaps to
+    the coarsest count whose other intermediates get LX, by binary search (``leap``), as the
+    output dims' walks do. x + fc2(gelu(fc1(LayerNorm(x)))) fp32 [3, 37, 96], F=300 on 5
     cores and 64 KiB spills at F:2 (two ops slice the hidden activation differently) and fits
-    from F:3."""
+    from F:3; |x| read by a sum and an amax over its 5,003 rows (fp16, 257 columns, 9 cores and
+    64 KiB) keeps |x| in HBM at R:2 to R:5 (104 us, as untiled) and in LX from R:8 (22.11 us):
+    the walk gave up after R:3 (docs/tiling.md, "Why auto missed a plan")."""
     for dim, size in _accumulation_dims(ops):
         counts = _counts(ctx, ops, dim, size)
         if not counts:
@@ -1076,17 +1086,19 @@ def _try_accumulation(ctx: _Search, judge: _Judge, members: Sequence[str], ops: 
         reductions = [op for op in ops if isinstance(op, Reduction) and any(d.name == dim for d in op.reduction_ranges)]
         # Sums and matmuls whose accumulator or partial is in HBM at every count, which then
         # makes a round trip every tile: where that traffic keeps every count from beating the
-        # best found, none is judged; else the walk stops at the coarsest count, as it does
-        # when what spilled there is an accumulator
+        # best found, none is judged; else the walk stops at the coarsest count
         leaving = [op for op in reductions if op.fn in ("sum", "matmul") and _accumulator_leaves_lx(ctx.machine, op)]
         if leaving and _accumulation_floor(ctx, members, leaving).time_ns >= _best_time(judge):
             continue
         at = partial(_innermost, (), dim)
-        accumulators = {op.store.buffer for op in reductions}
-        spilled = _spilled(judge(members, at(counts[0])))
-        if leaving or spilled is not None and any(spilled == a or spilled.startswith(f"{a}_") for a in accumulators):
+        spilled = judge.judged(members, at(counts[0]))[1]
+        # the reductions whose accumulator the coarsest count left in HBM: one round trip of
+        # them against the best found (the coarsest count's own candidate too)
+        held = [op for op in reductions if any(_of(name, frozenset({op.store.buffer})) for name in spilled)]
+        if leaving or held and _accumulation_floor(ctx, members, held, spilled).time_ns >= _best_time(judge):
             continue
-        _coarse_to_fine(judge, members, counts, at, _ACCUMULATION_MISSES)
+        _coarse_to_fine(judge, members, counts, at, _ACCUMULATION_MISSES, leap="spilled",
+                        spare=frozenset(op.store.buffer for op in reductions))
 
 
 # Bytes of an element of a tiled reduction's accumulator and of its partial: float32 or int32
@@ -1110,17 +1122,30 @@ def _elements(op: Op) -> int:
     return math.prod(int(d.size) for d in op.ranges)
 
 
-def _accumulation_floor(ctx: _Search, members: Sequence[str], leaving: Sequence[Reduction]) -> Floor:
+def _accumulation_floor(ctx: _Search, members: Sequence[str], leaving: Sequence[Reduction],
+                        spilled: Sequence[str] | None = None) -> Floor:
     """A lower bound on the estimated time and HBM bytes of ``members`` as one group tiled
     over a reduction dim of ``leaving`` (reductions whose accumulator or partial is in HBM:
     ``_accumulator_leaves_lx``), at any count: the segment's compulsory bytes (``_floor``)
     and, for each of them, one round trip of its output at 4 bytes an element -- a partial in
     HBM is written and read back by the combine in every tile, an accumulator in HBM is read
     and written by it. (One tile at least: ``tile`` may round a count's tiles up to whole
-    sticks until the level makes no loop.)"""
-    trips = sum(_ACCUMULATOR_BYTES * _elements(op) for op in leaving)
+    sticks until the level makes no loop.) Given the intermediates a candidate ``spilled``
+    (``_try_accumulation``), a reduction none of whose partial or accumulator is among them
+    left its output or a part of it in HBM: written by the finish and read by its reader in
+    the group, one round trip at its device bytes where those are fewer."""
+    trips = sum(_trip(ctx, op, spilled) for op in leaving)
     reads, writes = _compulsory(ctx, members)
     return _floor_of(ctx, members, reads + trips, writes + trips)
+
+
+def _trip(ctx: _Search, op: Reduction, spilled: Sequence[str] | None) -> int:
+    """The bytes each way of one round trip of ``op``'s result through HBM (``_accumulation_floor``)."""
+    accumulated = _ACCUMULATOR_BYTES * _elements(op)
+    kinds = (f"{op.store.buffer}_part", f"{op.store.buffer}_acc")
+    if spilled is None or any(name.startswith(kinds) for name in spilled):
+        return accumulated
+    return min(accumulated, _device_bytes(ctx, op.store.buffer))
 
 
 def accumulation_floor(graph: Graph, machine: Machine, ops: Sequence[str], dim: str) -> Floor | None:
@@ -1281,7 +1306,7 @@ class _Judge:
         self.ctx = ctx
         self.floor = floor
         self.tried: list[_Tried] = []
-        self._memo: dict[tuple, Candidate] = {}
+        self._memo: dict[tuple, tuple[Candidate, tuple[str, ...]]] = {}
         # one subgraph per membership: the stages verify a graph once, the same object again not
         self._subgraphs: dict[tuple[str, ...], Graph] = {}
 
@@ -1290,31 +1315,48 @@ class _Judge:
         return _compute_floor(self.ctx, members)
 
     def __call__(self, members: Sequence[str], levels: tuple[Level, ...]) -> Candidate:
+        return self.judged(members, levels)[0]
+
+    def judged(self, members: Sequence[str], levels: tuple[Level, ...]) -> tuple[Candidate, tuple[str, ...]]:
+        """The candidate and the intermediates it left in HBM (``_judged``)."""
         key = (tuple(members), levels)
         if key not in self._memo:
             sub = self._subgraphs.get(key[0])
             if sub is None:
                 sub = self._subgraphs[key[0]] = _subgraph(self.ctx, members)
-            cand = _judge(self.ctx, members, levels, sub)
-            self._memo[key] = cand
+            cand, spilled = self._memo[key] = _judged(self.ctx, members, levels, sub)
             self.tried.append(_Tried(candidate=cand, rank=_rank(cand)))
             if self.floor is not None and self.floor.reached(cand):
                 raise _Unbeatable
         return self._memo[key]
 
+    def fits(self, members: Sequence[str], levels: tuple[Level, ...], spare: frozenset[str] = frozenset()) -> bool:
+        """Whether ``members`` at ``levels`` compiled with every intermediate in LX but those
+        of ``spare`` (buffers, and the partials and peeled parts named after them: ``_of``)."""
+        cand, spilled = self.judged(members, levels)
+        return cand.verdict != "refused" and all(_of(name, spare) for name in spilled)
+
 
 _IN_HBM = " in HBM"  # a spilling candidate's reason: the first intermediate left in HBM, then why
 
 
-def _spilled(cand: Candidate) -> str | None:
-    """The intermediate a spilling candidate's reason names first (``_judge``)."""
-    return cand.reason.split(_IN_HBM, 1)[0] if cand.verdict == "spills" else None
+def _of(name: str, buffers: frozenset[str]) -> bool:
+    """Whether the intermediate ``name`` is one of ``buffers`` or a part named after one (a
+    tiled reduction's partial, its peeled part: ``<buffer>_...``)."""
+    return name in buffers or any(name.startswith(f"{b}_") for b in buffers)
 
 
 def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None,
            tiled: int | None = None) -> Candidate:
     """``members`` compiled as one group at ``levels`` (or only their first ``tiled``, the
     rest untiled after it)."""
+    return _judged(ctx, members, levels, sub, tiled)[0]
+
+
+def _judged(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub: Graph | None = None,
+            tiled: int | None = None) -> tuple[Candidate, tuple[str, ...]]:
+    """``_judge``'s candidate and the intermediates it left in HBM (the candidate's reason
+    names the first)."""
     ctx.tally["compiled"] += 1
     sub = _subgraph(ctx, members) if sub is None else sub
     group = tuple(members[:tiled])
@@ -1330,7 +1372,7 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
             verify_program(placed.program)  # a candidate compile would refuse is refused here
         report = placed.report or traffic_report(placed.program)
     except FspyreError as err:
-        return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0])
+        return Candidate(levels=levels, verdict="refused", reason=str(err).splitlines()[0]), ()
     kept = {o.buffer for o in sub.outputs} | set(sub.inputs)
     spilled = [b.name for b in tree.buffers if b.name not in kept and alloc.buffers[b.name].memory != "lx"]
     reason = ""
@@ -1338,4 +1380,4 @@ def _judge(ctx: _Search, members: Sequence[str], levels: tuple[Level, ...], sub:
         placement = alloc.buffers[spilled[0]]
         reason = f"{spilled[0]}{_IN_HBM}" + (f" ({placement.reason})" if placement.reason else "")
     return Candidate(levels=levels, verdict="spills" if spilled else "fits", reason=reason,
-                     time_ns=report.time_ns, hbm_bytes=report.hbm_bytes)
+                     time_ns=report.time_ns, hbm_bytes=report.hbm_bytes), tuple(spilled)

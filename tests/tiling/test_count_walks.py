@@ -361,3 +361,52 @@ def test_hoisted_levels_of_masked_chains_run_equal_to_untiled(graph, cores, lx):
     report = fspyre.check(graph, machine=machine, comp=comp)
     assert report.equal, str(report)
     assert traffic_report(comp.program).time_ns <= estimate(graph, machine, "none") * (1 + 1e-9)
+
+
+def column_stats(rows: int, cols: int, fn: str) -> fspyre.Graph:
+    """a = fn(x), fp16 x[rows, cols]; outputs sum(a) and amax(a) over the rows."""
+    g = fspyre.GraphBuilder("column_stats")
+    g.dim("R", rows), g.dim("C", cols)
+    a = getattr(g, fn)(g.input("x", ["R", "C"], "float16"))
+    g.output("s", g.sum(a, ["R"]))
+    g.output("m", g.amax(a, ["R"]))
+    return g.build()
+
+
+def scaled_by_norm(rows: int, cols: int) -> fspyre.Graph:
+    """y = x * rsqrt(sum(x * x over both dims) + eps), fp16 x[rows, cols]."""
+    g = fspyre.GraphBuilder("scaled_by_norm")
+    g.dim("R", rows), g.dim("C", cols)
+    x = g.input("x", ["R", "C"], "float16")
+    n = g.sum(g.mul(x, x), ["R", "C"], keepdim=True)
+    g.output("y", g.mul(x, g.rsqrt(g.add(n, 1e-12))))
+    return g.build()
+
+
+@pytest.mark.parametrize(("rows", "cols", "fn", "cores", "lx_kib", "count"), [
+    (5003, 257, "abs", 9, 64, 8),  # an independent audit's: |x| in HBM at R:2 to R:5
+    (6007, 200, "exp", 8, 64, 94),  # exp(x) in HBM as far as R:47: 51.55 us at R:94, 99.68 as untiled
+])
+def test_the_accumulation_walk_leaps_to_the_coarsest_count_whose_intermediates_fit(rows, cols, fn, cores, lx_kib,
+                                                                                     count):
+    """A sum and an amax over the rows of fn(x): fn(x) spills at the coarsest counts (104 us for
+    the audit's, as untiled: it goes through HBM and is read twice) and gets LX from R:8 (22.11
+    us). The walk gave up after two counts that spilled; it now leaps by binary search to the
+    coarsest count whose intermediates other than the accumulators get LX."""
+    graph, machine = column_stats(rows, cols, fn), spyre(cores=cores, lx_bytes=lx_kib * 1024)
+    assert auto_estimate(graph, machine) <= estimate(graph, machine, one_group(graph, "R", count)) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("rows", "cols", "cores", "lx_kib"), [(4096, 64, 4, 32), (8192, 64, 8, 32)])
+def test_an_accumulation_whose_partials_spill_at_every_count_is_walked(rows, cols, cores, lx_kib):
+    """y = x * rsqrt(sum(x * x) + eps): x * x spills at R:2 and R:4, and from R:8 only the
+    partial sums are in HBM (the sum splits its reduction dim across cores), which no count
+    changes; [x * x, sum] R:8 takes 13.54 us against auto's 23.50 ([x * x] R:4 alone) for the
+    audit's 4,096 rows. A spilling partial is no miss and ends the walk only where its round trip
+    keeps every count from beating the best found."""
+    graph, machine = scaled_by_norm(rows, cols), spyre(cores=cores, lx_bytes=lx_kib * 1024)
+    ops = tuple(op.name for op in graph.ops)[:2]
+    comp = accumulated(graph, machine, ops, "R", 8)
+    (total,) = [op for op in graph.ops if isinstance(op, Reduction)]
+    assert in_hbm(comp, [total]) == [True]
+    assert auto_estimate(graph, machine) <= traffic_report(comp.program).time_ns * (1 + 1e-9)
