@@ -454,15 +454,16 @@ def test_dynamic_embedding_whose_float_attribute_dynamo_passes_as_a_tensor() -> 
 
 # -- the backend never fails the user's call --------------------------------------------------
 # Every stage a subgraph passes through on its way to the interpreter, by the module attribute
-# the caller looks it up under ("+": each of those modules; under tiling="auto" the search
+# the caller looks it up under ("+": each of those modules; under tiling="auto" the search (its
+# candidates in tiling_search, the whole program in search_context)
 # tiles and places the plan it hands on). Each is planted with a failure in turn; the call
 # must return eager's values and warn naming the ops and the failure.
 STAGES = (
     ("fspyre.frontend.dynamo", "decompose"),  # Dynamo graph -> core ATen
     ("fspyre.frontend.dynamo", "lower_with_constants"),  # ATen subgraph -> fspyre Graph
     ("fspyre.pipeline", "search_placed"),
-    ("fspyre.pipeline+fspyre.stages.tiling_search", "tile"),
-    ("fspyre.pipeline+fspyre.stages.tiling_search", "place_copies"),
+    ("fspyre.pipeline+fspyre.stages.tiling_search+fspyre.stages.search_context", "tile"),
+    ("fspyre.pipeline+fspyre.stages.tiling_search+fspyre.stages.search_context", "place_copies"),
     ("fspyre.pipeline", "verify_loop_tree"),
     ("fspyre.pipeline", "verify_program"),
     ("fspyre.machine.interpreter", "run_outputs"),  # the interpreter, at call time
