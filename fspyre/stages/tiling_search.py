@@ -291,15 +291,22 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
     chains = _chain_starts(ctx, run)
     for i in range(1, n + 1):
         starts = _fusable_starts(ctx, run, i - 1, ctx.options.window)
+        # the starts of the chain segments the window cut: these also weigh levels on dims
+        # their leading ops do not iterate, those ops hoisted before the loop (``_tileable_dims``)
+        hoisting: set[int] = set()
         if chains.get(i) is not None and chains[i] not in starts and i - chains[i] <= 2 * ctx.options.window:
+            hoisting.add(chains[i])
             starts.append(chains[i])
             # and the chain's longest tail a level can tile, when the window cuts it: a
             # captured GQA attention's 11-op chain has its two repeat_interleave copies,
             # which do not iterate the query heads, and its 9 ops after them tiled over the
             # heads are 2.41 us against 2.84 for the 8 the window gives (3 cores, 32 KiB)
-            shared = _shared_start(ctx, run, chains[i], i)
-            if shared not in starts:
-                starts.append(shared)
+            # Each tail whose ops share more of the consumer's output dims than the longer
+            # tail: the chain without its leading ops that do not iterate a dim the rest share
+            # (a causal mask's gt(mask[S, T]) before the attention of H heads, 10 ops)
+            tails = [j for j in _shared_starts(ctx, run, chains[i], i) if j not in starts]
+            hoisting.update(tails)
+            starts.extend(tails)
         # a segment's cost is what its tiling changes against running its ops untiled in the
         # whole program; an untiled segment changes nothing (its ops are no group)
         in_place = {j: _in_place(ctx, run[j:i])[0] for j in starts}
@@ -347,7 +354,7 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                 ctx.tally["screened"] += 1
                 alternatives.append(Alternative(ops=members, bound_ns=reach))
                 continue
-            record = _solve(ctx, members)
+            record = _solve(ctx, members, hoist=j in hoisting)
             if ctx.in_context:
                 record = _in_context(record, _in_place(ctx, members))
             cost = _add(best[j], record.choice, _in_place(ctx, members))
@@ -544,18 +551,24 @@ def _fusable_starts(ctx: _Search, run: Sequence[str], i: int, window: int) -> li
     return starts
 
 
-def _shared_start(ctx: _Search, run: Sequence[str], start: int, end: int) -> int:
-    """The start of the longest suffix of ``run[start:end]`` whose ops all iterate an output
-    dim of its last op (a segment a level can tile)."""
+def _shared_starts(ctx: _Search, run: Sequence[str], start: int, end: int) -> list[int]:
+    """The starts of the longest suffixes of ``run[start:end]`` whose ops all iterate a set of
+    output dims of its last op, one for each set those suffixes share, longest suffix last:
+    the segments a level can tile, and each without the leading ops that do not iterate a dim
+    the ops after them share (at most one start per output dim of the last op)."""
     dims = {(d.name, d.size) for d in ctx.ops[run[end - 1]].ranges if d.size > 1}
+    out = []
     j = end - 1
     while j > start:
         have = {(d.name, d.size) for d in ctx.ops[run[j - 1]].ranges}
         if not dims & have:
             break
+        if not dims <= have:
+            out.append(j)
         dims &= have
         j -= 1
-    return j
+    out.append(j)
+    return out
 
 
 def _chain_starts(ctx: _Search, run: Sequence[str]) -> dict[int, int]:
@@ -681,16 +694,17 @@ def _whole_load(op: Op, load: Load, buffer: Buffer) -> bool:
 
 
 # -- one segment, solved once per structure ---------------------------------------------------------
-def _solve(ctx: _Search, members: Sequence[str]) -> GroupSearch:
-    """The best tiling of ``members`` as one group (``_fit``), memoised by the structure of
+def _solve(ctx: _Search, members: Sequence[str], hoist: bool = False) -> GroupSearch:
+    """The best tiling of ``members`` as one group (``_fit``; ``hoist``: levels on dims some
+    ops do not iterate are weighed too, ``_tileable_dims``), memoised by the structure of
     their subgraph: names canonicalised, so a repeated block or head is solved once."""
     sub = _subgraph(ctx, members)
     canon, names = _canonical(sub)
-    key = _structure(canon)
+    key = ("hoist", _structure(canon)) if hoist else _structure(canon)
     hit = ctx.memo.get(key)
     if hit is None:
         local = _local(ctx, canon)
-        hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops])
+        hit = ctx.memo[key] = _fit(local, [op.name for op in canon.ops], hoist)
     else:
         ctx.tally["reused"] += 1
     return _renamed(hit, names)
@@ -769,10 +783,10 @@ def _grow_producers(ctx: _Search, members: list[str]) -> GroupSearch:
 
 
 # -- shrink and grow ----------------------------------------------------------------------------
-def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
+def _fit(ctx: _Search, members: Sequence[str], hoist: bool = False) -> GroupSearch:
     judge = _Judge(ctx, _floor(ctx, members))
     try:
-        _walk(ctx, judge, members)
+        _walk(ctx, judge, members, hoist)
     except _Unbeatable:
         pass  # a candidate at the floor's time: nothing judged after it is estimated faster
     best = min(range(len(judge.tried)), key=lambda i: judge.tried[i].rank)
@@ -780,11 +794,11 @@ def _fit(ctx: _Search, members: Sequence[str]) -> GroupSearch:
                        candidates=tuple(c.candidate for c in judge.tried), chosen=best)
 
 
-def _walk(ctx: _Search, judge: _Judge, members: Sequence[str]) -> None:
+def _walk(ctx: _Search, judge: _Judge, members: Sequence[str], hoist: bool = False) -> None:
     """Shrink, grow back, refine, then each other dim alone, the online and the accumulation
     tries: the candidates ``judge`` records (``_fit`` picks the best of them)."""
     ops = [ctx.ops[m] for m in members]
-    dims = _tileable_dims(ops)
+    dims = _tileable_dims(ops, hoist)
     counts = {d: _counts(ctx, ops, d, size) for d, size in dims}
     chosen: dict[str, int] = {}
 
@@ -1031,16 +1045,34 @@ def _first(options: Sequence[int], ok: Callable[[int], bool]) -> int | None:
     return lo if lo < len(options) and ok(options[lo]) else None
 
 
-def _tileable_dims(ops: Sequence[Op]) -> list[tuple[str, int]]:
+def _tileable_dims(ops: Sequence[Op], hoist: bool = False) -> list[tuple[str, int]]:
     """The consumer's output dims (outermost first) that every op of the group iterates as an
     output dim: a level on any other dim would re-run an op every iteration or split a
-    reduction whose result the group reads."""
-    consumer = ops[-1]
-    out = []
-    for d in consumer.ranges:
-        if d.size > 1 and all(any(r.name == d.name and r.size == d.size for r in op.ranges) for op in ops):
-            out.append((d.name, d.size))
-    return out
+    reduction whose result the group reads. With ``hoist``, also those under which the ops
+    that do not iterate them are loop-invariant (``_invariant_under``)."""
+    return [(d.name, d.size) for d in ops[-1].ranges
+            if d.size > 1 and (_invariant_under(ops, d.name, d.size) if hoist else
+                               all(any(r.name == d.name and r.size == d.size for r in op.ranges) for op in ops))]
+
+
+def _invariant_under(ops: Sequence[Op], dim: str, size: int) -> bool:
+    """Whether every op of the group that does not iterate ``dim`` (of ``size``) as an output
+    dim is loop-invariant under a level on it: it does not iterate the dim at all (no
+    reduction over it), is the group's only writer of its result and reads nothing an op
+    iterating the dim writes. Hoisting (``fspyre.stages.hoisting``) then runs it once before
+    the loop, its result kept for every iteration, as a hint over such a group has it: a
+    causal mask's gt(mask[S, T]) in the attention of H heads."""
+    varying: set[str] = set()  # buffers written per iteration of the level
+    writers: dict[str, int] = {}
+    for op in ops:
+        writers[op.store.buffer] = writers.get(op.store.buffer, 0) + 1
+    for op in ops:
+        if any(r.name == dim and r.size == size for r in op.ranges):
+            varying.add(op.store.buffer)
+        elif (any(r.name == dim for r in iteration_dims(op)) or writers[op.store.buffer] > 1
+              or any(ld.buffer in varying for ld in op.loads)):
+            return False
+    return True
 
 
 def _counts(ctx: _Search, ops: Sequence[Op], dim: str, size: int) -> list[int]:
