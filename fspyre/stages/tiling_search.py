@@ -397,11 +397,12 @@ def _segments(ctx: _Search, run: Sequence[str]) -> list[GroupSearch]:
                     # the group that paid, grown by an op that costs nothing, gains nothing more:
                     # the segments left rank below both by their bound
                     idle = ctx.options.patience
-            elif charged[j] != _in_place(ctx, members):
-                # charged for reading its free neighbours' results (``_charged``): the segment
-                # grown over them, which is not, is weighed next (sin(x), tanh(pow(abs(x) + 1))
-                # and a matmul over E: [sin .. matmul] reads pow's result, from abs it reads x
-                # alone and gains 825 ns against 1,557)
+            elif charged[j] != _in_place(ctx, members) and any(
+                    c.levels and _add(best[j], c, _in_place(ctx, members)) < best[i] for c in record.candidates):
+                # a tiling of it lost only by the charge for reading its free neighbours' results
+                # (``_charged``): the segment grown over them, which is not charged, is weighed
+                # next (sin(x), tanh(pow(abs(x) + 1)) and a matmul over E: [sin .. matmul]
+                # reads pow's result; from abs it reads x alone and gains 825 ns against 1,557)
                 gained.add(j)
             else:
                 idle += 1
