@@ -24,10 +24,10 @@ sigmoid, directly or each through a neg, on the default machine and on small one
 over 50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, a silu MLP on 3
 cores whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and
 1,147 rows, a softmax on 12 cores with 2 MiB LX and a logsumexp over 3,000 columns on 8 cores
-and 64 KiB, where the groups judged alone do not add up in the whole program, and a product
-reading a concatenation of two computed pieces). The enumeration's score is a sum over groups,
-as the search's is, so where the whole program's correction finds a plan that sum misses auto's
-gap is negative.
+and 64 KiB, where the groups judged alone do not add up in the whole program, a product
+reading a concatenation of two computed pieces, and two causal-masked attentions whose mask op
+does not iterate the heads). The enumeration's score is a sum over groups, as the search's is,
+so where the whole program's correction finds a plan that sum misses auto's gap is negative.
 `none` and the hints are printed beside: auto must not be estimated slower than either.
 
 Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
@@ -219,6 +219,22 @@ def gqa(groups: int = 2, heads: int = 4, seq: int = 197, embed: int = 64) -> Gra
     return g.build()
 
 
+def causal(heads: int, seq: int, embed: int, dtype: str, hinted: bool = False) -> Graph:
+    """Causal-masked attention: where(gt(causal[S, T], 0.5), scores, -1e4), the mask's gt first
+    in program order (it does not iterate the heads); ``hinted``: slices={"H": heads} over all."""
+    import contextlib
+
+    g = fspyre.GraphBuilder("causal")
+    g.dim("H", heads), g.dim("S", seq), g.dim("T", seq), g.dim("E", embed)
+    q, k = g.input("q", ["H", "S", "E"], dtype), g.input("k", ["H", "T", "E"], dtype)
+    v, mask = g.input("v", ["H", "T", "E"], dtype), g.input("causal", ["S", "T"], dtype)
+    with g.hint(slices={"H": heads}) if hinted else contextlib.nullcontext():
+        s = g.where(g.gt(mask, 0.5), g.mul(g.matmul(q, k, "E"), embed ** -0.5), -1e4)
+        e = g.exp(g.sub(s, g.amax(s, ["T"], keepdim=True)))
+        g.output("o", g.matmul(g.div(e, g.sum(e, ["T"], keepdim=True)), v, "T"))
+    return g.build()
+
+
 def concat_product(rows: int = 2049) -> Graph:
     """y = concat([exp(a), -b], columns) * w, fp16: the pieces' producers, a copy per piece,
     and a product that reads the whole result."""
@@ -291,6 +307,12 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
     # share in place of the untiled sub's and exp's read/write turnaround)
     out.append(("logsumexp fp16 [129, 3000], 8 cores 64 KiB", logsumexp(), logsumexp(),
                 spyre(cores=8, lx_bytes=64 * 1024)))
+    # a chain longer than the window whose leading op (the mask's gt) does not iterate the
+    # heads: the tail without it, and the heads with it hoisted (the second hinted H:6)
+    out.append(("causal-masked attention fp16 H=4 S=333, 12 cores 256 KiB", causal(4, 333, 64, "float16"),
+                causal(4, 333, 64, "float16"), spyre(cores=12, lx_bytes=256 * 1024)))
+    out.append(("causal-masked attention fp32 H=6 S=129, 3 cores 48 KiB", causal(6, 129, 32, "float32", True),
+                causal(6, 129, 32, "float32"), spyre(cores=3, lx_bytes=48 * 1024)))
     return out
 
 
