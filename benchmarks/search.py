@@ -25,9 +25,10 @@ over 50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, 
 cores whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and
 1,147 rows, a softmax on 12 cores with 2 MiB LX and a logsumexp over 3,000 columns on 8 cores
 and 64 KiB, where the groups judged alone do not add up in the whole program, a product
-reading a concatenation of two computed pieces, and two causal-masked attentions whose mask op
-does not iterate the heads). The enumeration's score is a sum over groups, as the search's is,
-so where the whole program's correction finds a plan that sum misses auto's gap is negative.
+reading a concatenation of two computed pieces, two causal-masked attentions whose mask op
+does not iterate the heads, a softmax with its logsumexp and a residual layernorm). The
+enumeration's score is a sum over groups, as the search's is, so where the whole program's
+correction finds a plan that sum misses auto's gap is negative.
 `none` and the hints are printed beside: auto must not be estimated slower than either.
 
 Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
