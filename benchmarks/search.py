@@ -25,9 +25,10 @@ over 50,257 columns as the front end emits it, odd sizes on 8 cores and 64 KiB, 
 cores whose hidden dim fits only past three spilling counts, rmsnorm -> matmul over 1,003 and
 1,147 rows, a softmax on 12 cores with 2 MiB LX and a logsumexp over 3,000 columns on 8 cores
 and 64 KiB, where the groups judged alone do not add up in the whole program, a product
-reading a concatenation of two computed pieces, and two causal-masked attentions whose mask op
-does not iterate the heads). The enumeration's score is a sum over groups, as the search's is,
-so where the whole program's correction finds a plan that sum misses auto's gap is negative.
+reading a concatenation of two computed pieces, two causal-masked attentions whose mask op
+does not iterate the heads, a softmax with its logsumexp and a residual layernorm). The
+enumeration's score is a sum over groups, as the search's is, so where the whole program's
+correction finds a plan that sum misses auto's gap is negative.
 `none` and the hints are printed beside: auto must not be estimated slower than either.
 
 Part 3, checks: x[4093, 256] on 8 cores and 64 KiB LX with auto (its counts, rows a tile and
@@ -219,6 +220,35 @@ def gqa(groups: int = 2, heads: int = 4, seq: int = 197, embed: int = 64) -> Gra
     return g.build()
 
 
+def softmax_lse(rows: int = 4093, cols: int = 256) -> Graph:
+    """fp16 -> fp32 softmax with two outputs, the probabilities cast back and the logsumexp
+    log(sum) + max: the probabilities' branch sits inside the lse's producers (9 ops)."""
+    g = fspyre.GraphBuilder("softmax_lse")
+    g.dim("R", rows), g.dim("C", cols)
+    xf = g.cast(g.input("x", ["R", "C"], "float16"), "float32")
+    m = g.amax(xf, ["C"], keepdim=True)
+    e = g.exp(g.sub(xf, m))
+    s = g.sum(e, ["C"], keepdim=True)
+    g.output("p", g.cast(g.div(e, s), "float16"))
+    g.output("lse", g.add(g.log(s), m))
+    return g.build()
+
+
+def residual_layernorm(rows: int = 4093, d: int = 256) -> Graph:
+    """h = x + a (an output), y = layernorm(h) * gamma + beta (an output): mean(h) and h - mean
+    cost nothing untiled beside h's kernel."""
+    g = fspyre.GraphBuilder("resln")
+    g.dim("T", rows), g.dim("D", d)
+    x, a = g.input("x", ["T", "D"], "float16"), g.input("a", ["T", "D"], "float16")
+    gam, bet = g.input("gamma", ["D"], "float16"), g.input("beta", ["D"], "float16")
+    h = g.add(x, a)
+    g.output("h", h)
+    hc = g.sub(h, g.mean(h, ["D"], keepdim=True))
+    r = g.rsqrt(g.add(g.mean(g.mul(hc, hc), ["D"], keepdim=True), 1e-5))
+    g.output("y", g.add(g.mul(g.mul(hc, r), gam), bet))
+    return g.build()
+
+
 def causal(heads: int, seq: int, embed: int, dtype: str, hinted: bool = False) -> Graph:
     """Causal-masked attention: where(gt(causal[S, T], 0.5), scores, -1e4), the mask's gt first
     in program order (it does not iterate the heads); ``hinted``: slices={"H": heads} over all."""
@@ -313,6 +343,12 @@ def designed() -> list[tuple[str, Graph, Graph, Machine]]:
                 causal(4, 333, 64, "float16"), spyre(cores=12, lx_bytes=256 * 1024)))
     out.append(("causal-masked attention fp32 H=6 S=129, 3 cores 48 KiB", causal(6, 129, 32, "float32", True),
                 causal(6, 129, 32, "float32"), spyre(cores=3, lx_bytes=48 * 1024)))
+    # a consumer's producers with a sibling branch between them, past the window; and free
+    # untiled neighbours a group's boundary would send through HBM
+    out.append(("softmax + logsumexp fp16 [4093, 256], 8 cores 64 KiB", softmax_lse(), softmax_lse(),
+                spyre(cores=8, lx_bytes=64 * 1024)))
+    out.append(("residual layernorm fp16 [4093, 256], 11 cores 256 KiB", residual_layernorm(), residual_layernorm(),
+                spyre(cores=11, lx_bytes=256 * 1024)))
     return out
 
 

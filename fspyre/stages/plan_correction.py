@@ -13,6 +13,7 @@ from dataclasses import replace
 from fspyre.ir.plans import Alternative, GroupSearch, Level, TilingPlan
 from fspyre.stages.search_context import (
     _canonical,
+    _charged,
     _Compiled,
     _compiled,
     _in_place,
@@ -185,7 +186,7 @@ def _kinds(ctx: _Search, records: Sequence[GroupSearch], seen: dict[tuple, tuple
 
 def _claims(ctx: _Search, records: Sequence[GroupSearch]) -> dict[int, float]:
     """index -> what each tiled record claims to change against its ops in the hinted program."""
-    return {k: r.choice.time_ns - _in_place(ctx, r.ops)[0] for k, r in enumerate(records) if r.choice.levels}
+    return {k: r.choice.time_ns - _charged(ctx, r.ops)[0] for k, r in enumerate(records) if r.choice.levels}
 
 
 def _disagrees(ctx: _Search, base: _Compiled, records: Sequence[GroupSearch], mine: _Compiled) -> bool:
