@@ -61,7 +61,13 @@ from fspyre.machine.report import traffic_report
 from fspyre.machine.spyre import Machine, spyre
 from fspyre.stages import tiling_search as ts
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
-from fspyre.testing.transformer import layer_norm_matmul, rms_norm_matmul, silu_mlp, transformer_stack
+from fspyre.testing.transformer import (
+    layer_norm_matmul,
+    residual_layernorm,
+    rms_norm_matmul,
+    silu_mlp,
+    transformer_stack,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LIMIT = 1000
@@ -231,21 +237,6 @@ def softmax_lse(rows: int = 4093, cols: int = 256) -> Graph:
     s = g.sum(e, ["C"], keepdim=True)
     g.output("p", g.cast(g.div(e, s), "float16"))
     g.output("lse", g.add(g.log(s), m))
-    return g.build()
-
-
-def residual_layernorm(rows: int = 4093, d: int = 256) -> Graph:
-    """h = x + a (an output), y = layernorm(h) * gamma + beta (an output): mean(h) and h - mean
-    cost nothing untiled beside h's kernel."""
-    g = fspyre.GraphBuilder("resln")
-    g.dim("T", rows), g.dim("D", d)
-    x, a = g.input("x", ["T", "D"], "float16"), g.input("a", ["T", "D"], "float16")
-    gam, bet = g.input("gamma", ["D"], "float16"), g.input("beta", ["D"], "float16")
-    h = g.add(x, a)
-    g.output("h", h)
-    hc = g.sub(h, g.mean(h, ["D"], keepdim=True))
-    r = g.rsqrt(g.add(g.mean(g.mul(hc, hc), ["D"], keepdim=True), 1e-5))
-    g.output("y", g.add(g.mul(g.mul(hc, r), gam), bet))
     return g.build()
 
 

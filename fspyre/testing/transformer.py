@@ -95,6 +95,23 @@ def silu_mlp(tokens: int = 257, model: int = 320, hidden: int = 1280) -> Graph:
     return g.build()
 
 
+
+def residual_layernorm(rows: int = 4093, d: int = 256) -> Graph:
+    """h = x + a (an output), y = layernorm(h) * gamma + beta (an output), float16 [rows, d]:
+    10 ops, of which mean(h) and h - mean cost nothing untiled beside h's kernel (their results
+    stay in LX), what a segment's boundary can send through HBM."""
+    g = GraphBuilder("resln")
+    g.dim("T", rows), g.dim("D", d)
+    x, a = g.input("x", ["T", "D"], "float16"), g.input("a", ["T", "D"], "float16")
+    gam, bet = g.input("gamma", ["D"], "float16"), g.input("beta", ["D"], "float16")
+    h = g.add(x, a)
+    g.output("h", h)
+    hc = g.sub(h, g.mean(h, ["D"], keepdim=True))
+    r = g.rsqrt(g.add(g.mean(g.mul(hc, hc), ["D"], keepdim=True), 1e-5))
+    g.output("y", g.add(g.mul(g.mul(hc, r), gam), bet))
+    return g.build()
+
+
 def tiny_llama_lm(layers: int = 1):
     """A tiny ``LlamaForCausalLM`` with random weights (seed 0; hidden 64, two heads, vocabulary
     64), eager attention, in eval mode: generation's test and benchmark model. Needs

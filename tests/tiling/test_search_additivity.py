@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import warnings
 
+from test_tiling_search import shared_exp_siblings
+
 import fspyre
 from fspyre.ir.plans import Group, Level, TilingPlan
 from fspyre.machine.memcheck import check_memory
@@ -43,13 +45,7 @@ def test_the_runner_up_whose_claims_the_turnaround_undersells_is_compiled_whole(
     claim 6,649.8 ns and are 6,649.8 whole; the producer chain C:2 with the amax and the last
     mul untiled (the runner-up at the last consumer, claims 1.4 % more) is 6,625.4 whole, the
     program-wide read/write turnaround favouring its mix."""
-    g = fspyre.GraphBuilder("siblings")
-    g.dim("R", 129), g.dim("C", 237)
-    e = g.exp(g.mul(g.input("x", ["R", "C"], "float16"), g.input("w0", ["R", "C"], "float16")))
-    g.output("o0", g.neg(g.mul(e, g.input("p0", ["R", "C"], "float16"))))
-    g.output("o1", g.amax(e, ["C"], keepdim=True))
-    g.output("o2", g.mul(e, g.input("p2", ["R", "C"], "float16")))
-    graph, machine = g.build(), spyre(cores=6, lx_bytes=9088)
+    graph, machine = shared_exp_siblings(), spyre(cores=6, lx_bytes=9088)
     comp = checked(graph, machine)
     search = comp.stages["tiling_search"]
     assert "runner-up" in search.note

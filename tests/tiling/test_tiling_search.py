@@ -27,7 +27,13 @@ from fspyre.stages.tiling_search import SearchOptions, search_tiling, segment_bo
 from fspyre.testing import examples, inputs_for, programs
 from fspyre.testing.hints import legal_hint_nests
 from fspyre.testing.machines import core_counts, lx_capacities
-from fspyre.testing.transformer import layer_norm_matmul, rms_norm_matmul, silu_mlp, transformer_stack
+from fspyre.testing.transformer import (
+    layer_norm_matmul,
+    residual_layernorm,
+    rms_norm_matmul,
+    silu_mlp,
+    transformer_stack,
+)
 
 SMALL_LX = spyre(cores=4, lx_bytes=64 * 1024)
 
@@ -684,6 +690,17 @@ def test_siblings_are_weighed_with_their_intermediate_on_random_machines(graph, 
         assert auto <= estimate(graph, machine, plan) * (1 + 1e-9)
 
 
+def shared_exp_siblings() -> fspyre.Graph:
+    """exp(x * w) read by three outputs (one through a neg, one an amax), x[129, 237] fp16."""
+    g = fspyre.GraphBuilder("siblings")
+    g.dim("R", 129), g.dim("C", 237)
+    e = g.exp(g.mul(g.input("x", ["R", "C"], "float16"), g.input("w0", ["R", "C"], "float16")))
+    g.output("o0", g.neg(g.mul(e, g.input("p0", ["R", "C"], "float16"))))
+    g.output("o1", g.amax(e, ["C"], keepdim=True))
+    g.output("o2", g.mul(e, g.input("p2", ["R", "C"], "float16")))
+    return g.build()
+
+
 def test_a_sibling_group_is_not_chosen_over_a_faster_plan_by_the_dp_s_additivity():
     """exp(x * w) read by three outputs (one through a neg), x[129, 237] fp16, 6 cores, 9,088 B
     of LX: the DP takes all six ops R:3, 6,649.8 ns whole (summed change -1,615.1), over the
@@ -695,13 +712,7 @@ def test_a_sibling_group_is_not_chosen_over_a_faster_plan_by_the_dp_s_additivity
     slower than greedy and 14 times faster (10.6 % on average). The chain is the DP's
     runner-up at the last consumer, its claims 1.4 % behind: the correction compiles it whole
     (``plan_correction._RUNNER_UP``)."""
-    g = fspyre.GraphBuilder("siblings")
-    g.dim("R", 129), g.dim("C", 237)
-    e = g.exp(g.mul(g.input("x", ["R", "C"], "float16"), g.input("w0", ["R", "C"], "float16")))
-    g.output("o0", g.neg(g.mul(e, g.input("p0", ["R", "C"], "float16"))))
-    g.output("o1", g.amax(e, ["C"], keepdim=True))
-    g.output("o2", g.mul(e, g.input("p2", ["R", "C"], "float16")))
-    graph, machine = g.build(), spyre(cores=6, lx_bytes=9088)
+    graph, machine = shared_exp_siblings(), spyre(cores=6, lx_bytes=9088)
     greedy = search_tiling(graph, machine, SearchOptions(strategy="greedy")).plan
     assert estimate(graph, machine, "auto") <= estimate(graph, machine, greedy) * (1 + 1e-9)
 
@@ -776,20 +787,6 @@ def test_a_consumer_s_producers_with_a_sibling_branch_between_them_are_one_segme
     assert estimate(graph, machine, "none") > named * 2  # the graph is one where the loop pays
 
 
-def _residual_layernorm(rows: int, d: int) -> fspyre.Graph:
-    """h = x + a (an output), y = layernorm(h) * gamma + beta (an output): 10 ops."""
-    g = fspyre.GraphBuilder("resln")
-    g.dim("T", rows), g.dim("D", d)
-    x, a = g.input("x", ["T", "D"], "float16"), g.input("a", ["T", "D"], "float16")
-    gam, bet = g.input("gamma", ["D"], "float16"), g.input("beta", ["D"], "float16")
-    h = g.add(x, a)
-    g.output("h", h)
-    hc = g.sub(h, g.mean(h, ["D"], keepdim=True))
-    r = g.rsqrt(g.add(g.mean(g.mul(hc, hc), ["D"], keepdim=True), 1e-5))
-    g.output("y", g.add(g.mul(g.mul(hc, r), gam), bet))
-    return g.build()
-
-
 @pytest.mark.parametrize("rows, cores, lx_kib", [(4093, 11, 256), (3001, 11, 256)])
 def test_a_segment_is_charged_for_the_free_results_it_reads(rows, cores, lx_kib):
     # mean(h) and h - mean cost nothing untiled in the hinted program (their results stay in
@@ -797,7 +794,7 @@ def test_a_segment_is_charged_for_the_free_results_it_reads(rows, cores, lx_kib)
     # alike; in the whole program the first sends h - mean through HBM: auto 119.92 us
     # (4093 rows; 3001: 87.93) against 93.92 for ops 1-9 T:2 (auto now takes all 10 ops T:2,
     # 79.95 us).
-    graph, machine = _residual_layernorm(rows, 256), spyre(cores=cores, lx_bytes=lx_kib * 1024)
+    graph, machine = residual_layernorm(rows, 256), spyre(cores=cores, lx_bytes=lx_kib * 1024)
     named = estimate(graph, machine, _one_loop(graph, 1, 2, "T"))
     comp = checked(graph, machine)
     auto = traffic_report(comp.program).time_ns
