@@ -63,9 +63,11 @@ from fspyre.stages import tiling_search as ts
 from fspyre.stages.tiling_plan import TilingOptions, plan_tiling, split_at_tiled_reductions
 from fspyre.testing.transformer import (
     layer_norm_matmul,
+    logsumexp,
     residual_layernorm,
     rms_norm_matmul,
     silu_mlp,
+    softmax_lse,
     transformer_stack,
 )
 
@@ -190,15 +192,6 @@ def odd_rows(rows: int = 4093, cols: int = 256) -> Graph:
     return g.build()
 
 
-def logsumexp(rows: int = 129, cols: int = 3000) -> Graph:
-    g = fspyre.GraphBuilder("logsumexp")
-    g.dim("R", rows), g.dim("C", cols)
-    x = g.input("x", ["R", "C"], "float16")
-    mx = g.amax(x, ["C"], keepdim=True)
-    g.output("lse", g.add(g.log(g.sum(g.exp(g.sub(x, mx)), ["C"], keepdim=True)), mx))
-    return g.build()
-
-
 def exp_neg(rows: int, cols: int) -> Graph:
     g = fspyre.GraphBuilder("exp_neg")
     g.dim("R", rows), g.dim("C", cols)
@@ -223,20 +216,6 @@ def gqa(groups: int = 2, heads: int = 4, seq: int = 197, embed: int = 64) -> Gra
     s = g.mul(g.matmul(q, k, "E"), embed ** -0.5)
     e = g.exp(g.sub(s, g.amax(s, ["T"], keepdim=True)))
     g.output("o", g.matmul(g.div(e, g.sum(e, ["T"], keepdim=True)), v, "T"))
-    return g.build()
-
-
-def softmax_lse(rows: int = 4093, cols: int = 256) -> Graph:
-    """fp16 -> fp32 softmax with two outputs, the probabilities cast back and the logsumexp
-    log(sum) + max: the probabilities' branch sits inside the lse's producers (9 ops)."""
-    g = fspyre.GraphBuilder("softmax_lse")
-    g.dim("R", rows), g.dim("C", cols)
-    xf = g.cast(g.input("x", ["R", "C"], "float16"), "float32")
-    m = g.amax(xf, ["C"], keepdim=True)
-    e = g.exp(g.sub(xf, m))
-    s = g.sum(e, ["C"], keepdim=True)
-    g.output("p", g.cast(g.div(e, s), "float16"))
-    g.output("lse", g.add(g.log(s), m))
     return g.build()
 
 

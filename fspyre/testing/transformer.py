@@ -112,6 +112,31 @@ def residual_layernorm(rows: int = 4093, d: int = 256) -> Graph:
     return g.build()
 
 
+def logsumexp(rows: int = 129, cols: int = 3000) -> Graph:
+    """log(sum(exp(x - amax(x)))) + amax(x) over C, float16 x[rows, cols]."""
+    g = GraphBuilder("logsumexp")
+    g.dim("R", rows), g.dim("C", cols)
+    x = g.input("x", ["R", "C"], "float16")
+    mx = g.amax(x, ["C"], keepdim=True)
+    g.output("lse", g.add(g.log(g.sum(g.exp(g.sub(x, mx)), ["C"], keepdim=True)), mx))
+    return g.build()
+
+
+def softmax_lse(rows: int = 4093, cols: int = 256, dtype: str = "float16") -> Graph:
+    """softmax over C computed in float32 with two outputs, the probabilities cast back and the
+    logsumexp log(sum) + max: 9 ops, the probabilities' div and cast a sibling branch inside
+    the lse's producers."""
+    g = GraphBuilder("softmax_lse")
+    g.dim("R", rows), g.dim("C", cols)
+    xf = g.cast(g.input("x", ["R", "C"], dtype), "float32")
+    m = g.amax(xf, ["C"], keepdim=True)
+    e = g.exp(g.sub(xf, m))
+    s = g.sum(e, ["C"], keepdim=True)
+    g.output("p", g.cast(g.div(e, s), dtype))
+    g.output("lse", g.add(g.log(s), m))
+    return g.build()
+
+
 def tiny_llama_lm(layers: int = 1):
     """A tiny ``LlamaForCausalLM`` with random weights (seed 0; hidden 64, two heads, vocabulary
     64), eager attention, in eval mode: generation's test and benchmark model. Needs

@@ -29,9 +29,11 @@ from fspyre.testing.hints import legal_hint_nests
 from fspyre.testing.machines import core_counts, lx_capacities
 from fspyre.testing.transformer import (
     layer_norm_matmul,
+    logsumexp,
     residual_layernorm,
     rms_norm_matmul,
     silu_mlp,
+    softmax_lse,
     transformer_stack,
 )
 
@@ -717,15 +719,6 @@ def test_a_sibling_group_is_not_chosen_over_a_faster_plan_by_the_dp_s_additivity
     assert estimate(graph, machine, "auto") <= estimate(graph, machine, greedy) * (1 + 1e-9)
 
 
-def logsumexp(rows: int, cols: int) -> fspyre.Graph:
-    g = fspyre.GraphBuilder("logsumexp")
-    g.dim("R", rows), g.dim("C", cols)
-    x = g.input("x", ["R", "C"], "float16")
-    mx = g.amax(x, ["C"], keepdim=True)
-    g.output("lse", g.add(g.log(g.sum(g.exp(g.sub(x, mx)), ["C"], keepdim=True)), mx))
-    return g.build()
-
-
 @pytest.mark.parametrize(("rows", "cols", "machine"), [
     (129, 3000, spyre(cores=8, lx_bytes=64 * 1024)),
     (129, 2000, spyre(cores=8, lx_bytes=64 * 1024)),
@@ -753,21 +746,6 @@ def test_a_screened_segment_is_a_runner_up_when_the_whole_program_disagrees(rows
     assert search.rechecked == 2 and "buf1..buf3 R:2 for buf0..buf3" in search.note, search.note
 
 
-def _softmax_lse(rows: int, cols: int, dtype: str) -> fspyre.Graph:
-    """softmax over C computed in fp32 with two outputs, the probabilities cast back and the
-    logsumexp log(sum) + max: 9 ops, the probabilities' div and cast a sibling branch inside
-    the lse's producers."""
-    g = fspyre.GraphBuilder("softmax_lse")
-    g.dim("R", rows), g.dim("C", cols)
-    xf = g.cast(g.input("x", ["R", "C"], dtype), "float32")
-    m = g.amax(xf, ["C"], keepdim=True)
-    e = g.exp(g.sub(xf, m))
-    s = g.sum(e, ["C"], keepdim=True)
-    g.output("p", g.cast(g.div(e, s), dtype))
-    g.output("lse", g.add(g.log(s), m))
-    return g.build()
-
-
 def _one_loop(graph: fspyre.Graph, first: int, count: int, dim: str) -> TilingPlan:
     """The graph's ops from ``first`` on as one group of one level."""
     ops = tuple(op.name for op in graph.ops)
@@ -780,7 +758,7 @@ def test_a_consumer_s_producers_with_a_sibling_branch_between_them_are_one_segme
     # 8 cores, 64 KiB LX: the lse's producer chain [log, add] skips the probabilities' branch,
     # and the segment of all 9 ops was past the window: auto took ops 0-7 R:16, 75.97 us
     # (4093 x 256; 6007 x 128 bf16: 67.97), against 51.05 (43.16) for all 9 ops R:16.
-    graph, machine = _softmax_lse(rows, cols, dtype), spyre(cores=8, lx_bytes=64 * 1024)
+    graph, machine = softmax_lse(rows, cols, dtype), spyre(cores=8, lx_bytes=64 * 1024)
     named = estimate(graph, machine, _one_loop(graph, 0, 16, "R"))
     comp = checked(graph, machine)
     assert traffic_report(comp.program).time_ns <= named * 1.05
